@@ -1,0 +1,29 @@
+# One command sets up and runs each main job:
+#   make serve   - create .venv, install, start the HTTP service on 127.0.0.1:8000 (shipped de->en model)
+#   make test    - create .venv, install, run the whole test suite (what .ci/run calls)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup serve test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip >/dev/null || true
+	# A pinned CPU build of torch is tried first (it lies on disk on the project's machines, so the
+	# install stays small there); anywhere else the normal torch install follows.
+	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q torch
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(BIN)/python -m service
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,327 @@
+"""Incremental decoding: ``prefill`` and ``decode_step`` are the only model math; greedy and beam
+search (and the serving engine) are built on them.
+
+Beam search follows the common NMT recipe (Wu et al., 2016; fairseq): every alive hypothesis is
+extended by its top-2k tokens, the best 2k candidates are ranked, candidates ending in EOS that rank
+within the top k are finished, and the first k non-EOS candidates stay alive. A sentence is done when
+it has k finished hypotheses or reaches max_new_tokens. Greedy search is beam search with k = 1.
+Scores: log_prob is the sum of token log-probabilities (EOS included); score = log_prob / length **
+length_penalty, where length counts generated tokens including EOS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .kv_cache import KVCache
+from .transformer import Transformer, padding_mask
+
+ATTENTION_KINDS = ("cross", "encoder", "decoder")
+
+
+@dataclass
+class StepOutput:
+    log_probs: Tensor                                  # [N, V] next-token log-probabilities
+    cross: Optional[list[Tensor]] = None               # per layer [N, H, S] cross-attention rows
+    decoder: Optional[list[Tensor]] = None             # per layer [N, H, T] self-attention rows
+    encoder: Optional[list[Tensor]] = None             # per layer [B, H, S, S] (prefill only)
+
+
+@torch.no_grad()
+def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tensor, positions: Tensor,
+                need_weights: bool = False) -> StepOutput:
+    """One incremental decoder step for any set of slots, each at its own position.
+
+    Args:
+        slots: [N] cache slots; tokens: [N] input token of each (the last generated, or BOS);
+        positions: [N] target position of that token (0 for BOS).
+    Returns log-probabilities [N, V] (and attention rows with need_weights).
+    Raises ValueError when a position reaches the cache's max_tgt_len.
+    """
+    T = int(positions.max()) + 1
+    S = int(cache.src_len[slots].max())
+    tgt_mask = (torch.arange(T, device=slots.device)[None, :] <= positions[:, None])[:, None, None, :]  # [N,1,1,T]
+    src_mask = (torch.arange(S, device=slots.device)[None, :] < cache.src_len[slots][:, None])[:, None, None, :]
+    L = model.cfg.n_decoder_layers
+    cross_kv = [cache.cross(layer, slots, S) for layer in range(L)]
+    updates = [cache.self_update(layer, slots, positions, T) for layer in range(L)]
+    logits, w = model.decode(tokens[:, None], cross_kv, src_mask, tgt_mask, positions[:, None], updates, need_weights)
+    logits = logits[:, -1]
+    logits[:, model.cfg.pad_id] = float("-inf")  # never generated: padding and BOS
+    logits[:, model.cfg.bos_id] = float("-inf")
+    log_probs = torch.log_softmax(logits, dim=-1)
+    if not need_weights:
+        return StepOutput(log_probs)
+    return StepOutput(log_probs, cross=[x[:, :, 0] for x in w["cross"]], decoder=[x[:, :, 0] for x in w["self"]])
+
+
+@torch.no_grad()
+def prefill(model: Transformer, cache: KVCache, slots: Tensor, src: Tensor, first_slots: Optional[Tensor] = None,
+            need_weights: bool = False, src_lengths: Optional[Tensor] = None) -> StepOutput:
+    """Encoder pass, cross-attention K/V for every decoder layer, and the first decoder step (BOS).
+
+    Args:
+        slots: [B] or [B, k] cache slots per sentence; cross K/V are written to all k slots of a
+            sentence (its beam), the first step runs on ``slots[:, 0]`` only.
+        src: [B, S] source ids (EOS-terminated, right-padded with pad_id).
+        src_lengths: [B] real lengths (default: counted from padding).
+    Returns StepOutput with log_probs [B, V] for the first target token; with need_weights also
+    encoder self-attention [B, H, S, S] per layer and first-step rows.
+    """
+    if slots.dim() == 1:
+        slots = slots[:, None]
+    B, k = slots.shape
+    src_mask = padding_mask(src, model.cfg.pad_id)
+    if src_lengths is None:
+        src_lengths = src_mask[:, 0, 0].sum(-1)
+    memory, enc_w = model.encode(src, src_mask, need_weights)
+    cross_kv = model.cross_kv(memory)
+    if k > 1:
+        cross_kv = [(kk.repeat_interleave(k, 0), vv.repeat_interleave(k, 0)) for kk, vv in cross_kv]
+    cache.write_cross(slots.reshape(-1), cross_kv, src_lengths.repeat_interleave(k))
+    first = slots[:, 0]
+    bos = torch.full((B,), model.cfg.bos_id, dtype=torch.long, device=src.device)
+    out = decode_step(model, cache, first, bos, torch.zeros_like(bos), need_weights)
+    out.encoder = enc_w
+    return out
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation hypothesis."""
+    tokens: list[int]                       # generated ids, EOS excluded
+    log_prob: float                         # sum of token log-probs, EOS included
+    score: float                            # log_prob / length ** length_penalty
+    finish_reason: str                      # "eos" or "length"
+    attention: Optional[dict[str, Tensor]] = None  # kind -> [L, H, len(tokens), S] (decoder: [L, H, T, T])
+
+
+@dataclass
+class _Beam:
+    tokens: tuple = ()                      # generated ids so far
+    log_prob: float = 0.0
+    cross: tuple = ()                       # per step: [L, H, S] rows
+    decoder: tuple = ()                     # per step: [L, H, t+1] rows
+
+
+@dataclass
+class BeamSearch:
+    """Search state of one sentence; its alive hypotheses occupy ``slots`` rows in order.
+
+    ``step`` consumes the log-probabilities of the alive rows and returns, for the next step, the
+    parent row of every new alive hypothesis (for ``KVCache.reorder``) and its input token.
+    """
+    beam_size: int
+    eos_id: int
+    max_new_tokens: int
+    n_best: int = 1
+    length_penalty: float = 1.0
+    attention_kinds: tuple = ()             # subset of ATTENTION_KINDS to keep
+    src_len: int = 0                        # trims attention rows to the real source length
+    encoder_attention: Optional[Tensor] = None  # [L, H, S, S], set at prefill when tracked
+    alive: list = field(default_factory=lambda: [_Beam()])
+    finished: list = field(default_factory=list)
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"n_best must be in 1..beam_size ({self.beam_size}), got {self.n_best}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        self.done = self.max_new_tokens == 0
+
+    def _final(self, beam: _Beam, reason: str, extra_lp: float = 0.0) -> Hypothesis:
+        length = len(beam.tokens) + (reason == "eos")
+        lp = beam.log_prob + extra_lp
+        return Hypothesis(list(beam.tokens), lp, lp / max(length, 1) ** self.length_penalty, reason,
+                          self._attention(beam) if self.attention_kinds else None)
+
+    def _attention(self, beam: _Beam) -> dict:
+        out = {}
+        n = len(beam.tokens)
+        if "encoder" in self.attention_kinds and self.encoder_attention is not None:
+            out["encoder"] = self.encoder_attention
+        if "cross" in self.attention_kinds and beam.cross:
+            out["cross"] = torch.stack(beam.cross[:n], dim=2) if n else torch.zeros(0)
+        if "decoder" in self.attention_kinds and beam.decoder:
+            rows = beam.decoder[:n]
+            if n:
+                L, H = rows[0].shape[:2]
+                mat = rows[0].new_zeros(L, H, n, n)
+                for t, r in enumerate(rows):
+                    mat[:, :, t, : t + 1] = r[:, :, : t + 1]
+                out["decoder"] = mat
+        return out
+
+    def step(self, log_probs: Tensor, top_v: list, top_i: list,
+             cross: Optional[list] = None, decoder: Optional[list] = None) -> tuple[list[int], list[int]]:
+        """Advance by one token.
+
+        Args:
+            log_probs: [A, V] rows of the A alive hypotheses (only used for shapes).
+            top_v, top_i: per row, the 2k best log-probs and their token ids (python lists).
+            cross / decoder: per row, [L, H, S] / [L, H, T] attention, when tracked.
+        Returns (parents, tokens): per new alive hypothesis, its parent row and next input token;
+        empty when the sentence is done.
+        """
+        k = self.beam_size
+        cands = []
+        for b, beam in enumerate(self.alive):
+            for v, i in zip(top_v[b], top_i[b]):
+                cands.append((beam.log_prob + v, b, i))
+        cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+        new_alive, parents = [], []
+        for rank, (lp, b, tok) in enumerate(cands[: 2 * k]):
+            parent = self.alive[b]
+            if tok == self.eos_id:
+                if rank < k:
+                    child = self._extend(parent, b, None, lp, cross, decoder)
+                    self.finished.append(self._final(child, "eos"))
+                continue
+            if len(new_alive) < k:
+                new_alive.append(self._extend(parent, b, tok, lp, cross, decoder))
+                parents.append(b)
+        self.alive = new_alive
+        n_generated = len(new_alive[0].tokens) if new_alive else 0
+        if len(self.finished) >= k or not new_alive:
+            self.done = True
+        elif n_generated >= self.max_new_tokens:
+            self.finished.extend(self._final(b, "length") for b in new_alive)
+            self.done = True
+        if self.done:
+            self.alive = []
+            return [], []
+        return parents, [b.tokens[-1] for b in new_alive]
+
+    def _extend(self, parent: _Beam, row: int, tok: Optional[int], lp: float, cross, decoder) -> _Beam:
+        tokens = parent.tokens if tok is None else parent.tokens + (tok,)
+        c = parent.cross + (cross[row][:, :, : self.src_len],) if cross is not None else parent.cross
+        d = parent.decoder + (decoder[row],) if decoder is not None else parent.decoder
+        return _Beam(tokens, lp, c, d)
+
+    def results(self) -> list[Hypothesis]:
+        """The n_best hypotheses, best score first (only meaningful once done)."""
+        if self.max_new_tokens == 0:
+            return [Hypothesis([], 0.0, 0.0, "length", {} if self.attention_kinds else None)]
+        return sorted(self.finished, key=lambda h: -h.score)[: self.n_best]
+
+
+def top_candidates(log_probs: Tensor, k: int) -> tuple[list, list]:
+    """Per row the 2k best (log-prob, token id) as python lists; the one device sync of a step."""
+    v, i = log_probs.topk(min(2 * k, log_probs.size(-1)), dim=-1)
+    return v.tolist(), i.tolist()
+
+
+@torch.no_grad()
+def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: int = 1, n_best: int = 1,
+             max_new_tokens: int = 128, length_penalty: float = 1.0, attention_kinds: Sequence[str] = (),
+             cache: Optional[KVCache] = None) -> list[list[Hypothesis]]:
+    """Translate a static batch: every sentence is prefilled together and decoded until the last ends.
+
+    Args:
+        sources: token ids per sentence, EOS included (see ``encode_source``).
+        beam_size / n_best / max_new_tokens / length_penalty: see ``BeamSearch``.
+        attention_kinds: any of "cross", "encoder", "decoder" to return per-head weights.
+    Returns per sentence its n_best hypotheses, best first.
+    Raises ValueError for an empty source, a source longer than max_len, or bad search options.
+    """
+    cfg = model.cfg
+    model.eval()
+    kinds = tuple(attention_kinds)
+    for kind in kinds:
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"unknown attention kind {kind!r}; choose from {ATTENTION_KINDS}")
+    if max_new_tokens > cfg.max_len - 1:
+        raise ValueError(f"max_new_tokens must be <= {cfg.max_len - 1}, got {max_new_tokens}")
+    if 2 * beam_size > cfg.vocab_size:
+        raise ValueError(f"beam_size must be <= {cfg.vocab_size // 2} (half the vocabulary), got {beam_size}")
+    for s in sources:
+        if not 0 < len(s) <= cfg.max_len:
+            raise ValueError(f"source length must be in 1..{cfg.max_len}, got {len(s)}")
+    B = len(sources)
+    searches = [BeamSearch(beam_size, cfg.eos_id, max_new_tokens, n_best, length_penalty, kinds, len(s))
+                for s in sources]
+    todo = [b for b in range(B) if not searches[b].done]
+    if todo:
+        device = next(model.parameters()).device
+        if cache is None:
+            cache = KVCache.for_model(model, len(todo) * beam_size, max_new_tokens + 1, max(len(s) for s in sources))
+        slots = {b: cache.allocate(beam_size) for b in todo}
+        try:
+            _run(model, cache, [sources[b] for b in todo], [searches[b] for b in todo], [slots[b] for b in todo],
+                 kinds, device)
+        finally:
+            for s in slots.values():
+                cache.free(s)
+    return [s.results() for s in searches]
+
+
+def _run(model, cache, sources, searches, slots, kinds, device) -> None:
+    """Prefill all sentences, then step all alive hypotheses together until every search is done."""
+    cfg = model.cfg
+    need = bool(kinds)
+    src = pad_batch(sources, cfg.pad_id, device)
+    out = prefill(model, cache, torch.tensor(slots, device=device), src, need_weights=need)
+    k = searches[0].beam_size
+    rows = [[i] for i in range(len(searches))]  # rows of out.log_probs owned by each search
+    if "encoder" in kinds:
+        for i, s in enumerate(searches):
+            s.encoder_attention = torch.stack([w[i, :, : s.src_len, : s.src_len] for w in out.encoder])
+    while True:
+        top_v, top_i = top_candidates(out.log_probs, k)
+        step_slots, step_tokens, step_pos = [], [], []
+        for i, s in enumerate(searches):
+            if s.done:
+                continue
+            r = rows[i]
+            parents, tokens = s.step(out.log_probs[r], [top_v[j] for j in r], [top_i[j] for j in r],
+                                     _rows(out.cross, r) if "cross" in kinds else None,
+                                     _rows(out.decoder, r) if "decoder" in kinds else None)
+            if s.done:
+                continue
+            t = len(s.alive[0].tokens)  # every alive hypothesis has the same length
+            cache.reorder(slots[i][: len(parents)], parents, length=t)
+            step_slots += slots[i][: len(tokens)]
+            step_tokens += tokens
+            step_pos += [t] * len(tokens)
+        if not step_slots:
+            return
+        start = 0
+        for i, s in enumerate(searches):
+            if not s.done:
+                n = len(s.alive)
+                rows[i] = list(range(start, start + n))
+                start += n
+        out = decode_step(model, cache, torch.tensor(step_slots, device=device),
+                          torch.tensor(step_tokens, device=device), torch.tensor(step_pos, device=device), need)
+
+
+def _rows(per_layer: list[Tensor], rows: list[int]) -> list[Tensor]:
+    """Per row r, the [L, H, X] stack of that row's weights across layers."""
+    stacked = torch.stack(per_layer, dim=1)  # [N, L, H, X]
+    return [stacked[r] for r in rows]
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> Tensor:
+    """Right-pad id lists into a [B, max_len] long tensor."""
+    T = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+    return out.to(device) if device is not None else out
+
+
+def greedy_search(model: Transformer, sources, max_new_tokens: int = 128, **kw) -> list[Hypothesis]:
+    """Greedy decoding (beam search with beam_size 1); one Hypothesis per sentence."""
+    return [h[0] for h in generate(model, sources, 1, 1, max_new_tokens, **kw)]
+
+
+def beam_search(model: Transformer, sources, beam_size: int = 4, n_best: int = 1, max_new_tokens: int = 128,
+                length_penalty: float = 1.0, **kw) -> list[list[Hypothesis]]:
+    """Beam search; per sentence its n_best hypotheses, best first."""
+    return generate(model, sources, beam_size, n_best, max_new_tokens, length_penalty, **kw)

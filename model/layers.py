@@ -1,0 +1,130 @@
+"""Embeddings, positional encodings, the position-wise FFN and the encoder / decoder layers
+(Vaswani et al., 2017, sections 3.1, 3.3-3.5)."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVUpdate, MultiHeadAttention
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)  (section 3.5).
+
+    Returns [max_len, d_model] float32.
+    """
+    pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)               # [T, 1]
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    return table.float()
+
+
+class Embeddings(nn.Module):
+    """Token embedding × √d_model plus positional encoding, then dropout (sections 3.4, 3.5)."""
+
+    def __init__(self, vocab_size: int, d_model: int, max_len: int, positional: str,
+                 dropout: float, pad_id: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = math.sqrt(d_model)
+        self.learned = positional == "learned"
+        if self.learned:
+            self.pos = nn.Embedding(max_len, d_model)
+        else:
+            self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.max_len = max_len
+
+    def forward(self, tokens: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+        """tokens [B, T] -> [B, T, d_model]. positions [B, T] (default 0..T-1) index the encodings."""
+        if positions is None:
+            if tokens.size(1) > self.max_len:
+                raise ValueError(f"sequence length {tokens.size(1)} exceeds max_len {self.max_len}")
+            positions = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
+        elif positions.numel() and int(positions.max()) >= self.max_len:
+            raise ValueError(f"position {int(positions.max())} exceeds max_len {self.max_len}")
+        pos = self.pos(positions) if self.learned else self.pe[positions]
+        return self.drop(self.tok(tokens) * self.scale + pos.to(self.tok.weight.dtype))
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W1 + b1) W2 + b2, act = ReLU in the paper (section 3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.act = F.relu if activation == "relu" else F.gelu
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.drop(self.act(self.w1(x))))
+
+
+class Residual(nn.Module):
+    """A sub-layer connection: post-LN LayerNorm(x + Dropout(Sublayer(x))) as in the paper
+    (section 5.4), or pre-LN x + Dropout(Sublayer(LayerNorm(x)))."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.drop = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def pre(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.norm_first else x
+
+    def post(self, x: Tensor, y: Tensor) -> Tensor:
+        out = x + self.drop(y)
+        return out if self.norm_first else self.norm(out)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each wrapped in a residual connection (section 3.1)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
+        self.res1 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
+        self.res2 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
+
+    def forward(self, x: Tensor, src_mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        """x [B, S, d_model], src_mask [B, 1, 1, S] -> ([B, S, d_model], weights [B, H, S, S] or None)."""
+        y, w = self.self_attn(self.res1.pre(x), mask=src_mask, need_weights=need_weights)
+        x = self.res1.post(x, y)
+        x = self.res2.post(x, self.ffn(self.res2.pre(x)))
+        return x, w
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, FFN; each in a residual (section 3.1)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
+        self.res = nn.ModuleList(Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
+                                 for _ in range(3))
+
+    def forward(
+        self, x: Tensor, tgt_mask: Optional[Tensor], cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
+        kv_update: Optional[KVUpdate] = None, need_weights: bool = False,
+    ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """x [B, T, d_model]; tgt_mask bool broadcastable to [B, 1, T, T_k] (causal and/or cache
+        validity); cross_kv: encoder-memory keys/values [B, H, S, Dh]; src_mask [B, 1, 1, S].
+        Returns (x [B, T, d_model], self weights [B, H, T, T_k] or None, cross weights [B, H, T, S] or None).
+        """
+        r1, r2, r3 = self.res
+        y, w_self = self.self_attn(r1.pre(x), mask=tgt_mask, kv_update=kv_update, need_weights=need_weights)
+        x = r1.post(x, y)
+        y, w_cross = self.cross_attn(r2.pre(x), mask=src_mask, kv=cross_kv, need_weights=need_weights)
+        x = r2.post(x, y)
+        x = r3.post(x, self.ffn(r3.pre(x)))
+        return x, w_self, w_cross

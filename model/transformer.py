@@ -1,0 +1,118 @@
+"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3, Figure 1).
+
+The model returns logits; choosing tokens lives in ``model/decoding.py``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .attention import KVUpdate
+from .config import ModelConfig
+from .layers import DecoderLayer, Embeddings, EncoderLayer
+
+
+def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """tokens [B, S] -> bool [B, 1, 1, S], True for real (non-pad) tokens."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def causal_mask(T: int, device=None) -> Tensor:
+    """bool [1, 1, T, T], True on and below the diagonal: position i sees positions <= i."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with shared source/target/output embeddings (section 3.4)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = Embeddings(cfg.vocab_size, cfg.d_model, cfg.max_len, cfg.positional, cfg.dropout, cfg.pad_id)
+        self.tgt_embed = (self.src_embed if cfg.share_embeddings else
+                          Embeddings(cfg.vocab_size, cfg.d_model, cfg.max_len, cfg.positional, cfg.dropout, cfg.pad_id))
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        # Pre-LN stacks end with a LayerNorm; post-LN layers already end normalised.
+        self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.out_proj = None if cfg.share_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform linear weights; embeddings ~ N(0, d_model^-0.5) so that × √d_model is unit scale."""
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for emb in {id(self.src_embed): self.src_embed, id(self.tgt_embed): self.tgt_embed}.values():
+            nn.init.normal_(emb.tok.weight, std=self.cfg.d_model ** -0.5)
+            with torch.no_grad():
+                emb.tok.weight[self.cfg.pad_id].zero_()
+
+    # ---- encoder -------------------------------------------------------------------------------
+    def encode(self, src: Tensor, src_mask: Tensor, need_weights: bool = False
+               ) -> tuple[Tensor, Optional[list[Tensor]]]:
+        """src [B, S] token ids, src_mask [B, 1, 1, S] -> memory [B, S, d_model].
+
+        With need_weights, also returns per-layer self-attention weights, each [B, H, S, S].
+        """
+        x = self.src_embed(src)
+        weights = [] if need_weights else None
+        for layer in self.encoder:
+            x, w = layer(x, src_mask, need_weights)
+            if need_weights:
+                weights.append(w)
+        return self.enc_norm(x), weights
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Encoder-decoder attention keys/values for every decoder layer, each [B, H, S, Dh]."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+
+    # ---- decoder -------------------------------------------------------------------------------
+    def decode(
+        self, tgt: Tensor, cross_kv: Sequence[tuple[Tensor, Tensor]], src_mask: Tensor,
+        tgt_mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
+        kv_updates: Optional[Sequence[KVUpdate]] = None, need_weights: bool = False,
+    ) -> tuple[Tensor, Optional[dict[str, list[Tensor]]]]:
+        """Decoder stack and output projection.
+
+        Args:
+            tgt: [B, T] target-side input ids (shifted right: BOS first).
+            cross_kv: per decoder layer, encoder-memory K/V [B, H, S, Dh] (see ``cross_kv``).
+            src_mask: [B, 1, 1, S], True for real source tokens.
+            tgt_mask: bool broadcastable to [B, 1, T, T_k]; default causal over T (no cache).
+            positions: [B, T] absolute target positions (default 0..T-1); needed with a KV cache.
+            kv_updates: per decoder layer, a KV-cache hook that stores this step's self-attention
+                K/V and returns the full keys/values (see ``model/kv_cache.py``).
+            need_weights: also return {"self": [B, H, T, T_k] per layer, "cross": [B, H, T, S] per layer}.
+        Returns:
+            (logits [B, T, vocab_size], weights or None)
+        """
+        if tgt_mask is None and kv_updates is None:
+            tgt_mask = causal_mask(tgt.size(1), tgt.device)
+        x = self.tgt_embed(tgt, positions)
+        weights = {"self": [], "cross": []} if need_weights else None
+        for i, layer in enumerate(self.decoder):
+            upd = kv_updates[i] if kv_updates is not None else None
+            x, w_self, w_cross = layer(x, tgt_mask, cross_kv[i], src_mask, upd, need_weights)
+            if need_weights:
+                weights["self"].append(w_self)
+                weights["cross"].append(w_cross)
+        x = self.dec_norm(x)
+        if self.out_proj is not None:
+            return self.out_proj(x), weights
+        return torch.matmul(x, self.tgt_embed.tok.weight.t()), weights  # [B, T, V]
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher-forced logits [B, T, V] for src [B, S] and shifted target input tgt [B, T]."""
+        src_mask = padding_mask(src, self.cfg.pad_id)
+        memory, _ = self.encode(src, src_mask)
+        logits, _ = self.decode(tgt, self.cross_kv(memory), src_mask)
+        return logits
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
