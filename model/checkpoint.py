@@ -14,9 +14,8 @@ from .config import ModelConfig
 from .tokenizer import Tokenizer
 from .transformer import Transformer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # The shipped German->English model.
-DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "de-en"
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "de-en"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 

@@ -219,13 +219,14 @@ def top_candidates(log_probs: Tensor, k: int) -> tuple[list, list]:
 
 @torch.no_grad()
 def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: int = 1, n_best: int = 1,
-             max_new_tokens: int = 128, length_penalty: float = 1.0, attention_kinds: Sequence[str] = (),
+             max_new_tokens: int | Sequence[int] = 128, length_penalty: float = 1.0, attention_kinds: Sequence[str] = (),
              cache: Optional[KVCache] = None) -> list[list[Hypothesis]]:
     """Translate a static batch: every sentence is prefilled together and decoded until the last ends.
 
     Args:
         sources: token ids per sentence, EOS included (see ``encode_source``).
-        beam_size / n_best / max_new_tokens / length_penalty: see ``BeamSearch``.
+        beam_size / n_best / max_new_tokens / length_penalty: see ``BeamSearch``; max_new_tokens
+            may also be a list with one budget per sentence.
         attention_kinds: any of "cross", "encoder", "decoder" to return per-head weights.
     Returns per sentence its n_best hypotheses, best first.
     Raises ValueError for an empty source, a source longer than max_len, or bad search options.
@@ -236,21 +237,25 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
     for kind in kinds:
         if kind not in ATTENTION_KINDS:
             raise ValueError(f"unknown attention kind {kind!r}; choose from {ATTENTION_KINDS}")
-    if max_new_tokens > cfg.max_len - 1:
-        raise ValueError(f"max_new_tokens must be <= {cfg.max_len - 1}, got {max_new_tokens}")
+    budgets = [max_new_tokens] * len(sources) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != len(sources):
+        raise ValueError(f"got {len(budgets)} max_new_tokens for {len(sources)} sources")
+    for m in budgets:
+        if m > cfg.max_len - 1:
+            raise ValueError(f"max_new_tokens must be <= {cfg.max_len - 1}, got {m}")
     if 2 * beam_size > cfg.vocab_size:
         raise ValueError(f"beam_size must be <= {cfg.vocab_size // 2} (half the vocabulary), got {beam_size}")
     for s in sources:
         if not 0 < len(s) <= cfg.max_len:
             raise ValueError(f"source length must be in 1..{cfg.max_len}, got {len(s)}")
     B = len(sources)
-    searches = [BeamSearch(beam_size, cfg.eos_id, max_new_tokens, n_best, length_penalty, kinds, len(s))
-                for s in sources]
+    searches = [BeamSearch(beam_size, cfg.eos_id, m, n_best, length_penalty, kinds, len(s))
+                for s, m in zip(sources, budgets)]
     todo = [b for b in range(B) if not searches[b].done]
     if todo:
         device = next(model.parameters()).device
         if cache is None:
-            cache = KVCache.for_model(model, len(todo) * beam_size, max_new_tokens + 1, max(len(s) for s in sources))
+            cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources))
         slots = {b: cache.allocate(beam_size) for b in todo}
         try:
             _run(model, cache, [sources[b] for b in todo], [searches[b] for b in todo], [slots[b] for b in todo],

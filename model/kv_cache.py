@@ -67,8 +67,11 @@ class KVCache:
 
     def free(self, slots: Sequence[int]) -> None:
         """Return slots for reuse. Their contents are simply overwritten by the next owner."""
+        free = set(self._free)
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"slots {list(slots)} contain duplicates")
         for s in slots:
-            if not 0 <= s < self.num_slots or s in self._free:
+            if not 0 <= s < self.num_slots or s in free:
                 raise ValueError(f"slot {s} is not allocated")
         self._free.extend(sorted(slots, reverse=True))
         self._free.sort(reverse=True)

@@ -39,7 +39,7 @@ def translate_lines(model: Transformer, tok: Tokenizer, lines: Sequence[str], be
     for start in range(0, len(todo), batch_size):
         idx = todo[start: start + batch_size]
         srcs = [encoded[i] for i in idx]
-        max_new = default_max_new_tokens(max(len(s) for s in srcs), cfg.max_len)
+        max_new = [default_max_new_tokens(len(s), cfg.max_len) for s in srcs]
         hyps = generate(model, srcs, beam_size=beam_size, max_new_tokens=max_new, length_penalty=length_penalty)
         for i, h in zip(idx, hyps):
             out[i] = tok.decode(h[0].tokens)

@@ -1,0 +1,71 @@
+"""Translate a test set and score it with sacreBLEU (cased, default 13a tokenizer) and chrF.
+
+    python -m model.evaluate --checkpoint DIR --src FILE --ref FILE [--beam-size N] [--json]
+
+Files are plain or .gz, one sentence per line. With --json the last line on stdout is one JSON
+object with the keys bleu, chrf, sentences, seconds (and the settings); progress goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import sacrebleu
+import torch
+from tqdm import tqdm
+
+from .checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from .tokenizer import read_lines
+from .translate import translate_lines
+
+
+def score(hyps: list[str], refs: list[str]) -> dict:
+    """Corpus BLEU and chrF of hypotheses against one reference each."""
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
+    chrf = sacrebleu.corpus_chrf(hyps, [refs])
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "bleu_signature": str(bleu)}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="checkpoint directory (default: shipped)")
+    ap.add_argument("--src", required=True, help="source sentences (plain or .gz)")
+    ap.add_argument("--ref", required=True, help="reference translations (plain or .gz)")
+    ap.add_argument("--beam-size", type=int, default=4)
+    ap.add_argument("--length-penalty", type=float, default=1.0)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
+    ap.add_argument("--output", help="also write the translations to this file")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
+    args = ap.parse_args(argv)
+    if args.beam_size < 1:
+        ap.error("--beam-size must be >= 1")
+
+    torch.set_grad_enabled(False)
+    model, tok, meta = load_checkpoint(args.checkpoint)
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    if len(src) != len(ref):
+        ap.error(f"--src has {len(src)} lines but --ref has {len(ref)}")
+    if args.limit:
+        src, ref = src[: args.limit], ref[: args.limit]
+    t0 = time.time()
+    with tqdm(total=len(src), file=sys.stderr, desc="translating", unit="sent") as bar:
+        hyps = translate_lines(model, tok, src, beam_size=args.beam_size, batch_size=args.batch_size,
+                               length_penalty=args.length_penalty, progress=bar.update)
+    seconds = time.time() - t0
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.writelines(h + "\n" for h in hyps)
+    result = {**score(hyps, ref), "sentences": len(src), "seconds": round(seconds, 2),
+              "beam_size": args.beam_size, "checkpoint": args.checkpoint}
+    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({len(src)} sentences, {seconds:.1f} s, "
+          f"beam {args.beam_size})\n{result['bleu_signature']}")
+    if args.json:
+        print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

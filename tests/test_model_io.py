@@ -1,0 +1,97 @@
+"""Checkpoints, the translate / evaluate command lines and the shipped model's quality."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint
+from model.config import ModelConfig
+from model.decoding import generate
+from model.tokenizer import Tokenizer, read_lines
+from model.translate import encode_source, translate_lines
+from model.transformer import Transformer
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "model" / "data" / "multi30k"
+# Greedy BLEU of the shipped model on the first 100 val sentences was measured at MEASURED_VAL100
+# (see the checkpoint's metadata.json); the test floor is that minus 3, never below 25.
+MEASURED_VAL100 = None
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("ckpt")
+    lines = read_lines(DATA / "val.de.gz")[:400] + read_lines(DATA / "val.en.gz")[:400]
+    tok = Tokenizer.train(lines, d / "spm", vocab_size=600)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_name("tiny", vocab_size=tok.vocab_size))
+    save_checkpoint(d / "ckpt", model, d / "spm.model", {"source_lang": "de", "target_lang": "en"}, dtype="float32")
+    return d / "ckpt"
+
+
+def test_checkpoint_round_trip(tiny_checkpoint, tmp_path):
+    model, tok, meta = load_checkpoint(tiny_checkpoint)
+    assert meta["source_lang"] == "de" and model.cfg.vocab_size == tok.vocab_size
+    src = [encode_source(tok, "Ein Mann fährt Fahrrad.", model.cfg.max_len)]
+    before = generate(model, src, beam_size=2, max_new_tokens=10)[0][0]
+    save_checkpoint(tmp_path / "copy", model, tok.model_file, meta, dtype="float32")
+    model2, _, meta2 = load_checkpoint(tmp_path / "copy")
+    for (n1, p1), (n2, p2) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    after = generate(model2, src, beam_size=2, max_new_tokens=10)[0][0]
+    assert before.tokens == after.tokens and before.log_prob == after.log_prob
+    # fp16 storage: weights are upcast to fp32 at load and differ by at most fp16 rounding
+    save_checkpoint(tmp_path / "half", model, tok.model_file, meta, dtype="float16")
+    model3, _, _ = load_checkpoint(tmp_path / "half")
+    p = next(model3.parameters())
+    assert p.dtype == torch.float32
+    torch.testing.assert_close(model3.state_dict()["decoder.0.ffn.w1.weight"],
+                               model.state_dict()["decoder.0.ffn.w1.weight"], atol=1e-3, rtol=1e-3)
+
+
+def test_checkpoint_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_checkpoint(tmp_path)
+
+
+def test_translate_cli_keeps_empty_lines(tiny_checkpoint):
+    text = "Ein Hund rennt.\n\n   \nZwei Kinder spielen im Park.\n"
+    out = subprocess.run([sys.executable, "-m", "model.translate", "--checkpoint", str(tiny_checkpoint),
+                          "--beam-size", "2"], input=text, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert len(lines) == 5 and lines[4] == ""  # 4 output lines plus the final newline
+    assert lines[1] == "" and lines[2] == ""
+    model, tok, _ = load_checkpoint(tiny_checkpoint)
+    assert lines[0] == translate_lines(model, tok, ["Ein Hund rennt."], beam_size=2)[0]
+
+
+def test_evaluate_cli_json(tiny_checkpoint, tmp_path):
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("\n".join(read_lines(DATA / "val.de.gz")[:5]) + "\n")
+    ref.write_text("\n".join(read_lines(DATA / "val.en.gz")[:5]) + "\n")
+    out = subprocess.run([sys.executable, "-m", "model.evaluate", "--checkpoint", str(tiny_checkpoint),
+                          "--src", str(src), "--ref", str(ref), "--beam-size", "1", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["sentences"] == 5 and {"bleu", "chrf", "seconds"} <= set(result)
+    assert 0.0 <= result["bleu"] <= 100.0
+
+
+@pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").exists(), reason="no shipped checkpoint yet")
+def test_shipped_model_translates_val_sentences():
+    model, tok, meta = load_checkpoint()
+    assert (meta["source_lang"], meta["target_lang"]) == ("de", "en")
+    src = read_lines(DATA / "val.de.gz")[:100]
+    ref = read_lines(DATA / "val.en.gz")[:100]
+    hyps = translate_lines(model, tok, src, beam_size=1)
+    bleu = sacrebleu.corpus_bleu(hyps, [ref]).score
+    floor = max(25.0, (MEASURED_VAL100 or meta.get("val100_greedy_bleu", 28.0)) - 3.0)
+    assert bleu >= floor, f"BLEU {bleu:.1f} below floor {floor:.1f}"
