@@ -42,12 +42,14 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     Raises ValueError when a position reaches the cache's max_tgt_len.
     """
     T = int(positions.max()) + 1
-    S = int(cache.src_len[slots].max())
+    rows = cache.rows(slots)  # a slice when slots are consecutive: cache reads are views, not copies
+    src_len = cache.src_len[rows]
+    S = int(src_len.max())
     tgt_mask = (torch.arange(T, device=slots.device)[None, :] <= positions[:, None])[:, None, None, :]  # [N,1,1,T]
-    src_mask = (torch.arange(S, device=slots.device)[None, :] < cache.src_len[slots][:, None])[:, None, None, :]
+    src_mask = (torch.arange(S, device=slots.device)[None, :] < src_len[:, None])[:, None, None, :]
     L = model.cfg.n_decoder_layers
-    cross_kv = [cache.cross(layer, slots, S) for layer in range(L)]
-    updates = [cache.self_update(layer, slots, positions, T) for layer in range(L)]
+    cross_kv = [cache.cross(layer, rows, S) for layer in range(L)]
+    updates = [cache.self_update(layer, slots, positions, T, rows) for layer in range(L)]
     logits, w = model.decode(tokens[:, None], cross_kv, src_mask, tgt_mask, positions[:, None], updates, need_weights)
     logits = logits[:, -1]
     logits[:, model.cfg.pad_id] = float("-inf")  # never generated: padding and BOS

@@ -87,22 +87,42 @@ class KVCache:
             self.cross_v[layer, :, :, :S].index_copy_(0, slots, v)
         self.src_len.index_copy_(0, slots, src_lengths.to(self.src_len.device))
 
-    def cross(self, layer: int, slots: Tensor, S: int) -> tuple[Tensor, Tensor]:
-        """Cross-attention K/V [N, H, S, Dh] of slots, over the first S source positions."""
+    @staticmethod
+    def rows(slots: Tensor) -> Tensor | slice:
+        """``slots`` as a slice when they are consecutive ascending ids (as in a static batch, or a
+        running batch without holes), so that reads are views of the cache instead of copies;
+        otherwise ``slots`` itself. Either form is accepted by ``cross`` and ``self_update``."""
+        n = slots.numel()
+        if n == 0:
+            return slots
+        first = int(slots[0])
+        if int(slots[-1]) - first != n - 1 or (n > 2 and not bool((slots.diff() == 1).all())):
+            return slots
+        return slice(first, first + n)
+
+    def cross(self, layer: int, slots: Tensor | slice, S: int) -> tuple[Tensor, Tensor]:
+        """Cross-attention K/V [N, H, S, Dh] of slots (ids [N], or a slice: see ``rows``), over the
+        first S source positions."""
+        if isinstance(slots, slice):
+            return self.cross_k[layer, slots, :, :S], self.cross_v[layer, slots, :, :S]
         return (self.cross_k[layer, :, :, :S].index_select(0, slots),
                 self.cross_v[layer, :, :, :S].index_select(0, slots))
 
-    def self_update(self, layer: int, slots: Tensor, positions: Tensor, T: int):
+    def self_update(self, layer: int, slots: Tensor, positions: Tensor, T: int, rows: Tensor | slice | None = None):
         """A hook for ``Transformer.decode``: writes the step's K/V [N, H, 1, Dh] of each slot at its
-        own position (in place), then returns K/V [N, H, T, Dh] of positions 0..T-1."""
+        own position (in place), then returns K/V [N, H, T, Dh] of positions 0..T-1 (views of the
+        cache when ``rows``, from ``rows(slots)``, is a slice; copies otherwise)."""
         if T > self.max_tgt_len:
             raise ValueError(f"target length {T} exceeds the cache's max_tgt_len {self.max_tgt_len}")
+        rows = slots if rows is None else rows
 
         def update(k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
             self.self_k[layer][slots, :, positions] = k_new[:, :, 0]
             self.self_v[layer][slots, :, positions] = v_new[:, :, 0]
-            return (self.self_k[layer, :, :, :T].index_select(0, slots),
-                    self.self_v[layer, :, :, :T].index_select(0, slots))
+            if isinstance(rows, slice):
+                return self.self_k[layer, rows, :, :T], self.self_v[layer, rows, :, :T]
+            return (self.self_k[layer, :, :, :T].index_select(0, rows),
+                    self.self_v[layer, :, :, :T].index_select(0, rows))
         return update
 
     def reorder(self, slots: Sequence[int], index: Sequence[int], length: Optional[int] = None) -> None:

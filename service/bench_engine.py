@@ -1,0 +1,390 @@
+"""Engine benchmark: sentences/s, generated tokens/s and latency p50/p99, side by side in one run.
+
+    python -m service.bench_engine                          # every part, 1,000 sentences, greedy and beam 4
+    python -m service.bench_engine --parts a,b,c --limit 200 --beams 1
+    python -m service.bench_engine --parts e --layouts 1x2,2x1 --rounds 5
+
+Parts (German test_2016_flickr sentences; tokenization is done before any clock starts):
+  (a) sequential: ``model.decoding.generate`` on one sentence at a time (batch 1);
+  (b) static: ``generate`` on length-sorted batches of 32, each running until its longest member ends;
+  (c) the continuous engine with every sentence submitted at once (corpus order);
+  (d) the engine with Poisson arrivals at 50% and 90% of (c)'s sentences/s;
+  (e) the protocol of ``../shared/BENCHMARKS.md``: random weights of the shipped shape (small preset,
+      vocab 8000), exactly 20 generated tokens per sentence (EOS masked via ``min_new_tokens``),
+      length-sorted batches of 32 sentences (engine: 32 x beam_size slots), printed beside that
+      table's figures; each layout runs in fresh processes: "1x2" = one process with 2 torch
+      threads, "2x1" = two processes with 1 thread each, splitting the sentences.
+(a)-(d) need the shipped model (``--checkpoint``); (e) needs only its 8k tokenizer (``--tokenizer``).
+Latency: from submission (everything at t=0 except in (d)) to the sentence's result. Generated
+tokens: the best hypothesis' tokens, EOS included when it was generated. Figures, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+DATA = Path(__file__).resolve().parent.parent / "model" / "data" / "multi30k" / "test_2016_flickr.de.gz"
+E_TOKENS = 20                 # protocol (e): generated tokens per sentence
+E_BATCH = 32                  # protocol (e): sentences per batch
+REFERENCE = [                 # ../shared/BENCHMARKS.md, same protocol, same machine kind
+    ("transformers generate() fp32", "1x2", 1, 207, 4130),
+    ("CTranslate2 fp32", "1x2", 1, 148, 2967),
+    ("CTranslate2 fp32", "2x1", 1, 616, 12315),
+    ("CTranslate2 int8", "2x1", 1, 1241, 24810),
+    ("transformers generate() fp32", "1x2", 4, 70, 1402),
+    ("CTranslate2 fp32", "2x1", 4, 205, 4098),
+    ("CTranslate2 int8", "2x1", 4, 340, 6798),
+]
+
+
+@dataclass
+class Run:
+    """One measured configuration."""
+    part: str
+    system: str
+    beam: int
+    sentences: int
+    tokens: int
+    wall_s: float
+    latencies: list[float]
+    layout: str = ""
+    profile: dict = field(default_factory=dict)
+
+    @property
+    def sentences_per_s(self) -> float:
+        return self.sentences / self.wall_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def n_generated(h) -> int:
+    return len(h.tokens) + (h.finish_reason == "eos")
+
+
+# ---- (a), (b): offline decoding ------------------------------------------------------------------
+
+def run_sequential(model, srcs, beam: int) -> Run:
+    from model.decoding import generate
+    from model.translate import default_max_new_tokens
+    lat, tokens = [], 0
+    t0 = time.perf_counter()
+    for s in srcs:
+        t = time.perf_counter()
+        h = generate(model, [s], beam, 1, default_max_new_tokens(len(s), model.cfg.max_len))[0][0]
+        lat.append(time.perf_counter() - t)
+        tokens += n_generated(h)
+    return Run("(a)", "sequential, batch 1", beam, len(srcs), tokens, time.perf_counter() - t0, lat)
+
+
+def run_static(model, srcs, beam: int, batch_size: int = E_BATCH, max_new: Optional[int] = None,
+               part: str = "(b)") -> Run:
+    """Length-sorted batches; every sentence is submitted at t=0, so its latency is its batch's end."""
+    from model.decoding import generate
+    from model.translate import default_max_new_tokens
+    order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
+    lat, tokens = [], 0
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch_size):
+        batch = [srcs[i] for i in order[start: start + batch_size]]
+        m = max_new or default_max_new_tokens(max(len(s) for s in batch), model.cfg.max_len)
+        hyps = generate(model, batch, beam, 1, m)
+        tokens += sum(n_generated(h[0]) for h in hyps)
+        lat += [time.perf_counter() - t0] * len(batch)
+    return Run(part, f"static generate(), batches of {batch_size}", beam, len(srcs), tokens,
+               time.perf_counter() - t0, lat)
+
+
+# ---- (c), (d), (e): the engine ---------------------------------------------------------------------
+
+class StepProfile:
+    """Sums of StepStats: where an engine run's time goes."""
+
+    def __init__(self):
+        self.steps = self.rows = self.prefills = self.prefill_rows = 0
+        self.prefill_s = self.decode_s = self.update_s = self.step_s = 0.0
+
+    def __call__(self, st) -> None:
+        self.steps += 1
+        self.rows += st.num_decode_seqs
+        if st.num_prefill_requests:
+            self.prefills += 1
+            self.prefill_rows += st.num_prefill_requests
+        self.prefill_s += st.prefill_s
+        self.decode_s += st.decode_s
+        self.update_s += st.update_s
+        self.step_s += st.duration_s
+
+    def as_dict(self, wall_s: float) -> dict:
+        return {"steps": self.steps, "mean_decode_rows": self.rows / max(self.steps, 1),
+                "prefill_batches": self.prefills, "mean_prefill_batch": self.prefill_rows / max(self.prefills, 1),
+                "prefill_s": self.prefill_s, "decode_s": self.decode_s, "update_s": self.update_s,
+                "loop_s": self.step_s - self.prefill_s - self.decode_s - self.update_s,
+                "idle_s": wall_s - self.step_s, "wall_s": wall_s}
+
+
+async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[list[float]] = None,
+                     fixed_len: Optional[int] = None, policy: str = "decode_first", part: str = "(c)",
+                     system: str = "continuous engine, all at once", warmup: bool = True) -> Run:
+    """Submit every sentence (at once, or at the given arrival offsets in seconds) and await all;
+    with warmup, first push a few batches through a throw-away engine (outside the clock)."""
+    from service.engine import Engine, EngineConfig, GenerationOptions
+    opts = GenerationOptions(beam_size=beam, n_best=1)
+    if fixed_len is not None:
+        opts = GenerationOptions(beam_size=beam, max_new_tokens=fixed_len, min_new_tokens=fixed_len)
+    config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy)
+    if warmup:
+        warm = Engine(model, config)
+        await asyncio.gather(*[warm.translate(s, opts) for s in srcs[: min(len(srcs), 2 * E_BATCH)]])
+        await warm.stop()
+    prof = StepProfile()
+    engine = Engine(model, config, on_step=prof)
+    await engine.start()
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+    if arrivals is None:
+        tasks = [asyncio.ensure_future(engine.translate(s, opts)) for s in srcs]
+    else:
+        tasks, start = [], loop.time()
+        for s, at in zip(srcs, arrivals):
+            delay = start + at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(engine.translate(s, opts)))
+    results = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    await engine.stop()
+    tokens = sum(r.timings.generated_tokens for r in results)
+    return Run(part, system, beam, len(srcs), tokens, wall, [r.timings.total_s for r in results],
+               profile=prof.as_dict(wall))
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+# ---- (e) workers: one process per worker, so that threads and OpenMP pools are the layout's --------
+
+def _e_worker(spec: dict, barrier, queue) -> None:
+    import torch
+    torch.set_num_threads(spec["threads"])
+    torch.set_grad_enabled(False)
+    from model.config import ModelConfig
+    from model.transformer import Transformer
+    torch.manual_seed(spec["seed"])
+    model = Transformer(ModelConfig.from_name("small", vocab_size=spec["vocab_size"])).eval()
+    srcs, beam = spec["srcs"], spec["beam"]
+    try:
+        # warm-up outside the clock (allocators, kernels)
+        if spec["system"] == "static":
+            run_static(model, srcs[:2 * E_BATCH], beam, E_BATCH, E_TOKENS, "(e)")
+        else:
+            asyncio.run(run_engine(model, srcs[:2 * E_BATCH], beam, E_BATCH * beam, fixed_len=E_TOKENS, warmup=False))
+        barrier.wait()
+        t_start = time.time()
+        if spec["system"] == "static":
+            run = run_static(model, srcs, beam, E_BATCH, E_TOKENS, "(e)")
+        else:
+            run = asyncio.run(run_engine(model, srcs, beam, E_BATCH * beam, fixed_len=E_TOKENS, part="(e)",
+                                         warmup=False))
+        queue.put({"ok": True, "start": t_start, "end": time.time(), "tokens": run.tokens,
+                   "sentences": run.sentences, "latencies": run.latencies, "profile": run.profile})
+    except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
+        queue.put({"ok": False, "error": repr(e)})
+        try:
+            barrier.abort()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_layout(srcs, beam: int, layout: str, system: str, vocab_size: int, seed: int = 0) -> Run:
+    """Run (e) with `processes x threads` = layout; sentences are length-sorted and dealt round-robin."""
+    procs_n, threads = (int(x) for x in layout.split("x"))
+    ordered = sorted(srcs, key=len)
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(procs_n), ctx.Queue()
+    old_env = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        procs = [ctx.Process(target=_e_worker, args=({"threads": threads, "seed": seed, "vocab_size": vocab_size,
+                                                       "srcs": ordered[i::procs_n], "beam": beam, "system": system},
+                                                      barrier, queue), daemon=True)
+                 for i in range(procs_n)]
+        for p in procs:
+            p.start()
+        outs = [queue.get(timeout=3600) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        if old_env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old_env
+    bad = [o["error"] for o in outs if not o["ok"]]
+    if bad:
+        raise RuntimeError(f"(e) worker failed: {bad[0]}")
+    wall = max(o["end"] for o in outs) - min(o["start"] for o in outs)
+    name = "continuous engine" if system == "engine" else f"static generate(), batches of {E_BATCH}"
+    return Run("(e)", name, beam, sum(o["sentences"] for o in outs), sum(o["tokens"] for o in outs), wall,
+               [x for o in outs for x in o["latencies"]], layout, outs[0]["profile"])
+
+
+# ---- reporting ------------------------------------------------------------------------------------
+
+def beam_name(beam: int) -> str:
+    return "greedy" if beam == 1 else f"beam {beam}"
+
+
+def print_table(runs: list[Run], title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'part':5} {'system':44} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
+    for r in runs:
+        print(f"{r.part:5} {r.system:44} {r.layout:6} {beam_name(r.beam):8} {r.sentences_per_s:8.1f} "
+              f"{r.tokens_per_s:9.0f} {r.pct(0.5) * 1e3:9.0f} {r.pct(0.99) * 1e3:9.0f}")
+
+
+def print_profile(run: Run) -> None:
+    p = run.profile
+    if not p:
+        return
+    w = p["wall_s"]
+    print(f"  profile {run.part} {beam_name(run.beam)}: {p['steps']} steps, {p['mean_decode_rows']:.1f} decode rows/step, "
+          f"{p['prefill_batches']} prefills x {p['mean_prefill_batch']:.1f} sentences; time: prefill "
+          f"{p['prefill_s'] / w:.0%}, decode_step {p['decode_s'] / w:.0%}, top-k+search+reorder "
+          f"{p['update_s'] / w:.0%}, loop hand-off {p['loop_s'] / w:.0%}, idle {p['idle_s'] / w:.0%}")
+
+
+def median_run(runs: list[Run]) -> Run:
+    return sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2]
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e")
+    ap.add_argument("--limit", type=int, default=None, help="use the first N sentences (default: all 1,000)")
+    ap.add_argument("--beams", default="1,4", help="beam sizes to run (1 = greedy)")
+    ap.add_argument("--checkpoint", default=None, help="model for (a)-(d) (default: model/checkpoints/de-en)")
+    ap.add_argument("--tokenizer", default=None, help="8k SentencePiece model for (e) (default: the checkpoint's)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for (a)-(d)")
+    ap.add_argument("--engine-seqs", type=int, default=32,
+                    help="(c)/(d): sentences in flight; the engine gets engine_seqs x beam_size slots")
+    ap.add_argument("--policy", default="decode_first", help="engine scheduling policy for (c)/(d)")
+    ap.add_argument("--layouts", default="1x2,2x1", help="(e): processes x threads per process")
+    ap.add_argument("--e-systems", default="engine,static", help="(e): engine and/or static")
+    ap.add_argument("--rounds", type=int, default=1, help="(e): interleaved rounds; the median is printed")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if not parts <= set("abcde"):
+        ap.error(f"--parts must be a subset of a,b,c,d,e, got {args.parts!r}")
+    beams = [int(b) for b in args.beams.split(",")]
+
+    import torch
+    from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+    from model.tokenizer import Tokenizer, read_lines
+    from model.translate import encode_source
+    torch.set_grad_enabled(False)
+    ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
+    lines = [line for line in read_lines(DATA) if line.strip()][: args.limit]
+    need_model = bool(parts & set("abcd"))
+    if need_model and not (ckpt / "model.safetensors").exists():
+        print(f"parts (a)-(d) need the shipped model, and {ckpt} has none (training may still be running).\n"
+              f"Pass --checkpoint DIR, or run only part (e): --parts e --tokenizer PATH.", file=sys.stderr)
+        return 2
+
+    if need_model:
+        torch.set_num_threads(args.threads)
+        model, tok, meta = load_checkpoint(ckpt)
+        srcs = [encode_source(tok, line, model.cfg.max_len) for line in lines]
+        print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
+              f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
+              f"{args.policy}, {args.engine_seqs} x beam_size slots")
+        from model.decoding import generate
+        generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
+        runs = []
+        for beam in beams:
+            slots = args.engine_seqs * beam
+            if "a" in parts:
+                runs.append(run_sequential(model, srcs, beam))
+            if "b" in parts:
+                runs.append(run_static(model, srcs, beam))
+            cont = None
+            if "c" in parts or "d" in parts:
+                cont = asyncio.run(run_engine(model, srcs, beam, slots, policy=args.policy))
+                if "c" in parts:
+                    runs.append(cont)
+            if "d" in parts:
+                for frac in (0.5, 0.9):
+                    rate = frac * cont.sentences_per_s
+                    runs.append(asyncio.run(run_engine(
+                        model, srcs, beam, slots, arrivals=poisson_arrivals(len(srcs), rate, args.seed),
+                        policy=args.policy, part="(d)", system=f"continuous, Poisson {frac:.0%} of (c) = {rate:.1f}/s")))
+        print_table(runs, "(a)-(d) shipped model")
+        for beam in beams:
+            by = {r.part: r for r in runs if r.beam == beam and r.part != "(d)"}
+            ratios = []
+            if "(c)" in by and "(b)" in by:
+                ratios.append(f"continuous/static {by['(c)'].tokens_per_s / by['(b)'].tokens_per_s:.2f}x (target >= 1.3x)")
+            if "(c)" in by and "(a)" in by:
+                ratios.append(f"continuous/sequential {by['(c)'].tokens_per_s / by['(a)'].tokens_per_s:.2f}x (target >= 4x)")
+            if ratios:
+                print(f"  {beam_name(beam)}: " + "; ".join(ratios))
+        for r in runs:
+            print_profile(r)
+
+    if "e" in parts:
+        tok_path = Path(args.tokenizer) if args.tokenizer else ckpt / "tokenizer.model"
+        if not tok_path.exists():
+            print(f"part (e) needs the shipped 8k tokenizer, and {tok_path} does not exist; pass --tokenizer PATH.",
+                  file=sys.stderr)
+            return 2
+        tok = Tokenizer(tok_path)
+        srcs = [encode_source(tok, line, 256) for line in lines]
+        layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+        systems = [x.strip() for x in args.e_systems.split(",") if x.strip()]
+        print(f"\n(e) protocol of BENCHMARKS.md: random weights, small preset, vocab {tok.vocab_size}; "
+              f"{len(srcs)} sentences, exactly {E_TOKENS} generated tokens each, length-sorted batches of {E_BATCH}; "
+              f"{args.rounds} round(s), median shown")
+        runs = []
+        for beam in beams:
+            for system in systems:
+                for layout in layouts:
+                    rounds = []
+                    for _ in range(args.rounds):
+                        rounds.append(run_layout(srcs, beam, layout, system, tok.vocab_size, args.seed))
+                    runs.append(median_run(rounds))
+        print(f"\n{'reference (BENCHMARKS.md, 1,000 sentences)':50} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>9}")
+        for name, layout, beam, sps, tps in REFERENCE:
+            if beam in beams:
+                print(f"{name:50} {layout:6} {beam_name(beam):8} {sps:8d} {tps:9d}")
+        print_table(runs, "(e) this repository")
+        for r in runs:
+            if r.system.startswith("continuous"):
+                print_profile(r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

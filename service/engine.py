@@ -1,0 +1,537 @@
+"""The inference engine: continuous batching with separate prefill and decode scheduling.
+
+One asyncio task per engine runs the step loop; the model runs in one worker thread, so the event
+loop keeps accepting, streaming and cancelling requests while a step computes:
+
+    while not stopping:
+        apply cancellations                  # scheduler.finish + runner.release, between steps only
+        plan = scheduler.schedule()          # which waiting requests to prefill; all running decode
+        result = await worker(runner.execute(plan))
+                                             # prefill the admitted, ONE decode_step over every
+                                             # running hypothesis (greedy and beam), searches advance
+        update(plan, result)                 # stream tokens, resolve futures, free finished slots
+
+Invariant (between steps): every KV-cache slot is free or held by exactly one running request, whose
+search state lives in the runner; every request is waiting, running or resolved (exactly one), and
+its future is resolved exactly once. Only the loop task mutates the scheduler and only the worker
+thread runs the model, never at the same time. A request's output does not depend on what shares its
+steps (each hypothesis attends only to its own slot), so it equals offline ``model.decoding.generate``.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import math
+import numbers
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+from model.decoding import ATTENTION_KINDS, BeamSearch, Hypothesis
+from model.translate import default_max_new_tokens
+
+from .runner import ModelRunner, SequenceOutput, StepResult
+from .scheduler import (POLICIES, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
+                        QueueFullError, ScheduledRequest, Scheduler)
+
+__all__ = ["Engine", "EngineConfig", "GenerationOptions", "TranslationResult", "StepStats", "RequestStats",
+           "TokenStream", "Hypothesis", "EngineError", "QueueFullError", "EngineValidationError",
+           "EngineStoppedError", "POLICIES"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationOptions:
+    beam_size: int = 4                        # hypotheses kept per sentence (1 = greedy); each holds a cache slot
+    n_best: int = 1                           # hypotheses returned, best first; 1..beam_size
+    max_new_tokens: Optional[int] = None      # None: 2 x source length + 10, capped by the model
+    length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
+    attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
+    min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
+
+
+@dataclass
+class RequestStats:
+    """Timings of one request (seconds); handed to ``on_finish`` and returned with the result."""
+    request_id: int
+    status: str                               # "ok", "cancelled" or "error"
+    finish_reason: str                        # best hypothesis' "eos" / "length"; else the status
+    src_tokens: int                           # source ids, EOS included
+    beam_size: int
+    generated_tokens: int = 0                 # tokens of the best hypothesis, EOS counted when generated
+    num_steps: int = 0                        # engine steps it took part in (its prefill step included)
+    queue_wait_s: float = 0.0                 # submitted -> its prefill step began
+    prefill_s: float = 0.0                    # duration of the prefill call it was part of
+    decode_s: float = 0.0                     # end of its prefill step -> finished
+    time_to_first_token_s: float = 0.0        # submitted -> its first token was chosen
+    total_s: float = 0.0                      # submitted -> finished
+
+
+@dataclass
+class StepStats:
+    """One engine step; handed to ``on_step``."""
+    step: int
+    num_prefill_requests: int                 # requests admitted (prefilled) this step
+    num_prefill_tokens: int                   # their source ids
+    num_prefill_padded_tokens: int            # prefill batch size x longest source
+    num_decode_requests: int                  # requests in the decode forward
+    num_decode_seqs: int                      # hypotheses (rows) in the decode forward
+    num_generated_tokens: int                 # rows scored this step (prefill + decode)
+    num_finished: int                         # requests that finished or failed this step
+    prefill_s: float
+    decode_s: float
+    update_s: float                           # top-k, searches, cache reorder
+    duration_s: float                         # the whole step, hand-off to the worker included
+    running_requests: int                     # after the step
+    running_sequences: int
+    waiting_requests: int
+    kv_cache_usage: float                     # fraction of slots in use, 0..1
+
+
+@dataclass
+class TranslationResult:
+    hypotheses: list[Hypothesis]              # n_best, best first
+    timings: RequestStats
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: int
+    src_ids: list[int]
+    options: GenerationOptions                # validated, max_new_tokens resolved
+    future: asyncio.Future
+    stream: bool = False
+    queue: Optional[asyncio.Queue] = None     # streamed items (token ids, then the result or an error)
+    t_submit: float = 0.0
+    t_prefill_start: float = math.nan
+    t_first_token: float = math.nan
+    prefill_s: float = 0.0
+    num_steps: int = 0
+    cancelled: bool = False
+    done: bool = False
+
+
+class TokenStream:
+    """Async iterator over a request's new token ids, then its ``TranslationResult``.
+
+    Greedy requests yield each token as it is decoded; beam requests yield the best hypothesis'
+    tokens when the search ends. Closing it (``aclose``, ``async with``, or dropping it) cancels the
+    request. Errors raised by the engine (EngineError) are raised from iteration.
+    """
+
+    def __init__(self, engine: "Engine", req: _Request):
+        self._engine, self._req, self._finished = engine, req, False
+
+    @property
+    def request_id(self) -> int:
+        return self._req.request_id
+
+    def __aiter__(self) -> "TokenStream":
+        return self
+
+    async def __anext__(self) -> Union[int, TranslationResult]:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._req.queue.get()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if isinstance(item, BaseException):
+            self._finished = True
+            raise item
+        if isinstance(item, TranslationResult):
+            self._finished = True
+        return item
+
+    def cancel(self) -> None:
+        self._finished = True
+        self._engine._cancel(self._req)
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self) -> "TokenStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        try:
+            if not self._req.done:
+                self._engine._cancel_threadsafe(self._req)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+Callback = Optional[Callable[[object], None]]
+
+
+class Engine:
+    """Continuous-batching translation engine around one model (see the module docstring).
+
+    Args:
+        model: a ``model.transformer.Transformer`` (eval mode; any device/dtype).
+        config: ``EngineConfig`` (slots, token budget, queue bound, policy).
+        on_step: called with a ``StepStats`` after every step (on the event loop; keep it cheap).
+        on_finish: called with a ``RequestStats`` when a request ends (ok, cancelled or error).
+    """
+
+    def __init__(self, model, config: Optional[EngineConfig] = None, on_step: Callback = None,
+                 on_finish: Callback = None):
+        self.model = model.eval()
+        self.config = config or EngineConfig()
+        self.on_step, self.on_finish = on_step, on_finish
+        self._build(self.config)
+        self._requests: dict[int, _Request] = {}
+        self._ids = itertools.count(1)
+        self._cancel_ids: set[int] = set()
+        self._state = "new"                    # new -> running -> stopping -> stopped
+        self._task: Optional[asyncio.Task] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._wakeup: Optional[asyncio.Event] = None
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._pending_config: Optional[tuple[EngineConfig, asyncio.Future]] = None
+
+    def _build(self, config: EngineConfig) -> None:
+        cfg = self.model.cfg
+        self.max_src_len = min(config.max_src_len or cfg.max_len, cfg.max_len)
+        self.max_tgt_len = min(config.max_tgt_len or cfg.max_len, cfg.max_len)
+        self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_src_len, self.max_tgt_len)
+        if getattr(self, "scheduler", None) is None:
+            self.scheduler = Scheduler(config, self.runner.cache)
+        else:
+            self.scheduler.config, self.scheduler.slots = config, self.runner.cache
+        self.config = config
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the step loop on the running event loop (idempotent)."""
+        if self._state == "new":
+            self._start_now()
+        elif self._state != "running":
+            raise EngineStoppedError("engine is stopped")
+
+    def _start_now(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-runner")
+        self._state = "running"
+        self._task = self._loop.create_task(self._run(), name="engine-step-loop")
+
+    async def stop(self) -> None:
+        """Finish the current step, fail every outstanding request with EngineStoppedError, release
+        the worker thread. Idempotent."""
+        if self._state == "new":
+            self._state = "stopped"
+        if self._state != "running":
+            return
+        self._state = "stopping"
+        self._wakeup.set()
+        try:
+            await self._task
+        finally:
+            for req in list(self._requests.values()):
+                self._finish(req, error=EngineStoppedError("engine stopped"))
+            if self._pending_config is not None and not self._pending_config[1].done():
+                self._pending_config[1].set_exception(EngineStoppedError("engine stopped"))
+            self._executor.shutdown(wait=True)
+            self._state = "stopped"
+
+    async def reconfigure(self, config: EngineConfig) -> None:
+        """Apply a new EngineConfig (e.g. from Ray Serve ``user_config``). Policy and queue knobs
+        apply at the next step; a new cache shape (max_num_seqs, max_src_len, max_tgt_len) is applied
+        once running requests have finished (admission pauses until then). Waiting requests whose
+        beam no longer fits fail with EngineValidationError."""
+        if not isinstance(config, EngineConfig):
+            config = EngineConfig.from_dict(config)
+        shape = ("max_num_seqs", "max_src_len", "max_tgt_len")
+        if all(getattr(config, k) == getattr(self.config, k) for k in shape):
+            self.config = self.scheduler.config = config
+            return
+        if self._state != "running":
+            self._build(config)
+            self._fail_unfit()
+            return
+        fut = self._loop.create_future()
+        if self._pending_config is not None and not self._pending_config[1].done():
+            self._pending_config[1].set_result(None)  # superseded by this one
+        self._pending_config = (config, fut)
+        self.scheduler.admitting = False
+        self._wakeup.set()
+        await fut
+
+    def _fail_unfit(self) -> None:
+        for sreq in list(self.scheduler.waiting):
+            if sreq.num_slots > self.config.max_num_seqs:
+                self._finish(sreq.payload, error=EngineValidationError(
+                    "beam_size", f"needs {sreq.num_slots} cache slots, the engine now has {self.config.max_num_seqs}"))
+
+    # ---- requests ------------------------------------------------------------------------------
+    def validate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> None:
+        """Raise EngineValidationError(field, message) if the request can never be served."""
+        self._resolve(src_ids, options)
+
+    async def translate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None
+                        ) -> TranslationResult:
+        """Translate one sentence (source ids, EOS included). Raises EngineValidationError,
+        QueueFullError (at once, when max_waiting requests wait), EngineStoppedError, or EngineError
+        if the request failed while running. Cancelling the awaiting task cancels the request; its
+        slots are freed at the next step."""
+        req = self._submit(src_ids, options, stream=False)
+        return await req.future
+
+    def stream(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> TokenStream:
+        """Submit a request and return an async iterator of its token ids, then the TranslationResult.
+
+        Validation, QueueFullError and EngineStoppedError are raised here, before any iteration.
+        """
+        return TokenStream(self, self._submit(src_ids, options, stream=True))
+
+    def stats(self) -> dict:
+        """running_sequences, running_requests, waiting_requests, kv_cache_usage, free_slots,
+        num_slots, steps, kv_cache_bytes, max_waiting, policy, state."""
+        s = self.scheduler.stats()
+        s.update(kv_cache_bytes=self.runner.cache.nbytes, max_waiting=self.config.max_waiting,
+                 policy=self.config.policy, state=self._state)
+        return s
+
+    def _resolve(self, src_ids, options) -> GenerationOptions:
+        o = GenerationOptions() if options is None else options
+        if not isinstance(o, GenerationOptions):
+            raise EngineValidationError("options", f"must be GenerationOptions, got {type(o).__name__}")
+        cfg = self.model.cfg
+
+        def is_int(v) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        if not isinstance(src_ids, (list, tuple)):
+            raise EngineValidationError("src_ids", "must be a list of token ids")
+        if not src_ids:
+            raise EngineValidationError("src_ids", "must not be empty (an encoded sentence ends with EOS)")
+        if len(src_ids) > self.max_src_len:
+            raise EngineValidationError("src_ids", f"has {len(src_ids)} tokens, the limit is {self.max_src_len}")
+        for t in src_ids:
+            if not is_int(t) or not 0 < t < cfg.vocab_size:
+                raise EngineValidationError("src_ids", f"ids must be integers in 1..{cfg.vocab_size - 1}, got {t!r}")
+        if not is_int(o.beam_size) or o.beam_size < 1:
+            raise EngineValidationError("beam_size", f"must be an integer >= 1, got {o.beam_size!r}")
+        if 2 * o.beam_size > cfg.vocab_size:
+            raise EngineValidationError("beam_size", f"must be <= {cfg.vocab_size // 2} (half the vocabulary), "
+                                                     f"got {o.beam_size}")
+        if o.beam_size > self.config.max_num_seqs:
+            raise EngineValidationError("beam_size", f"must be <= max_num_seqs ({self.config.max_num_seqs}), "
+                                                     f"got {o.beam_size}")
+        if not is_int(o.n_best) or not 1 <= o.n_best <= o.beam_size:
+            raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), got {o.n_best!r}")
+        limit = min(self.max_tgt_len, cfg.max_len - 1)
+        max_new = o.max_new_tokens
+        if max_new is None:
+            max_new = min(default_max_new_tokens(len(src_ids), cfg.max_len), limit)
+        elif not is_int(max_new) or not 0 <= max_new <= limit:
+            raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limit}, got {max_new!r}")
+        if not is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= max_new:
+            raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}), "
+                                                          f"got {o.min_new_tokens!r}")
+        lp = o.length_penalty
+        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
+            raise EngineValidationError("length_penalty", f"must be a finite number, got {lp!r}")
+        kinds = () if o.attention_kinds is None else o.attention_kinds
+        if (isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset))
+                or not all(isinstance(k, str) and k in ATTENTION_KINDS for k in kinds)):
+            raise EngineValidationError("attention_kinds", f"must be a subset of {ATTENTION_KINDS}, got {kinds!r}")
+        return dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best), max_new_tokens=int(max_new),
+                                   min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
+                                   attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds))
+
+    def _submit(self, src_ids, options, stream: bool) -> _Request:
+        if self._state == "new":
+            self._start_now()
+        if self._state != "running" or self._task.done():
+            raise EngineStoppedError("engine is stopped")
+        opts = self._resolve(src_ids, options)
+        rid = next(self._ids)
+        req = _Request(rid, [int(t) for t in src_ids], opts, self._loop.create_future(), stream,
+                       asyncio.Queue() if stream else None, time.perf_counter())
+        req.future.add_done_callback(lambda f, r=req: self._on_future_done(f, r))
+        if opts.max_new_tokens == 0:  # nothing to generate: answer without the model
+            search = BeamSearch(opts.beam_size, self.model.cfg.eos_id, 0, opts.n_best, opts.length_penalty,
+                                opts.attention_kinds, len(req.src_ids))
+            self._finish(req, hypotheses=search.results())
+            return req
+        self.scheduler.add(ScheduledRequest(rid, len(req.src_ids), opts.beam_size, payload=req))
+        self._requests[rid] = req
+        self._wakeup.set()
+        return req
+
+    def _on_future_done(self, fut: asyncio.Future, req: _Request) -> None:
+        if fut.cancelled():
+            self._cancel(req)
+        elif req.stream:
+            fut.exception()  # consumed through the stream; mark retrieved
+
+    def _cancel(self, req: _Request) -> None:
+        if req.done or req.cancelled:
+            return
+        req.cancelled = True
+        self._cancel_ids.add(req.request_id)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _cancel_threadsafe(self, req: _Request) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if asyncio.get_running_loop() is loop:
+                self._cancel(req)
+                return
+        except RuntimeError:
+            pass
+        loop.call_soon_threadsafe(self._cancel, req)
+
+    # ---- the step loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        sched = self.scheduler
+        while True:
+            try:
+                await asyncio.sleep(0)  # let pending callbacks (cancellations, submissions) run first
+                # From here to the wait below nothing yields, so no wakeup can be lost.
+                if self._state != "running":
+                    break
+                self._apply_cancellations()
+                if self._pending_config is not None and sched.num_running == 0:
+                    self._apply_config()
+                if not sched.num_running and not (sched.num_waiting and sched.admitting):
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                t0 = time.perf_counter()
+                plan = sched.schedule()
+                if plan.is_empty:  # nothing admissible (paused for a reconfiguration)
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                for r in plan.prefill:
+                    r.payload.t_prefill_start = t0
+                try:
+                    result = await loop.run_in_executor(self._executor, self.runner.execute, plan)
+                except Exception as e:  # noqa: BLE001 - a runner bug: fail this step's requests, keep serving
+                    log.exception("engine step %d failed", plan.step)
+                    result = StepResult([SequenceOutput(r.request_id, error=e) for r in plan.prefill + plan.decode])
+                self._update(plan, result, t0)
+            except Exception:  # noqa: BLE001 - never let the loop die
+                log.exception("engine loop error")
+                await asyncio.sleep(0.01)
+
+    def _apply_cancellations(self) -> None:
+        while self._cancel_ids:
+            req = self._requests.get(self._cancel_ids.pop())
+            if req is not None and not req.done:
+                self._finish(req, cancelled=True)
+
+    def _apply_config(self) -> None:
+        config, fut = self._pending_config
+        self._pending_config = None
+        try:
+            self._build(config)
+            self._fail_unfit()
+        except Exception as e:  # noqa: BLE001
+            if not fut.done():
+                fut.set_exception(e)
+        else:
+            if not fut.done():
+                fut.set_result(None)
+        finally:
+            self.scheduler.admitting = True
+
+    def _update(self, plan, result: StepResult, t0: float) -> None:
+        now = time.perf_counter()
+        for r in plan.prefill:
+            req = r.payload
+            req.prefill_s = result.prefill_s
+            req.t_first_token = now
+        for r in plan.prefill + plan.decode:
+            r.payload.num_steps += 1
+        finished = 0
+        for o in result.outputs:
+            req = self._requests.get(o.request_id)
+            if req is None or req.done or req.cancelled:
+                continue
+            if o.new_tokens and req.queue is not None:
+                for t in o.new_tokens:
+                    req.queue.put_nowait(t)
+            if o.error is not None:
+                finished += 1
+                err = o.error if isinstance(o.error, EngineError) else EngineError(f"translation failed: {o.error!r}")
+                if err is not o.error:
+                    err.__cause__ = o.error
+                log.warning("request %d failed: %r", o.request_id, o.error)
+                self._finish(req, error=err)
+            elif o.hypotheses is not None:
+                finished += 1
+                self._finish(req, hypotheses=o.hypotheses)
+        if self.on_step is not None:
+            s = self.scheduler
+            stats = StepStats(plan.step, len(plan.prefill), plan.num_prefill_tokens, plan.num_prefill_padded,
+                              len(plan.decode), result.num_decode_seqs, result.num_generated_tokens, finished,
+                              result.prefill_s, result.decode_s, result.update_s, time.perf_counter() - t0,
+                              s.num_running, s.num_running_seqs, s.num_waiting,
+                              s.num_running_seqs / s.slots.num_slots)
+            self._callback(self.on_step, stats)
+
+    def _finish(self, req: _Request, hypotheses: Optional[list[Hypothesis]] = None,
+                error: Optional[BaseException] = None, cancelled: bool = False) -> None:
+        """Resolve a request exactly once and give back its slots."""
+        if req.done:
+            return
+        req.done = True
+        self.scheduler.finish(req.request_id)
+        self.runner.release(req.request_id)
+        self._requests.pop(req.request_id, None)
+        now = time.perf_counter()
+        status = "cancelled" if cancelled else "error" if error is not None else "ok"
+        st = RequestStats(req.request_id, status, status, len(req.src_ids), req.options.beam_size,
+                          num_steps=req.num_steps, total_s=now - req.t_submit)
+        if math.isnan(req.t_prefill_start):
+            st.queue_wait_s = st.total_s if status != "ok" else 0.0
+        else:
+            st.queue_wait_s = req.t_prefill_start - req.t_submit
+            st.prefill_s = req.prefill_s
+            st.time_to_first_token_s = req.t_first_token - req.t_submit
+            st.decode_s = now - req.t_first_token
+        if hypotheses:
+            best = hypotheses[0]
+            st.finish_reason = best.finish_reason
+            st.generated_tokens = len(best.tokens) + (best.finish_reason == "eos")
+        if status == "ok":
+            res = TranslationResult(hypotheses, st)
+            if req.queue is not None:
+                req.queue.put_nowait(res)
+            if not req.future.done():
+                req.future.set_result(res)
+        elif status == "error":
+            if req.queue is not None:
+                req.queue.put_nowait(error)
+            if not req.future.done():
+                req.future.set_exception(error)
+        else:
+            if req.queue is not None:
+                req.queue.put_nowait(EngineError("request cancelled"))
+            if not req.future.done():
+                req.future.cancel()
+        if self.on_finish is not None:
+            self._callback(self.on_finish, st)
+
+    @staticmethod
+    def _callback(fn, arg) -> None:
+        try:
+            fn(arg)
+        except Exception:  # noqa: BLE001 - a metrics hook must not break serving
+            log.exception("engine callback %r failed", fn)

@@ -1,0 +1,148 @@
+"""Every Prometheus metric of the service, declared once.
+
+Metrics are Ray metrics (``ray.serve.metrics``): each replica records its own series, Ray adds the
+``deployment``, ``replica`` and ``application`` labels, and every node's metrics agent exports them
+in the Prometheus text format with the prefix ``ray_``. Counters are declared with their ``_total``
+suffix (Ray then adds none), histograms come out as ``_bucket``/``_count``/``_sum``. ``EXPORTED``
+lists the exact names a scrape shows; README lists the same names and a test checks both agree.
+``GET /metrics`` on the service's HTTP port returns the text of every node's agent (see
+``deployment.scrape_metrics``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+PREFIX = "ray_"   # added by Ray's metrics agent
+
+LATENCY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+STEP_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+# 2^k - 1 and 2^k, so that `_count - _bucket{le="15"}` counts batches of 16 or more.
+BATCH_BUCKETS = [1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512]
+
+# name -> (kind, description, label keys besides Ray's); kind is counter | histogram | gauge.
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # HTTP layer (recorded by the ingress replica that answered)
+    "mt_requests_total": ("counter", "HTTP requests answered, by model, endpoint and status code",
+                          ("model", "endpoint", "status")),
+    "mt_request_duration_seconds": ("histogram", "HTTP request latency until the last byte, seconds",
+                                    ("model", "endpoint")),
+    # engine (recorded by the translator replica that ran the work)
+    "mt_queue_wait_seconds": ("histogram", "time a sentence waited in the engine queue before prefill, seconds",
+                              ("model",)),
+    "mt_time_to_first_token_seconds": ("histogram", "time from enqueue to the first target token, seconds",
+                                       ("model",)),
+    "mt_time_per_output_token_seconds": ("histogram", "decode time per generated token after the first, seconds",
+                                         ("model",)),
+    "mt_sentence_duration_seconds": ("histogram", "time from enqueue to the finished translation of one sentence, "
+                                     "seconds", ("model",)),
+    "mt_prefill_duration_seconds": ("histogram", "duration of one prefill batch (encoder + first step), seconds",
+                                    ("model",)),
+    "mt_decode_step_duration_seconds": ("histogram", "duration of one batched decode step, seconds", ("model",)),
+    "mt_prefill_batch_size": ("histogram", "sentences per prefill batch", ("model",)),
+    "mt_decode_batch_size": ("histogram", "sequences (hypotheses) per decode step", ("model",)),
+    "mt_source_tokens_total": ("counter", "source tokens prefilled (EOS included)", ("model",)),
+    "mt_generated_tokens_total": ("counter", "target tokens scored by the engine (every hypothesis of every step)",
+                                  ("model",)),
+    "mt_sentences_total": ("counter", "sentences the engine ended, by finish reason (eos, length, cancelled, error)",
+                           ("model", "finish_reason")),
+    "mt_running_sequences": ("gauge", "sequences (hypotheses) in the running batch", ("model",)),
+    "mt_waiting_requests": ("gauge", "sentences waiting in the engine queue", ("model",)),
+    "mt_kv_cache_usage_ratio": ("gauge", "fraction of KV-cache slots in use, 0..1", ("model",)),
+    "mt_replicas_ready": ("gauge", "1 per translator replica whose model is loaded and engine running",
+                          ("model",)),
+}
+
+_BUCKETS = {"mt_request_duration_seconds": LATENCY_BUCKETS_S, "mt_queue_wait_seconds": LATENCY_BUCKETS_S,
+            "mt_time_to_first_token_seconds": LATENCY_BUCKETS_S, "mt_sentence_duration_seconds": LATENCY_BUCKETS_S,
+            "mt_time_per_output_token_seconds": STEP_BUCKETS_S, "mt_prefill_duration_seconds": STEP_BUCKETS_S,
+            "mt_decode_step_duration_seconds": STEP_BUCKETS_S, "mt_prefill_batch_size": BATCH_BUCKETS,
+            "mt_decode_batch_size": BATCH_BUCKETS}
+
+
+def exported_names() -> list[str]:
+    """The exact series names a scrape of /metrics shows for METRICS (README lists these)."""
+    out = []
+    for name, (kind, _, _) in METRICS.items():
+        if kind == "histogram":
+            out += [f"{PREFIX}{name}_bucket", f"{PREFIX}{name}_count", f"{PREFIX}{name}_sum"]
+        else:
+            out.append(PREFIX + name)
+    return out
+
+
+def _make(name: str):
+    kind, desc, tags = METRICS[name]
+    if kind == "counter":
+        return Counter(name, description=desc, tag_keys=tags)
+    if kind == "gauge":
+        return Gauge(name, description=desc, tag_keys=tags)
+    return Histogram(name, description=desc, boundaries=_BUCKETS[name], tag_keys=tags)
+
+
+class HttpMetrics:
+    """The HTTP-layer metrics; create one per ingress replica (inside the replica)."""
+
+    def __init__(self):
+        self.requests = _make("mt_requests_total")
+        self.duration = _make("mt_request_duration_seconds")
+
+    def record(self, model: str, endpoint: str, status: int, seconds: float) -> None:
+        self.requests.inc(1, tags={"model": model, "endpoint": endpoint, "status": str(status)})
+        self.duration.observe(seconds, tags={"model": model, "endpoint": endpoint})
+
+
+class EngineMetrics:
+    """The engine metrics of one model; create one per translator replica (inside the replica).
+
+    ``on_step`` / ``on_finish`` are passed to ``Engine`` as callbacks; ``set_state`` refreshes the
+    gauges (called after every step and by a periodic task, so idle replicas report zeros).
+    """
+
+    def __init__(self, model: str):
+        self.tags = {"model": model}
+        self.model = model
+        for name in ("mt_queue_wait_seconds", "mt_time_to_first_token_seconds", "mt_time_per_output_token_seconds",
+                     "mt_sentence_duration_seconds", "mt_prefill_duration_seconds", "mt_decode_step_duration_seconds",
+                     "mt_prefill_batch_size", "mt_decode_batch_size", "mt_source_tokens_total",
+                     "mt_generated_tokens_total", "mt_sentences_total", "mt_running_sequences",
+                     "mt_waiting_requests", "mt_kv_cache_usage_ratio", "mt_replicas_ready"):
+            setattr(self, name[3:], _make(name))
+
+    def on_step(self, step) -> None:
+        """Record one engine step (``engine.StepStats``)."""
+        t = self.tags
+        if step.num_prefill_requests:
+            self.prefill_batch_size.observe(step.num_prefill_requests, tags=t)
+            self.prefill_duration_seconds.observe(step.prefill_s, tags=t)
+            self.source_tokens_total.inc(step.num_prefill_tokens, tags=t)
+        if step.num_decode_seqs:
+            self.decode_batch_size.observe(step.num_decode_seqs, tags=t)
+            self.decode_step_duration_seconds.observe(step.decode_s, tags=t)
+        if step.num_generated_tokens:
+            self.generated_tokens_total.inc(step.num_generated_tokens, tags=t)
+        self.set_state(step.running_sequences, step.waiting_requests, step.kv_cache_usage)
+
+    def on_finish(self, stats) -> None:
+        """Record one finished, cancelled or failed sentence (``engine.RequestStats``)."""
+        t = self.tags
+        self.sentences_total.inc(1, tags={**t, "finish_reason": stats.finish_reason})
+        self.queue_wait_seconds.observe(stats.queue_wait_s, tags=t)
+        self.sentence_duration_seconds.observe(stats.total_s, tags=t)
+        if stats.status == "ok":
+            self.time_to_first_token_seconds.observe(stats.time_to_first_token_s, tags=t)
+            if stats.generated_tokens > 1:
+                self.time_per_output_token_seconds.observe(stats.decode_s / (stats.generated_tokens - 1), tags=t)
+
+    def set_state(self, running: Optional[int], waiting: Optional[int], kv_cache_usage: Optional[float]) -> None:
+        t = self.tags
+        if running is not None:
+            self.running_sequences.set(running, tags=t)
+        if waiting is not None:
+            self.waiting_requests.set(waiting, tags=t)
+        if kv_cache_usage is not None:
+            self.kv_cache_usage_ratio.set(kv_cache_usage, tags=t)
+
+    def set_ready(self, ready: bool) -> None:
+        self.replicas_ready.set(1 if ready else 0, tags=self.tags)

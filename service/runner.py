@@ -1,0 +1,262 @@
+"""Model runner: owns the model, the slot-indexed KV cache and the batch tensors, and executes what
+the scheduler decided for one step.
+
+All model math is ``model/decoding.py``'s (``prefill``, ``decode_step``, ``BeamSearch``, the same
+functions offline ``generate`` uses), so serving and offline decoding share one implementation.
+One step = (1) prefill of the newly admitted requests (encoder, cross-attention K/V for every
+decoder layer, first decoder step), (2) ONE ``decode_step`` over every running hypothesis of every
+running request, greedy and beam alike, each at its own position, (3) one top-k over all rows of
+both, then each request's ``BeamSearch.step`` and one batched cache reorder for all beams.
+
+Runs in the engine's single worker thread; nothing here touches asyncio.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from model import decoding
+from model.decoding import BeamSearch, Hypothesis, StepOutput, pad_batch, top_candidates
+from model.kv_cache import KVCache
+
+from .scheduler import SchedulerOutput, ScheduledRequest
+
+
+@dataclass
+class SequenceOutput:
+    """What one step produced for one request."""
+    request_id: int
+    new_tokens: list[int] = field(default_factory=list)  # tokens now final (greedy: one per step; beam: at the end)
+    hypotheses: Optional[list[Hypothesis]] = None         # set when the request finished (n_best, best first)
+    error: Optional[BaseException] = None                 # set when this request failed (others go on)
+
+    @property
+    def finished(self) -> bool:
+        return self.hypotheses is not None or self.error is not None
+
+
+@dataclass
+class StepResult:
+    """What the runner did in one step (plain numbers for StepStats, plus per-request outputs)."""
+    outputs: list[SequenceOutput]
+    num_decode_seqs: int = 0                 # rows of the decode forward (hypotheses)
+    num_generated_tokens: int = 0            # rows scored this step (prefill + decode)
+    prefill_s: float = 0.0                   # wall time of the prefill call(s)
+    decode_s: float = 0.0                    # wall time of the decode_step call(s)
+    update_s: float = 0.0                    # top-k, searches, cache reorder
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """Runner-side state of one running request."""
+    request_id: int
+    src_ids: list[int]                       # source ids, EOS included
+    slots: list[int]                         # its cache slots, one per hypothesis (beam_size)
+    search: BeamSearch
+    min_new_tokens: int = 0                  # EOS is masked until this many tokens exist
+    stream: bool = False                     # report tokens as they become final
+    need_weights: bool = False               # any attention kind requested
+    tokens: list[int] = field(default_factory=list)  # next decode input of each alive hypothesis
+    position: int = 0                        # their target position (= tokens generated so far)
+    emitted: int = 0                         # tokens already reported (streaming)
+
+
+@dataclass
+class _Part:
+    """The output of one forward call and which rows of it belong to which sequence."""
+    out: StepOutput
+    rows: list[tuple[_Sequence, int, int]]   # (sequence, first row, number of rows)
+
+
+class ModelRunner:
+    """Executes ``SchedulerOutput``s on a model with a preallocated ``KVCache``.
+
+    Each ``ScheduledRequest.payload`` must have ``src_ids`` (list of ids, EOS-terminated) and
+    ``options`` (beam_size, n_best, max_new_tokens, length_penalty, attention_kinds, and optionally
+    min_new_tokens), already validated, and may have ``stream`` (bool).
+    """
+
+    def __init__(self, model, num_slots: int, max_src_len: Optional[int] = None, max_tgt_len: Optional[int] = None):
+        self.model = model.eval()
+        self.cfg = model.cfg
+        self.device = next(model.parameters()).device
+        self.cache = KVCache.for_model(model, num_slots, max_tgt_len, max_src_len)
+        self.seqs: dict[int, _Sequence] = {}
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def release(self, request_id: int) -> None:
+        """Forget a request's search state (its slots are freed by the scheduler)."""
+        self.seqs.pop(request_id, None)
+
+    def reset(self) -> None:
+        self.seqs.clear()
+
+    # ---- one step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerOutput) -> StepResult:
+        """Prefill ``plan.prefill``, run one decode step over every hypothesis of ``plan.decode``,
+        then advance every search. A failure confined to one request fails only that request."""
+        outputs: dict[int, SequenceOutput] = {}
+        result = StepResult([])
+        parts: list[_Part] = []
+        t0 = time.perf_counter()
+        if plan.prefill:
+            parts += self._isolated(self._prefill, self._start(plan.prefill, outputs), outputs)
+        t1 = time.perf_counter()
+        decode = [self.seqs[r.request_id] for r in plan.decode if r.request_id in self.seqs]
+        if decode:
+            decode.sort(key=lambda s: s.slots[0])  # ascending slots: often one contiguous block
+            dparts = self._isolated(self._decode, decode, outputs)
+            result.num_decode_seqs = sum(n for p in dparts for _, _, n in p.rows)
+            parts += dparts
+        t2 = time.perf_counter()
+        if parts:
+            result.num_generated_tokens = sum(p.out.log_probs.size(0) for p in parts)
+            self._update(parts, outputs)
+        result.prefill_s, result.decode_s, result.update_s = t1 - t0, t2 - t1, time.perf_counter() - t2
+        result.outputs = list(outputs.values())
+        for o in result.outputs:
+            if o.finished:
+                self.seqs.pop(o.request_id, None)
+        return result
+
+    def _start(self, reqs: Sequence[ScheduledRequest], outputs: dict) -> list[_Sequence]:
+        seqs = []
+        for r in reqs:
+            try:
+                p = r.payload
+                o = p.options
+                kinds = tuple(o.attention_kinds)
+                search = BeamSearch(o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty,
+                                    kinds, len(p.src_ids))
+                seq = _Sequence(r.request_id, list(p.src_ids), list(r.slots), search,
+                                getattr(o, "min_new_tokens", 0) or 0, bool(getattr(p, "stream", False)), bool(kinds))
+                self.seqs[r.request_id] = seq
+                seqs.append(seq)
+            except Exception as e:  # noqa: BLE001 - a bad request fails alone
+                outputs[r.request_id] = SequenceOutput(r.request_id, error=e)
+        return seqs
+
+    def _isolated(self, fn, seqs: list[_Sequence], outputs: dict) -> list[_Part]:
+        """Run fn on the whole batch; if it raises, run each sequence alone so that only the
+        requests that fail by themselves are failed."""
+        if not seqs:
+            return []
+        try:
+            return [fn(seqs)]
+        except Exception as e:  # noqa: BLE001
+            if len(seqs) == 1:
+                outputs[seqs[0].request_id] = SequenceOutput(seqs[0].request_id, error=e)
+                return []
+        parts = []
+        for s in seqs:
+            try:
+                parts.append(fn([s]))
+            except Exception as e:  # noqa: BLE001
+                outputs[s.request_id] = SequenceOutput(s.request_id, error=e)
+        return parts
+
+    def _prefill(self, seqs: list[_Sequence]) -> _Part:
+        """Encoder + cross K/V + first decoder step for seqs; cross K/V are then copied to the other
+        slots of each beam (every hypothesis of a sentence attends to the same source)."""
+        dev, cache = self.device, self.cache
+        src = pad_batch([s.src_ids for s in seqs], self.cfg.pad_id, dev)
+        lengths = torch.tensor([len(s.src_ids) for s in seqs], device=dev)
+        first = torch.tensor([s.slots[0] for s in seqs], device=dev)
+        need = any(s.need_weights for s in seqs)
+        out = decoding.prefill(self.model, cache, first, src, need_weights=need, src_lengths=lengths)
+        dst, src_slot = [], []
+        for s in seqs:
+            for slot in s.slots[1:]:
+                dst.append(slot)
+                src_slot.append(s.slots[0])
+        if dst:
+            src_t = torch.tensor(src_slot, device=dev)
+            S = src.size(1)
+            cache.write_cross(torch.tensor(dst, device=dev),
+                              [cache.cross(layer, src_t, S) for layer in range(self.cfg.n_decoder_layers)],
+                              cache.src_len[src_t])
+        for i, s in enumerate(seqs):
+            if "encoder" in s.search.attention_kinds:
+                n = s.search.src_len
+                s.search.encoder_attention = torch.stack([w[i, :, :n, :n] for w in out.encoder])
+        return _Part(out, [(s, i, 1) for i, s in enumerate(seqs)])
+
+    def _decode(self, seqs: list[_Sequence]) -> _Part:
+        """One decode_step over every alive hypothesis of seqs."""
+        slots, tokens, positions, rows = [], [], [], []
+        for s in seqs:
+            n = len(s.tokens)
+            rows.append((s, len(slots), n))
+            slots += s.slots[:n]
+            tokens += s.tokens
+            positions += [s.position] * n
+        dev = self.device
+        need = any(s.need_weights for s in seqs)
+        out = decoding.decode_step(self.model, self.cache, torch.tensor(slots, device=dev),
+                                   torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev), need)
+        return _Part(out, rows)
+
+    def _update(self, parts: list[_Part], outputs: dict) -> None:
+        """One top-k over all rows, each request's BeamSearch.step, one cache reorder for all beams."""
+        lp = parts[0].out.log_probs if len(parts) == 1 else torch.cat([p.out.log_probs for p in parts])
+        offsets, k_max, masked = [], 1, []
+        base = 0
+        for p in parts:
+            offsets.append(base)
+            for s, r, n in p.rows:
+                k_max = max(k_max, s.search.beam_size)
+                if s.position < s.min_new_tokens:
+                    masked.extend(range(base + r, base + r + n))
+            base += p.out.log_probs.size(0)
+        if masked:  # min_new_tokens: EOS may not be chosen yet (log-probs are not renormalised)
+            lp[torch.tensor(masked, device=lp.device), self.cfg.eos_id] = float("-inf")
+        top_v, top_i = top_candidates(lp, k_max)
+        reorder_slots, reorder_index, reorder_len = [], [], 0
+        for p, off in zip(parts, offsets):
+            cross = dec = None
+            for s, r, n in p.rows:
+                rid = s.request_id
+                try:
+                    a = off + r
+                    kk = 2 * s.search.beam_size
+                    tv, ti = top_v[a: a + n], top_i[a: a + n]
+                    if kk < 2 * k_max:
+                        tv, ti = [v[:kk] for v in tv], [i[:kk] for i in ti]
+                    c = d = None
+                    if s.need_weights:
+                        kinds = s.search.attention_kinds
+                        if "cross" in kinds:
+                            cross = torch.stack(p.out.cross, dim=1) if cross is None else cross  # [N, L, H, S]
+                            c = [cross[r + j] for j in range(n)]
+                        if "decoder" in kinds:
+                            dec = torch.stack(p.out.decoder, dim=1) if dec is None else dec    # [N, L, H, T]
+                            d = [dec[r + j] for j in range(n)]
+                    parents, tokens = s.search.step(lp[a: a + n], tv, ti, c, d)
+                    if s.search.done:
+                        hyps = s.search.results()
+                        out = SequenceOutput(rid, hypotheses=hyps)
+                        if s.stream:
+                            out.new_tokens = list(hyps[0].tokens[s.emitted:])
+                        outputs[rid] = out
+                        continue
+                    t = len(s.search.alive[0].tokens)
+                    if parents != list(range(len(parents))):
+                        start = len(reorder_slots)
+                        reorder_slots += s.slots[: len(parents)]
+                        reorder_index += [start + i for i in parents]
+                        reorder_len = max(reorder_len, t)
+                    s.tokens, s.position = tokens, t
+                    if s.stream and s.search.beam_size == 1:
+                        new = list(s.search.alive[0].tokens[s.emitted:])
+                        s.emitted += len(new)
+                        outputs[rid] = SequenceOutput(rid, new_tokens=new)
+                except Exception as e:  # noqa: BLE001 - fails this request only
+                    outputs[rid] = SequenceOutput(rid, error=e)
+        if reorder_slots:
+            # Positions >= a beam's own length are copied too; they are rewritten before being read.
+            self.cache.reorder(reorder_slots, reorder_index, length=reorder_len)

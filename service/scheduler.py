@@ -1,0 +1,285 @@
+"""Continuous-batching scheduler: the waiting and running queues, cache-slot accounting and the
+policy that decides, every step, which waiting requests to prefill.
+
+Plain Python, no torch: the engine hands the scheduler's decisions (``SchedulerOutput``, a plain
+dataclass) to the runner, so scheduling can be tested without a model (as in vLLM's v1 engine).
+
+One slot is one hypothesis: a request with beam_size k holds k cache slots from its prefill until it
+finishes or is cancelled. Requests are admitted first-in, first-out; when the oldest waiting request
+does not fit (slots, token budget, running cap), nobody behind it is admitted either, so a large beam
+request cannot be starved by a stream of small ones.
+
+Policies (``EngineConfig.policy``):
+- ``decode_first``: steps only decode while requests run; a prefill is forced on the k-th step in a
+  row that finds requests waiting (k = ``prefill_every``, so a request that fits is prefilled within
+  k steps of its arrival), or as soon as waiting/running requests exceed ``waiting_ratio``.
+  A step with nothing running prefills at once.
+- ``prefill_first``: admit whatever fits at every step (lowest queue wait, smaller prefill batches).
+- ``static``: admit only when nothing runs: static batching through the engine (a baseline).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, Protocol, Sequence
+
+POLICIES = ("decode_first", "prefill_first", "static")
+
+
+# ---- errors (re-exported by service.engine; defined here so this module needs no torch) -----------
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class QueueFullError(EngineError):
+    """The bounded waiting queue is full; retry later (the API answers 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineValidationError(EngineError, ValueError):
+    """A request field is out of range; ``field`` names it (the API answers 422)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class EngineStoppedError(EngineError):
+    """The engine is stopped (or stopping) and takes no more requests."""
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 64                    # KV-cache slots = hypotheses in flight (a beam-4 text holds 4)
+    max_prefill_tokens: int = 4096            # padded source tokens (batch x longest) per prefill batch
+    max_waiting: int = 1024                   # bounded waiting queue; full -> QueueFullError at once
+    max_running_requests: Optional[int] = None  # cap on concurrent requests (1 = no batching)
+    policy: str = "decode_first"              # one of POLICIES
+    prefill_every: int = 4                    # k: while requests wait, at least every k-th step prefills
+    waiting_ratio: float = 1.0                # ... or when waiting/running requests exceed this
+    max_src_len: Optional[int] = None         # cache bound on source ids (default: model max_len)
+    max_tgt_len: Optional[int] = None         # cache bound on target positions (default: model max_len)
+
+    def __post_init__(self) -> None:
+        def bad(name, msg):
+            raise EngineValidationError(name, msg)
+        for name in ("max_num_seqs", "max_prefill_tokens", "max_waiting", "prefill_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(name, f"must be a positive integer, got {v!r}")
+        if self.max_running_requests is not None and (not isinstance(self.max_running_requests, int)
+                                                      or self.max_running_requests < 1):
+            bad("max_running_requests", f"must be None or an integer >= 1, got {self.max_running_requests!r}")
+        if self.policy not in POLICIES:
+            bad("policy", f"must be one of {POLICIES}, got {self.policy!r}")
+        if not isinstance(self.waiting_ratio, (int, float)) or not self.waiting_ratio >= 0:
+            bad("waiting_ratio", f"must be a number >= 0, got {self.waiting_ratio!r}")
+        for name in ("max_src_len", "max_tgt_len"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 2):
+                bad(name, f"must be None or an integer >= 2, got {v!r}")
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> "EngineConfig":
+        """Build from a mapping (e.g. Ray Serve ``user_config``); unknown keys are an error."""
+        d = dict(d or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise EngineValidationError(unknown[0], f"unknown engine option; choose from {sorted(names)}")
+        return cls(**d)
+
+
+# ---- slots -----------------------------------------------------------------------------------
+
+class SlotAllocator(Protocol):
+    """What the scheduler needs from a slot owner; ``model.kv_cache.KVCache`` provides it."""
+    num_slots: int
+
+    @property
+    def num_free(self) -> int: ...
+    def allocate(self, n: int) -> list[int]: ...
+    def free(self, slots: Sequence[int]) -> None: ...
+
+
+class SlotPool:
+    """Slot ids 0..num_slots-1, lowest first (the same order as ``KVCache``); for tests and tools."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"asked for {n} slots, {len(self._free)} free")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, slots: Sequence[int]) -> None:
+        for s in slots:
+            if not 0 <= s < self.num_slots or s in self._free:
+                raise ValueError(f"slot {s} is not allocated")
+        self._free.extend(slots)
+        self._free.sort(reverse=True)
+
+
+# ---- hand-off records --------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class ScheduledRequest:
+    """The scheduler's view of one request (one sentence)."""
+    request_id: int
+    num_src_tokens: int                      # source ids, EOS included: the prefill cost
+    num_slots: int = 1                       # cache slots held while running: the beam size
+    payload: Any = None                      # the engine's data (source ids, options); never read here
+    arrival_step: int = -1                   # scheduler step count when it was added
+    admitted_step: int = -1                  # step of its prefill
+    slots: list[int] = field(default_factory=list)  # cache slots, assigned at admission
+
+
+@dataclass
+class SchedulerOutput:
+    """What one engine step executes."""
+    step: int                                # 1-based step number
+    prefill: list[ScheduledRequest]          # admitted now: encoder, cross K/V, first decoder step
+    decode: list[ScheduledRequest]           # admitted earlier: one decoder step each, all together
+    num_prefill_tokens: int = 0              # real source ids in the prefill batch
+    num_prefill_padded: int = 0              # batch size x longest source (the budgeted cost)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+    @property
+    def num_decode_seqs(self) -> int:
+        """Hypotheses (slots) stepped by the decode forward."""
+        return sum(r.num_slots for r in self.decode)
+
+
+# ---- the scheduler -----------------------------------------------------------------------------
+
+class Scheduler:
+    """FIFO waiting queue + running set over a fixed pool of cache slots.
+
+    Invariant: every slot is either free in ``slots`` or held by exactly one running request;
+    a request is in at most one of ``waiting`` / ``running``.
+    """
+
+    def __init__(self, config: EngineConfig, slots: SlotAllocator):
+        self.config = config
+        self.slots = slots
+        self.waiting: deque[ScheduledRequest] = deque()
+        self.running: dict[int, ScheduledRequest] = {}   # request_id -> request, in admission order
+        self.step_count = 0
+        self._steps_without_prefill = 0                    # decode steps taken while requests waited
+        self._by_id: dict[int, ScheduledRequest] = {}
+        self.admitting = True                              # False pauses admission (engine reconfiguring)
+
+    # ---- queue ---------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return self.slots.num_slots - self.slots.num_free
+
+    def add(self, req: ScheduledRequest) -> None:
+        """Append to the waiting queue. Raises QueueFullError when max_waiting requests wait, and
+        EngineValidationError when the request could never be admitted (beam_size > max_num_seqs)."""
+        if req.num_slots > self.slots.num_slots:
+            raise EngineValidationError("beam_size", f"needs {req.num_slots} cache slots, the engine has "
+                                                     f"{self.slots.num_slots} (max_num_seqs)")
+        if req.request_id in self._by_id:
+            raise ValueError(f"request {req.request_id} is already scheduled")
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+        req.arrival_step = self.step_count
+        self.waiting.append(req)
+        self._by_id[req.request_id] = req
+
+    def finish(self, request_id: int) -> Optional[ScheduledRequest]:
+        """Remove a request (finished, failed or cancelled) from whichever queue holds it and free
+        its slots. Unknown ids are ignored (returns None)."""
+        req = self._by_id.pop(request_id, None)
+        if req is None:
+            return None
+        if self.running.pop(request_id, None) is not None:
+            self.slots.free(req.slots)
+        else:
+            self.waiting.remove(req)
+        return req
+
+    abort = finish
+
+    # ---- policy --------------------------------------------------------------------------------
+    def _wants_prefill(self) -> bool:
+        if not self.waiting or not self.admitting:
+            return False
+        if not self.running:
+            return True
+        policy = self.config.policy
+        if policy == "prefill_first":
+            return True
+        if policy == "static":
+            return False
+        return (self._steps_without_prefill + 1 >= self.config.prefill_every
+                or len(self.waiting) > self.config.waiting_ratio * len(self.running))
+
+    def _admit(self) -> list[ScheduledRequest]:
+        """Take waiting requests in FIFO order while slots, the token budget and the running cap allow."""
+        cfg = self.config
+        batch: list[ScheduledRequest] = []
+        free = self.slots.num_free
+        longest = 0
+        cap = cfg.max_running_requests
+        while self.waiting:
+            req = self.waiting[0]
+            if req.num_slots > free or (cap is not None and len(self.running) + len(batch) >= cap):
+                break
+            longest_new = max(longest, req.num_src_tokens)
+            if batch and (len(batch) + 1) * longest_new > cfg.max_prefill_tokens:
+                break  # a lone request longer than the budget still goes (it would never fit otherwise)
+            self.waiting.popleft()
+            req.slots = self.slots.allocate(req.num_slots)
+            req.admitted_step = self.step_count
+            free -= req.num_slots
+            longest = longest_new
+            batch.append(req)
+        return batch
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step: which waiting requests to prefill, and decode every running one."""
+        self.step_count += 1
+        decode = list(self.running.values())
+        prefill = self._admit() if self._wants_prefill() else []
+        # Steps in a row that left requests waiting; reset by a prefill or an empty queue.
+        self._steps_without_prefill = 0 if prefill or not self.waiting else self._steps_without_prefill + 1
+        for req in prefill:
+            self.running[req.request_id] = req
+        longest = max((r.num_src_tokens for r in prefill), default=0)
+        return SchedulerOutput(self.step_count, prefill, decode,
+                               num_prefill_tokens=sum(r.num_src_tokens for r in prefill),
+                               num_prefill_padded=longest * len(prefill))
+
+    def stats(self) -> dict:
+        """Queue and slot figures (plain numbers, for metrics)."""
+        n = self.slots.num_slots
+        used = n - self.slots.num_free
+        return {"running_requests": len(self.running), "running_sequences": used,
+                "waiting_requests": len(self.waiting), "free_slots": n - used, "num_slots": n,
+                "kv_cache_usage": used / n if n else 0.0, "steps": self.step_count}

@@ -1,0 +1,186 @@
+"""Shared test fixtures: the real service (Ray + Serve app) started once per test session.
+
+- ``service_url``: base URL (http://127.0.0.1:PORT) of the running app. It serves the shipped model
+  (``model/checkpoints/de-en``) as ``de-en`` when it exists, else a tiny random de->en model, plus a
+  tiny random en->de model ``tiny-en-de`` with small engine limits (routing and overload tests).
+- ``service_info``: what that service runs (model names, whether de-en is the shipped model, the Ray
+  metrics export port).
+- ``stop_shared_service()``: shuts the shared service and its Ray instance down (only what this
+  conftest started; never ``ray stop``). Tests that start their own Ray cluster call it first, or use
+  the ``no_shared_service`` fixture. Tests marked ``cluster`` run after all others.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "model" / "data" / "multi30k"
+SECOND_MODEL = "tiny-en-de"
+# Small engine limits of the second model, so that overload is cheap to provoke.
+SECOND_ENGINE = {"max_num_seqs": 8, "max_waiting": 8}
+SECOND_DEPLOYMENT = {"max_ongoing_requests": 4, "max_queued_requests": 4}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shipped_model_available() -> bool:
+    from model.checkpoint import DEFAULT_CHECKPOINT
+    return all((DEFAULT_CHECKPOINT / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.model"))
+
+
+def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, seed: int = 0,
+                          max_len: int = 256) -> Path:
+    """A random tiny model with a tokenizer trained on a few hundred Multi30k val lines (~2 s)."""
+    import torch
+    from model.checkpoint import save_checkpoint
+    from model.config import ModelConfig
+    from model.tokenizer import Tokenizer, read_lines
+    from model.transformer import Transformer
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = read_lines(DATA / f"val.{source_lang}.gz")[:300] + read_lines(DATA / f"val.{target_lang}.gz")[:300]
+    tok = Tokenizer.train(lines, directory / "spm", vocab_size=500)
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_name("tiny", vocab_size=tok.vocab_size, max_len=max_len))
+    return save_checkpoint(directory / "ckpt", model, directory / "spm.model",
+                           {"source_lang": source_lang, "target_lang": target_lang,
+                            "note": "random weights, for tests"}, dtype="float32")
+
+
+@dataclass
+class SharedService:
+    """The one Ray instance + Serve app of the test session (started lazily, stopped once)."""
+    url: Optional[str] = None
+    metrics_port: Optional[int] = None
+    models: dict = field(default_factory=dict)
+    shipped: bool = False
+    stopped: bool = False
+    args: dict = field(default_factory=dict)     # the build_app arguments it runs with
+
+    def start(self, workdir: Path) -> "SharedService":
+        import ray
+        from ray import serve
+
+        from model.checkpoint import DEFAULT_CHECKPOINT
+        from service.deployment import build_app
+        self.shipped = shipped_model_available()
+        first = str(DEFAULT_CHECKPOINT) if self.shipped else str(build_tiny_checkpoint(workdir / "de-en", "de", "en"))
+        second = str(build_tiny_checkpoint(workdir / "en-de", "en", "de", seed=1, max_len=64))
+        self.models = {"de-en": first, SECOND_MODEL: second}
+        self.metrics_port, http_port = free_port(), free_port()
+        # A loaded 2-core machine can take more than Serve's default 5 s to start the HTTP proxy.
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, _metrics_export_port=self.metrics_port,
+                 object_store_memory=100 * 1024 ** 2, log_to_driver=bool(os.environ.get("MT_TEST_RAY_LOGS")),
+                 _system_config={"metrics_report_interval_ms": 1000}, namespace="mt-tests")
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+        args = {"models": [{"name": "de-en", "checkpoint": first},
+                           {"name": SECOND_MODEL, "checkpoint": second, "engine": SECOND_ENGINE,
+                            "deployment": SECOND_DEPLOYMENT}],
+                "num_cpus": 0.8}
+        self.args = args
+        serve.run(build_app(args), name="mt", route_prefix="/", blocking=False)
+        self.url = f"http://127.0.0.1:{http_port}"
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/readyz", timeout=5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("the service did not become ready within 180 s")
+
+    def stop(self) -> None:
+        if self.url is None or self.stopped:
+            return
+        import ray
+        from ray import serve
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            self.stopped = True
+
+
+_SHARED = SharedService()
+
+
+def stop_shared_service() -> None:
+    """Shut down the shared service and its Ray instance, if this session started them (idempotent)."""
+    _SHARED.stop()
+
+
+@pytest.fixture(scope="session")
+def service_info(tmp_path_factory) -> SharedService:
+    if _SHARED.stopped:
+        pytest.fail("the shared service was already shut down (a cluster test ran before this test)")
+    if _SHARED.url is None:
+        _SHARED.start(tmp_path_factory.mktemp("service"))
+    return _SHARED
+
+
+@pytest.fixture(scope="session")
+def service_url(service_info) -> str:
+    """Base URL of the running service (see module docstring)."""
+    return service_info.url
+
+
+@pytest.fixture
+def no_shared_service():
+    """For tests that start their own Ray cluster: the shared one is shut down first."""
+    stop_shared_service()
+    yield
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: starts its own Ray cluster; runs after every other test")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # Cluster tests last, so the shared service is not needed again after they shut it down.
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_shared_service()
+
+
+# ---- helpers for tests that read the Prometheus text of GET /metrics ----------------------------------
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of series `name` whose labels include `labels` (0 when none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def scrape(url: str) -> str:
+    r = httpx.get(url + "/metrics", timeout=10)
+    r.raise_for_status()
+    return r.text
+
+
+def wait_for_metric(url: str, predicate, timeout_s: float = 30.0, interval_s: float = 0.5):
+    """Poll GET /metrics until predicate(text) is true (Ray exports every ~1 s); returns the last text."""
+    deadline = time.time() + timeout_s
+    text = scrape(url)
+    while not predicate(text) and time.time() < deadline:
+        time.sleep(interval_s)
+        text = scrape(url)
+    return text

@@ -1,0 +1,354 @@
+"""Static checks of the deployment files (deploy/, docker-compose.yml).
+
+Docker cannot run on the build machine (no engine), so the compose file and the Dockerfile are
+checked here instead: the compose file against the Compose specification's JSON schema (the copy
+that the check-jsonschema package vendors from the compose-spec project, verified against its
+recorded SHA-256), ports and volumes against the serve config, and every file they reference must
+exist. The serve configs are validated with Ray Serve's own pydantic schema (``ServeDeploySchema``)
+and, because that schema ignores unknown keys, also checked for misspelt field names.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import re
+import subprocess
+import warnings
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from pydantic import BaseModel
+from ray.serve.config import AutoscalingConfig
+from ray.serve.schema import (DeploymentSchema, HTTPOptionsSchema, LoggingConfig, RayActorOptionsSchema,
+                              ServeApplicationSchema, ServeDeploySchema)
+
+from service import metrics as service_metrics
+from service.deployment import AppArgs, ModelSpec, gateway_options, translator_options
+from service.engine import EngineConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+SERVE_CONFIGS = [DEPLOY / "serve_config.yaml", DEPLOY / "serve_config.gpu.yaml"]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "translator.json"
+RAYSERVICE = DEPLOY / "rayservice.yaml"
+
+# Where a key of the serve config is allowed, by the pydantic model that reads that mapping.
+NESTED = {
+    (ServeDeploySchema, "http_options"): HTTPOptionsSchema,
+    (ServeDeploySchema, "logging_config"): LoggingConfig,
+    (ServeDeploySchema, "applications"): ServeApplicationSchema,
+    (ServeApplicationSchema, "deployments"): DeploymentSchema,
+    (ServeApplicationSchema, "logging_config"): LoggingConfig,
+    (ServeApplicationSchema, "args"): AppArgs,
+    (AppArgs, "models"): ModelSpec,
+    (DeploymentSchema, "ray_actor_options"): RayActorOptionsSchema,
+    (DeploymentSchema, "autoscaling_config"): AutoscalingConfig,
+    (DeploymentSchema, "logging_config"): LoggingConfig,
+}
+
+
+def load_yaml(path: Path):
+    return yaml.safe_load(path.read_text())
+
+
+def unknown_keys(model: type[BaseModel], data, where: str = "") -> list[str]:
+    """Keys of `data` that `model` (and the nested models above) do not declare."""
+    if isinstance(data, list):
+        return [k for i, item in enumerate(data) for k in unknown_keys(model, item, f"{where}[{i}]")]
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for key, value in data.items():
+        if key not in model.model_fields:
+            out.append(f"{where}.{key}")
+        elif (model, key) in NESTED:
+            out += unknown_keys(NESTED[(model, key)], value, f"{where}.{key}")
+    return out
+
+
+def translator_deployment(app: dict) -> dict:
+    return next(d for d in app["deployments"] if d["name"].startswith("Translator-"))
+
+
+# ---- serve configs --------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
+def test_serve_config_validates_against_ray_serve_schema(path):
+    raw = load_yaml(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # e.g. Serve's FutureWarning on inconsistent autoscaling windows
+        config = ServeDeploySchema.model_validate(raw)
+    assert unknown_keys(ServeDeploySchema, raw) == []
+    assert config.http_options.port == 8000
+    [app] = config.applications
+    assert app.import_path == "service.deployment:build_app"
+    assert app.route_prefix == "/"
+    assert config.logging_config is not None and config.logging_config.enable_access_log
+    # The args are what build_app accepts, and the deployment names are those build_app creates,
+    # so the config's overrides really reach the deployments.
+    args = AppArgs.model_validate(app.args)
+    expected = {gateway_options(args)["name"]} | {translator_options(args, s)["name"] for s in args.models}
+    assert {d.name for d in app.deployments} == expected
+    for dep in app.deployments:
+        assert dep.ray_actor_options.num_cpus is not None and 0 < dep.ray_actor_options.num_cpus
+        assert dep.max_ongoing_requests >= 1 and dep.max_queued_requests >= 1
+    tr = next(d for d in app.deployments if d.name.startswith("Translator-"))
+    engine = EngineConfig.from_dict(tr.user_config)    # raises on a misspelt engine option
+    # Serve must never cap the engine's batch: a replica may hold more requests than engine slots.
+    assert tr.max_ongoing_requests >= engine.max_num_seqs
+    auto = AutoscalingConfig.model_validate(tr.autoscaling_config)
+    assert 1 <= auto.min_replicas < auto.max_replicas
+    assert auto.target_ongoing_requests <= tr.max_ongoing_requests
+    assert 0 < auto.upscale_delay_s and 0 < auto.downscale_delay_s
+
+
+def test_cpu_serve_config_fits_two_cpus():
+    app = load_yaml(SERVE_CONFIGS[0])["applications"][0]
+    total = 0.0
+    for dep in app["deployments"]:
+        opts = dep["ray_actor_options"]
+        assert opts.get("num_gpus", 0) == 0, dep["name"]
+        n = dep["autoscaling_config"]["max_replicas"] if "autoscaling_config" in dep else dep.get("num_replicas", 1)
+        total += n * opts["num_cpus"]
+        assert opts["num_cpus"] < 1, f"{dep['name']}: fractional CPUs so that replicas share 2 cores"
+    assert total <= 2.0, f"at max scale the app needs {total} CPUs"
+    assert app["args"]["num_cpus"] == translator_deployment(app)["ray_actor_options"]["num_cpus"]
+
+
+def test_gpu_serve_config_shares_gpus():
+    app = load_yaml(SERVE_CONFIGS[1])["applications"][0]
+    tr = translator_deployment(app)
+    num_gpus = tr["ray_actor_options"]["num_gpus"]
+    assert 0 < num_gpus < 1 and (1 / num_gpus) == int(1 / num_gpus), "several replicas share one card"
+    assert app["args"]["num_gpus"] == num_gpus
+    cpu_tr = translator_deployment(load_yaml(SERVE_CONFIGS[0])["applications"][0])
+    assert tr["user_config"]["max_num_seqs"] > cpu_tr["user_config"]["max_num_seqs"]
+
+
+def test_serve_config_typo_is_caught():
+    """The strict key check can fail: a misspelt option is reported."""
+    raw = load_yaml(SERVE_CONFIGS[0])
+    translator_deployment(raw["applications"][0])["autoscaling_config"]["max_replica"] = 3
+    assert unknown_keys(ServeDeploySchema, raw) == [".applications[0].deployments[1].autoscaling_config.max_replica"]
+
+
+# ---- KubeRay --------------------------------------------------------------------------------------
+def test_rayservice_embeds_the_gpu_serve_config():
+    doc = load_yaml(RAYSERVICE)
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayService"
+    assert yaml.safe_load(doc["spec"]["serveConfigV2"]) == load_yaml(SERVE_CONFIGS[1])
+    cluster = doc["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]
+    assert head["template"]["spec"]["containers"][0]["image"]
+    [gpu_group] = cluster["workerGroupSpecs"]
+    container = gpu_group["template"]["spec"]["containers"][0]
+    for kind in ("requests", "limits"):
+        assert int(container["resources"][kind]["nvidia.com/gpu"]) >= 1
+    assert gpu_group["minReplicas"] <= gpu_group["replicas"] <= gpu_group["maxReplicas"]
+    # The serve port the config uses is a declared container port of the head.
+    ports = {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
+    assert load_yaml(SERVE_CONFIGS[1])["http_options"]["port"] in ports
+    assert int(head["rayStartParams"]["metrics-export-port"]) in ports
+
+
+# ---- docker-compose -------------------------------------------------------------------------------
+def compose_schema() -> dict:
+    """The Compose specification schema as vendored by check-jsonschema, checked against its SHA-256."""
+    vendor = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    raw = (vendor / "compose-spec.json").read_bytes()
+    recorded = (vendor / "sha256" / "compose-spec.sha256").read_text().split()[0]
+    assert hashlib.sha256(raw).hexdigest() == recorded
+    return json.loads(raw)
+
+
+def compose_errors(doc: dict) -> list[str]:
+    schema = compose_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in cls(schema).iter_errors(doc)]
+
+
+def test_compose_file_validates_against_compose_spec():
+    doc = load_yaml(COMPOSE)
+    assert compose_errors(doc) == []
+    assert set(doc["services"]) == {"translator", "prometheus", "grafana"}
+    for name, svc in doc["services"].items():
+        assert svc.get("healthcheck", {}).get("test"), f"{name} declares no health check"
+    # The validator does reject what the spec does not allow.
+    bad = load_yaml(COMPOSE)
+    bad["services"]["translator"]["shm_sise"] = "2gb"
+    bad["services"]["grafana"]["depends_on"] = {"prometheus": {"condition": "service_ready"}}
+    errors = compose_errors(bad)
+    assert any("shm_sise" in e for e in errors) and any(e.startswith("services/grafana") for e in errors)
+
+
+def _container_port(spec) -> int:
+    if isinstance(spec, dict):
+        return int(spec["target"])
+    return int(str(spec).rsplit(":", 1)[-1].split("/")[0])
+
+
+def test_compose_ports_and_volumes_agree_with_configs():
+    doc = load_yaml(COMPOSE)
+    tr = doc["services"]["translator"]
+    serve_config_path = tr["environment"]["SERVE_CONFIG"]
+    serve_cfg = load_yaml(ROOT / serve_config_path)
+    http_port = serve_cfg["http_options"]["port"]
+    assert serve_cfg["http_options"]["host"] == "0.0.0.0", "the proxy must listen beyond the container's loopback"
+    assert http_port in {_container_port(p) for p in tr["ports"]}
+    assert f":{http_port}/healthz" in " ".join(tr["healthcheck"]["test"])
+    # Prometheus scrapes the translator's Ray metrics agent on the port the container starts it with.
+    metrics_port = int(tr["environment"]["RAY_METRICS_EXPORT_PORT"])
+    assert str(metrics_port) in [str(p) for p in tr.get("expose", [])]
+    prom = doc["services"]["prometheus"]
+    prom_mounts = dict(v.split(":")[:2][::-1] for v in prom["volumes"] if v.startswith("./"))
+    config_file = next(a.split("=", 1)[1] for a in prom["command"] if a.startswith("--config.file="))
+    scrape = load_yaml(ROOT / prom_mounts[config_file])
+    targets = [t for job in scrape["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
+    assert targets == [f"translator:{metrics_port}"]
+    # Grafana: the provisioned dashboard folder is where the dashboard provider reads from.
+    graf = doc["services"]["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in graf["volumes"] if v.startswith("./")}
+    provider = load_yaml(ROOT / mounts["/etc/grafana/provisioning/dashboards"] / "translator.yml")
+    dash_dir = provider["providers"][0]["options"]["path"]
+    assert (ROOT / mounts[dash_dir] / DASHBOARD.name).is_file()
+    assert graf["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == f"{dash_dir}/{DASHBOARD.name}"
+    datasources = load_yaml(ROOT / mounts["/etc/grafana/provisioning/datasources"] / "prometheus.yml")
+    [ds] = datasources["datasources"]
+    prom_port = _container_port(prom["ports"][0])
+    assert ds["url"] == f"http://prometheus:{prom_port}"
+    dashboard = json.loads(DASHBOARD.read_text())
+    ds_var = next(v for v in dashboard["templating"]["list"] if v["type"] == "datasource")
+    assert ds_var["current"]["value"] == ds["uid"]
+
+
+def test_compose_referenced_files_exist():
+    doc = load_yaml(COMPOSE)
+    build = doc["services"]["translator"]["build"]
+    assert (ROOT / build["context"] / build["dockerfile"]).is_file()
+    assert (ROOT / doc["services"]["translator"]["environment"]["SERVE_CONFIG"]).is_file()
+    for name, svc in doc["services"].items():
+        for vol in svc.get("volumes", []):
+            source = vol.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name}: {source} does not exist"
+            else:
+                assert source in doc["volumes"], f"{name}: undeclared named volume {source}"
+
+
+# ---- Dockerfile -----------------------------------------------------------------------------------
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            op, _, rest = line.partition(" ")
+            out.append((op.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_references_existing_files_and_is_hardened():
+    ins = dockerfile_instructions()
+    args = dict(a.split("=", 1) for op, a in ins if op == "ARG" and "=" in a)
+    assert args["BASE_IMAGE"].startswith("python:") and "slim" in args["BASE_IMAGE"]
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu"), "the CPU image installs torch's CPU wheels"
+    assert "CUDA" in DOCKERFILE.read_text() and "nvidia/cuda" in DOCKERFILE.read_text()
+    assert (ROOT / args["SERVE_CONFIG"]).is_file()
+    copies = [a for op, a in ins if op == "COPY"]
+    assert copies
+    for a in copies:
+        parts = [p for p in a.split() if not p.startswith("--")]
+        for src in parts[:-1]:
+            assert (ROOT / src).exists(), f"COPY source {src} does not exist"
+    # The shipped model is in the image: it is package data of `model`, and the build loads it.
+    assert any(a.split()[0] == "model" for a in copies)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'model\s*=\s*\[[^\]]*"checkpoints/\*/\*"', pyproject)
+    # ... as the non-root user the container runs as, so an unreadable checkpoint fails the build.
+    load_at = max(i for i, (op, a) in enumerate(ins) if op == "RUN" and "load_checkpoint()" in a)
+    assert load_at > max(i for i, (op, _) in enumerate(ins) if op == "USER")
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
+    assert not any(p.startswith("model") for p in ignore)
+    from model.checkpoint import DEFAULT_CHECKPOINT
+    assert DEFAULT_CHECKPOINT.is_dir() and any(DEFAULT_CHECKPOINT.iterdir()), \
+        "the image ships model/checkpoints/de-en, which is missing"
+    # Non-root, health check on /healthz of the serve port, entry point that exists.
+    users = [a for op, a in ins if op == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    [health] = [a for op, a in ins if op == "HEALTHCHECK"]
+    port = load_yaml(SERVE_CONFIGS[0])["http_options"]["port"]
+    assert f"127.0.0.1:{port}/healthz" in health
+    assert str(port) in next(a for op, a in ins if op == "EXPOSE").split()
+    [cmd] = [json.loads(a) for op, a in ins if op == "CMD"]
+    assert cmd == ["/app/deploy/entrypoint.sh"]
+    assert any(op == "COPY" and "deploy/entrypoint.sh" in a and "/app/deploy/" in a for op, a in ins)
+
+
+def test_shell_scripts_parse():
+    for script, shell in ((DEPLOY / "entrypoint.sh", "sh"), (DEPLOY / "install_prometheus.sh", "bash")):
+        assert script.stat().st_mode & 0o111, f"{script.name} is not executable"
+        subprocess.run([shell, "-n", str(script)], check=True)
+    entry = (DEPLOY / "entrypoint.sh").read_text()
+    assert "--metrics-export-port" in entry and "serve run" in entry
+
+
+# ---- Grafana dashboard (offline part; tests/test_prometheus.py runs every query) -----------------
+REQUIRED_PANELS = {
+    "request rate by status": ["ray_mt_requests_total"],
+    "error ratio": ["ray_mt_requests_total"],
+    "latency": ["ray_mt_request_duration_seconds_bucket"],
+    "time to first token": ["ray_mt_time_to_first_token_seconds_bucket"],
+    "time per output token": ["ray_mt_time_per_output_token_seconds_bucket"],
+    "prefill batch size": ["ray_mt_prefill_batch_size_"],
+    "decode batch size": ["ray_mt_decode_batch_size_"],
+    "tokens per second": ["ray_mt_generated_tokens_total"],
+    "waiting and running": ["ray_mt_waiting_requests", "ray_mt_running_sequences"],
+    "kv-cache usage": ["ray_mt_kv_cache_usage_ratio"],
+    "replicas": ["ray_mt_replicas_ready"],
+}
+
+
+def dashboard_exprs(dashboard: dict) -> list[str]:
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def test_dashboard_has_the_required_panels_and_known_metrics():
+    dashboard = json.loads(DASHBOARD.read_text())
+    by_title = {p["title"].lower(): " ".join(t["expr"] for t in p["targets"]) for p in dashboard["panels"]}
+    for title, metrics in REQUIRED_PANELS.items():
+        panel = next((exprs for t, exprs in by_title.items() if title in t), None)
+        assert panel is not None, f"no panel for {title!r}"
+        for m in metrics:
+            assert m in panel, f"panel {title!r} does not use {m}"
+    latency = next(e for t, e in by_title.items() if "latency" in t)
+    assert all(f"histogram_quantile({q}," in latency for q in ("0.5", "0.95", "0.99"))
+    exported = set(service_metrics.exported_names())
+    for expr in dashboard_exprs(dashboard):
+        assert "vector(" not in expr, f"padded expression: {expr}"
+        for name in re.findall(r"\bray_[a-z0-9_]+", expr):
+            assert name in exported, f"{name} is not exported by service/metrics.py ({expr})"
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+# ---- autoscaling demo (deploy/autoscaling_demo.py; the script itself is run by hand) -------------
+def test_autoscaling_demo_config_is_a_valid_short_delay_variant():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("autoscaling_demo", DEPLOY / "autoscaling_demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    cfg = demo.demo_config(18000, None, target=4, up_s=5, down_s=10)
+    config = ServeDeploySchema.model_validate(cfg)
+    assert config.http_options.host == "127.0.0.1"
+    tr = translator_deployment(cfg["applications"][0])
+    auto = AutoscalingConfig.model_validate(tr["autoscaling_config"])
+    assert (auto.min_replicas, auto.max_replicas) == (1, 2)
+    assert auto.upscale_delay_s <= 10 and auto.downscale_delay_s <= 10
+    # Everything else is the shipped CPU config.
+    base = load_yaml(SERVE_CONFIGS[0])
+    for key in ("user_config", "ray_actor_options", "max_ongoing_requests", "max_queued_requests"):
+        assert tr[key] == translator_deployment(base["applications"][0])[key]

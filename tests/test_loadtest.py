@@ -1,0 +1,221 @@
+"""The load generator (service/loadtest.py) against the real running service (``service_url``).
+
+- its counts agree with the service's Prometheus counters (GET /metrics);
+- it stops by itself at its request-count and duration bounds (closed and open loop, CLI too);
+- it reports 503s as rejections when the service is overloaded (the shared service's second model
+  has tiny engine and Serve queues, see conftest.SECOND_ENGINE / SECOND_DEPLOYMENT).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import DATA, ROOT, SECOND_MODEL
+from service.loadtest import (KEEPS_UP, README_END, README_MARKER, LoadConfig, Mix, check_url, load_sentences,
+                              plot_sweep, run_load, run_sweep, saturation, slope_rate, update_readme)
+
+GERMAN = str(DATA / "test_2016_flickr.de.gz")
+ENGLISH = str(DATA / "test_2016_flickr.en.gz")
+REQUESTS = "ray_mt_requests_total"
+GENERATED = "ray_mt_generated_tokens_total"
+SENTENCES = "ray_mt_sentences_total"
+
+
+# ---- helpers: the service's Prometheus counters ------------------------------------------------
+def scrape(url: str) -> list:
+    r = httpx.get(url + "/metrics", timeout=10, trust_env=False)
+    r.raise_for_status()
+    return [s for fam in text_string_to_metric_families(r.text) for s in fam.samples]
+
+
+def total(samples: list, name: str, **labels: str) -> float:
+    """Sum of the samples of one series name whose labels include labels (over replicas)."""
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def counters(url: str, model: str) -> dict[str, float]:
+    samples = scrape(url)
+    translate = {"model": model, "endpoint": "/v1/translate"}
+    return {"200": total(samples, REQUESTS, status="200", **translate),
+            "503": total(samples, REQUESTS, status="503", **translate),
+            "all": total(samples, REQUESTS, **translate),
+            "generated": total(samples, GENERATED, model=model),
+            "eos": total(samples, SENTENCES, model=model, finish_reason="eos")}
+
+
+def settled(url: str, model: str, timeout_s: float = 30.0) -> dict[str, float]:
+    """Counters once two scrapes 1.5 s apart agree (Ray exports them every second or so)."""
+    deadline, last = time.monotonic() + timeout_s, counters(url, model)
+    while time.monotonic() < deadline:
+        time.sleep(1.5)
+        now = counters(url, model)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def wait_for(url: str, model: str, check, timeout_s: float = 30.0) -> dict[str, float]:
+    """Polls the counters until check(counters) holds or timeout_s passes; returns the last ones."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = counters(url, model)
+        if check(now) or time.monotonic() > deadline:
+            return now
+        time.sleep(1.0)
+
+
+# ---- pure parts ---------------------------------------------------------------------------------
+def test_mix_parse_and_sample():
+    import random
+    mix = Mix.parse("1:3,4:1", "beam_size")
+    assert mix.values == (1, 4) and mix.weights == (3.0, 1.0)
+    rng = random.Random(1)
+    draws = [mix.sample(rng) for _ in range(2000)]
+    share = draws.count(1) / len(draws)
+    assert set(draws) == {1, 4} and 0.70 < share < 0.80
+    for bad in ("0", "1:-1", "a", "2:x", ""):
+        with pytest.raises(ValueError):
+            Mix.parse(bad)
+
+
+def test_slope_rate_is_unbiased_by_edges():
+    times = [0.5 + i / 8 for i in range(80)]                   # 8 events/s
+    assert slope_rate(times) == pytest.approx(8.0)
+    # The same events, each delayed by its own latency (bounded, not growing): still ~8/s,
+    # where count / span would be biased by the latencies of the first and last events.
+    delayed = [t + (0.9 if i in (0, 79) else 0.3) for i, t in enumerate(times)]
+    assert slope_rate(delayed) == pytest.approx(8.0, rel=0.03)
+    assert slope_rate([1.0, 2.0]) is None
+
+
+def test_loopback_only_unless_allowed():
+    for url in ("http://127.0.0.1:8000", "http://localhost:1", "http://[::1]:8000", "http://127.0.0.2"):
+        check_url(url)
+    for url in ("http://10.0.0.1:8000", "http://example.com", "ftp://127.0.0.1", "127.0.0.1:8000"):
+        with pytest.raises(ValueError):
+            check_url(url)
+    check_url("http://example.com", allow_remote=True)   # validation only: nothing is sent
+    with pytest.raises(ValueError, match="bound"):
+        LoadConfig(concurrency=1).validate()
+    with pytest.raises(ValueError, match="exactly one"):
+        LoadConfig(concurrency=1, rate=1.0, requests=1).validate()
+
+
+def test_update_readme_replaces_only_its_section(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# T\n\n<!-- section: api (service) -->\napi text\n\n{README_MARKER}\n\n<!-- section: x -->\nx\n")
+    update_readme(readme, "## Performance\nfirst\n")
+    update_readme(readme, "## Performance\nsecond\n")
+    text = readme.read_text()
+    assert text == (f"# T\n\n<!-- section: api (service) -->\napi text\n\n{README_MARKER}\n## Performance\nsecond\n"
+                    f"{README_END}\n\n<!-- section: x -->\nx\n")
+
+
+# ---- against the real service -------------------------------------------------------------------
+def test_counts_agree_with_prometheus(service_url):
+    before = settled(service_url, "de-en")
+    # Greedy requests, so that the engine's scored-token counter is exactly the returned tokens plus
+    # one EOS per sentence that ended with it. A mix of 1 and 3 texts, some with attention (closed
+    # loop), then streamed requests (open loop).
+    closed = asyncio.run(run_load(LoadConfig(url=service_url, concurrency=4, duration=3.0, sentences=GERMAN,
+                                             texts="1:2,3:1", beam_size="1", attention=0.25, seed=3)))
+    stream = asyncio.run(run_load(LoadConfig(url=service_url, rate=4.0, duration=2.0, sentences=GERMAN,
+                                             beam_size="1", stream=True, seed=4)))
+    a, b = closed.summary(), stream.summary()
+    assert a["ok"] >= 4 and b["ok"] >= 1 and a["failed"] == b["failed"] == a["rejected"] == b["rejected"] == 0
+    assert a["requests"] == len(closed.outcomes) == closed.issued and b["requests"] == stream.issued
+    ok = a["ok"] + b["ok"]
+    tokens = a["generated_tokens"] + b["generated_tokens"]
+    assert tokens > 0
+    # Every streamed request has its time to first token, before its last byte.
+    assert all(o.ttft is not None and 0 < o.ttft <= o.latency for o in stream.outcomes)
+    assert b["ttft_s"]["p50"] <= b["latency_s"]["p50"]
+
+    def agrees(now: dict) -> bool:
+        return (now["200"] - before["200"] == ok and now["all"] - before["all"] == ok
+                and now["generated"] - before["generated"] == tokens + (now["eos"] - before["eos"]))
+
+    now = wait_for(service_url, "de-en", agrees)
+    delta = {k: now[k] - before[k] for k in now}
+    assert delta["200"] == ok, (delta, ok)
+    assert delta["all"] == ok, delta                      # no other status was recorded
+    assert delta["generated"] == tokens + delta["eos"], (delta, tokens)
+
+
+def test_stops_at_its_bounds(service_url):
+    # Request count, closed loop: exactly n requests, whatever the concurrency.
+    res = asyncio.run(asyncio.wait_for(run_load(LoadConfig(url=service_url, concurrency=3, requests=5,
+                                                           sentences=GERMAN, beam_size="1")), 60))
+    assert res.issued == len(res.outcomes) == 5 and res.stopped_by == "requests"
+    assert sum(o.ok for o in res.outcomes) == 5
+    # Duration, open loop: no arrival at or after the bound; it ends once the last answer is in.
+    t0 = time.monotonic()
+    res = asyncio.run(asyncio.wait_for(run_load(LoadConfig(url=service_url, rate=5.0, duration=1.5,
+                                                           sentences=GERMAN, beam_size="1", seed=2)), 60))
+    elapsed = time.monotonic() - t0
+    assert res.stopped_by == "duration" and res.issued == len(res.outcomes) >= 1
+    assert max(o.scheduled for o in res.outcomes) < 1.5
+    assert res.wall == pytest.approx(max(o.done for o in res.outcomes))
+    assert elapsed < 1.5 + max(o.latency for o in res.outcomes) + 5.0
+    # Duration, closed loop: no send after the bound.
+    res = asyncio.run(asyncio.wait_for(run_load(LoadConfig(url=service_url, concurrency=2, duration=1.0,
+                                                           sentences=GERMAN, beam_size="1")), 60))
+    assert res.stopped_by == "duration" and max(o.scheduled for o in res.outcomes) < 1.0
+
+
+def test_cli_request_bound_and_json(service_url, tmp_path):
+    out = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, "-m", "service.loadtest", "--url", service_url, "-c", "2", "-n", "3",
+                           "--beam-size", "1:1,2:1", "--texts", "1:1,2:1", "--sentences", GERMAN, "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(out.read_text())["summary"]
+    assert (s["requests"], s["ok"], s["stopped_by"]) == (3, 3, "requests")
+    assert s["generated_tokens"] > 0 and s["latency_s"]["p50"] <= s["latency_s"]["max"]
+    assert "3 requests" in proc.stdout and "latency p50" in proc.stdout
+    # Never a non-loopback target without --allow-remote (refused before anything is sent).
+    proc = subprocess.run([sys.executable, "-m", "service.loadtest", "--url", "http://192.0.2.1:8000", "-n", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "loopback" in proc.stderr
+
+
+def test_sweep_and_plot(service_url, tmp_path):
+    cfg = LoadConfig(url=service_url, rate=1.0, duration=1.5, sentences=GERMAN, beam_size="1", seed=5)
+    points = asyncio.run(run_sweep(cfg, "rate", [1.0, 3.0], progress=False, log=lambda _: None))
+    assert [p["rate"] for p in points] == [1.0, 3.0] and all(p["loop"] == "open" for p in points)
+    sat = saturation(points)
+    keeping = [p for p in points if p["achieved_rate"] >= KEEPS_UP * p["offered_rate"]]
+    assert sat == (max(keeping, key=lambda p: p["rate"]) if keeping else None)
+    png = plot_sweep(points, tmp_path / "sweep.png", title="test")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_reports_503_when_overloaded(service_url, tmp_path):
+    # Short sentences: the tiny model's max_len (64) would answer long ones with 413.
+    short = tmp_path / "short.en"
+    short.write_text("\n".join(line for line in load_sentences(ENGLISH) if len(line) <= 50) + "\n")
+    before = settled(service_url, SECOND_MODEL)
+    # 80 beam-4 requests within ~0.1 s, far more than the tiny model's queues hold (8 cache slots =
+    # 2 beam-4 sentences running, 8 waiting; 4 ongoing + 4 queued at Serve): the surplus must come
+    # back as 503s, counted as rejections. Short outputs keep the admitted ones quick.
+    res = asyncio.run(run_load(LoadConfig(url=service_url, rate=1000.0, requests=80, sentences=str(short),
+                                          source_lang="en", target_lang="de", model=SECOND_MODEL,
+                                          beam_size="4", max_new_tokens=8, timeout=60.0, seed=6)))
+    s = res.summary()
+    assert s["requests"] == 80 and s["stopped_by"] == "requests"
+    assert s["rejected"] > 0 and s["errors"].get("503", 0) == s["rejected"]
+    assert s["failed"] == 0 and s["ok"] + s["rejected"] == 80 and s["ok"] > 0, s["errors"]
+    assert all(o.status == 503 and o.generated_tokens == 0 for o in res.outcomes if not o.ok)
+    assert s["keeps_up"] is False and s["achieved_rate"] < s["offered_rate"]
+    now = wait_for(service_url, SECOND_MODEL,
+                   lambda c: c["503"] - before["503"] == s["rejected"] and c["200"] - before["200"] == s["ok"])
+    assert (now["503"] - before["503"], now["200"] - before["200"]) == (s["rejected"], s["ok"])

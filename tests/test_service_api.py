@@ -1,0 +1,285 @@
+"""The HTTP API of the running service (tests/conftest.py starts it once), over real HTTP."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import SECOND_ENGINE, SECOND_MODEL
+from model.tokenizer import read_lines
+from service.schemas import MAX_BEAM_SIZE, MAX_TEXT_CHARS, MAX_TEXTS
+
+from conftest import DATA
+
+SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[:12]
+
+
+def post(url: str, body, path: str = "/v1/translate", **kw) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=120, **kw)
+
+
+def translate(url: str, text, **fields) -> dict:
+    r = post(url, {"text": text, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+# ---- service endpoints -------------------------------------------------------------------------
+def test_health_ready_models_docs(service_url, service_info):
+    assert httpx.get(service_url + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(service_url + "/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "models": {"de-en": "ready", SECOND_MODEL: "ready"}}
+    models = httpx.get(service_url + "/v1/models").json()["data"]
+    by_id = {m["id"]: m for m in models}
+    assert [m["id"] for m in models] == ["de-en", SECOND_MODEL]
+    assert (by_id["de-en"]["source_lang"], by_id["de-en"]["target_lang"]) == ("de", "en")
+    assert (by_id[SECOND_MODEL]["source_lang"], by_id[SECOND_MODEL]["target_lang"]) == ("en", "de")
+    assert by_id["de-en"]["config"]["d_model"] > 0 and by_id["de-en"]["config"]["max_len"] > 0
+    # the engine settings the replica really runs with (user_config)
+    assert by_id[SECOND_MODEL]["engine"]["max_num_seqs"] == SECOND_ENGINE["max_num_seqs"]
+    assert "test_bleu" in by_id["de-en"]
+    docs = httpx.get(service_url + "/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    spec = httpx.get(service_url + "/openapi.json").json()
+    assert {"/v1/translate", "/v1/models", "/translate", "/languages", "/healthz", "/readyz"} <= set(spec["paths"])
+
+
+def test_request_id_on_every_response(service_url):
+    ok = httpx.get(service_url + "/healthz", headers={"X-Request-ID": "client-id-1"})
+    assert ok.headers["x-request-id"] == "client-id-1"
+    bad = post(service_url, {"text": "x", "beam_size": 0}, headers={"X-Request-ID": "client-id-2"})
+    assert bad.status_code == 422 and bad.headers["x-request-id"] == "client-id-2"
+    generated = [post(service_url, {"text": "x", "model": "nope"}).headers.get("x-request-id") for _ in range(2)]
+    assert all(generated) and generated[0] != generated[1]
+
+
+# ---- translations ------------------------------------------------------------------------------
+def test_list_request_returns_results_in_order(service_url):
+    singles = [translate(service_url, s, beam_size=2)["translations"][0] for s in SENTENCES[:5]]
+    batch = translate(service_url, SENTENCES[:5], beam_size=2)
+    assert batch["model"] == "de-en"
+    assert [t["text"] for t in batch["translations"]] == [t["text"] for t in singles]
+    assert [t["tokens"] for t in batch["translations"]] == [t["tokens"] for t in singles]
+    assert batch["usage"]["source_tokens"] == sum(len(t["source_tokens"]) for t in singles)
+    assert batch["usage"]["generated_tokens"] == sum(len(t["tokens"]) for t in singles)
+
+
+def test_paragraph_of_three_sentences_comes_back_as_three_translated_sentences(service_url):
+    a, b, c = SENTENCES[:3]
+    alone = [translate(service_url, s, beam_size=1)["translations"][0] for s in (a, b, c)]
+    paragraph = translate(service_url, f"{a} {b}\n\n  {c}", beam_size=1)["translations"][0]
+    assert paragraph["text"] == f"{alone[0]['text']} {alone[1]['text']}\n\n  {alone[2]['text']}"
+    assert paragraph["tokens"] == alone[0]["tokens"] + alone[1]["tokens"] + alone[2]["tokens"]
+    assert paragraph["source_tokens"].count("</s>") == 3
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t "])
+def test_empty_text_translates_to_empty_without_the_model(service_url, text):
+    out = translate(service_url, [text, SENTENCES[0]], beam_size=1)
+    empty, real = out["translations"]
+    assert empty == {"text": "", "tokens": [], "source_tokens": [], "score": 0.0, "finish_reason": "eos",
+                     "alternatives": []}
+    assert real["text"] and out["usage"]["source_tokens"] == len(real["source_tokens"])
+    assert translate(service_url, text)["usage"] == {"source_tokens": 0, "generated_tokens": 0}
+
+
+def _rows_sum_to_one(mat, n_rows, n_cols):
+    assert len(mat) == n_rows
+    for row in mat:
+        assert len(row) == n_cols
+        assert abs(sum(row) - 1.0) < 1e-3
+
+
+def test_attention_shapes_match_tokens_and_rows_sum_to_one(service_url, service_info):
+    models = {m["id"]: m for m in httpx.get(service_url + "/v1/models").json()["data"]}
+    cfg = models["de-en"]["config"]
+    text = f"{SENTENCES[0]} {SENTENCES[1]}"     # two sentences: block-diagonal attention
+    out = translate(service_url, text, beam_size=2, return_attention=True,
+                    attention={"kinds": ["cross", "encoder", "decoder"]})["translations"][0]
+    T, S = len(out["tokens"]), len(out["source_tokens"])
+    att = out["attention"]
+    assert set(att) == {"cross", "encoder", "decoder"}
+    assert len(att["cross"]) == cfg["n_decoder_layers"] and len(att["encoder"]) == cfg["n_encoder_layers"]
+    for layer in att["cross"]:
+        assert len(layer) == cfg["n_heads"]
+        for head in layer:
+            _rows_sum_to_one(head, T, S)
+    for layer in att["encoder"]:
+        for head in layer:
+            _rows_sum_to_one(head, S, S)
+    for layer in att["decoder"]:
+        for head in layer:
+            _rows_sum_to_one(head, T, T)
+    # a target token of sentence 2 never attends to sentence 1's source
+    first_src = out["source_tokens"].index("</s>") + 1
+    one = translate(service_url, SENTENCES[0], beam_size=2)["translations"][0]
+    t1 = len(one["tokens"])
+    assert all(v == 0 for row in att["cross"][0][0][t1:] for v in row[:first_src])
+    # chosen layers and heads only; no attention unless asked
+    small = translate(service_url, SENTENCES[0], return_attention=True,
+                      attention={"kinds": ["cross"], "layers": [0], "heads": [0, 1]})["translations"][0]
+    assert len(small["attention"]["cross"]) == 1 and len(small["attention"]["cross"][0]) == 2
+    _rows_sum_to_one(small["attention"]["cross"][0][1], len(small["tokens"]), len(small["source_tokens"]))
+    assert "attention" not in translate(service_url, SENTENCES[0])["translations"][0]
+
+
+def test_n_best_alternatives(service_url):
+    t = translate(service_url, SENTENCES[2], beam_size=4, n_best=3)["translations"][0]
+    assert 1 <= len(t["alternatives"]) <= 2
+    for alt in t["alternatives"]:
+        assert set(alt) == {"text", "tokens", "score", "finish_reason"}
+        assert alt["score"] <= t["score"] + 1e-6
+    assert translate(service_url, SENTENCES[2], beam_size=4)["translations"][0]["alternatives"] == []
+
+
+def test_routing_by_model_and_by_languages(service_url):
+    by_pair = translate(service_url, "A dog runs.", source_lang="en", target_lang="de", max_new_tokens=5)
+    by_name = translate(service_url, "A dog runs.", model=SECOND_MODEL, max_new_tokens=5)
+    assert by_pair["model"] == by_name["model"] == SECOND_MODEL
+    assert by_pair["translations"] == by_name["translations"]
+    assert translate(service_url, "Hallo.", max_new_tokens=3)["model"] == "de-en"     # the default
+    assert translate(service_url, "Hallo.", target_lang="en", max_new_tokens=3)["model"] == "de-en"
+
+
+# ---- bad input: status code and a message naming the field and the limit ---------------------------
+LONG_SENTENCE = " ".join(["Hund"] * 400)   # one "sentence" longer than any model's max_len
+
+
+@pytest.mark.parametrize("body, status, field, words", [
+    ({"text": "x", "beam_size": 0}, 422, "beam_size", ["1"]),
+    ({"text": "x", "beam_size": MAX_BEAM_SIZE + 1}, 422, "beam_size", [str(MAX_BEAM_SIZE)]),
+    ({"text": "x", "beam_size": "4"}, 422, "beam_size", ["integer"]),
+    ({"text": "x", "beam_size": 2, "n_best": 3}, 422, "n_best", ["beam_size", "2"]),
+    ({"text": "x", "max_new_tokens": -1}, 422, "max_new_tokens", ["0"]),
+    ({"text": "x", "max_new_tokens": 100000}, 422, "max_new_tokens", ["100000"]),
+    ({"text": "x", "max_new_tokens": 5, "min_new_tokens": 6}, 422, "min_new_tokens", ["5"]),
+    ({"text": "x", "length_penalty": "big"}, 422, "length_penalty", []),
+    ({"text": "x", "return_attention": True, "attention": {"kinds": ["cross", "sideways"]}}, 422,
+     "attention.kinds", ["cross", "encoder", "decoder"]),
+    ({"text": "x", "return_attention": True, "attention": {"layers": [99]}}, 422, "attention.layers", ["99"]),
+    ({"text": "x", "return_attention": True, "attention": {"heads": [-1]}}, 422, "attention.heads", ["-1"]),
+    ({"text": 5}, 422, "text", ["string"]),
+    ({"text": ["ok", None]}, 422, "text", ["string"]),
+    ({"text": "x", "colour": "red"}, 422, "colour", []),
+    ({}, 422, "text", ["required"]),
+    ({"text": "x" * (MAX_TEXT_CHARS + 1)}, 413, "text", [str(MAX_TEXT_CHARS)]),
+    ({"text": ["x"] * (MAX_TEXTS + 1)}, 413, "text", [str(MAX_TEXTS)]),
+    ({"text": LONG_SENTENCE}, 413, "text", ["sentence 1", "at most"]),
+    ({"text": "x", "model": "fr-en"}, 404, "model", ["fr-en", "de-en"]),
+    ({"text": "x", "source_lang": "fr"}, 404, "source_lang", ["fr"]),
+    ({"text": "x", "model": "de-en", "target_lang": "fr"}, 404, "target_lang", ["fr"]),
+])
+def test_bad_input_gets_its_status_and_a_message(service_url, body, status, field, words):
+    r = post(service_url, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["field"].startswith(field), err
+    assert field in err["message"], err
+    for w in words:
+        assert w in err["message"], err
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[]", b"null", b'"text"', b'{"text": {"a": 1}}', b'{"text": [["x"]]}',
+                                 b'{"text": "x", "beam_size": 1e309}', b'{"text": "x", "attention": []}',
+                                 b'{"text": "\\ud800"}', b'{"text": "x", "stream": "yes"}'])
+def test_malformed_bodies_never_cause_a_500(service_url, raw):
+    r = httpx.post(service_url + "/v1/translate", content=raw, headers={"Content-Type": "application/json"})
+    assert 400 <= r.status_code < 500, (raw, r.status_code, r.text)
+    assert r.json()["error"]["message"]
+
+
+def test_engine_limits_are_422_with_the_limit(service_url):
+    # beam_size within the API limit but above the second model's KV-cache slots
+    r = post(service_url, {"text": "A dog.", "model": SECOND_MODEL, "beam_size": SECOND_ENGINE["max_num_seqs"] + 1})
+    assert r.status_code == 422
+    assert r.json()["error"]["field"] == "beam_size"
+    assert str(SECOND_ENGINE["max_num_seqs"]) in r.json()["error"]["message"]
+    r = post(service_url, {"text": ". ".join(["A dog"] * (SECOND_ENGINE["max_waiting"] + 1)) + ".",
+                           "model": SECOND_MODEL})
+    assert r.status_code == 413 and str(SECOND_ENGINE["max_waiting"]) in r.json()["error"]["message"]
+
+
+# ---- streaming ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_streamed_tokens_concatenate_to_the_final_text(service_url, beam_size):
+    texts = [f"  {SENTENCES[3]}\n{SENTENCES[4]} ", SENTENCES[5], " "]
+    r = post(service_url, {"text": texts, "beam_size": beam_size, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1][0] == "response" and all(e == "token" for e, _ in events[:-1])
+    final = events[-1][1]
+    for i, t in enumerate(final["translations"]):
+        streamed = "".join(d["text"] for e, d in events[:-1] if d["index"] == i)
+        assert streamed == t["text"]
+    assert final["translations"][0]["text"].startswith("  ") and "\n" in final["translations"][0]["text"]
+    assert final["translations"][2]["text"] == ""
+    assert sum(1 for e, d in events if e == "token" and d["token"] is not None) > 0
+    plain = translate(service_url, texts, beam_size=beam_size)
+    assert plain["translations"] == final["translations"] and plain["usage"] == final["usage"]
+
+
+def test_stream_validation_errors_are_http_errors(service_url):
+    r = post(service_url, {"text": "x", "max_new_tokens": 100000, "stream": True})
+    assert r.status_code == 422 and r.headers["content-type"].startswith("application/json")
+    assert r.json()["error"]["field"] == "max_new_tokens"
+
+
+# ---- LibreTranslate ----------------------------------------------------------------------------
+def test_libretranslate_languages(service_url):
+    langs = httpx.get(service_url + "/languages").json()
+    assert {"code": "de", "name": "German", "targets": ["en"]} in langs
+    assert {"code": "en", "name": "English", "targets": ["de"]} in langs
+
+
+def test_libretranslate_translate_json_and_forms(service_url):
+    s0, s1 = SENTENCES[6], SENTENCES[7]
+    native = translate(service_url, [s0, s1], beam_size=4)["translations"]
+    one = post(service_url, {"q": s0, "source": "de", "target": "en"}, path="/translate")
+    assert one.status_code == 200 and one.json() == {"translatedText": native[0]["text"]}
+    many = post(service_url, {"q": [s0, s1], "source": "de", "target": "en", "api_key": ""}, path="/translate")
+    assert many.json() == {"translatedText": [native[0]["text"], native[1]["text"]]}
+    form = httpx.post(service_url + "/translate", data={"q": s0, "source": "de", "target": "en", "format": "text"})
+    assert form.json() == {"translatedText": native[0]["text"]}
+    multipart = httpx.post(service_url + "/translate", files={"q": (None, s1), "source": (None, "de"),
+                                                              "target": (None, "en")})
+    assert multipart.json() == {"translatedText": native[1]["text"]}
+    alts = post(service_url, {"q": s0, "source": "de", "target": "en", "alternatives": 2}, path="/translate").json()
+    assert alts["translatedText"] == native[0]["text"] and isinstance(alts["alternatives"], list)
+    assert len(alts["alternatives"]) <= 2 and native[0]["text"] not in alts["alternatives"]
+    auto = post(service_url, {"q": [s0], "source": "auto", "target": "en"}, path="/translate").json()
+    assert auto == {"translatedText": [native[0]["text"]],
+                    "detectedLanguage": [{"confidence": 100.0, "language": "de"}]}
+    html = post(service_url, {"q": f"<p>{s0} <b>{s1}</b></p>", "source": "de", "target": "en", "format": "html"},
+                path="/translate").json()["translatedText"]
+    assert html.startswith("<p>") and "<b>" in html and html.endswith("</b></p>")
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"source": "de", "target": "en"}, ["missing q"]),
+    ({"q": "Hallo", "target": "en"}, ["missing source"]),
+    ({"q": "Hallo", "source": "de"}, ["missing target"]),
+    ({"q": "Hallo", "source": "xx", "target": "en"}, ["xx is not supported"]),
+    ({"q": "Hallo", "source": "de", "target": "de"}, ["not available as a target language"]),
+    ({"q": "Hallo", "source": "de", "target": "en", "format": "pdf"}, ["pdf format is not supported"]),
+    ({"q": "Hallo", "source": "de", "target": "en", "alternatives": "many"}, ["alternatives"]),
+    ({"q": 5, "source": "de", "target": "en"}, ["q"]),
+    ({"q": "x" * (MAX_TEXT_CHARS + 1), "source": "de", "target": "en"}, [str(MAX_TEXT_CHARS)]),
+])
+def test_libretranslate_errors(service_url, body, words):
+    r = post(service_url, body, path="/translate")
+    assert r.status_code == 400, r.text
+    assert set(r.json()) == {"error"}
+    for w in words:
+        assert w in r.json()["error"]
+    assert httpx.post(service_url + "/translate", content=b"[1]",
+                      headers={"Content-Type": "application/json"}).json() == {"error": "Invalid JSON format"}
