@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 

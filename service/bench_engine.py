@@ -25,7 +25,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -139,14 +138,16 @@ class StepProfile:
 
 async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[list[float]] = None,
                      fixed_len: Optional[int] = None, policy: str = "decode_first", part: str = "(c)",
-                     system: str = "continuous engine, all at once", warmup: bool = True) -> Run:
+                     system: str = "continuous engine, all at once", warmup: bool = True,
+                     prefill_every: int = 4) -> Run:
     """Submit every sentence (at once, or at the given arrival offsets in seconds) and await all;
     with warmup, first push a few batches through a throw-away engine (outside the clock)."""
     from service.engine import Engine, EngineConfig, GenerationOptions
     opts = GenerationOptions(beam_size=beam, n_best=1)
     if fixed_len is not None:
         opts = GenerationOptions(beam_size=beam, max_new_tokens=fixed_len, min_new_tokens=fixed_len)
-    config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy)
+    config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy,
+                          prefill_every=prefill_every)
     if warmup:
         warm = Engine(model, config)
         await asyncio.gather(*[warm.translate(s, opts) for s in srcs[: min(len(srcs), 2 * E_BATCH)]])
@@ -256,7 +257,8 @@ def beam_name(beam: int) -> str:
 
 def print_table(runs: list[Run], title: str) -> None:
     print(f"\n{title}")
-    print(f"{'part':5} {'system':44} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
+    print(f"{'part':5} {'system':44} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>9} "
+          f"{'p50 ms':>9} {'p99 ms':>9}")
     for r in runs:
         print(f"{r.part:5} {r.system:44} {r.layout:6} {beam_name(r.beam):8} {r.sentences_per_s:8.1f} "
               f"{r.tokens_per_s:9.0f} {r.pct(0.5) * 1e3:9.0f} {r.pct(0.99) * 1e3:9.0f}")
@@ -267,7 +269,9 @@ def print_profile(run: Run) -> None:
     if not p:
         return
     w = p["wall_s"]
-    print(f"  profile {run.part} {beam_name(run.beam)}: {p['steps']} steps, {p['mean_decode_rows']:.1f} decode rows/step, "
+    where = f" {run.layout} (first worker)" if run.layout else ""
+    print(f"  profile {run.part}{where} {beam_name(run.beam)}: {p['steps']} steps, "
+          f"{p['mean_decode_rows']:.1f} decode rows/step, "
           f"{p['prefill_batches']} prefills x {p['mean_prefill_batch']:.1f} sentences; time: prefill "
           f"{p['prefill_s'] / w:.0%}, decode_step {p['decode_s'] / w:.0%}, top-k+search+reorder "
           f"{p['update_s'] / w:.0%}, loop hand-off {p['loop_s'] / w:.0%}, idle {p['idle_s'] / w:.0%}")
@@ -287,9 +291,10 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default=None, help="model for (a)-(d) (default: model/checkpoints/de-en)")
     ap.add_argument("--tokenizer", default=None, help="8k SentencePiece model for (e) (default: the checkpoint's)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for (a)-(d)")
-    ap.add_argument("--engine-seqs", type=int, default=32,
+    ap.add_argument("--engine-seqs", type=int, default=64,
                     help="(c)/(d): sentences in flight; the engine gets engine_seqs x beam_size slots")
     ap.add_argument("--policy", default="decode_first", help="engine scheduling policy for (c)/(d)")
+    ap.add_argument("--prefill-every", type=int, default=4, help="engine prefill_every (k) for (c)/(d)")
     ap.add_argument("--layouts", default="1x2,2x1", help="(e): processes x threads per process")
     ap.add_argument("--e-systems", default="engine,static", help="(e): engine and/or static")
     ap.add_argument("--rounds", type=int, default=1, help="(e): interleaved rounds; the median is printed")
@@ -320,7 +325,7 @@ def main(argv=None) -> int:
         srcs = [encode_source(tok, line, model.cfg.max_len) for line in lines]
         print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
               f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
-              f"{args.policy}, {args.engine_seqs} x beam_size slots")
+              f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_seqs} x beam_size slots")
         from model.decoding import generate
         generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
         runs = []
@@ -332,7 +337,8 @@ def main(argv=None) -> int:
                 runs.append(run_static(model, srcs, beam))
             cont = None
             if "c" in parts or "d" in parts:
-                cont = asyncio.run(run_engine(model, srcs, beam, slots, policy=args.policy))
+                cont = asyncio.run(run_engine(model, srcs, beam, slots, policy=args.policy,
+                                              prefill_every=args.prefill_every))
                 if "c" in parts:
                     runs.append(cont)
             if "d" in parts:
@@ -340,15 +346,18 @@ def main(argv=None) -> int:
                     rate = frac * cont.sentences_per_s
                     runs.append(asyncio.run(run_engine(
                         model, srcs, beam, slots, arrivals=poisson_arrivals(len(srcs), rate, args.seed),
-                        policy=args.policy, part="(d)", system=f"continuous, Poisson {frac:.0%} of (c) = {rate:.1f}/s")))
+                        policy=args.policy, part="(d)", system=f"continuous, Poisson {frac:.0%} of (c) = {rate:.1f}/s",
+                        prefill_every=args.prefill_every)))
         print_table(runs, "(a)-(d) shipped model")
         for beam in beams:
             by = {r.part: r for r in runs if r.beam == beam and r.part != "(d)"}
             ratios = []
             if "(c)" in by and "(b)" in by:
-                ratios.append(f"continuous/static {by['(c)'].tokens_per_s / by['(b)'].tokens_per_s:.2f}x (target >= 1.3x)")
+                r = by["(c)"].tokens_per_s / by["(b)"].tokens_per_s
+                ratios.append(f"continuous/static {r:.2f}x (target >= 1.3x)")
             if "(c)" in by and "(a)" in by:
-                ratios.append(f"continuous/sequential {by['(c)'].tokens_per_s / by['(a)'].tokens_per_s:.2f}x (target >= 4x)")
+                r = by["(c)"].tokens_per_s / by["(a)"].tokens_per_s
+                ratios.append(f"continuous/sequential {r:.2f}x (target >= 4x)")
             if ratios:
                 print(f"  {beam_name(beam)}: " + "; ".join(ratios))
         for r in runs:
@@ -375,7 +384,8 @@ def main(argv=None) -> int:
                     for _ in range(args.rounds):
                         rounds.append(run_layout(srcs, beam, layout, system, tok.vocab_size, args.seed))
                     runs.append(median_run(rounds))
-        print(f"\n{'reference (BENCHMARKS.md, 1,000 sentences)':50} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>9}")
+        print(f"\n{'reference (BENCHMARKS.md, 1,000 sentences)':50} {'layout':6} {'decoding':8} "
+              f"{'sent/s':>8} {'tok/s':>9}")
         for name, layout, beam, sps, tps in REFERENCE:
             if beam in beams:
                 print(f"{name:50} {layout:6} {beam_name(beam):8} {sps:8d} {tps:9d}")

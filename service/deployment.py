@@ -1,7 +1,7 @@
 """The Ray Serve application: an HTTP ingress (FastAPI) in front of one translator deployment per model.
 
     serve run service.deployment:app                         # the shipped de->en model
-    serve run service.deployment:build_app models='[...]'    # or a serve config with `args:`
+    serve run service.deployment:build_app engine='{"max_num_seqs": 32}'   # or a config's `args:`
 
 Layout (``build_app``):
     HTTP proxy -> Gateway (FastAPI, @serve.ingress; validation, routing, SSE, /metrics)
@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 import httpx
@@ -28,7 +27,7 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
@@ -71,6 +70,12 @@ class AppArgs(BaseModel):
     ingress: Literal["separate", "translator"] = "separate"
     num_cpus: float = 0.8                                 # per translator replica (fractional: 2 fit on 2 cores)
     num_gpus: Optional[float] = None                      # per translator replica; None = 1 if the cluster has GPUs
+
+    @field_validator("models", "engine", "translator", "gateway", mode="before")
+    @classmethod
+    def _json_text(cls, v: Any) -> Any:
+        # `serve run service.deployment:build_app engine='{"max_num_seqs": 32}'` passes strings
+        return json.loads(v) if isinstance(v, str) else v
 
 
 def _max_num_seqs(engine: dict) -> int:

@@ -27,7 +27,7 @@ import math
 import numbers
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 from model.decoding import ATTENTION_KINDS, BeamSearch, Hypothesis
@@ -328,7 +328,8 @@ class Engine:
             raise EngineValidationError("beam_size", f"must be <= max_num_seqs ({self.config.max_num_seqs}), "
                                                      f"got {o.beam_size}")
         if not is_int(o.n_best) or not 1 <= o.n_best <= o.beam_size:
-            raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), got {o.n_best!r}")
+            raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), "
+                                                  f"got {o.n_best!r}")
         limit = min(self.max_tgt_len, cfg.max_len - 1)
         max_new = o.max_new_tokens
         if max_new is None:
@@ -400,6 +401,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         sched = self.scheduler
         while True:
+            plan = None
             try:
                 await asyncio.sleep(0)  # let pending callbacks (cancellations, submissions) run first
                 # From here to the wait below nothing yields, so no wakeup can be lost.
@@ -426,8 +428,11 @@ class Engine:
                     log.exception("engine step %d failed", plan.step)
                     result = StepResult([SequenceOutput(r.request_id, error=e) for r in plan.prefill + plan.decode])
                 self._update(plan, result, t0)
-            except Exception:  # noqa: BLE001 - never let the loop die
+            except Exception as e:  # noqa: BLE001 - never let the loop die; fail what this step touched
                 log.exception("engine loop error")
+                for r in (plan.prefill + plan.decode) if plan is not None else ():
+                    if not r.payload.done:
+                        self._finish(r.payload, error=EngineError(f"engine step failed: {e!r}"))
                 await asyncio.sleep(0.01)
 
     def _apply_cancellations(self) -> None:

@@ -13,9 +13,9 @@ client-side backlog is never hidden (no coordinated omission). Every run is boun
 count and/or a duration, each request by --timeout, and it targets only the URL it is given
 (loopback unless --allow-remote).
 
-Rates. ``offered_rate`` and ``achieved_rate`` are the least-squares slopes of the cumulative
-count of issued requests, and of successful responses, against time: steady-state rates that a
-latency at the edges of the run does not bias. A run keeps up when achieved >= 95% of offered;
+Rates. ``offered_rate`` (open loop only) and ``achieved_rate`` are the least-squares slopes of the
+cumulative count of issued requests, and of successful responses, against time: steady-state
+rates that a latency at the edges of the run does not bias. A run keeps up when achieved >= 95% of offered;
 the saturation point of a sweep is the highest offered rate that still keeps up.
 429 and 503 answers (load shedding) are counted as ``rejected``, apart from ``failed``.
 """
@@ -585,10 +585,11 @@ def summarize(result: RunResult) -> dict[str, Any]:
     lat = _pct([o.latency for o in ok], [50, 90, 99])
     ttfts = [o.ttft for o in ok if o.ttft is not None]
     ttft = _pct(ttfts, [50, 99])
-    offered = slope_rate([o.scheduled for o in outs])
+    # Closed loop: users send as fast as they are answered, so no rate is offered independently.
+    offered = slope_rate([o.scheduled for o in outs]) if cfg.loop == "open" else None
     achieved = slope_rate([o.done for o in ok])
     issue_window = result.issue_end or wall
-    if offered is None:
+    if offered is None and cfg.loop == "open":
         offered = len(outs) / issue_window
     if achieved is None:
         achieved = len(ok) / wall
@@ -612,7 +613,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "generated_tokens_per_s": tokens / wall,
         "offered_rate": offered,
         "achieved_rate": achieved,
-        "keeps_up": achieved >= KEEPS_UP * offered if cfg.loop == "open" else None,  # closed loop: n/a
+        "keeps_up": achieved >= KEEPS_UP * offered if offered is not None else None,  # closed loop: n/a
         "latency_s": {"p50": lat[0], "p90": lat[1], "p99": lat[2],
                       "max": max((o.latency for o in ok), default=None),
                       "mean": float(np.mean([o.latency for o in ok])) if ok else None},
@@ -635,7 +636,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  throughput {s['requests_per_s']:.2f} req/s, {s['texts_per_s']:.2f} texts/s, "
                  f"{s['generated_tokens_per_s']:.1f} generated tokens/s")
     verdict = "" if s["keeps_up"] is None else (" (keeps up)" if s["keeps_up"] else " (SATURATED: below 95%)")
-    lines.append(f"  offered {s['offered_rate']:.2f} req/s, achieved {s['achieved_rate']:.2f} req/s{verdict}")
+    offered = "" if s["offered_rate"] is None else f"offered {s['offered_rate']:.2f} req/s, "
+    lines.append(f"  {offered}achieved {s['achieved_rate']:.2f} req/s{verdict}")
     lines.append(f"  latency p50 {_fmt(lat['p50'])}  p90 {_fmt(lat['p90'])}  p99 {_fmt(lat['p99'])}  "
                  f"max {_fmt(lat['max'])}")
     if s["ttft_s"] is not None:
@@ -1242,7 +1244,7 @@ def report_main(argv: Sequence[str]) -> int:
                                  description="Measure the README 'Performance' figures in one bounded run: starts "
                                              "the service itself on a free 127.0.0.1 port (its own Ray instance).")
     from model.checkpoint import DEFAULT_CHECKPOINT
-    ap.add_argument("--out", default="docs/performance", help="plots, report.json, performance.md (default %(default)s)")
+    ap.add_argument("--out", default="deploy/performance", help="plots, report.json, performance.md (default %(default)s)")
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="served model (default: the shipped one)")
     ap.add_argument("--sentences", default=str(DEFAULT_SENTENCES))
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every run's duration (0.3 = a quick try)")

@@ -4,9 +4,10 @@ the scheduler decided for one step.
 All model math is ``model/decoding.py``'s (``prefill``, ``decode_step``, ``BeamSearch``, the same
 functions offline ``generate`` uses), so serving and offline decoding share one implementation.
 One step = (1) prefill of the newly admitted requests (encoder, cross-attention K/V for every
-decoder layer, first decoder step), (2) ONE ``decode_step`` over every running hypothesis of every
-running request, greedy and beam alike, each at its own position, (3) one top-k over all rows of
-both, then each request's ``BeamSearch.step`` and one batched cache reorder for all beams.
+decoder layer, first decoder step; in a few length-sorted groups when that saves padding),
+(2) ONE ``decode_step`` over every running hypothesis of every running request, greedy and beam
+alike, each at its own position, (3) one top-k over all rows of both, then each request's
+``BeamSearch.step`` and one batched cache reorder for all beams.
 
 Runs in the engine's single worker thread; nothing here touches asyncio.
 """
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
-from torch import Tensor
 
 from model import decoding
 from model.decoding import BeamSearch, Hypothesis, StepOutput, pad_batch, top_candidates
@@ -65,6 +65,34 @@ class _Sequence:
     emitted: int = 0                         # tokens already reported (streaming)
 
 
+def prefill_groups(lengths: Sequence[int], call_tokens: int) -> list[list[int]]:
+    """Split a prefill batch into groups of similar source length.
+
+    The encoder computes on padding too, so a batch of mixed lengths wastes up to half its work;
+    each extra call costs a fixed overhead instead. Sorting by length and choosing contiguous groups
+    that minimise sum(call_tokens + size x longest) (dynamic programming, O(n^2)) balances the two.
+    Returns lists of indices into ``lengths``, shortest group first.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(order)
+    if n <= 1:
+        return [order] if order else []
+    srt = [lengths[i] for i in order]
+    best = [0.0] + [float("inf")] * n      # best[j]: cost of the first j sentences
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = srt[j - 1]
+        for i in range(j):
+            c = best[i] + call_tokens + (j - i) * longest
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j]: j])
+        j = cut[j]
+    return groups[::-1]
+
+
 @dataclass
 class _Part:
     """The output of one forward call and which rows of it belong to which sequence."""
@@ -86,6 +114,8 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.cache = KVCache.for_model(model, num_slots, max_tgt_len, max_src_len)
         self.seqs: dict[int, _Sequence] = {}
+        # The fixed cost of one prefill call, in source tokens: prefill groups trade padding for calls.
+        self.prefill_call_tokens = 48 if self.device.type == "cpu" else 1024
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def release(self, request_id: int) -> None:
@@ -105,7 +135,8 @@ class ModelRunner:
         parts: list[_Part] = []
         t0 = time.perf_counter()
         if plan.prefill:
-            parts += self._isolated(self._prefill, self._start(plan.prefill, outputs), outputs)
+            for group in prefill_groups([len(r.payload.src_ids) for r in plan.prefill], self.prefill_call_tokens):
+                parts += self._isolated(self._prefill, self._start([plan.prefill[i] for i in group], outputs), outputs)
         t1 = time.perf_counter()
         decode = [self.seqs[r.request_id] for r in plan.decode if r.request_id in self.seqs]
         if decode:

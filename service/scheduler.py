@@ -12,7 +12,8 @@ request cannot be starved by a stream of small ones.
 Policies (``EngineConfig.policy``):
 - ``decode_first``: steps only decode while requests run; a prefill is forced on the k-th step in a
   row that finds requests waiting (k = ``prefill_every``, so a request that fits is prefilled within
-  k steps of its arrival), or as soon as waiting/running requests exceed ``waiting_ratio``.
+  k steps of its arrival), or as soon as the waiting requests that fit into the free slots
+  outnumber the running ones by ``waiting_ratio`` (an under-filled batch is refilled at once).
   A step with nothing running prefills at once.
 - ``prefill_first``: admit whatever fits at every step (lowest queue wait, smaller prefill batches).
 - ``static``: admit only when nothing runs: static batching through the engine (a baseline).
@@ -63,7 +64,7 @@ class EngineConfig:
     max_running_requests: Optional[int] = None  # cap on concurrent requests (1 = no batching)
     policy: str = "decode_first"              # one of POLICIES
     prefill_every: int = 4                    # k: while requests wait, at least every k-th step prefills
-    waiting_ratio: float = 1.0                # ... or when waiting/running requests exceed this
+    waiting_ratio: float = 1.0                # ... or when (waiting requests that fit now) / running exceeds this
     max_src_len: Optional[int] = None         # cache bound on source ids (default: model max_len)
     max_tgt_len: Optional[int] = None         # cache bound on target positions (default: model max_len)
 
@@ -238,7 +239,21 @@ class Scheduler:
         if policy == "static":
             return False
         return (self._steps_without_prefill + 1 >= self.config.prefill_every
-                or len(self.waiting) > self.config.waiting_ratio * len(self.running))
+                or self._num_admissible() > self.config.waiting_ratio * len(self.running))
+
+    def _num_admissible(self) -> int:
+        """Waiting requests (from the head) that would fit into the free slots now. Counting these
+        rather than all waiting requests keeps an overloaded engine (long queue, full batch) from
+        prefilling a sliver at every step."""
+        free, n = self.slots.num_free, 0
+        cap = self.config.max_running_requests
+        room = len(self.waiting) if cap is None else max(cap - len(self.running), 0)
+        for req in self.waiting:
+            if n >= room or req.num_slots > free:
+                break
+            free -= req.num_slots
+            n += 1
+        return n
 
     def _admit(self) -> list[ScheduledRequest]:
         """Take waiting requests in FIFO order while slots, the token budget and the running cap allow."""

@@ -68,6 +68,7 @@ class SharedService:
     shipped: bool = False
     stopped: bool = False
     args: dict = field(default_factory=dict)     # the build_app arguments it runs with
+    ray_started: bool = False
 
     def start(self, workdir: Path) -> "SharedService":
         import ray
@@ -85,6 +86,7 @@ class SharedService:
         ray.init(address="local", num_cpus=2, include_dashboard=False, _metrics_export_port=self.metrics_port,
                  object_store_memory=100 * 1024 ** 2, log_to_driver=bool(os.environ.get("MT_TEST_RAY_LOGS")),
                  _system_config={"metrics_report_interval_ms": 1000}, namespace="mt-tests")
+        self.ray_started = True
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         args = {"models": [{"name": "de-en", "checkpoint": first},
                            {"name": SECOND_MODEL, "checkpoint": second, "engine": SECOND_ENGINE,
@@ -93,7 +95,7 @@ class SharedService:
         self.args = args
         serve.run(build_app(args), name="mt", route_prefix="/", blocking=False)
         self.url = f"http://127.0.0.1:{http_port}"
-        deadline = time.time() + 180
+        deadline = time.time() + 300
         while time.time() < deadline:
             try:
                 if httpx.get(self.url + "/readyz", timeout=5).status_code == 200:
@@ -101,10 +103,10 @@ class SharedService:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError("the service did not become ready within 180 s")
+        raise RuntimeError("the service did not become ready within 300 s")
 
     def stop(self) -> None:
-        if self.url is None or self.stopped:
+        if not self.ray_started or self.stopped:
             return
         import ray
         from ray import serve
@@ -128,7 +130,11 @@ def service_info(tmp_path_factory) -> SharedService:
     if _SHARED.stopped:
         pytest.fail("the shared service was already shut down (a cluster test ran before this test)")
     if _SHARED.url is None:
-        _SHARED.start(tmp_path_factory.mktemp("service"))
+        try:
+            _SHARED.start(tmp_path_factory.mktemp("service"))
+        except BaseException:
+            _SHARED.stop()      # leave no half-started Ray behind; later tests see the stop
+            raise
     return _SHARED
 
 

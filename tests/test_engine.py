@@ -15,6 +15,7 @@ from model.config import ModelConfig
 from model.decoding import generate
 from model.transformer import Transformer
 from service import runner as runner_mod
+from service.runner import prefill_groups
 from service.engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
                             GenerationOptions, QueueFullError, TranslationResult)
 
@@ -177,18 +178,31 @@ async def test_requests_arriving_midway_equal_offline_and_are_prefilled_within_k
 async def test_one_decoder_forward_per_step_over_all_running_hypotheses(model64, monkeypatch):
     engine = Engine(model64, EngineConfig(max_num_seqs=32, prefill_every=2))
     trace = Trace(monkeypatch, engine)
-    engine.on_step = trace.on_step
     reqs = mixed_requests(12, seed=3)
+    waves = [reqs[:6], reqs[6:]]  # the second wave arrives while the first decodes
+    streams = []
+
+    def on_step(stats):
+        trace.on_step(stats)
+        if stats.step == 3:
+            streams.extend(engine.stream(s, o) for s, o in waves[1])
+
+    engine.on_step = on_step
     await engine.start()
-    await asyncio.gather(*[engine.translate(s, o) for s, o in reqs])
+    first = await asyncio.gather(*[engine.translate(s, o) for s, o in waves[0]])
+    second = [[x async for x in st][-1] for st in streams]
     await engine.stop()
+    for (s, o), got in zip(reqs, first + second):
+        assert_same(got, offline(model64, s, o), 1e-10)
     mixed_steps = 0
     prev_running = {}
     for n in sorted(trace.steps):
         stats, calls = trace.steps[n]
         decode_calls = [c for c in calls if not c[0]]
         prefill_calls = [c for c in calls if c[0]]
-        assert len(prefill_calls) == (1 if stats.num_prefill_requests else 0)
+        # prefill: one first-step call per length group, covering exactly the admitted sentences
+        assert sum(len(c[1]) for c in prefill_calls) == stats.num_prefill_requests
+        assert all(set(c[2]) == {0} for c in prefill_calls)
         # every request running after the previous step is stepped in this step's single forward
         expected = sorted(s for slots, _ in prev_running.values() for s in slots)
         if expected:
@@ -196,9 +210,8 @@ async def test_one_decoder_forward_per_step_over_all_running_hypotheses(model64,
             slots, positions = decode_calls[0][1], decode_calls[0][2]
             assert sorted(slots) == expected and len(slots) == stats.num_decode_seqs
             beams = {b for _, b in prev_running.values()}
-            if 1 in beams and len(beams) > 1:
-                mixed_steps += 1
-                assert len(set(positions)) >= 1
+            if 1 in beams and len(beams) > 1 and len(set(positions)) > 1:
+                mixed_steps += 1  # greedy and beam rows, at different positions, in one forward
         else:
             assert decode_calls == []
         prev_running = trace.running_after[n]
@@ -462,3 +475,17 @@ async def test_reconfigure_changes_the_cache_after_running_requests_finish(model
     assert all(r.hypotheses for r in res)
     assert_no_leak(engine)
     await engine.stop()
+
+
+def test_prefill_groups_cut_padding_and_cover_every_sentence():
+    lengths = [7, 39, 11, 35, 13, 37, 14, 31, 18, 36, 21, 30, 24, 29, 23, 21, 24, 27, 37, 13]
+    groups = prefill_groups(lengths, call_tokens=48)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    cost = 48 * len(groups) + padded
+    assert cost < 48 + len(lengths) * max(lengths)  # better than one padded batch
+    assert 1 < len(groups) < len(lengths)
+    for a, b in zip(groups, groups[1:]):
+        assert max(lengths[i] for i in a) <= min(lengths[i] for i in b)  # sorted, contiguous
+    assert prefill_groups([5, 5, 5], call_tokens=48) == [[0, 1, 2]]  # no padding: one call
+    assert prefill_groups([], call_tokens=48) == []

@@ -92,6 +92,21 @@ def test_waiting_ratio_forces_an_early_prefill():
     assert len(sim.step().prefill) == 3  # 3 / 4 > 0.5
 
 
+def test_waiting_ratio_counts_only_what_fits_so_a_full_batch_is_not_refilled_in_slivers():
+    sim = Sim(num_slots=8, prefill_every=4, waiting_ratio=1.0)
+    for _ in range(8):
+        sim.add(length=100)
+    sim.step()
+    for _ in range(20):
+        sim.add(length=2)  # a long queue behind a full batch
+    sim.sched.abort(0)  # one slot frees up: 1 fits / 7 running, not above the ratio
+    prefills = [len(sim.step().prefill) for _ in range(4)]
+    assert prefills == [0, 0, 0, 1]  # the k-th step takes it, not the first
+    for rid in range(1, 7):
+        sim.sched.abort(rid)  # the batch drains: 6 fit / 1 running > 1.0
+    assert len(sim.step().prefill) == 6
+
+
 def test_freed_slot_is_reused_while_the_others_continue():
     sim = Sim(num_slots=3, prefill_every=1)
     a, b, c = sim.add(length=2), sim.add(length=10), sim.add(length=10)
@@ -240,3 +255,4 @@ def test_scheduler_module_does_not_import_torch():
         elif isinstance(node, ast.ImportFrom):
             names.add((node.module or "").split(".")[0])
     assert "torch" not in names and "model" not in names
+

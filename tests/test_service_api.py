@@ -283,3 +283,27 @@ def test_libretranslate_errors(service_url, body, words):
         assert w in r.json()["error"]
     assert httpx.post(service_url + "/translate", content=b"[1]",
                       headers={"Content-Type": "application/json"}).json() == {"error": "Invalid JSON format"}
+
+
+def test_translator_as_its_own_ingress_gives_the_same_answers(service_url, service_info):
+    """The other layout (``ingress: translator``, the translator inside the ingress replica)."""
+    from ray import serve
+
+    from service.deployment import build_app
+    args = {"models": [{"name": SECOND_MODEL, "checkpoint": service_info.models[SECOND_MODEL]}],
+            "ingress": "translator", "num_cpus": 0.1, "engine": {"max_num_seqs": 4}}
+    serve.run(build_app(args), name="embedded", route_prefix="/embedded", blocking=False)
+    try:
+        assert httpx.get(service_url + "/embedded/readyz", timeout=30).json()["models"] == {SECOND_MODEL: "ready"}
+        body = {"text": ["A dog runs. A cat sleeps.", "Two men."], "beam_size": 2, "max_new_tokens": 8}
+        here = post(service_url, body, path="/embedded/v1/translate")
+        there = post(service_url, {**body, "model": SECOND_MODEL})
+        assert here.status_code == 200 and here.json() == there.json()
+        models = httpx.get(service_url + "/embedded/v1/models").json()["data"]
+        assert models[0]["engine"]["max_num_seqs"] == 4
+        streamed = post(service_url, {**body, "stream": True}, path="/embedded/v1/translate")
+        assert sse_events(streamed.text)[-1][1] == there.json()
+        bad = post(service_url, {"text": "x", "beam_size": 5}, path="/embedded/v1/translate")
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "beam_size"
+    finally:
+        serve.delete("embedded")

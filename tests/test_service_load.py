@@ -27,7 +27,7 @@ def _decode_batches_of_16_or_more(text: str, model: str) -> float:
 
 
 def test_32_concurrent_requests_equal_one_by_one_and_batch(service_url):
-    bodies = [{"text": s, "beam_size": 4} for s in SENTENCES]
+    bodies = [{"text": s, "beam_size": 4 if i % 2 else 1} for i, s in enumerate(SENTENCES)]   # greedy and beam mixed
     assert len(bodies) == 32
     with httpx.Client(timeout=120) as c:
         alone = [c.post(service_url + "/v1/translate", json=b).json() for b in bodies]
@@ -83,10 +83,10 @@ def test_engine_queue_full_is_503(service_url):
 def test_client_disconnects_cancel_work(service_url):
     """Close 3 of 8 streams midway: within 10 s their sentences are cancelled and the running and
     waiting gauges equal what the live requests hold."""
-    k = 6    # sentences per request; greedy, so one sequence each
+    k = 4    # sentences per request; greedy, so one sequence each
     text = " ".join([SENTENCES[0]] * k)
     models = {m["id"]: m for m in httpx.get(service_url + "/v1/models").json()["data"]}
-    n_tokens = models["de-en"]["config"]["max_len"] - 1
+    n_tokens = min(models["de-en"]["config"]["max_len"] - 1, 120)   # long enough to close them midway
     body = {"text": text, "beam_size": 1, "max_new_tokens": n_tokens, "min_new_tokens": n_tokens, "stream": True}
     before = scrape(service_url)
     cancelled0 = metric_sum(before, "ray_mt_sentences_total", model="de-en", finish_reason="cancelled")
