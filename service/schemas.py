@@ -174,6 +174,9 @@ def check_unicode(texts: list[str], field: str) -> None:
 
 def format_validation_error(err: dict) -> tuple[str, str]:
     """(field, message) for one pydantic error dict: the dotted field path and a message naming it."""
+    if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+        offset = err.get("loc", (None, None))[-1]
+        return "body", f"body: invalid JSON at character {offset}: {err.get('msg', 'JSON decode error')}"
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
     # Union members and the model-level validator add noise to the path.
     loc = [p for p in loc if p not in ("str", "list[str]", "function-after[_n_best_within_beam(), TranslateRequest]")]

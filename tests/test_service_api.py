@@ -307,3 +307,10 @@ def test_translator_as_its_own_ingress_gives_the_same_answers(service_url, servi
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "beam_size"
     finally:
         serve.delete("embedded")
+
+
+def test_invalid_json_names_the_body(service_url):
+    r = httpx.post(service_url + "/v1/translate", content=b'{"text": ', headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert err["field"] == "body" and "invalid JSON" in err["message"]
