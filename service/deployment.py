@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import time
+import urllib.parse
 from typing import Any, Literal, Optional
 
 import httpx
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from model.checkpoint import DEFAULT_CHECKPOINT
 
@@ -287,6 +289,17 @@ async def _validation_error(request: Request, exc: RequestValidationError):
     return _error(422, first["message"], first["field"], details=details if len(details) > 1 else None)
 
 
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    """Framework errors (unknown path, wrong method, unparsable body) in the service's error shape."""
+    message = exc.detail if isinstance(exc.detail, str) else "invalid request"
+    if _libre_route(request):
+        return _libre_error(ServiceError(exc.status_code, message))
+    if exc.status_code == 400:  # the body could not be parsed (e.g. invalid UTF-8 in JSON)
+        return _error(422, f"body: {message} (send UTF-8 JSON)", "body")
+    return _error(exc.status_code, f"{request.method} {request.url.path}: {message}", None)
+
+
 @api.exception_handler(ServiceError)
 async def _service_error(request: Request, exc: ServiceError):
     if _libre_route(request):
@@ -339,9 +352,21 @@ async def _libre_fields(request: Request) -> dict:
         return body
     fields: dict[str, Any] = dict(request.query_params)
     if ctype in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await request.form()
-        for key in form.keys():
-            values = [v for v in form.getlist(key) if isinstance(v, str)]
+        if ctype == "multipart/form-data":
+            form = await request.form()
+            pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
+        else:
+            # Decoded as UTF-8 ourselves: clients (curl -d) send raw UTF-8 bytes unescaped, and a
+            # Latin-1 reading would garble them.
+            try:
+                text = (await request.body()).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ServiceError(400, "Invalid request: the form body is not valid UTF-8")
+            pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
+        grouped: dict[str, list[str]] = {}
+        for k, v in pairs:
+            grouped.setdefault(k, []).append(v)
+        for key, values in grouped.items():
             if values:
                 # A repeated q is a batch; LibreTranslate normalises form line endings to \n.
                 values = ["\n".join(v.splitlines()) if key == "q" else v for v in values]
@@ -438,8 +463,8 @@ class Gateway:
         for card in self.cards.values():
             if source_lang in (None, card["source_lang"]) and target_lang in (None, card["target_lang"]):
                 return card
-        field = "source_lang" if not any(c["source_lang"] == source_lang for c in self.cards.values()) \
-            else "target_lang"
+        field = "source_lang" if source_lang is not None and not any(
+            c["source_lang"] == source_lang for c in self.cards.values()) else "target_lang"
         raise ServiceError(404, f"{field}: no model for {source_lang or '*'}->{target_lang or '*'}; available "
                                 f"pairs: {pairs}", field)
 
@@ -623,9 +648,11 @@ class Gateway:
         if fmt not in ("text", "html"):
             raise ServiceError(400, f"{fmt} format is not supported", "format")
         try:
-            n_alt = max(0, int(f.get("alternatives") or 0))
+            n_alt = int(f.get("alternatives") or 0)
         except (TypeError, ValueError):
             raise ServiceError(400, "Invalid request: alternatives parameter is not a number", "alternatives")
+        if n_alt < 0:
+            raise ServiceError(400, "Invalid request: alternatives parameter must be >= 0", "alternatives")
         if n_alt > MAX_BEAM_SIZE - 1:
             raise ServiceError(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM_SIZE - 1}",
                                "alternatives")

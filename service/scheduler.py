@@ -208,7 +208,7 @@ class Scheduler:
         if req.request_id in self._by_id:
             raise ValueError(f"request {req.request_id} is already scheduled")
         if len(self.waiting) >= self.config.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} sentences waiting)")
         req.arrival_step = self.step_count
         self.waiting.append(req)
         self._by_id[req.request_id] = req

@@ -314,3 +314,28 @@ def test_invalid_json_names_the_body(service_url):
     assert r.status_code == 422
     err = r.json()["error"]
     assert err["field"] == "body" and "invalid JSON" in err["message"]
+
+
+def test_framework_errors_use_the_error_shape(service_url):
+    r = httpx.get(service_url + "/v1/translate")
+    assert r.status_code == 405 and "/v1/translate" in r.json()["error"]["message"]
+    r = httpx.get(service_url + "/no/such/path")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+    r = httpx.post(service_url + "/v1/translate", content='{"text": "l\u00e4uft"}'.encode("latin-1"),
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "body"
+
+
+def test_unknown_target_language_blames_target_lang(service_url):
+    r = httpx.post(service_url + "/v1/translate", json={"text": "Hallo", "target_lang": "xx"})
+    assert r.status_code == 404 and r.json()["error"]["field"] == "target_lang"
+
+
+def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
+    raw = "q=Ein Hund läuft.&source=de&target=en".encode("utf-8")  # what `curl -d` sends
+    r = httpx.post(service_url + "/translate", content=raw,
+                   headers={"Content-Type": "application/x-www-form-urlencoded"})
+    j = httpx.post(service_url + "/translate", json={"q": "Ein Hund läuft.", "source": "de", "target": "en"})
+    assert r.status_code == 200 and r.json()["translatedText"] == j.json()["translatedText"]
+    r = httpx.post(service_url + "/translate", json={"q": "x", "source": "de", "target": "en", "alternatives": -1})
+    assert r.status_code == 400 and "alternatives" in r.json()["error"]
