@@ -8,9 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Stores a step's new keys/values and returns all keys/values to attend to:
-# (k_new, v_new) [B, H, T_new, Dh] -> (k, v) [B, H, T_k, Dh].
-KVUpdate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+from .linear import Linear
+
+# Attention of an incremental decoding step read from a KV cache (``model.kv_cache.CacheAttention``):
+# (q [B, H, 1, Dh], k_new, v_new [B, H, 1, Dh] or None, need_weights) -> (out [B, H, 1, Dh], weights or None).
+# Its ``self_attention`` attribute says whether the new keys/values of x must be projected and passed.
+CacheAttend = Callable[[Tensor, Optional[Tensor], Optional[Tensor], bool], tuple[Tensor, Optional[Tensor]]]
 
 
 def scaled_dot_product_attention(
@@ -53,9 +56,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
-        self.w_q = nn.Linear(d_model, d_model)
-        self.w_kv = nn.Linear(d_model, 2 * d_model)
-        self.w_o = nn.Linear(d_model, d_model)
+        self.w_q = Linear(d_model, d_model)
+        self.w_kv = Linear(d_model, 2 * d_model)
+        self.w_o = Linear(d_model, d_model)
 
     def _heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -68,26 +71,26 @@ class MultiHeadAttention(nn.Module):
 
     def forward(
         self, x: Tensor, memory: Optional[Tensor] = None, mask: Optional[Tensor] = None,
-        kv: Optional[tuple[Tensor, Tensor]] = None, kv_update: Optional[KVUpdate] = None,
+        kv: Optional[tuple[Tensor, Tensor]] = None, cache_attend: Optional[CacheAttend] = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Attend from x [B, T_q, d_model].
 
-        Keys/values come from, in order of precedence: ``kv`` (precomputed, e.g. cached
-        cross-attention K/V [B, H, T_k, Dh]); ``memory`` [B, T_k, d_model]; or x itself
-        (self-attention). ``kv_update`` lets a KV cache store the new self-attention K/V and return
-        the full history. mask: bool, broadcastable to [B, H, T_q, T_k], True = attend.
+        Keys/values come from, in order of precedence: ``cache_attend`` (an incremental decoding
+        step, T_q = 1: the cache stores this step's self-attention K/V and attends over each row's
+        own keys; ``mask`` is unused); ``kv`` (precomputed K/V [B, H, T_k, Dh]); ``memory``
+        [B, T_k, d_model]; or x itself (self-attention). mask: bool, broadcastable to
+        [B, H, T_q, T_k], True = attend.
         Returns (out [B, T_q, d_model], weights [B, H, T_q, T_k] or None).
         """
         B, T, _ = x.shape
         q = self._heads(self.w_q(x))  # [B, H, T_q, Dh]
-        if kv is not None:
-            k, v = kv
+        if cache_attend is not None:
+            k_new, v_new = self.project_kv(x) if cache_attend.self_attention else (None, None)
+            out, weights = cache_attend(q, k_new, v_new, need_weights)
         else:
-            k, v = self.project_kv(x if memory is None else memory)
-            if kv_update is not None:
-                k, v = kv_update(k, v)
-        p = self.dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
+            k, v = kv if kv is not None else self.project_kv(x if memory is None else memory)
+            p = self.dropout if self.training else 0.0
+            out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # [B, T_q, d_model]
         return self.w_o(out), weights

@@ -73,8 +73,10 @@ def load_metadata(directory: str | Path) -> dict:
 
 
 def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32) -> tuple[Transformer, Tokenizer, dict]:
+                    dtype: torch.dtype = torch.float32, pack: bool = True) -> tuple[Transformer, Tokenizer, dict]:
     """(model in eval mode, tokenizer, metadata). Weights are upcast to ``dtype`` (fp32 by default).
+    With ``pack`` (default), CPU fp32 weights are also prepacked for oneDNN inference
+    (``Transformer.pack_for_inference``; gradients and other devices use the plain weights).
 
     Raises FileNotFoundError when the directory lacks a required file.
     """
@@ -88,4 +90,7 @@ def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | to
     tok = Tokenizer(d / "tokenizer.model")
     if tok.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} pieces, config says {cfg.vocab_size}")
-    return model.eval(), tok, load_metadata(d)
+    model.eval()
+    if pack:
+        model.pack_for_inference()
+    return model, tok, load_metadata(d)

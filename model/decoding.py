@@ -30,27 +30,31 @@ class StepOutput:
     encoder: Optional[list[Tensor]] = None             # per layer [B, H, S, S] (prefill only)
 
 
+# Attention over a decode step's rows is split into groups of similar length (``length_groups``)
+# when that reads fewer cached keys: the fixed cost of one more attention call, in keys per row.
+# On CUDA one padded call is cheaper than several small ones.
+ATTENTION_GROUP_COST = 128
+
+
 @torch.no_grad()
 def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tensor, positions: Tensor,
                 need_weights: bool = False) -> StepOutput:
     """One incremental decoder step for any set of slots, each at its own position.
 
+    Every row attends to its own cached keys only (its own target history and its own source), so
+    a row's result does not depend on the other rows; rows of very different lengths are attended
+    in separate groups (see ``KVCache.attention``).
+
     Args:
         slots: [N] cache slots; tokens: [N] input token of each (the last generated, or BOS);
         positions: [N] target position of that token (0 for BOS).
-    Returns log-probabilities [N, V] (and attention rows with need_weights).
+    Returns log-probabilities [N, V] (and attention rows with need_weights: cross [N, H, S] and
+    decoder [N, H, T] per layer, zero-padded to the longest row).
     Raises ValueError when a position reaches the cache's max_tgt_len.
     """
-    T = int(positions.max()) + 1
-    rows = cache.rows(slots)  # a slice when slots are consecutive: cache reads are views, not copies
-    src_len = cache.src_len[rows]
-    S = int(src_len.max())
-    tgt_mask = (torch.arange(T, device=slots.device)[None, :] <= positions[:, None])[:, None, None, :]  # [N,1,1,T]
-    src_mask = (torch.arange(S, device=slots.device)[None, :] < src_len[:, None])[:, None, None, :]
-    L = model.cfg.n_decoder_layers
-    cross_kv = [cache.cross(layer, rows, S) for layer in range(L)]
-    updates = [cache.self_update(layer, slots, positions, T, rows) for layer in range(L)]
-    logits, w = model.decode(tokens[:, None], cross_kv, src_mask, tgt_mask, positions[:, None], updates, need_weights)
+    group_cost = None if slots.device.type == "cuda" else ATTENTION_GROUP_COST
+    attend = cache.attention(slots, positions, group_cost)
+    logits, w = model.decode(tokens[:, None], None, None, None, positions[:, None], attend, need_weights)
     logits = logits[:, -1]
     logits[:, model.cfg.pad_id] = float("-inf")  # never generated: padding and BOS
     logits[:, model.cfg.bos_id] = float("-inf")
@@ -61,7 +65,38 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
 
 
 @torch.no_grad()
-def prefill(model: Transformer, cache: KVCache, slots: Tensor, src: Tensor, first_slots: Optional[Tensor] = None,
+def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequence[int]] | Tensor, src: Tensor,
+                      src_lengths: Optional[Tensor] = None, need_weights: bool = False) -> Optional[list[Tensor]]:
+    """The encoder half of prefill: encoder pass and cross-attention K/V of every decoder layer,
+    written to every cache slot of each sentence (all hypotheses of a beam attend to one source).
+
+    Args:
+        slots: per sentence, its slots (a [B, k] tensor, or B lists of any lengths >= 1).
+        src: [B, S] source ids (EOS-terminated, right-padded with pad_id).
+        src_lengths: [B] real lengths (default: counted from padding).
+    Returns encoder self-attention weights [B, H, S, S] per layer with need_weights, else None.
+    Raises ValueError when S exceeds the cache's max_src_len.
+    """
+    rows = [list(map(int, r)) for r in (slots.tolist() if isinstance(slots, Tensor) else slots)]
+    if len(rows) != src.size(0) or any(not r for r in rows):
+        raise ValueError(f"need a non-empty slot list for each of the {src.size(0)} sentences")
+    src_mask = padding_mask(src, model.cfg.pad_id)
+    if src_lengths is None:
+        src_lengths = src_mask[:, 0, 0].sum(-1)
+    memory, enc_w = model.encode(src, src_mask, need_weights)
+    cross_kv = model.cross_kv(memory)
+    counts = [len(r) for r in rows]
+    if any(c > 1 for c in counts):
+        owner = torch.tensor([b for b, c in enumerate(counts) for _ in range(c)], device=src.device)
+        cross_kv = [(k.index_select(0, owner), v.index_select(0, owner)) for k, v in cross_kv]
+        src_lengths = src_lengths.index_select(0, owner)
+    flat = torch.tensor([s for r in rows for s in r], dtype=torch.long, device=src.device)
+    cache.write_cross(flat, cross_kv, src_lengths)
+    return enc_w
+
+
+@torch.no_grad()
+def prefill(model: Transformer, cache: KVCache, slots: Tensor, src: Tensor,
             need_weights: bool = False, src_lengths: Optional[Tensor] = None) -> StepOutput:
     """Encoder pass, cross-attention K/V for every decoder layer, and the first decoder step (BOS).
 
@@ -72,20 +107,14 @@ def prefill(model: Transformer, cache: KVCache, slots: Tensor, src: Tensor, firs
         src_lengths: [B] real lengths (default: counted from padding).
     Returns StepOutput with log_probs [B, V] for the first target token; with need_weights also
     encoder self-attention [B, H, S, S] per layer and first-step rows.
+    The serving engine calls ``encode_into_cache`` and runs the first step inside its shared decode
+    step instead (one decoder forward per engine step).
     """
     if slots.dim() == 1:
         slots = slots[:, None]
-    B, k = slots.shape
-    src_mask = padding_mask(src, model.cfg.pad_id)
-    if src_lengths is None:
-        src_lengths = src_mask[:, 0, 0].sum(-1)
-    memory, enc_w = model.encode(src, src_mask, need_weights)
-    cross_kv = model.cross_kv(memory)
-    if k > 1:
-        cross_kv = [(kk.repeat_interleave(k, 0), vv.repeat_interleave(k, 0)) for kk, vv in cross_kv]
-    cache.write_cross(slots.reshape(-1), cross_kv, src_lengths.repeat_interleave(k))
+    enc_w = encode_into_cache(model, cache, slots, src, src_lengths, need_weights)
     first = slots[:, 0]
-    bos = torch.full((B,), model.cfg.bos_id, dtype=torch.long, device=src.device)
+    bos = torch.full((slots.size(0),), model.cfg.bos_id, dtype=torch.long, device=src.device)
     out = decode_step(model, cache, first, bos, torch.zeros_like(bos), need_weights)
     out.encoder = enc_w
     return out

@@ -18,16 +18,19 @@ class CacheFullError(RuntimeError):
 
 
 class KVCache:
-    """Self-attention K/V [L, N, H, T_max, Dh] and cross-attention K/V [L, N, H, S_max, Dh].
+    """Self-attention K/V [L, N, T_max, H, Dh] and cross-attention K/V [L, N, S_max, H, Dh].
 
     L decoder layers, N slots, H heads, Dh = d_model / H. Memory is fixed at construction:
-    4 · L · N · H · (T_max + S_max) · Dh elements.
+    4 · L · N · (T_max + S_max) · H · Dh elements. Positions come before heads, so that a slot's
+    keys for positions 0..T-1 of all heads are one contiguous block: a decode step reads a few
+    large blocks per row instead of one small block per head (3x faster attention on CPU).
+    Reads are returned in the attention layout [N, H, T, Dh] (a transposed view).
     """
 
     def __init__(self, n_layers: int, n_heads: int, d_head: int, num_slots: int, max_tgt_len: int,
                  max_src_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape_self = (n_layers, num_slots, n_heads, max_tgt_len, d_head)
-        shape_cross = (n_layers, num_slots, n_heads, max_src_len, d_head)
+        shape_self = (n_layers, num_slots, max_tgt_len, n_heads, d_head)
+        shape_cross = (n_layers, num_slots, max_src_len, n_heads, d_head)
         self.self_k = torch.zeros(shape_self, dtype=dtype, device=device)
         self.self_v = torch.zeros(shape_self, dtype=dtype, device=device)
         self.cross_k = torch.zeros(shape_cross, dtype=dtype, device=device)
@@ -83,15 +86,15 @@ class KVCache:
         if S > self.max_src_len:
             raise ValueError(f"source length {S} exceeds the cache's max_src_len {self.max_src_len}")
         for layer, (k, v) in enumerate(cross_kv):
-            self.cross_k[layer, :, :, :S].index_copy_(0, slots, k)
-            self.cross_v[layer, :, :, :S].index_copy_(0, slots, v)
+            self.cross_k[layer, :, :S].index_copy_(0, slots, k.transpose(1, 2))
+            self.cross_v[layer, :, :S].index_copy_(0, slots, v.transpose(1, 2))
         self.src_len.index_copy_(0, slots, src_lengths.to(self.src_len.device))
 
     @staticmethod
     def rows(slots: Tensor) -> Tensor | slice:
         """``slots`` as a slice when they are consecutive ascending ids (as in a static batch, or a
         running batch without holes), so that reads are views of the cache instead of copies;
-        otherwise ``slots`` itself. Either form is accepted by ``cross`` and ``self_update``."""
+        otherwise ``slots`` itself. Either form is accepted by ``cross`` and ``read``."""
         n = slots.numel()
         if n == 0:
             return slots
@@ -103,27 +106,31 @@ class KVCache:
     def cross(self, layer: int, slots: Tensor | slice, S: int) -> tuple[Tensor, Tensor]:
         """Cross-attention K/V [N, H, S, Dh] of slots (ids [N], or a slice: see ``rows``), over the
         first S source positions."""
-        if isinstance(slots, slice):
-            return self.cross_k[layer, slots, :, :S], self.cross_v[layer, slots, :, :S]
-        return (self.cross_k[layer, :, :, :S].index_select(0, slots),
-                self.cross_v[layer, :, :, :S].index_select(0, slots))
+        return self.read(self.cross_k[layer], slots, S), self.read(self.cross_v[layer], slots, S)
 
-    def self_update(self, layer: int, slots: Tensor, positions: Tensor, T: int, rows: Tensor | slice | None = None):
-        """A hook for ``Transformer.decode``: writes the step's K/V [N, H, 1, Dh] of each slot at its
-        own position (in place), then returns K/V [N, H, T, Dh] of positions 0..T-1 (views of the
-        cache when ``rows``, from ``rows(slots)``, is a slice; copies otherwise)."""
-        if T > self.max_tgt_len:
-            raise ValueError(f"target length {T} exceeds the cache's max_tgt_len {self.max_tgt_len}")
-        rows = slots if rows is None else rows
+    @staticmethod
+    def read(buf: Tensor, rows: Tensor | slice, T: int) -> Tensor:
+        """Positions 0..T-1 of ``rows`` (ids [N] or a slice) of one layer's buffer [N_slots, T_max, H, Dh],
+        as [N, H, T, Dh]: a view for a slice, a copy of just those positions otherwise."""
+        x = buf[rows, :T] if isinstance(rows, slice) else buf[:, :T].index_select(0, rows)
+        return x.transpose(1, 2)
 
-        def update(k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-            self.self_k[layer][slots, :, positions] = k_new[:, :, 0]
-            self.self_v[layer][slots, :, positions] = v_new[:, :, 0]
-            if isinstance(rows, slice):
-                return self.self_k[layer, rows, :, :T], self.self_v[layer, rows, :, :T]
-            return (self.self_k[layer, :, :, :T].index_select(0, rows),
-                    self.self_v[layer, :, :, :T].index_select(0, rows))
-        return update
+    def attention(self, slots: Tensor, positions: Tensor, group_cost: Optional[int] = None
+                  ) -> list[tuple["CacheAttention", "CacheAttention"]]:
+        """Per decoder layer, the decode-step attention hooks (self, cross) for rows ``slots`` [N] at
+        ``positions`` [N] (see ``CacheAttention``). With ``group_cost`` (in keys; see
+        ``length_groups``), rows are attended in groups of similar length; None: one group."""
+        src_len = self.src_len.index_select(0, slots)
+        plans = []
+        for lengths in (positions + 1, src_len):
+            groups = (length_groups(lengths.tolist(), group_cost) if group_cost is not None
+                      else [list(range(slots.numel()))])
+            plans.append(AttentionPlan(slots, lengths, groups))
+        if int(positions.max()) + 1 > self.max_tgt_len:
+            raise ValueError(f"target length {int(positions.max()) + 1} exceeds the cache's max_tgt_len "
+                             f"{self.max_tgt_len}")
+        return [(CacheAttention(self, layer, slots, positions, plans[0]),
+                 CacheAttention(self, layer, slots, None, plans[1])) for layer in range(self.self_k.size(0))]
 
     def reorder(self, slots: Sequence[int], index: Sequence[int], length: Optional[int] = None) -> None:
         """Beam reorder: slot slots[i] takes the self-attention K/V that slot slots[index[i]] held.
@@ -141,5 +148,107 @@ class KVCache:
         for buf in (self.self_k, self.self_v):
             for layer in range(buf.size(0)):
                 # Per layer along dim 0: gathering along dim 1 of the 5-d view is ~50x slower on CPU.
-                view = buf[layer, :, :, :T]  # [N, H, T, Dh]
+                view = buf[layer, :, :T]  # [N, T, H, Dh]
                 view.index_copy_(0, dst, view.index_select(0, src))  # sources are read before any write
+
+
+def length_groups(lengths: Sequence[int], call_cost: int) -> list[list[int]]:
+    """Split rows into groups of similar length, each computed by its own call.
+
+    Work on a padded batch grows with batch size x longest row; each extra call costs a fixed
+    overhead instead. Sorting by length and choosing contiguous groups that minimise
+    sum(call_cost + size x longest) (dynamic programming, O(n^2) over distinct lengths) balances
+    the two. ``call_cost`` is in units of length (tokens). Returns lists of indices into
+    ``lengths``, shortest group first; every index appears exactly once.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if len(order) <= 1:
+        return [order] if order else []
+    # rows of equal length never need to be split: run the DP over runs of equal lengths
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and lengths[runs[-1][0]] == lengths[i]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    n = len(runs)
+    size = [0] * (n + 1)
+    for j, r in enumerate(runs):
+        size[j + 1] = size[j] + len(r)
+    best = [0.0] + [float("inf")] * n      # best[j]: cost of the first j runs
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[runs[j - 1][0]]
+        for i in range(j):
+            c = best[i] + call_cost + (size[j] - size[i]) * longest
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    groups, j = [], n
+    while j > 0:
+        groups.append([x for r in runs[cut[j]: j] for x in r])
+        j = cut[j]
+    return groups[::-1]
+
+
+class AttentionPlan:
+    """How a decode step's rows are attended, shared by every layer: per group, its row indices
+    (None: all rows, in order), its cache rows (a slice when consecutive, so reads are views), its
+    key count T (the group's longest row) and a mask [n, 1, 1, T] (None when all rows are that long)."""
+
+    def __init__(self, slots: Tensor, lengths: Tensor, groups: Sequence[Sequence[int]]):
+        self.groups = []
+        n_rows = slots.numel()
+        for g in groups:
+            if len(g) == n_rows:
+                idx, rows_slots, lens = None, slots, lengths
+            else:
+                idx = torch.as_tensor(list(g), dtype=torch.long, device=slots.device)
+                rows_slots, lens = slots.index_select(0, idx), lengths.index_select(0, idx)
+            T, low = int(lens.max()), int(lens.min())
+            mask = None if low == T else (torch.arange(T, device=slots.device)[None, :] < lens[:, None])[:, None, None, :]
+            self.groups.append((idx, KVCache.rows(rows_slots), T, mask))
+        self.max_len = max(g[2] for g in self.groups)
+
+
+class CacheAttention:
+    """Attention of one decode step (q_len = 1) for one layer, read straight from the cache.
+
+    Called by ``MultiHeadAttention`` with the step's queries q [N, H, 1, Dh] and, for
+    self-attention, the new keys/values [N, H, 1, Dh], which are first written at each row's own
+    position. Rows are attended in the plan's groups: each group reads only its longest row's keys,
+    so a row at position 3 batched with one at position 40 does not pay for 41 keys; keys beyond a
+    row's own length are masked (zero weight). Returns (out [N, H, 1, Dh], weights [N, H, 1, T_k]
+    zero-padded to the longest row, or None).
+    """
+
+    def __init__(self, cache: KVCache, layer: int, slots: Tensor, positions: Optional[Tensor], plan: AttentionPlan):
+        self.cache, self.layer, self.slots, self.positions, self.plan = cache, layer, slots, positions, plan
+        self.self_attention = positions is not None   # MultiHeadAttention projects new K/V only then
+
+    def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
+                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        from .attention import scaled_dot_product_attention  # (attention.py does not import this module)
+        c, layer = self.cache, self.layer
+        if self.self_attention:
+            K, V = c.self_k[layer], c.self_v[layer]                    # [N_slots, T_max, H, Dh]
+            at = self.slots * c.max_tgt_len + self.positions            # each row's own position
+            K.view(-1, *K.shape[2:]).index_copy_(0, at, k_new[:, :, 0])
+            V.view(-1, *V.shape[2:]).index_copy_(0, at, v_new[:, :, 0])
+        else:
+            K, V = c.cross_k[layer], c.cross_v[layer]
+        groups = self.plan.groups
+        out = weights = None
+        if len(groups) > 1:
+            out = torch.empty_like(q)
+            if need_weights:
+                weights = q.new_zeros(q.size(0), q.size(1), 1, self.plan.max_len)
+        for idx, rows, T, mask in groups:
+            k, v = KVCache.read(K, rows, T), KVCache.read(V, rows, T)
+            o, w = scaled_dot_product_attention(q if idx is None else q.index_select(0, idx), k, v, mask, 0.0,
+                                                need_weights)
+            if idx is None:
+                return o, w
+            out.index_copy_(0, idx, o)
+            if need_weights:
+                weights[idx, :, :, :T] = w
+        return out, weights

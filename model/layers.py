@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVUpdate, MultiHeadAttention
+from .attention import CacheAttend, MultiHeadAttention
+from .linear import Linear
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
@@ -58,7 +59,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()
-        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.w1, self.w2 = Linear(d_model, d_ff), Linear(d_ff, d_model)
         self.act = F.relu if activation == "relu" else F.gelu
         self.drop = nn.Dropout(dropout)
 
@@ -114,17 +115,21 @@ class DecoderLayer(nn.Module):
                                  for _ in range(3))
 
     def forward(
-        self, x: Tensor, tgt_mask: Optional[Tensor], cross_kv: tuple[Tensor, Tensor], src_mask: Tensor,
-        kv_update: Optional[KVUpdate] = None, need_weights: bool = False,
+        self, x: Tensor, tgt_mask: Optional[Tensor], cross_kv: Optional[tuple[Tensor, Tensor]],
+        src_mask: Optional[Tensor], cache_attend: Optional[tuple[CacheAttend, CacheAttend]] = None,
+        need_weights: bool = False,
     ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-        """x [B, T, d_model]; tgt_mask bool broadcastable to [B, 1, T, T_k] (causal and/or cache
-        validity); cross_kv: encoder-memory keys/values [B, H, S, Dh]; src_mask [B, 1, 1, S].
+        """x [B, T, d_model]; tgt_mask bool broadcastable to [B, 1, T, T_k] (causal); cross_kv:
+        encoder-memory keys/values [B, H, S, Dh]; src_mask [B, 1, 1, S]. An incremental decoding step
+        passes ``cache_attend`` (self, cross) instead, and the masks and cross_kv are unused.
         Returns (x [B, T, d_model], self weights [B, H, T, T_k] or None, cross weights [B, H, T, S] or None).
         """
         r1, r2, r3 = self.res
-        y, w_self = self.self_attn(r1.pre(x), mask=tgt_mask, kv_update=kv_update, need_weights=need_weights)
+        attend_self, attend_cross = cache_attend if cache_attend is not None else (None, None)
+        y, w_self = self.self_attn(r1.pre(x), mask=tgt_mask, cache_attend=attend_self, need_weights=need_weights)
         x = r1.post(x, y)
-        y, w_cross = self.cross_attn(r2.pre(x), mask=src_mask, kv=cross_kv, need_weights=need_weights)
+        y, w_cross = self.cross_attn(r2.pre(x), mask=src_mask, kv=cross_kv, cache_attend=attend_cross,
+                                     need_weights=need_weights)
         x = r2.post(x, y)
         x = r3.post(x, self.ffn(r3.pre(x)))
         return x, w_self, w_cross

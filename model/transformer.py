@@ -9,9 +9,10 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from .attention import KVUpdate
+from .attention import CacheAttend
 from .config import ModelConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
+from .linear import Linear, PackedWeight, packed_linear
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -38,7 +39,8 @@ class Transformer(nn.Module):
         # Pre-LN stacks end with a LayerNorm; post-LN layers already end normalised.
         self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        self.out_proj = None if cfg.share_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.out_proj = None if cfg.share_embeddings else Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._packed_out: Optional[PackedWeight] = None  # prepacked shared output projection (CPU inference)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -74,9 +76,9 @@ class Transformer(nn.Module):
 
     # ---- decoder -------------------------------------------------------------------------------
     def decode(
-        self, tgt: Tensor, cross_kv: Sequence[tuple[Tensor, Tensor]], src_mask: Tensor,
+        self, tgt: Tensor, cross_kv: Optional[Sequence[tuple[Tensor, Tensor]]], src_mask: Optional[Tensor],
         tgt_mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
-        kv_updates: Optional[Sequence[KVUpdate]] = None, need_weights: bool = False,
+        cache_attend: Optional[Sequence[tuple[CacheAttend, CacheAttend]]] = None, need_weights: bool = False,
     ) -> tuple[Tensor, Optional[dict[str, list[Tensor]]]]:
         """Decoder stack and output projection.
 
@@ -84,28 +86,60 @@ class Transformer(nn.Module):
             tgt: [B, T] target-side input ids (shifted right: BOS first).
             cross_kv: per decoder layer, encoder-memory K/V [B, H, S, Dh] (see ``cross_kv``).
             src_mask: [B, 1, 1, S], True for real source tokens.
-            tgt_mask: bool broadcastable to [B, 1, T, T_k]; default causal over T (no cache).
+            tgt_mask: bool broadcastable to [B, 1, T, T_k]; default causal over T.
             positions: [B, T] absolute target positions (default 0..T-1); needed with a KV cache.
-            kv_updates: per decoder layer, a KV-cache hook that stores this step's self-attention
-                K/V and returns the full keys/values (see ``model/kv_cache.py``).
+            cache_attend: an incremental step (T = 1) from a KV cache: per decoder layer the
+                (self, cross) attention hooks of ``KVCache.attention``, which store this step's
+                self-attention K/V and attend over each row's own keys; cross_kv and the masks are
+                then unused (pass None).
             need_weights: also return {"self": [B, H, T, T_k] per layer, "cross": [B, H, T, S] per layer}.
         Returns:
             (logits [B, T, vocab_size], weights or None)
         """
-        if tgt_mask is None and kv_updates is None:
+        if tgt_mask is None and cache_attend is None:
             tgt_mask = causal_mask(tgt.size(1), tgt.device)
         x = self.tgt_embed(tgt, positions)
         weights = {"self": [], "cross": []} if need_weights else None
         for i, layer in enumerate(self.decoder):
-            upd = kv_updates[i] if kv_updates is not None else None
-            x, w_self, w_cross = layer(x, tgt_mask, cross_kv[i], src_mask, upd, need_weights)
+            if cache_attend is not None:
+                x, w_self, w_cross = layer(x, None, None, None, cache_attend[i], need_weights)
+            else:
+                x, w_self, w_cross = layer(x, tgt_mask, cross_kv[i], src_mask, None, need_weights)
             if need_weights:
                 weights["self"].append(w_self)
                 weights["cross"].append(w_cross)
-        x = self.dec_norm(x)
+        return self.logits(self.dec_norm(x)), weights
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Output projection [..., d_model] -> [..., vocab_size]; with shared embeddings the target
+        embedding matrix is the projection (section 3.4)."""
         if self.out_proj is not None:
-            return self.out_proj(x), weights
-        return torch.matmul(x, self.tgt_embed.tok.weight.t()), weights  # [B, T, V]
+            return self.out_proj(x)
+        return packed_linear(x, self.tgt_embed.tok.weight, None, self._packed_out)
+
+    def pack_for_inference(self, enabled: bool = True) -> bool:
+        """Prepack every linear weight (and the shared output projection) for oneDNN CPU inference;
+        see ``model/linear.py``. A no-op off CPU, off fp32 or without oneDNN. Returns whether packing
+        is active. ``enabled=False`` drops the packed copies."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        self._packed_out = None
+        if not enabled:
+            for m in linears:
+                m.unpack()
+            return False
+        ok = all([m.pack() for m in linears])
+        if ok and self.out_proj is None and PackedWeight.usable(self.tgt_embed.tok.weight):
+            try:
+                self._packed_out = PackedWeight(self.tgt_embed.tok.weight)
+            except RuntimeError:
+                ok = False
+        elif self.out_proj is None:
+            ok = False
+        if not ok:
+            for m in linears:
+                m.unpack()
+            self._packed_out = None
+        return ok
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Teacher-forced logits [B, T, V] for src [B, S] and shifted target input tgt [B, T]."""

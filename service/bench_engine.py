@@ -183,6 +183,50 @@ def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
     return out
 
 
+# ---- (c), (d) in a child process -------------------------------------------------------------------
+
+def _engine_parts_worker(spec: dict, queue) -> None:
+    """(c) and (d) in a fresh process whose set-up runs single-threaded, so that only the engine's
+    worker thread runs multi-threaded OpenMP regions (see ``service.engine.torch_threads``: a
+    second thread team on a 2-core machine halves the speed of small ops). (a) and (b) run in the
+    parent's main thread, which is equally alone."""
+    try:
+        import torch
+        from model.checkpoint import load_checkpoint
+        from service.engine import torch_threads
+        torch.set_grad_enabled(False)
+        torch.set_num_threads(spec["threads"])
+        with torch_threads(1):
+            model, _, _ = load_checkpoint(spec["checkpoint"])
+        srcs, beam, slots = spec["srcs"], spec["beam"], spec["slots"]
+        kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"]}
+        out = []
+        cont = asyncio.run(run_engine(model, srcs, beam, slots, **kw))
+        if "c" in spec["parts"]:
+            out.append(cont)
+        if "d" in spec["parts"]:
+            for frac in (0.5, 0.9):
+                rate = frac * cont.sentences_per_s
+                out.append(asyncio.run(run_engine(
+                    model, srcs, beam, slots, arrivals=poisson_arrivals(len(srcs), rate, spec["seed"]), part="(d)",
+                    system=f"continuous, Poisson {frac:.0%} of (c) = {rate:.1f}/s", **kw)))
+        queue.put({"ok": True, "runs": out})
+    except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
+        queue.put({"ok": False, "error": repr(e)})
+
+
+def run_engine_parts(spec: dict) -> list[Run]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_engine_parts_worker, args=(spec, queue), daemon=True)
+    proc.start()
+    out = queue.get(timeout=3600)
+    proc.join(timeout=60)
+    if not out["ok"]:
+        raise RuntimeError(f"engine part failed: {out['error']}")
+    return out["runs"]
+
+
 # ---- (e) workers: one process per worker, so that threads and OpenMP pools are the layout's --------
 
 def _e_worker(spec: dict, barrier, queue) -> None:
@@ -191,8 +235,11 @@ def _e_worker(spec: dict, barrier, queue) -> None:
     torch.set_grad_enabled(False)
     from model.config import ModelConfig
     from model.transformer import Transformer
+    from service.engine import torch_threads
     torch.manual_seed(spec["seed"])
-    model = Transformer(ModelConfig.from_name("small", vocab_size=spec["vocab_size"])).eval()
+    with torch_threads(1 if spec["system"] == "engine" else spec["threads"]):  # see _engine_parts_worker
+        model = Transformer(ModelConfig.from_name("small", vocab_size=spec["vocab_size"])).eval()
+        model.pack_for_inference()
     srcs, beam = spec["srcs"], spec["beam"]
     try:
         # warm-up outside the clock (allocators, kernels)
@@ -335,19 +382,11 @@ def main(argv=None) -> int:
                 runs.append(run_sequential(model, srcs, beam))
             if "b" in parts:
                 runs.append(run_static(model, srcs, beam))
-            cont = None
             if "c" in parts or "d" in parts:
-                cont = asyncio.run(run_engine(model, srcs, beam, slots, policy=args.policy,
-                                              prefill_every=args.prefill_every))
-                if "c" in parts:
-                    runs.append(cont)
-            if "d" in parts:
-                for frac in (0.5, 0.9):
-                    rate = frac * cont.sentences_per_s
-                    runs.append(asyncio.run(run_engine(
-                        model, srcs, beam, slots, arrivals=poisson_arrivals(len(srcs), rate, args.seed),
-                        policy=args.policy, part="(d)", system=f"continuous, Poisson {frac:.0%} of (c) = {rate:.1f}/s",
-                        prefill_every=args.prefill_every)))
+                runs += run_engine_parts({"checkpoint": str(ckpt), "threads": args.threads, "srcs": srcs,
+                                          "beam": beam, "slots": slots, "policy": args.policy,
+                                          "prefill_every": args.prefill_every, "seed": args.seed,
+                                          "parts": sorted(parts & set("cd"))})
         print_table(runs, "(a)-(d) shipped model")
         for beam in beams:
             by = {r.part: r for r in runs if r.beam == beam and r.part != "(d)"}

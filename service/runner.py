@@ -1,13 +1,15 @@
 """Model runner: owns the model, the slot-indexed KV cache and the batch tensors, and executes what
 the scheduler decided for one step.
 
-All model math is ``model/decoding.py``'s (``prefill``, ``decode_step``, ``BeamSearch``, the same
-functions offline ``generate`` uses), so serving and offline decoding share one implementation.
-One step = (1) prefill of the newly admitted requests (encoder, cross-attention K/V for every
-decoder layer, first decoder step; in a few length-sorted groups when that saves padding),
-(2) ONE ``decode_step`` over every running hypothesis of every running request, greedy and beam
-alike, each at its own position, (3) one top-k over all rows of both, then each request's
-``BeamSearch.step`` and one batched cache reorder for all beams.
+All model math is ``model/decoding.py``'s (``encode_into_cache``, ``decode_step``, ``BeamSearch``,
+the functions offline ``generate`` uses), so serving and offline decoding share one implementation.
+One step = (1) prefill of the newly admitted requests: encoder pass and cross-attention K/V for
+every decoder layer (in a few length-sorted groups when that saves padding); (2) ONE
+``decode_step`` over every running hypothesis of every running request, greedy and beam alike, each
+at its own position, plus the first (BOS) step of the requests just prefilled, which completes their
+prefill: the first step rides in the shared forward instead of paying a small forward of its own;
+(3) one top-k over all rows, then each request's ``BeamSearch.step`` and one batched cache reorder
+for all beams.
 
 Runs in the engine's single worker thread; nothing here touches asyncio.
 """
@@ -128,22 +130,24 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
-        """Prefill ``plan.prefill``, run one decode step over every hypothesis of ``plan.decode``,
-        then advance every search. A failure confined to one request fails only that request."""
+        """Prefill ``plan.prefill`` (encoder and cross K/V), then run ONE decode step over every
+        hypothesis of ``plan.decode`` plus the first (BOS) step of the newly prefilled requests, then
+        advance every search. A failure confined to one request fails only that request."""
         outputs: dict[int, SequenceOutput] = {}
         result = StepResult([])
-        parts: list[_Part] = []
         t0 = time.perf_counter()
+        new: list[_Sequence] = []
         if plan.prefill:
             for group in prefill_groups([len(r.payload.src_ids) for r in plan.prefill], self.prefill_call_tokens):
-                parts += self._isolated(self._prefill, self._start([plan.prefill[i] for i in group], outputs), outputs)
+                started = self._start([plan.prefill[i] for i in group], outputs)
+                new += [s for done in self._isolated(self._encode, started, outputs) for s in done]
         t1 = time.perf_counter()
-        decode = [self.seqs[r.request_id] for r in plan.decode if r.request_id in self.seqs]
+        decode = [self.seqs[r.request_id] for r in plan.decode if r.request_id in self.seqs] + new
+        parts: list[_Part] = []
         if decode:
             decode.sort(key=lambda s: s.slots[0])  # ascending slots: often one contiguous block
-            dparts = self._isolated(self._decode, decode, outputs)
-            result.num_decode_seqs = sum(n for p in dparts for _, _, n in p.rows)
-            parts += dparts
+            parts = self._isolated(self._decode, decode, outputs)
+            result.num_decode_seqs = sum(n for p in parts for _, _, n in p.rows)
         t2 = time.perf_counter()
         if parts:
             result.num_generated_tokens = sum(p.out.log_probs.size(0) for p in parts)
@@ -165,16 +169,17 @@ class ModelRunner:
                 search = BeamSearch(o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty,
                                     kinds, len(p.src_ids))
                 seq = _Sequence(r.request_id, list(p.src_ids), list(r.slots), search,
-                                getattr(o, "min_new_tokens", 0) or 0, bool(getattr(p, "stream", False)), bool(kinds))
+                                getattr(o, "min_new_tokens", 0) or 0, bool(getattr(p, "stream", False)), bool(kinds),
+                                tokens=[self.cfg.bos_id], position=0)
                 self.seqs[r.request_id] = seq
                 seqs.append(seq)
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
                 outputs[r.request_id] = SequenceOutput(r.request_id, error=e)
         return seqs
 
-    def _isolated(self, fn, seqs: list[_Sequence], outputs: dict) -> list[_Part]:
-        """Run fn on the whole batch; if it raises, run each sequence alone so that only the
-        requests that fail by themselves are failed."""
+    def _isolated(self, fn, seqs: list[_Sequence], outputs: dict) -> list:
+        """[fn(seqs)] for the whole batch; if it raises, fn on each sequence alone, so that only the
+        requests that fail by themselves are failed (their outputs carry the error)."""
         if not seqs:
             return []
         try:
@@ -191,31 +196,19 @@ class ModelRunner:
                 outputs[s.request_id] = SequenceOutput(s.request_id, error=e)
         return parts
 
-    def _prefill(self, seqs: list[_Sequence]) -> _Part:
-        """Encoder + cross K/V + first decoder step for seqs; cross K/V are then copied to the other
-        slots of each beam (every hypothesis of a sentence attends to the same source)."""
-        dev, cache = self.device, self.cache
+    def _encode(self, seqs: list[_Sequence]) -> list[_Sequence]:
+        """The encoder half of prefill for seqs: encoder pass and cross K/V into all of each one's
+        slots. Their first decoder step (BOS) runs in this step's shared decode forward."""
+        dev = self.device
         src = pad_batch([s.src_ids for s in seqs], self.cfg.pad_id, dev)
         lengths = torch.tensor([len(s.src_ids) for s in seqs], device=dev)
-        first = torch.tensor([s.slots[0] for s in seqs], device=dev)
-        need = any(s.need_weights for s in seqs)
-        out = decoding.prefill(self.model, cache, first, src, need_weights=need, src_lengths=lengths)
-        dst, src_slot = [], []
-        for s in seqs:
-            for slot in s.slots[1:]:
-                dst.append(slot)
-                src_slot.append(s.slots[0])
-        if dst:
-            src_t = torch.tensor(src_slot, device=dev)
-            S = src.size(1)
-            cache.write_cross(torch.tensor(dst, device=dev),
-                              [cache.cross(layer, src_t, S) for layer in range(self.cfg.n_decoder_layers)],
-                              cache.src_len[src_t])
+        need = any("encoder" in s.search.attention_kinds for s in seqs)
+        enc_w = decoding.encode_into_cache(self.model, self.cache, [s.slots for s in seqs], src, lengths, need)
         for i, s in enumerate(seqs):
             if "encoder" in s.search.attention_kinds:
                 n = s.search.src_len
-                s.search.encoder_attention = torch.stack([w[i, :, :n, :n] for w in out.encoder])
-        return _Part(out, [(s, i, 1) for i, s in enumerate(seqs)])
+                s.search.encoder_attention = torch.stack([w[i, :, :n, :n] for w in enc_w])
+        return seqs
 
     def _decode(self, seqs: list[_Sequence]) -> _Part:
         """One decode_step over every alive hypothesis of seqs."""

@@ -22,7 +22,7 @@ import torch
 from model.checkpoint import load_checkpoint
 
 from .engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
-                     GenerationOptions, QueueFullError)
+                     GenerationOptions, QueueFullError, torch_threads)
 from .metrics import EngineMetrics
 from .schemas import ATTENTION_KINDS, MAX_SENTENCES, MAX_TEXT_CHARS, MAX_TEXTS, ServiceError, check_unicode
 from .text import Split, split_text
@@ -83,7 +83,8 @@ class Translator:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model, self.tok, _ = load_checkpoint(card["checkpoint"], device=self.device)
+        with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
+            self.model, self.tok, _ = load_checkpoint(card["checkpoint"], device=self.device)
         self.cfg = self.model.cfg
         self.metrics = EngineMetrics(self.name)
         self.engine: Optional[Engine] = None

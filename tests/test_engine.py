@@ -85,27 +85,24 @@ def assert_no_leak(engine: Engine):
 
 
 class Trace:
-    """Records every decode_step call (and whether it came from inside prefill), grouped by step."""
+    """Records every encoder call of prefill (``encode_into_cache``: its sentences' slot lists) and
+    every ``decode_step`` call (slots, positions), grouped by engine step."""
 
     def __init__(self, monkeypatch, engine: Engine):
         self.engine = engine
         self.calls, self.steps, self.running_after = [], {}, {}
-        self.local = threading.local()
-        real_decode, real_prefill = decoding.decode_step, decoding.prefill
+        real_decode, real_encode = decoding.decode_step, decoding.encode_into_cache
 
         def decode_step(model, cache, slots, tokens, positions, need_weights=False):
-            self.calls.append((getattr(self.local, "prefill", False), slots.tolist(), positions.tolist()))
+            self.calls.append(("decode", slots.tolist(), positions.tolist()))
             return real_decode(model, cache, slots, tokens, positions, need_weights)
 
-        def prefill(*a, **kw):
-            self.local.prefill = True
-            try:
-                return real_prefill(*a, **kw)
-            finally:
-                self.local.prefill = False
+        def encode_into_cache(model, cache, slots, *a, **kw):
+            self.calls.append(("encode", [list(r) for r in slots], None))
+            return real_encode(model, cache, slots, *a, **kw)
 
         monkeypatch.setattr(decoding, "decode_step", decode_step)
-        monkeypatch.setattr(decoding, "prefill", prefill)
+        monkeypatch.setattr(decoding, "encode_into_cache", encode_into_cache)
 
     def on_step(self, stats):
         self.steps[stats.step] = (stats, self.calls[:])
@@ -171,7 +168,7 @@ async def test_requests_arriving_midway_equal_offline_and_are_prefilled_within_k
     assert trace.steps[step][0].num_decode_requests == 6  # the first six kept decoding
     # ... and in the next step the newcomers decode in the same forward as the first six.
     nxt, calls = trace.steps[step + 1]
-    decode_calls = [c for c in calls if not c[0]]
+    decode_calls = [c for c in calls if c[0] == "decode"]
     assert len(decode_calls) == 1 and nxt.num_decode_requests > 6
 
 
@@ -198,17 +195,22 @@ async def test_one_decoder_forward_per_step_over_all_running_hypotheses(model64,
     prev_running = {}
     for n in sorted(trace.steps):
         stats, calls = trace.steps[n]
-        decode_calls = [c for c in calls if not c[0]]
-        prefill_calls = [c for c in calls if c[0]]
-        # prefill: one first-step call per length group, covering exactly the admitted sentences
-        assert sum(len(c[1]) for c in prefill_calls) == stats.num_prefill_requests
-        assert all(set(c[2]) == {0} for c in prefill_calls)
-        # every request running after the previous step is stepped in this step's single forward
-        expected = sorted(s for slots, _ in prev_running.values() for s in slots)
+        decode_calls = [c for c in calls if c[0] == "decode"]
+        encode_calls = [c for c in calls if c[0] == "encode"]
+        # prefill: encoder calls (one per length group) cover exactly the admitted sentences, each
+        # writing its cross K/V into all of its slots (one per hypothesis)
+        admitted = [slots for c in encode_calls for slots in c[1]]
+        assert len(admitted) == stats.num_prefill_requests
+        new_rids = set(trace.running_after[n]) - set(prev_running)
+        assert sorted(map(sorted, admitted)) == sorted(sorted(trace.running_after[n][r][0]) for r in new_rids)
+        # ONE decoder forward: every hypothesis running after the previous step, plus the first
+        # (BOS, position 0) step of each sentence admitted now
+        expected = sorted(s for slots, _ in prev_running.values() for s in slots) + sorted(a[0] for a in admitted)
         if expected:
             assert len(decode_calls) == 1
             slots, positions = decode_calls[0][1], decode_calls[0][2]
-            assert sorted(slots) == expected and len(slots) == stats.num_decode_seqs
+            assert sorted(slots) == sorted(expected) and len(slots) == stats.num_decode_seqs
+            assert sorted(p for s, p in zip(slots, positions) if s in {a[0] for a in admitted}) == [0] * len(admitted)
             beams = {b for _, b in prev_running.values()}
             if 1 in beams and len(beams) > 1 and len(set(positions)) > 1:
                 mixed_steps += 1  # greedy and beam rows, at different positions, in one forward

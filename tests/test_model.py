@@ -223,9 +223,9 @@ def test_kv_cache_reorder_copies_self_attention_rows():
         cache.self_k[:, s] = s
         cache.cross_k[:, s] = 10 + s
     cache.reorder([0, 1, 2], [2, 2, 0], length=3)
-    assert torch.all(cache.self_k[:, 0, :, :3] == 2) and torch.all(cache.self_k[:, 1, :, :3] == 2)
-    assert torch.all(cache.self_k[:, 2, :, :3] == 0)
-    assert torch.all(cache.self_k[:, 2, :, 3] == 2)  # beyond length: untouched
+    assert torch.all(cache.self_k[:, 0, :3] == 2) and torch.all(cache.self_k[:, 1, :3] == 2)  # [L, N, T, H, Dh]
+    assert torch.all(cache.self_k[:, 2, :3] == 0)
+    assert torch.all(cache.self_k[:, 2, 3] == 2)  # beyond length: untouched
     assert torch.all(cache.cross_k[:, 1] == 11)      # cross K/V are shared by a beam, not moved
 
 
