@@ -68,7 +68,8 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
 def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequence[int]] | Tensor, src: Tensor,
                       src_lengths: Optional[Tensor] = None, need_weights: bool = False) -> Optional[list[Tensor]]:
     """The encoder half of prefill: encoder pass and cross-attention K/V of every decoder layer,
-    written to every cache slot of each sentence (all hypotheses of a beam attend to one source).
+    stored once per sentence (in its first slot) and shared by all of its slots (all hypotheses of a
+    beam attend to one source).
 
     Args:
         slots: per sentence, its slots (a [B, k] tensor, or B lists of any lengths >= 1).
@@ -85,13 +86,12 @@ def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequen
         src_lengths = src_mask[:, 0, 0].sum(-1)
     memory, enc_w = model.encode(src, src_mask, need_weights)
     cross_kv = model.cross_kv(memory)
-    counts = [len(r) for r in rows]
-    if any(c > 1 for c in counts):
-        owner = torch.tensor([b for b, c in enumerate(counts) for _ in range(c)], device=src.device)
-        cross_kv = [(k.index_select(0, owner), v.index_select(0, owner)) for k, v in cross_kv]
-        src_lengths = src_lengths.index_select(0, owner)
-    flat = torch.tensor([s for r in rows for s in r], dtype=torch.long, device=src.device)
-    cache.write_cross(flat, cross_kv, src_lengths)
+    first = torch.tensor([r[0] for r in rows], dtype=torch.long, device=src.device)
+    cache.write_cross(first, cross_kv, src_lengths)
+    others = [(s, r[0]) for r in rows for s in r[1:]]
+    if others:  # the other hypotheses of a beam read the first slot's cross K/V
+        cache.share_cross(torch.tensor([s for s, _ in others], device=src.device),
+                          torch.tensor([o for _, o in others], device=src.device))
     return enc_w
 
 

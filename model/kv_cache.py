@@ -36,6 +36,9 @@ class KVCache:
         self.cross_k = torch.zeros(shape_cross, dtype=dtype, device=device)
         self.cross_v = torch.zeros(shape_cross, dtype=dtype, device=device)
         self.src_len = torch.zeros(num_slots, dtype=torch.long, device=device)  # valid cross positions
+        # The slot holding each slot's cross K/V: every hypothesis of a beam attends to one source,
+        # stored once in its first slot and read once per step for all of them.
+        self.owner = torch.arange(num_slots, device=device)
         self.num_slots, self.max_tgt_len, self.max_src_len = num_slots, max_tgt_len, max_src_len
         self._free = list(range(num_slots - 1, -1, -1))  # a stack: lowest slot ids are handed out first
 
@@ -81,7 +84,8 @@ class KVCache:
 
     # ---- writes and reads ----------------------------------------------------------------------
     def write_cross(self, slots: Tensor, cross_kv: Sequence[tuple[Tensor, Tensor]], src_lengths: Tensor) -> None:
-        """Store per-layer encoder-memory K/V, each [N, H, S, Dh], for slots [N]; S <= max_src_len."""
+        """Store per-layer encoder-memory K/V, each [N, H, S, Dh], for slots [N]; S <= max_src_len.
+        Each of these slots then owns its cross K/V (see ``share_cross``)."""
         S = cross_kv[0][0].size(2)
         if S > self.max_src_len:
             raise ValueError(f"source length {S} exceeds the cache's max_src_len {self.max_src_len}")
@@ -89,6 +93,13 @@ class KVCache:
             self.cross_k[layer, :, :S].index_copy_(0, slots, k.transpose(1, 2))
             self.cross_v[layer, :, :S].index_copy_(0, slots, v.transpose(1, 2))
         self.src_len.index_copy_(0, slots, src_lengths.to(self.src_len.device))
+        self.owner.index_copy_(0, slots, slots)
+
+    def share_cross(self, slots: Tensor, owners: Tensor) -> None:
+        """Let slots [N] attend to the cross K/V stored in owners [N] (the other hypotheses of a beam)."""
+        owners = self.owner.index_select(0, owners)
+        self.owner.index_copy_(0, slots, owners)
+        self.src_len.index_copy_(0, slots, self.src_len.index_select(0, owners))
 
     @staticmethod
     def rows(slots: Tensor) -> Tensor | slice:
@@ -103,10 +114,11 @@ class KVCache:
             return slots
         return slice(first, first + n)
 
-    def cross(self, layer: int, slots: Tensor | slice, S: int) -> tuple[Tensor, Tensor]:
-        """Cross-attention K/V [N, H, S, Dh] of slots (ids [N], or a slice: see ``rows``), over the
-        first S source positions."""
-        return self.read(self.cross_k[layer], slots, S), self.read(self.cross_v[layer], slots, S)
+    def cross(self, layer: int, slots: Tensor, S: int) -> tuple[Tensor, Tensor]:
+        """Cross-attention K/V [N, H, S, Dh] of slots [N] (read from their owners), over the first S
+        source positions."""
+        rows = self.rows(self.owner.index_select(0, slots))
+        return self.read(self.cross_k[layer], rows, S), self.read(self.cross_v[layer], rows, S)
 
     @staticmethod
     def read(buf: Tensor, rows: Tensor | slice, T: int) -> Tensor:
@@ -120,17 +132,31 @@ class KVCache:
         """Per decoder layer, the decode-step attention hooks (self, cross) for rows ``slots`` [N] at
         ``positions`` [N] (see ``CacheAttention``). With ``group_cost`` (in keys; see
         ``length_groups``), rows are attended in groups of similar length; None: one group."""
-        src_len = self.src_len.index_select(0, slots)
-        plans = []
-        for lengths in (positions + 1, src_len):
+        def plan(rows: Tensor, lengths: Tensor) -> AttentionPlan:
             groups = (length_groups(lengths.tolist(), group_cost) if group_cost is not None
-                      else [list(range(slots.numel()))])
-            plans.append(AttentionPlan(slots, lengths, groups))
+                      else [list(range(rows.numel()))])
+            return AttentionPlan(rows, lengths, groups)
+
+        # cross-attention: one query row per hypothesis, one read of K/V per source (owner)
+        owners = self.owner.index_select(0, slots)
+        uniq, inverse = torch.unique(owners, return_inverse=True)
+        share = None
+        if uniq.numel() < owners.numel():
+            seen: dict[int, int] = {}
+            within = []
+            for u in inverse.tolist():
+                within.append(seen.get(u, 0))
+                seen[u] = within[-1] + 1
+            k_max = max(seen.values())
+            flat = inverse * k_max + torch.as_tensor(within, device=slots.device)
+            share = (uniq.numel(), k_max, flat)
+            owners = uniq
+        plans = [plan(slots, positions + 1), plan(owners, self.src_len.index_select(0, owners))]
         if int(positions.max()) + 1 > self.max_tgt_len:
             raise ValueError(f"target length {int(positions.max()) + 1} exceeds the cache's max_tgt_len "
                              f"{self.max_tgt_len}")
         return [(CacheAttention(self, layer, slots, positions, plans[0]),
-                 CacheAttention(self, layer, slots, None, plans[1])) for layer in range(self.self_k.size(0))]
+                 CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.self_k.size(0))]
 
     def reorder(self, slots: Sequence[int], index: Sequence[int], length: Optional[int] = None) -> None:
         """Beam reorder: slot slots[i] takes the self-attention K/V that slot slots[index[i]] held.
@@ -217,31 +243,48 @@ class CacheAttention:
     self-attention, the new keys/values [N, H, 1, Dh], which are first written at each row's own
     position. Rows are attended in the plan's groups: each group reads only its longest row's keys,
     so a row at position 3 batched with one at position 40 does not pay for 41 keys; keys beyond a
-    row's own length are masked (zero weight). Returns (out [N, H, 1, Dh], weights [N, H, 1, T_k]
+    row's own length are masked (zero weight). Cross-attention reads each source once: the
+    hypotheses of one beam (``share`` = (sources U, most rows per source k, flat index of each row
+    in [U x k])) become k queries against it. Returns (out [N, H, 1, Dh], weights [N, H, 1, T_k]
     zero-padded to the longest row, or None).
     """
 
-    def __init__(self, cache: KVCache, layer: int, slots: Tensor, positions: Optional[Tensor], plan: AttentionPlan):
+    def __init__(self, cache: KVCache, layer: int, slots: Tensor, positions: Optional[Tensor], plan: AttentionPlan,
+                 share: Optional[tuple[int, int, Tensor]] = None):
         self.cache, self.layer, self.slots, self.positions, self.plan = cache, layer, slots, positions, plan
+        self.share = share
         self.self_attention = positions is not None   # MultiHeadAttention projects new K/V only then
 
     def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
                  need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
-        from .attention import scaled_dot_product_attention  # (attention.py does not import this module)
         c, layer = self.cache, self.layer
         if self.self_attention:
             K, V = c.self_k[layer], c.self_v[layer]                    # [N_slots, T_max, H, Dh]
             at = self.slots * c.max_tgt_len + self.positions            # each row's own position
             K.view(-1, *K.shape[2:]).index_copy_(0, at, k_new[:, :, 0])
             V.view(-1, *V.shape[2:]).index_copy_(0, at, v_new[:, :, 0])
-        else:
-            K, V = c.cross_k[layer], c.cross_v[layer]
+            return self._attend(K, V, q, need_weights)
+        K, V = c.cross_k[layer], c.cross_v[layer]
+        if self.share is None:
+            return self._attend(K, V, q, need_weights)
+        U, k, flat = self.share
+        N, H, _, Dh = q.shape
+        qg = q.new_zeros(U * k, H, Dh).index_copy_(0, flat, q[:, :, 0])       # rows -> [source, hypothesis]
+        out, w = self._attend(K, V, qg.view(U, k, H, Dh).transpose(1, 2), need_weights)  # [U, H, k, Dh]
+        out = out.transpose(1, 2).reshape(U * k, H, Dh).index_select(0, flat)[:, :, None]
+        if w is not None:
+            w = w.transpose(1, 2).reshape(U * k, H, -1).index_select(0, flat)[:, :, None]
+        return out, w
+
+    def _attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """q [R, H, Q, Dh] for the plan's R rows -> (out [R, H, Q, Dh], weights [R, H, Q, T] or None)."""
+        from .attention import scaled_dot_product_attention  # (attention.py does not import this module)
         groups = self.plan.groups
         out = weights = None
         if len(groups) > 1:
             out = torch.empty_like(q)
             if need_weights:
-                weights = q.new_zeros(q.size(0), q.size(1), 1, self.plan.max_len)
+                weights = q.new_zeros(*q.shape[:3], self.plan.max_len)
         for idx, rows, T, mask in groups:
             k, v = KVCache.read(K, rows, T), KVCache.read(V, rows, T)
             o, w = scaled_dot_product_attention(q if idx is None else q.index_select(0, idx), k, v, mask, 0.0,

@@ -3,6 +3,7 @@
     python -m service.bench_engine                          # every part, 1,000 sentences, greedy and beam 4
     python -m service.bench_engine --parts a,b,c --limit 200 --beams 1
     python -m service.bench_engine --parts e --layouts 1x2,2x1 --rounds 5
+    python -m service.bench_engine --parts a,b,c --rounds 3     # (b) and (c) alternate, medians shown
 
 Parts (German test_2016_flickr sentences; tokenization is done before any clock starts):
   (a) sequential: ``model.decoding.generate`` on one sentence at a time (batch 1);
@@ -193,7 +194,8 @@ def _engine_parts_worker(spec: dict, queue) -> None:
     try:
         import torch
         from model.checkpoint import load_checkpoint
-        from service.engine import torch_threads
+        from service.engine import torch_threads, tune_malloc
+        tune_malloc()
         torch.set_grad_enabled(False)
         torch.set_num_threads(spec["threads"])
         with torch_threads(1):
@@ -202,8 +204,7 @@ def _engine_parts_worker(spec: dict, queue) -> None:
         kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"]}
         out = []
         cont = asyncio.run(run_engine(model, srcs, beam, slots, **kw))
-        if "c" in spec["parts"]:
-            out.append(cont)
+        out.append(cont)
         if "d" in spec["parts"]:
             for frac in (0.5, 0.9):
                 rate = frac * cont.sentences_per_s
@@ -235,7 +236,8 @@ def _e_worker(spec: dict, barrier, queue) -> None:
     torch.set_grad_enabled(False)
     from model.config import ModelConfig
     from model.transformer import Transformer
-    from service.engine import torch_threads
+    from service.engine import torch_threads, tune_malloc
+    tune_malloc()
     torch.manual_seed(spec["seed"])
     with torch_threads(1 if spec["system"] == "engine" else spec["threads"]):  # see _engine_parts_worker
         model = Transformer(ModelConfig.from_name("small", vocab_size=spec["vocab_size"])).eval()
@@ -338,13 +340,14 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default=None, help="model for (a)-(d) (default: model/checkpoints/de-en)")
     ap.add_argument("--tokenizer", default=None, help="8k SentencePiece model for (e) (default: the checkpoint's)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for (a)-(d)")
-    ap.add_argument("--engine-seqs", type=int, default=64,
-                    help="(c)/(d): sentences in flight; the engine gets engine_seqs x beam_size slots")
+    ap.add_argument("--engine-slots", type=int, default=256,
+                    help="(c)/(d): the engine's max_num_seqs (KV-cache slots; a beam-4 sentence holds 4)")
     ap.add_argument("--policy", default="decode_first", help="engine scheduling policy for (c)/(d)")
     ap.add_argument("--prefill-every", type=int, default=4, help="engine prefill_every (k) for (c)/(d)")
     ap.add_argument("--layouts", default="1x2,2x1", help="(e): processes x threads per process")
     ap.add_argument("--e-systems", default="engine,static", help="(e): engine and/or static")
-    ap.add_argument("--rounds", type=int, default=1, help="(e): interleaved rounds; the median is printed")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="(b)/(c) and (e): interleaved rounds; the median is printed")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -355,6 +358,8 @@ def main(argv=None) -> int:
 
     import torch
     from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+    from service.engine import tune_malloc
+    tune_malloc()  # every process of this benchmark, static and engine alike
     from model.tokenizer import Tokenizer, read_lines
     from model.translate import encode_source
     torch.set_grad_enabled(False)
@@ -372,21 +377,28 @@ def main(argv=None) -> int:
         srcs = [encode_source(tok, line, model.cfg.max_len) for line in lines]
         print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
               f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
-              f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_seqs} x beam_size slots")
+              f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots")
         from model.decoding import generate
         generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
         runs = []
         for beam in beams:
-            slots = args.engine_seqs * beam
+            slots = args.engine_slots
             if "a" in parts:
                 runs.append(run_sequential(model, srcs, beam))
-            if "b" in parts:
-                runs.append(run_static(model, srcs, beam))
-            if "c" in parts or "d" in parts:
-                runs += run_engine_parts({"checkpoint": str(ckpt), "threads": args.threads, "srcs": srcs,
-                                          "beam": beam, "slots": slots, "policy": args.policy,
-                                          "prefill_every": args.prefill_every, "seed": args.seed,
-                                          "parts": sorted(parts & set("cd"))})
+            # (b) and (c) alternate for --rounds rounds and the medians are shown: this machine is noisy
+            statics, conts, others = [], [], []
+            for r in range(args.rounds):
+                if "b" in parts:
+                    statics.append(run_static(model, srcs, beam))
+                if "c" in parts or ("d" in parts and r == args.rounds - 1):
+                    todo = {"c"} | ({"d"} & parts if r == args.rounds - 1 else set())
+                    got = run_engine_parts({"checkpoint": str(ckpt), "threads": args.threads, "srcs": srcs,
+                                            "beam": beam, "slots": slots, "policy": args.policy,
+                                            "prefill_every": args.prefill_every, "seed": args.seed,
+                                            "parts": sorted(todo)})
+                    conts += [x for x in got if x.part == "(c)"]
+                    others += [x for x in got if x.part != "(c)"]
+            runs += ([median_run(statics)] if statics else []) + ([median_run(conts)] if "c" in parts else []) + others
         print_table(runs, "(a)-(d) shipped model")
         for beam in beams:
             by = {r.part: r for r in runs if r.beam == beam and r.part != "(d)"}

@@ -22,7 +22,7 @@ import torch
 from model.checkpoint import load_checkpoint
 
 from .engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
-                     GenerationOptions, QueueFullError, torch_threads)
+                     GenerationOptions, QueueFullError, torch_threads, tune_malloc)
 from .metrics import EngineMetrics
 from .schemas import ATTENTION_KINDS, MAX_SENTENCES, MAX_TEXT_CHARS, MAX_TEXTS, ServiceError, check_unicode
 from .text import Split, split_text
@@ -80,6 +80,7 @@ class Translator:
     def __init__(self, card: dict, device: Optional[str] = None, num_threads: Optional[int] = None):
         self.card = card
         self.name = card["id"]
+        tune_malloc()
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
