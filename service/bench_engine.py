@@ -194,12 +194,12 @@ def _engine_parts_worker(spec: dict, queue) -> None:
     try:
         import torch
         from model.checkpoint import load_checkpoint
-        from service.engine import torch_threads, tune_malloc
-        tune_malloc()
+        from service.engine import torch_threads, tune_process
         torch.set_grad_enabled(False)
         torch.set_num_threads(spec["threads"])
         with torch_threads(1):
             model, _, _ = load_checkpoint(spec["checkpoint"])
+        tune_process()
         srcs, beam, slots = spec["srcs"], spec["beam"], spec["slots"]
         kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"]}
         out = []
@@ -236,12 +236,12 @@ def _e_worker(spec: dict, barrier, queue) -> None:
     torch.set_grad_enabled(False)
     from model.config import ModelConfig
     from model.transformer import Transformer
-    from service.engine import torch_threads, tune_malloc
-    tune_malloc()
+    from service.engine import torch_threads, tune_process
     torch.manual_seed(spec["seed"])
     with torch_threads(1 if spec["system"] == "engine" else spec["threads"]):  # see _engine_parts_worker
         model = Transformer(ModelConfig.from_name("small", vocab_size=spec["vocab_size"])).eval()
         model.pack_for_inference()
+    tune_process()
     srcs, beam = spec["srcs"], spec["beam"]
     try:
         # warm-up outside the clock (allocators, kernels)
@@ -358,8 +358,7 @@ def main(argv=None) -> int:
 
     import torch
     from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-    from service.engine import tune_malloc
-    tune_malloc()  # every process of this benchmark, static and engine alike
+    from service.engine import tune_process
     from model.tokenizer import Tokenizer, read_lines
     from model.translate import encode_source
     torch.set_grad_enabled(False)
@@ -375,6 +374,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         model, tok, meta = load_checkpoint(ckpt)
         srcs = [encode_source(tok, line, model.cfg.max_len) for line in lines]
+        tune_process()  # as in every process of this benchmark, static and engine alike
         print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
               f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
               f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots")

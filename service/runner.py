@@ -117,7 +117,7 @@ class ModelRunner:
         self.cache = KVCache.for_model(model, num_slots, max_tgt_len, max_src_len)
         self.seqs: dict[int, _Sequence] = {}
         # The fixed cost of one prefill call, in source tokens: prefill groups trade padding for calls.
-        self.prefill_call_tokens = 48 if self.device.type == "cpu" else 1024
+        self.prefill_call_tokens = 96 if self.device.type == "cpu" else 1024
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def release(self, request_id: int) -> None:

@@ -22,7 +22,7 @@ import torch
 from model.checkpoint import load_checkpoint
 
 from .engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
-                     GenerationOptions, QueueFullError, torch_threads, tune_malloc)
+                     GenerationOptions, QueueFullError, torch_threads, tune_process)
 from .metrics import EngineMetrics
 from .schemas import ATTENTION_KINDS, MAX_SENTENCES, MAX_TEXT_CHARS, MAX_TEXTS, ServiceError, check_unicode
 from .text import Split, split_text
@@ -80,12 +80,12 @@ class Translator:
     def __init__(self, card: dict, device: Optional[str] = None, num_threads: Optional[int] = None):
         self.card = card
         self.name = card["id"]
-        tune_malloc()
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
             self.model, self.tok, _ = load_checkpoint(card["checkpoint"], device=self.device)
+        tune_process()
         self.cfg = self.model.cfg
         self.metrics = EngineMetrics(self.name)
         self.engine: Optional[Engine] = None
