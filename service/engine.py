@@ -27,6 +27,7 @@ import itertools
 import logging
 import math
 import numbers
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -188,6 +189,10 @@ def tune_process() -> None:
     - ``gc.freeze()``: the objects that exist now (torch, the model, ...: ~170k) are moved out of
       the cyclic garbage collector's reach. Otherwise every full collection, triggered by the
       small objects each step makes, scans them all: 60-80 ms pauses on this machine.
+    - A 0.5 ms GIL switch interval (default 5 ms): the worker thread gives up the GIL inside every
+      torch op and must win it back from the event loop thread (HTTP handling, tokenization) to
+      issue the next one; shorter turns keep its steps from stalling behind the loop (HTTP beam-4
+      throughput at 32 clients +15% on 2 cores).
     """
     try:
         import ctypes
@@ -200,6 +205,7 @@ def tune_process() -> None:
         pass
     gc.collect()
     gc.freeze()
+    sys.setswitchinterval(0.0005)
 
 
 @contextlib.contextmanager

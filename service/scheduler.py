@@ -58,7 +58,7 @@ class EngineStoppedError(EngineError):
 
 @dataclass
 class EngineConfig:
-    max_num_seqs: int = 64                    # KV-cache slots = hypotheses in flight (a beam-4 text holds 4)
+    max_num_seqs: int = 256                   # KV-cache slots = hypotheses in flight (a beam-4 text holds 4)
     max_prefill_tokens: int = 4096            # padded source tokens (batch x longest) per prefill batch
     max_waiting: int = 1024                   # bounded waiting queue; full -> QueueFullError at once
     max_running_requests: Optional[int] = None  # cap on concurrent requests (1 = no batching)
