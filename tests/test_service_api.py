@@ -25,6 +25,18 @@ def translate(url: str, text, **fields) -> dict:
     return r.json()
 
 
+def same_json(a, b, tol: float = 1e-4) -> bool:
+    """Equal JSON values, floats (scores) within tol: fp32 sums differ in their last bits with the
+    batch a request shared (the engine guarantees tokens and scores within 1e-4, not bit equality)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_json(a[k], b[k], tol) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same_json(x, y, tol) for x, y in zip(a, b))
+    return a == b
+
+
 def sse_events(text: str) -> list[tuple[str, dict]]:
     out = []
     for block in text.strip().split("\n\n"):
@@ -298,11 +310,11 @@ def test_translator_as_its_own_ingress_gives_the_same_answers(service_url, servi
         body = {"text": ["A dog runs. A cat sleeps.", "Two men."], "beam_size": 2, "max_new_tokens": 8}
         here = post(service_url, body, path="/embedded/v1/translate")
         there = post(service_url, {**body, "model": SECOND_MODEL})
-        assert here.status_code == 200 and here.json() == there.json()
+        assert here.status_code == 200 and same_json(here.json(), there.json())
         models = httpx.get(service_url + "/embedded/v1/models").json()["data"]
         assert models[0]["engine"]["max_num_seqs"] == 4
         streamed = post(service_url, {**body, "stream": True}, path="/embedded/v1/translate")
-        assert sse_events(streamed.text)[-1][1] == there.json()
+        assert same_json(sse_events(streamed.text)[-1][1], there.json())
         bad = post(service_url, {"text": "x", "beam_size": 5}, path="/embedded/v1/translate")
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "beam_size"
     finally:
