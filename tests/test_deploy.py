@@ -119,6 +119,17 @@ def test_cpu_serve_config_fits_two_cpus():
     assert app["args"]["num_cpus"] == translator_deployment(app)["ray_actor_options"]["num_cpus"]
 
 
+def test_two_replica_app_config_fills_two_cpus():
+    """deploy/two_replicas.yaml (``python -m service --config ...``): valid build_app arguments whose
+    translator deployment gets two replicas, and gateway + replicas fit on 2 cores."""
+    from service.__main__ import load_config
+    args = AppArgs.model_validate(load_config(str(DEPLOY / "two_replicas.yaml")))
+    spec = args.models[0] if args.models else ModelSpec()
+    tr, gw = translator_options(args, spec), gateway_options(args)
+    assert tr["num_replicas"] == 2 and "autoscaling_config" not in tr
+    assert 2 * tr["ray_actor_options"]["num_cpus"] + gw["ray_actor_options"]["num_cpus"] <= 2.0
+
+
 def test_gpu_serve_config_shares_gpus():
     app = load_yaml(SERVE_CONFIGS[1])["applications"][0]
     tr = translator_deployment(app)
