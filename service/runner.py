@@ -8,8 +8,8 @@ every decoder layer (in a few length-sorted groups when that saves padding); (2)
 ``decode_step`` over every running hypothesis of every running request, greedy and beam alike, each
 at its own position, plus the first (BOS) step of the requests just prefilled, which completes their
 prefill: the first step rides in the shared forward instead of paying a small forward of its own;
-(3) one top-k over all rows, then each request's ``BeamSearch.step`` and one batched cache reorder
-for all beams.
+(3) one top-k over all rows, then each request's ``BeamSearch.step`` and batched cache reorders
+(all beams, in a few groups of similar length).
 
 Runs in the engine's single worker thread; nothing here touches asyncio.
 """
@@ -23,7 +23,7 @@ import torch
 
 from model import decoding
 from model.decoding import BeamSearch, Hypothesis, StepOutput, pad_batch, top_candidates
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, length_groups
 
 from .scheduler import SchedulerOutput, ScheduledRequest
 
@@ -118,6 +118,8 @@ class ModelRunner:
         self.seqs: dict[int, _Sequence] = {}
         # The fixed cost of one prefill call, in source tokens: prefill groups trade padding for calls.
         self.prefill_call_tokens = 96 if self.device.type == "cpu" else 1024
+        # ... and of one cache reorder call, in beams x positions copied (reorders are grouped by length).
+        self.reorder_call_beams = 24 if self.device.type == "cpu" else 10**6
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def release(self, request_id: int) -> None:
@@ -226,7 +228,7 @@ class ModelRunner:
         return _Part(out, rows)
 
     def _update(self, parts: list[_Part], outputs: dict) -> None:
-        """One top-k over all rows, each request's BeamSearch.step, one cache reorder for all beams."""
+        """One top-k over all rows, each request's BeamSearch.step, cache reorders grouped by beam length."""
         lp = parts[0].out.log_probs if len(parts) == 1 else torch.cat([p.out.log_probs for p in parts])
         offsets, k_max, masked = [], 1, []
         base = 0
@@ -240,7 +242,7 @@ class ModelRunner:
         if masked:  # min_new_tokens: EOS may not be chosen yet (log-probs are not renormalised)
             lp[torch.tensor(masked, device=lp.device), self.cfg.eos_id] = float("-inf")
         top_v, top_i = top_candidates(lp, k_max)
-        reorder_slots, reorder_index, reorder_len = [], [], 0
+        moves: list[tuple[list[int], list[int], int]] = []   # per beam: its slots, parent rows, length
         for p, off in zip(parts, offsets):
             cross = dec = None
             for s, r, n in p.rows:
@@ -270,10 +272,7 @@ class ModelRunner:
                         continue
                     t = len(s.search.alive[0].tokens)
                     if parents != list(range(len(parents))):
-                        start = len(reorder_slots)
-                        reorder_slots += s.slots[: len(parents)]
-                        reorder_index += [start + i for i in parents]
-                        reorder_len = max(reorder_len, t)
+                        moves.append((s.slots[: len(parents)], parents, t))
                     s.tokens, s.position = tokens, t
                     if s.stream and s.search.beam_size == 1:
                         new = list(s.search.alive[0].tokens[s.emitted:])
@@ -281,6 +280,12 @@ class ModelRunner:
                         outputs[rid] = SequenceOutput(rid, new_tokens=new)
                 except Exception as e:  # noqa: BLE001 - fails this request only
                     outputs[rid] = SequenceOutput(rid, error=e)
-        if reorder_slots:
-            # Positions >= a beam's own length are copied too; they are rewritten before being read.
-            self.cache.reorder(reorder_slots, reorder_index, length=reorder_len)
+        # One batched reorder per group of beams of similar length: each copies its positions < the
+        # group's longest (positions beyond a beam's own length are rewritten before being read).
+        for group in length_groups([t for _, _, t in moves], self.reorder_call_beams):
+            slots, index = [], []
+            for m in group:
+                beam_slots, parents, _ = moves[m]
+                index += [len(slots) + i for i in parents]
+                slots += beam_slots
+            self.cache.reorder(slots, index, length=max(moves[m][2] for m in group))
