@@ -281,6 +281,11 @@ def _libre_route(request: Request) -> bool:
 
 @api.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError):
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if request.method == "POST" and ctype != "application/json" and not ctype.endswith("+json"):
+        # FastAPI did not parse the body at all: say so instead of "body: must be an object"
+        return _error(415, f"Content-Type: {request.url.path} takes a JSON body (application/json), "
+                           f"got {ctype or 'none'}", "Content-Type")
     details = []
     for err in exc.errors():
         field, msg = format_validation_error(err)

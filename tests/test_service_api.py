@@ -328,6 +328,20 @@ def test_invalid_json_names_the_body(service_url):
     assert err["field"] == "body" and "invalid JSON" in err["message"]
 
 
+@pytest.mark.parametrize("ctype, content", [("text/plain", b"Ein Hund"),
+                                            ("application/x-www-form-urlencoded", b"text=Ein+Hund")])
+def test_a_body_that_is_not_json_gets_415_naming_the_content_type(service_url, ctype, content):
+    r = httpx.post(service_url + "/v1/translate", content=content, headers={"Content-Type": ctype})
+    assert r.status_code == 415, r.text
+    err = r.json()["error"]
+    assert err["field"] == "Content-Type" and ctype in err["message"] and "application/json" in err["message"]
+    r = httpx.post(service_url + "/v1/translate", content=b'{"text": ""}')   # no Content-Type at all
+    assert r.status_code == 415 and "got none" in r.json()["error"]["message"]
+    r = httpx.post(service_url + "/v1/translate", content=b'{"text": ""}',
+                   headers={"Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 200 and r.json()["translations"][0]["text"] == ""
+
+
 def test_framework_errors_use_the_error_shape(service_url):
     r = httpx.get(service_url + "/v1/translate")
     assert r.status_code == 405 and "/v1/translate" in r.json()["error"]["message"]
