@@ -379,53 +379,132 @@ async def _libre_fields(request: Request) -> dict:
     return fields
 
 
+# Elements that sit inside a sentence (HTML's phrasing content); text around them is one sentence.
+_INLINE_TAGS = frozenset("a abbr b bdi bdo cite code data dfn em i kbd mark q s samp small span strong sub sup "
+                         "time u var".split())
+
+
 class _HtmlText:
-    """LibreTranslate's format=html: translate the text nodes of an HTML fragment, keep the markup."""
+    """LibreTranslate's format=html: translate the text of an HTML fragment and keep the markup.
+
+    Text interrupted only by inline elements with plain-text content (``<b>``, ``<a href=..>``,
+    ``<em>``, ...) is translated as one unit, so a sentence split by tags keeps its meaning; each
+    inline element is then put back around its own translation where that occurs in the unit's
+    translation (case-insensitive; the approach of Argos Translate's tag handling). If one cannot be
+    found, that unit falls back to translating each text node alone. Other text nodes are
+    translated one by one; whitespace around every text node is kept.
+    """
 
     def __init__(self, html: str):
         from html.parser import HTMLParser
-        parts: list[tuple[str, str]] = []   # ("markup" | "text", raw)
+        parts: list[tuple[str, str, str]] = []   # (kind, raw, tag): kind is start/end/text/markup
 
         class P(HTMLParser):
             def handle_starttag(self, tag, attrs):
-                parts.append(("markup", self.get_starttag_text()))
+                parts.append(("start", self.get_starttag_text(), tag))
 
             def handle_startendtag(self, tag, attrs):
-                parts.append(("markup", self.get_starttag_text()))
+                parts.append(("markup", self.get_starttag_text(), tag))
 
             def handle_endtag(self, tag):
-                parts.append(("markup", f"</{tag}>"))
+                parts.append(("end", f"</{tag}>", tag))
 
             def handle_data(self, data):
-                parts.append(("text", data))
+                parts.append(("text", data, ""))
 
             def handle_comment(self, data):
-                parts.append(("markup", f"<!--{data}-->"))
+                parts.append(("markup", f"<!--{data}-->", ""))
 
             def handle_entityref(self, name):
-                parts.append(("markup", f"&{name};"))
+                parts.append(("markup", f"&{name};", ""))
 
             def handle_charref(self, name):
-                parts.append(("markup", f"&#{name};"))
+                parts.append(("markup", f"&#{name};", ""))
 
             def handle_decl(self, decl):
-                parts.append(("markup", f"<!{decl}>"))
+                parts.append(("markup", f"<!{decl}>", ""))
 
         p = P(convert_charrefs=True)
         p.feed(html)
         p.close()
-        self.parts = parts
-        self.segments = [raw for kind, raw in parts if kind == "text" and raw.strip()]
+        # units: ("markup", raw) | ("text", raw) | ("run", [(start tag, text, end tag), ...]); in a
+        # run, plain text nodes have empty tags
+        self.units: list[tuple[str, Any]] = []
+        i = 0
+        while i < len(parts):
+            items, j = [], i
+            while j < len(parts):
+                kind, raw, tag = parts[j]
+                if kind == "text":
+                    items.append(("", raw, ""))
+                    j += 1
+                elif (kind == "start" and tag in _INLINE_TAGS and j + 2 < len(parts)
+                      and parts[j + 1][0] == "text" and parts[j + 1][1].strip()
+                      and parts[j + 2][0] == "end" and parts[j + 2][2] == tag):
+                    items.append((raw, parts[j + 1][1], parts[j + 2][1]))
+                    j += 3
+                else:
+                    break
+            if not items:
+                self.units.append(("markup", parts[i][1]))
+                i += 1
+                continue
+            if any(start for start, _, _ in items) and sum(bool(t.strip()) for _, t, _ in items) > 1:
+                self.units.append(("run", items))
+            else:
+                self.units += [("run", [item]) if item[0] else ("text", item[1]) for item in items]
+            i = j
+        self.segments: list[str] = []
+        for kind, unit in self.units:
+            if kind == "text" and unit.strip():
+                self.segments.append(unit)
+            elif kind == "run":
+                if len(unit) > 1:
+                    self.segments.append("".join(t for _, t, _ in unit))      # the whole unit
+                self.segments += [t for _, t, _ in unit if t.strip()]        # each node (inline text, fallback)
 
     def rebuild(self, translations: list[str]) -> str:
         from html import escape
         it = iter(translations)
+
+        def keep_space(raw: str, translated: str) -> str:
+            lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
+            return lead + escape(translated, quote=False) + trail
+
         out = []
-        for kind, raw in self.parts:
-            if kind == "text" and raw.strip():
-                out.append(escape(next(it), quote=False))
+        for kind, unit in self.units:
+            if kind == "markup":
+                out.append(unit)
+            elif kind == "text":
+                out.append(keep_space(unit, next(it)) if unit.strip() else unit)
             else:
-                out.append(raw)
+                whole = next(it) if len(unit) > 1 else None
+                pieces = [next(it) if t.strip() else None for _, t, _ in unit]
+                injected = self._inject(unit, whole, pieces) if whole is not None else None
+                out.append(injected or "".join(start + (keep_space(t, tr) if tr is not None else t) + end
+                                               for (start, t, end), tr in zip(unit, pieces)))
+        return "".join(out)
+
+    @staticmethod
+    def _inject(unit, whole: str, pieces: list) -> Optional[str]:
+        """The unit's translation with each inline element around its own translation, or None."""
+        from html import escape
+        text = "".join(t for _, t, _ in unit)
+        lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()):]
+        low, pos, out = whole.lower(), 0, [lead]
+        for (start, _, end), tr in zip(unit, pieces):
+            if not start:
+                continue
+            at = -1
+            for tr in dict.fromkeys([(tr or "").strip(), (tr or "").strip().rstrip(".!?")]):  # "Dog." -> "Dog"
+                at = low.find(tr.lower(), pos) if tr else -1
+                if at >= 0:
+                    break
+            if at < 0:
+                return None
+            out += [escape(whole[pos:at], quote=False), start, escape(whole[at: at + len(tr)], quote=False), end]
+            pos = at + len(tr)
+        out += [escape(whole[pos:], quote=False), trail]
         return "".join(out)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -274,6 +275,12 @@ def test_libretranslate_translate_json_and_forms(service_url):
     html = post(service_url, {"q": f"<p>{s0} <b>{s1}</b></p>", "source": "de", "target": "en", "format": "html"},
                 path="/translate").json()["translatedText"]
     assert html.startswith("<p>") and "<b>" in html and html.endswith("</b></p>")
+    # a sentence split by inline tags is translated as one sentence, each tag around its own words
+    whole = translate(service_url, "Ein Mann mit einem roten Hut steht vor einem Gebäude.", beam_size=4)
+    html = post(service_url, {"q": '<p>Ein Mann mit einem <b>roten Hut</b> steht vor einem <a href="/x">Gebäude</a>.</p>',
+                              "source": "de", "target": "en", "format": "html"}, path="/translate").json()["translatedText"]
+    assert re.sub(r"<[^>]+>", "", html) == f"{whole['translations'][0]['text']}", html
+    assert re.search(r"<b>[^<]+</b>", html) and re.search(r'<a href="/x">[^<]+</a>', html), html
 
 
 @pytest.mark.parametrize("body, words", [
