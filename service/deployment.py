@@ -17,6 +17,7 @@ Retry-After. With ``ingress: translator`` the translators run inside the ingress
 
 import asyncio
 import json
+import re
 import logging
 import math
 import time
@@ -350,7 +351,7 @@ async def _libre_fields(request: Request) -> dict:
     if ctype == "application/json" or ctype.endswith("+json"):
         try:
             body = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):   # RecursionError: absurd nesting
             raise ServiceError(400, "Invalid JSON format")
         if not isinstance(body, dict):
             raise ServiceError(400, "Invalid JSON format")
@@ -380,8 +381,9 @@ async def _libre_fields(request: Request) -> dict:
 
 
 # Elements that sit inside a sentence (HTML's phrasing content); text around them is one sentence.
-_INLINE_TAGS = frozenset("a abbr b bdi bdo cite code data dfn em i kbd mark q s samp small span strong sub sup "
-                         "time u var".split())
+_INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small span strong sub sup time u".split())
+# Elements whose text is not prose: kept as it is.
+_VERBATIM_TAGS = frozenset("script style noscript template textarea pre code kbd samp var".split())
 
 
 class _HtmlText:
@@ -389,28 +391,40 @@ class _HtmlText:
 
     Text interrupted only by inline elements with plain-text content (``<b>``, ``<a href=..>``,
     ``<em>``, ...) is translated as one unit, so a sentence split by tags keeps its meaning; each
-    inline element is then put back around its own translation where that occurs in the unit's
-    translation (case-insensitive; the approach of Argos Translate's tag handling). If one cannot be
-    found, that unit falls back to translating each text node alone. Other text nodes are
-    translated one by one; whitespace around every text node is kept.
+    inline element is then put back around its own words: its own translation where that occurs in
+    the unit's translation (case-insensitive; the approach of Argos Translate's tag handling), else
+    the words of it that occur there; else its tags are dropped and its text stays translated in
+    the sentence. Other text nodes are translated one by one, whitespace around them kept. Text in
+    script, style, code, pre and similar elements is left as it is; entities in the model's output
+    (Multi30k's text has ``&amp;``) are decoded before escaping.
     """
 
     def __init__(self, html: str):
         from html.parser import HTMLParser
+        from html import escape
         parts: list[tuple[str, str, str]] = []   # (kind, raw, tag): kind is start/end/text/markup
+        verbatim: list[str] = []                 # open elements whose text is kept as it is
 
         class P(HTMLParser):
             def handle_starttag(self, tag, attrs):
                 parts.append(("start", self.get_starttag_text(), tag))
+                if tag in _VERBATIM_TAGS:
+                    verbatim.append(tag)
 
             def handle_startendtag(self, tag, attrs):
                 parts.append(("markup", self.get_starttag_text(), tag))
 
             def handle_endtag(self, tag):
                 parts.append(("end", f"</{tag}>", tag))
+                if tag in verbatim:
+                    del verbatim[len(verbatim) - 1 - verbatim[::-1].index(tag):]
 
             def handle_data(self, data):
-                parts.append(("text", data, ""))
+                if verbatim:   # script/style data arrive raw; other text was unescaped
+                    parts.append(("markup", data if verbatim[-1] in self.CDATA_CONTENT_ELEMENTS
+                                  else escape(data, quote=False), ""))
+                else:
+                    parts.append(("text", data, ""))
 
             def handle_comment(self, data):
                 parts.append(("markup", f"<!--{data}-->", ""))
@@ -461,15 +475,15 @@ class _HtmlText:
             elif kind == "run":
                 if len(unit) > 1:
                     self.segments.append("".join(t for _, t, _ in unit))      # the whole unit
-                self.segments += [t for _, t, _ in unit if t.strip()]        # each node (inline text, fallback)
+                self.segments += [t for start, t, _ in unit if start and t.strip()]  # each inline element's text
 
     def rebuild(self, translations: list[str]) -> str:
-        from html import escape
-        it = iter(translations)
+        from html import escape, unescape
+        it = (unescape(t) for t in translations)
 
         def keep_space(raw: str, translated: str) -> str:
             lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
-            return lead + escape(translated, quote=False) + trail
+            return lead + escape(translated.strip(), quote=False) + trail
 
         out = []
         for kind, unit in self.units:
@@ -479,31 +493,43 @@ class _HtmlText:
                 out.append(keep_space(unit, next(it)) if unit.strip() else unit)
             else:
                 whole = next(it) if len(unit) > 1 else None
-                pieces = [next(it) if t.strip() else None for _, t, _ in unit]
-                injected = self._inject(unit, whole, pieces) if whole is not None else None
-                out.append(injected or "".join(start + (keep_space(t, tr) if tr is not None else t) + end
-                                               for (start, t, end), tr in zip(unit, pieces)))
+                pieces = [next(it) if start and t.strip() else None for start, t, _ in unit]
+                if whole is not None:
+                    out.append(self._inject(unit, whole, pieces))
+                else:   # a lone inline element
+                    out.append("".join(start + (keep_space(t, tr) if tr is not None else t) + end
+                                       for (start, t, end), tr in zip(unit, pieces)))
         return "".join(out)
 
     @staticmethod
-    def _inject(unit, whole: str, pieces: list) -> Optional[str]:
-        """The unit's translation with each inline element around its own translation, or None."""
+    def _inject(unit, whole: str, pieces: list) -> str:
+        """The unit's translation with each inline element around its own words (see the class doc)."""
         from html import escape
         text = "".join(t for _, t, _ in unit)
         lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()):]
+        whole = whole.strip()
         low, pos, out = whole.lower(), 0, [lead]
         for (start, _, end), tr in zip(unit, pieces):
             if not start:
                 continue
-            at = -1
-            for tr in dict.fromkeys([(tr or "").strip(), (tr or "").strip().rstrip(".!?")]):  # "Dog." -> "Dog"
-                at = low.find(tr.lower(), pos) if tr else -1
+            tr = (tr or "").strip()
+            span = None
+            for cand in dict.fromkeys([tr, tr.rstrip(".!?")]):        # its translation ("Dog." -> "Dog")
+                at = low.find(cand.lower(), pos) if cand else -1
                 if at >= 0:
+                    span = (at, at + len(cand))
                     break
-            if at < 0:
-                return None
-            out += [escape(whole[pos:at], quote=False), start, escape(whole[at: at + len(tr)], quote=False), end]
-            pos = at + len(tr)
+            if span is None:                                          # else the words of it found there
+                hits = [m for w in dict.fromkeys(re.findall(r"\w{3,}", tr.lower()))
+                        for m in [re.search(rf"\b{re.escape(w)}\b", low[pos:])] if m]
+                if hits:
+                    first = min(m.start() for m in hits)
+                    last = max(m.end() for m in hits if m.start() - first <= 40)
+                    span = (pos + first, pos + last)
+            if span is None:                                          # else: tags dropped, text kept
+                continue
+            out += [escape(whole[pos: span[0]], quote=False), start, escape(whole[span[0]: span[1]], quote=False), end]
+            pos = span[1]
         out += [escape(whole[pos:], quote=False), trail]
         return "".join(out)
 

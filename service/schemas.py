@@ -36,7 +36,8 @@ class ServiceError(Exception):
         return self.message
 
 
-_ERROR_TYPES = {400: "invalid_request", 404: "not_found", 413: "payload_too_large", 422: "invalid_request",
+_ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+                415: "unsupported_media_type", 422: "invalid_request",
                 429: "overloaded", 499: "cancelled", 500: "internal_error", 503: "overloaded"}
 
 
@@ -186,6 +187,8 @@ def format_validation_error(err: dict) -> tuple[str, str]:
         msg = msg[len("Value error, "):]
     if not field and msg.startswith("n_best"):
         field = "n_best"
+    if not field:   # the body itself (missing, not an object, unparsable)
+        field = "body"
     if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):
         got = repr(err["input"])
         if len(got) <= 40:

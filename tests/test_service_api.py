@@ -281,6 +281,11 @@ def test_libretranslate_translate_json_and_forms(service_url):
                               "source": "de", "target": "en", "format": "html"}, path="/translate").json()["translatedText"]
     assert re.sub(r"<[^>]+>", "", html) == f"{whole['translations'][0]['text']}", html
     assert re.search(r"<b>[^<]+</b>", html) and re.search(r'<a href="/x">[^<]+</a>', html), html
+    # script/code text is not prose: kept verbatim; the model's entities are not escaped twice
+    kept = '<script>var s = "Ein Hund" && n < 2;</script><code>a &lt; b</code>'
+    html = post(service_url, {"q": kept + "<p>Ein Mann &amp; eine Frau.</p>", "source": "de", "target": "en",
+                              "format": "html"}, path="/translate").json()["translatedText"]
+    assert html.startswith(kept) and "&amp;amp;" not in html, html
 
 
 @pytest.mark.parametrize("body, words", [
