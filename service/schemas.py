@@ -77,7 +77,12 @@ class TranslateRequest(_Strict):
     @field_validator("text", mode="before")
     @classmethod
     def _text_type(cls, v: Any) -> Any:
-        if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(t, str) for t in v))):
+        if isinstance(v, list):
+            bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
+            if bad is not None:
+                raise ValueError(f"must be a string or a list of strings; text[{bad}] has type "
+                                 f"{type(v[bad]).__name__}")
+        elif not isinstance(v, str):
             raise ValueError("must be a string or a list of strings")
         check_unicode([v] if isinstance(v, str) else v, "text")
         return v

@@ -182,7 +182,7 @@ LONG_SENTENCE = " ".join(["Hund"] * 400)   # one "sentence" longer than any mode
     ({"text": "x", "return_attention": True, "attention": {"layers": [99]}}, 422, "attention.layers", ["99"]),
     ({"text": "x", "return_attention": True, "attention": {"heads": [-1]}}, 422, "attention.heads", ["-1"]),
     ({"text": 5}, 422, "text", ["string"]),
-    ({"text": ["ok", None]}, 422, "text", ["string"]),
+    ({"text": ["ok", None]}, 422, "text", ["string", "text[1]"]),
     ({"text": "x", "colour": "red"}, 422, "colour", []),
     ({}, 422, "text", ["required"]),
     ({"text": "x" * (MAX_TEXT_CHARS + 1)}, 413, "text", [str(MAX_TEXT_CHARS)]),
