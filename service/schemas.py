@@ -87,6 +87,13 @@ class TranslateRequest(_Strict):
         check_unicode([v] if isinstance(v, str) else v, "text")
         return v
 
+    @field_validator("model", "source_lang", "target_lang")
+    @classmethod
+    def _names_are_unicode(cls, v: Optional[str], info) -> Optional[str]:
+        if v is not None:
+            check_unicode([v], info.field_name)
+        return v
+
     @model_validator(mode="after")
     def _n_best_within_beam(self) -> "TranslateRequest":
         if self.n_best > self.beam_size:

@@ -211,6 +211,14 @@ def test_malformed_bodies_never_cause_a_500(service_url, raw):
     assert r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("field", ["model", "source_lang", "target_lang"])
+def test_a_lone_surrogate_in_a_name_is_invalid_unicode_not_unknown(service_url, field):
+    raw = b'{"text": "Hallo", "%s": "de\\ud800"}' % field.encode()
+    r = httpx.post(service_url + "/v1/translate", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+    assert "Unicode" in r.json()["error"]["message"]
+
+
 def test_engine_limits_are_422_with_the_limit(service_url):
     # beam_size within the API limit but above the second model's KV-cache slots
     r = post(service_url, {"text": "A dog.", "model": SECOND_MODEL, "beam_size": SECOND_ENGINE["max_num_seqs"] + 1})
