@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from .attention import scaled_dot_product_attention
+
 
 class CacheFullError(RuntimeError):
     """Raised when more slots are requested than are free."""
@@ -105,7 +107,7 @@ class KVCache:
     def rows(slots: Tensor) -> Tensor | slice:
         """``slots`` as a slice when they are consecutive ascending ids (as in a static batch, or a
         running batch without holes), so that reads are views of the cache instead of copies;
-        otherwise ``slots`` itself. Either form is accepted by ``cross`` and ``read``."""
+        otherwise ``slots`` itself. Either form is accepted by ``read``."""
         n = slots.numel()
         if n == 0:
             return slots
@@ -113,12 +115,6 @@ class KVCache:
         if int(slots[-1]) - first != n - 1 or (n > 2 and not bool((slots.diff() == 1).all())):
             return slots
         return slice(first, first + n)
-
-    def cross(self, layer: int, slots: Tensor, S: int) -> tuple[Tensor, Tensor]:
-        """Cross-attention K/V [N, H, S, Dh] of slots [N] (read from their owners), over the first S
-        source positions."""
-        rows = self.rows(self.owner.index_select(0, slots))
-        return self.read(self.cross_k[layer], rows, S), self.read(self.cross_v[layer], rows, S)
 
     @staticmethod
     def read(buf: Tensor, rows: Tensor | slice, T: int) -> Tensor:
@@ -155,7 +151,8 @@ class KVCache:
         if int(positions.max()) + 1 > self.max_tgt_len:
             raise ValueError(f"target length {int(positions.max()) + 1} exceeds the cache's max_tgt_len "
                              f"{self.max_tgt_len}")
-        return [(CacheAttention(self, layer, slots, positions, plans[0]),
+        write_at = slots * self.max_tgt_len + positions   # each row's own position in a layer's [N*T_max] view
+        return [(CacheAttention(self, layer, slots, write_at, plans[0]),
                  CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.self_k.size(0))]
 
     def reorder(self, slots: Sequence[int], index: Sequence[int], length: Optional[int] = None) -> None:
@@ -249,20 +246,19 @@ class CacheAttention:
     zero-padded to the longest row, or None).
     """
 
-    def __init__(self, cache: KVCache, layer: int, slots: Tensor, positions: Optional[Tensor], plan: AttentionPlan,
+    def __init__(self, cache: KVCache, layer: int, slots: Tensor, write_at: Optional[Tensor], plan: AttentionPlan,
                  share: Optional[tuple[int, int, Tensor]] = None):
-        self.cache, self.layer, self.slots, self.positions, self.plan = cache, layer, slots, positions, plan
+        self.cache, self.layer, self.slots, self.write_at, self.plan = cache, layer, slots, write_at, plan
         self.share = share
-        self.self_attention = positions is not None   # MultiHeadAttention projects new K/V only then
+        self.self_attention = write_at is not None    # MultiHeadAttention projects new K/V only then
 
     def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
                  need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         c, layer = self.cache, self.layer
         if self.self_attention:
             K, V = c.self_k[layer], c.self_v[layer]                    # [N_slots, T_max, H, Dh]
-            at = self.slots * c.max_tgt_len + self.positions            # each row's own position
-            K.view(-1, *K.shape[2:]).index_copy_(0, at, k_new[:, :, 0])
-            V.view(-1, *V.shape[2:]).index_copy_(0, at, v_new[:, :, 0])
+            K.view(-1, *K.shape[2:]).index_copy_(0, self.write_at, k_new[:, :, 0])
+            V.view(-1, *V.shape[2:]).index_copy_(0, self.write_at, v_new[:, :, 0])
             return self._attend(K, V, q, need_weights)
         K, V = c.cross_k[layer], c.cross_v[layer]
         if self.share is None:
@@ -278,7 +274,6 @@ class CacheAttention:
 
     def _attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         """q [R, H, Q, Dh] for the plan's R rows -> (out [R, H, Q, Dh], weights [R, H, Q, T] or None)."""
-        from .attention import scaled_dot_product_attention  # (attention.py does not import this module)
         groups = self.plan.groups
         out = weights = None
         if len(groups) > 1:

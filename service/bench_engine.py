@@ -186,7 +186,7 @@ def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
 
 # ---- (c), (d) in a child process -------------------------------------------------------------------
 
-def _engine_parts_worker(spec: dict, queue) -> None:
+def _engine_parts_worker(spec: dict, barrier, queue) -> None:
     """(c) and (d) in a fresh process whose set-up runs single-threaded, so that only the engine's
     worker thread runs multi-threaded OpenMP regions (see ``service.engine.torch_threads``: a
     second thread team on a 2-core machine halves the speed of small ops). (a) and (b) run in the
@@ -216,16 +216,35 @@ def _engine_parts_worker(spec: dict, queue) -> None:
         queue.put({"ok": False, "error": repr(e)})
 
 
-def run_engine_parts(spec: dict) -> list[Run]:
+def in_children(target, specs: list[dict], what: str, omp_threads: Optional[int] = None) -> list[dict]:
+    """Run ``target(spec, barrier, queue)`` in one spawned process per spec (the barrier spans all of
+    them) and return what each put on the queue; raises RuntimeError if one reported a failure.
+    ``omp_threads`` sets OMP_NUM_THREADS for the children."""
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_engine_parts_worker, args=(spec, queue), daemon=True)
-    proc.start()
-    out = queue.get(timeout=3600)
-    proc.join(timeout=60)
-    if not out["ok"]:
-        raise RuntimeError(f"engine part failed: {out['error']}")
-    return out["runs"]
+    barrier, queue = ctx.Barrier(len(specs)), ctx.Queue()
+    old_env = os.environ.get("OMP_NUM_THREADS")
+    if omp_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(omp_threads)
+    try:
+        procs = [ctx.Process(target=target, args=(spec, barrier, queue), daemon=True) for spec in specs]
+        for p in procs:
+            p.start()
+        outs = [queue.get(timeout=3600) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        if old_env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old_env
+    bad = [o["error"] for o in outs if not o["ok"]]
+    if bad:
+        raise RuntimeError(f"{what} failed: {bad[0]}")
+    return outs
+
+
+def run_engine_parts(spec: dict) -> list[Run]:
+    return in_children(_engine_parts_worker, [spec], "engine part")[0]["runs"]
 
 
 # ---- (e) workers: one process per worker, so that threads and OpenMP pools are the layout's --------
@@ -270,28 +289,9 @@ def run_layout(srcs, beam: int, layout: str, system: str, vocab_size: int, seed:
     """Run (e) with `processes x threads` = layout; sentences are length-sorted and dealt round-robin."""
     procs_n, threads = (int(x) for x in layout.split("x"))
     ordered = sorted(srcs, key=len)
-    ctx = mp.get_context("spawn")
-    barrier, queue = ctx.Barrier(procs_n), ctx.Queue()
-    old_env = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    try:
-        procs = [ctx.Process(target=_e_worker, args=({"threads": threads, "seed": seed, "vocab_size": vocab_size,
-                                                       "srcs": ordered[i::procs_n], "beam": beam, "system": system},
-                                                      barrier, queue), daemon=True)
-                 for i in range(procs_n)]
-        for p in procs:
-            p.start()
-        outs = [queue.get(timeout=3600) for _ in procs]
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        if old_env is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = old_env
-    bad = [o["error"] for o in outs if not o["ok"]]
-    if bad:
-        raise RuntimeError(f"(e) worker failed: {bad[0]}")
+    specs = [{"threads": threads, "seed": seed, "vocab_size": vocab_size, "srcs": ordered[i::procs_n], "beam": beam,
+              "system": system} for i in range(procs_n)]
+    outs = in_children(_e_worker, specs, "(e) worker", omp_threads=threads)
     wall = max(o["end"] for o in outs) - min(o["start"] for o in outs)
     name = "continuous engine" if system == "engine" else f"static generate(), batches of {E_BATCH}"
     return Run("(e)", name, beam, sum(o["sentences"] for o in outs), sum(o["tokens"] for o in outs), wall,

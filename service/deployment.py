@@ -482,7 +482,7 @@ class _HtmlText:
         it = (unescape(t) for t in translations)
 
         def keep_space(raw: str, translated: str) -> str:
-            lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
+            lead, trail = _HtmlText._space_around(raw)
             return lead + escape(translated.strip(), quote=False) + trail
 
         out = []
@@ -502,11 +502,16 @@ class _HtmlText:
         return "".join(out)
 
     @staticmethod
+    def _space_around(raw: str) -> tuple[str, str]:
+        """The whitespace before and after the text of ``raw`` (kept around its translation)."""
+        return raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
+
+    @staticmethod
     def _inject(unit, whole: str, pieces: list) -> str:
         """The unit's translation with each inline element around its own words (see the class doc)."""
         from html import escape
         text = "".join(t for _, t, _ in unit)
-        lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()):]
+        lead, trail = _HtmlText._space_around(text)
         whole = whole.strip()
         low, pos, out = whole.lower(), 0, [lead]
         for (start, _, end), tr in zip(unit, pieces):

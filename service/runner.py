@@ -67,34 +67,6 @@ class _Sequence:
     emitted: int = 0                         # tokens already reported (streaming)
 
 
-def prefill_groups(lengths: Sequence[int], call_tokens: int) -> list[list[int]]:
-    """Split a prefill batch into groups of similar source length.
-
-    The encoder computes on padding too, so a batch of mixed lengths wastes up to half its work;
-    each extra call costs a fixed overhead instead. Sorting by length and choosing contiguous groups
-    that minimise sum(call_tokens + size x longest) (dynamic programming, O(n^2)) balances the two.
-    Returns lists of indices into ``lengths``, shortest group first.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    n = len(order)
-    if n <= 1:
-        return [order] if order else []
-    srt = [lengths[i] for i in order]
-    best = [0.0] + [float("inf")] * n      # best[j]: cost of the first j sentences
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        longest = srt[j - 1]
-        for i in range(j):
-            c = best[i] + call_tokens + (j - i) * longest
-            if c < best[j]:
-                best[j], cut[j] = c, i
-    groups, j = [], n
-    while j > 0:
-        groups.append(order[cut[j]: j])
-        j = cut[j]
-    return groups[::-1]
-
-
 @dataclass
 class _Part:
     """The output of one forward call and which rows of it belong to which sequence."""
@@ -140,7 +112,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         new: list[_Sequence] = []
         if plan.prefill:
-            for group in prefill_groups([len(r.payload.src_ids) for r in plan.prefill], self.prefill_call_tokens):
+            for group in length_groups([len(r.payload.src_ids) for r in plan.prefill], self.prefill_call_tokens):
                 started = self._start([plan.prefill[i] for i in group], outputs)
                 new += [s for done in self._isolated(self._encode, started, outputs) for s in done]
         t1 = time.perf_counter()

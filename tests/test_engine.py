@@ -13,9 +13,9 @@ import torch
 from model import decoding
 from model.config import ModelConfig
 from model.decoding import generate
+from model.kv_cache import length_groups
 from model.transformer import Transformer
 from service import runner as runner_mod
-from service.runner import prefill_groups
 from service.engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
                             GenerationOptions, QueueFullError, TranslationResult)
 
@@ -479,9 +479,10 @@ async def test_reconfigure_changes_the_cache_after_running_requests_finish(model
     await engine.stop()
 
 
-def test_prefill_groups_cut_padding_and_cover_every_sentence():
+def test_length_groups_cut_padding_and_cover_every_sentence():
+    """The grouping of prefill batches (and of attention rows and beam reorders)."""
     lengths = [7, 39, 11, 35, 13, 37, 14, 31, 18, 36, 21, 30, 24, 29, 23, 21, 24, 27, 37, 13]
-    groups = prefill_groups(lengths, call_tokens=48)
+    groups = length_groups(lengths, call_cost=48)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
     cost = 48 * len(groups) + padded
@@ -489,5 +490,5 @@ def test_prefill_groups_cut_padding_and_cover_every_sentence():
     assert 1 < len(groups) < len(lengths)
     for a, b in zip(groups, groups[1:]):
         assert max(lengths[i] for i in a) <= min(lengths[i] for i in b)  # sorted, contiguous
-    assert prefill_groups([5, 5, 5], call_tokens=48) == [[0, 1, 2]]  # no padding: one call
-    assert prefill_groups([], call_tokens=48) == []
+    assert length_groups([5, 5, 5], call_cost=48) == [[0, 1, 2]]  # no padding: one call
+    assert length_groups([], call_cost=48) == []
