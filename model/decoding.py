@@ -30,20 +30,14 @@ class StepOutput:
     encoder: Optional[list[Tensor]] = None             # per layer [B, H, S, S] (prefill only)
 
 
-# Attention over a decode step's rows is split into groups of similar length (``length_groups``)
-# when that reads fewer cached keys: the fixed cost of one more attention call, in keys per row.
-# On CUDA one padded call is cheaper than several small ones.
-ATTENTION_GROUP_COST = 128
-
-
 @torch.no_grad()
 def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tensor, positions: Tensor,
                 need_weights: bool = False) -> StepOutput:
     """One incremental decoder step for any set of slots, each at its own position.
 
     Every row attends to its own cached keys only (its own target history and its own source), so
-    a row's result does not depend on the other rows; rows of very different lengths are attended
-    in separate groups (see ``KVCache.attention``).
+    a row's result does not depend on the other rows. On CPU, rows of different lengths are
+    attended packed, each over its own keys only (see ``AttentionPlan``); on CUDA in one padded call.
 
     Args:
         slots: [N] cache slots; tokens: [N] input token of each (the last generated, or BOS);
@@ -52,8 +46,7 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     decoder [N, H, T] per layer, zero-padded to the longest row).
     Raises ValueError when a position reaches the cache's max_tgt_len.
     """
-    group_cost = None if slots.device.type == "cuda" else ATTENTION_GROUP_COST
-    attend = cache.attention(slots, positions, group_cost)
+    attend = cache.attention(slots, positions, packed=slots.device.type == "cpu")
     logits, w = model.decode(tokens[:, None], None, None, None, positions[:, None], attend, need_weights)
     logits = logits[:, -1]
     logits[:, model.cfg.pad_id] = float("-inf")  # never generated: padding and BOS
@@ -286,7 +279,9 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
     if todo:
         device = next(model.parameters()).device
         if cache is None:
-            cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources))
+            # indirect on CPU: beam reorders move slot ids, not K/V (attention gathers keys anyway)
+            cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources),
+                                      indirect=device.type == "cpu")
         slots = {b: cache.allocate(beam_size) for b in todo}
         try:
             _run(model, cache, [sources[b] for b in todo], [searches[b] for b in todo], [slots[b] for b in todo],

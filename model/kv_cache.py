@@ -30,7 +30,8 @@ class KVCache:
     """
 
     def __init__(self, n_layers: int, n_heads: int, d_head: int, num_slots: int, max_tgt_len: int,
-                 max_src_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 max_src_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 indirect: bool = False):
         shape_self = (n_layers, num_slots, max_tgt_len, n_heads, d_head)
         shape_cross = (n_layers, num_slots, max_src_len, n_heads, d_head)
         self.self_k = torch.zeros(shape_self, dtype=dtype, device=device)
@@ -42,16 +43,20 @@ class KVCache:
         # stored once in its first slot and read once per step for all of them.
         self.owner = torch.arange(num_slots, device=device)
         self.num_slots, self.max_tgt_len, self.max_src_len = num_slots, max_tgt_len, max_src_len
+        # indirect: where each slot's self-attention K/V of each position lives ([N, T_max] slot ids),
+        # so that a beam reorder copies these ids instead of the K/V themselves (see ``reorder``).
+        self.home = (torch.arange(num_slots, device=device)[:, None].repeat(1, max_tgt_len) if indirect
+                     else None)
         self._free = list(range(num_slots - 1, -1, -1))  # a stack: lowest slot ids are handed out first
 
     @classmethod
     def for_model(cls, model, num_slots: int, max_tgt_len: Optional[int] = None,
-                  max_src_len: Optional[int] = None) -> "KVCache":
+                  max_src_len: Optional[int] = None, indirect: bool = False) -> "KVCache":
         """A cache shaped for ``model`` (a ``Transformer``), on its device and in its dtype."""
         cfg = model.cfg
         p = next(model.parameters())
         return cls(cfg.n_decoder_layers, cfg.n_heads, cfg.d_head, num_slots, max_tgt_len or cfg.max_len,
-                   max_src_len or cfg.max_len, dtype=p.dtype, device=p.device)
+                   max_src_len or cfg.max_len, dtype=p.dtype, device=p.device, indirect=indirect)
 
     # ---- slot accounting ---------------------------------------------------------------------
     @property
@@ -123,16 +128,15 @@ class KVCache:
         x = buf[rows, :T] if isinstance(rows, slice) else buf[:, :T].index_select(0, rows)
         return x.transpose(1, 2)
 
-    def attention(self, slots: Tensor, positions: Tensor, group_cost: Optional[int] = None
+    def attention(self, slots: Tensor, positions: Tensor, packed: bool = False
                   ) -> list[tuple["CacheAttention", "CacheAttention"]]:
         """Per decoder layer, the decode-step attention hooks (self, cross) for rows ``slots`` [N] at
-        ``positions`` [N] (see ``CacheAttention``). With ``group_cost`` (in keys; see
-        ``length_groups``), rows are attended in groups of similar length; None: one group."""
-        def plan(rows: Tensor, lengths: Tensor) -> AttentionPlan:
-            groups = (length_groups(lengths.tolist(), group_cost) if group_cost is not None
-                      else [list(range(rows.numel()))])
-            return AttentionPlan(rows, lengths, groups)
-
+        ``positions`` [N] (see ``CacheAttention``). With ``packed``, rows of different lengths are
+        attended over their own keys only (``AttentionPlan``); otherwise in one padded call.
+        Raises ValueError when a position reaches max_tgt_len."""
+        if int(positions.max()) + 1 > self.max_tgt_len:
+            raise ValueError(f"target length {int(positions.max()) + 1} exceeds the cache's max_tgt_len "
+                             f"{self.max_tgt_len}")
         # cross-attention: one query row per hypothesis, one read of K/V per source (owner)
         owners = self.owner.index_select(0, slots)
         uniq, inverse = torch.unique(owners, return_inverse=True)
@@ -147,11 +151,11 @@ class KVCache:
             flat = inverse * k_max + torch.as_tensor(within, device=slots.device)
             share = (uniq.numel(), k_max, flat)
             owners = uniq
-        plans = [plan(slots, positions + 1), plan(owners, self.src_len.index_select(0, owners))]
-        if int(positions.max()) + 1 > self.max_tgt_len:
-            raise ValueError(f"target length {int(positions.max()) + 1} exceeds the cache's max_tgt_len "
-                             f"{self.max_tgt_len}")
         write_at = slots * self.max_tgt_len + positions   # each row's own position in a layer's [N*T_max] view
+        if self.home is not None:  # this step's K/V are written in the rows' own slots
+            self.home.view(-1).index_copy_(0, write_at, slots)
+        plans = (AttentionPlan(slots, positions + 1, self.max_tgt_len, packed, self.home),
+                 AttentionPlan(owners, self.src_len.index_select(0, owners), self.max_src_len, packed))
         return [(CacheAttention(self, layer, slots, write_at, plans[0]),
                  CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.self_k.size(0))]
 
@@ -159,7 +163,10 @@ class KVCache:
         """Beam reorder: slot slots[i] takes the self-attention K/V that slot slots[index[i]] held.
 
         Only positions < length (default all) are copied. Cross-attention K/V are left alone:
-        hypotheses of one sentence share the same source.
+        hypotheses of one sentence share the same source. An indirect cache copies only the slot ids
+        of those positions (``home``): position p of every hypothesis is written once, at step p,
+        in its own slot, and hypotheses that descend from it read it there. That is safe because all
+        hypotheses of a beam are at the same position and a beam's slots are freed together.
         """
         moved = [i for i, j in enumerate(index) if i != j]  # rows that keep their own history stay put
         if not moved:
@@ -168,6 +175,10 @@ class KVCache:
         dst = torch.as_tensor([slots[i] for i in moved], device=dev)
         src = torch.as_tensor([slots[index[i]] for i in moved], device=dev)
         T = self.max_tgt_len if length is None else length
+        if self.home is not None:
+            view = self.home[:, :T]
+            view.index_copy_(0, dst, view.index_select(0, src))
+            return
         for buf in (self.self_k, self.self_v):
             for layer in range(buf.size(0)):
                 # Per layer along dim 0: gathering along dim 1 of the 5-d view is ~50x slower on CPU.
@@ -214,23 +225,38 @@ def length_groups(lengths: Sequence[int], call_cost: int) -> list[list[int]]:
 
 
 class AttentionPlan:
-    """How a decode step's rows are attended, shared by every layer: per group, its row indices
-    (None: all rows, in order), its cache rows (a slice when consecutive, so reads are views), its
-    key count T (the group's longest row) and a mask [n, 1, 1, T] (None when all rows are that long)."""
+    """Which cached keys each row of a decode step attends to, shared by every layer.
 
-    def __init__(self, slots: Tensor, lengths: Tensor, groups: Sequence[Sequence[int]]):
-        self.groups = []
-        n_rows = slots.numel()
-        for g in groups:
-            if len(g) == n_rows:
-                idx, rows_slots, lens = None, slots, lengths
-            else:
-                idx = torch.as_tensor(list(g), dtype=torch.long, device=slots.device)
-                rows_slots, lens = slots.index_select(0, idx), lengths.index_select(0, idx)
-            T, low = int(lens.max()), int(lens.min())
-            mask = None if low == T else (torch.arange(T, device=slots.device)[None, :] < lens[:, None])[:, None, None, :]
-            self.groups.append((idx, KVCache.rows(rows_slots), T, mask))
-        self.max_len = max(g[2] for g in self.groups)
+    Rows ``slots`` [R] (cache rows) have ``lengths`` [R] keys each (positions 0..length-1 of a buffer
+    whose rows are ``stride`` positions apart). When all lengths are equal, or ``packed`` is False,
+    attention is one padded call over the longest row (``rows`` is a slice when the slots are
+    consecutive, so reads are views; ``mask`` [R, 1, 1, T] hides keys beyond a row's length, None when
+    there are none). Otherwise (or when ``home`` [N_slots, stride] says which slot holds each
+    position, for an indirect cache) it is packed: the NK = sum(lengths) real keys are gathered into one
+    [NK, H, Dh] block (``key_index``), so a row at position 3 batched with one at position 40 costs 3
+    keys, not 41, and no call is spent per group of lengths; ``row_of_key`` [NK] and ``pad_index``
+    [NK] (= row * T + position) map each key to its row and to a padded [R, T] score grid.
+    """
+
+    def __init__(self, slots: Tensor, lengths: Tensor, stride: int, packed: bool = False,
+                 home: Optional[Tensor] = None):
+        self.num_rows = slots.numel()
+        self.max_len = T = int(lengths.max())
+        self.packed = home is not None or (packed and int(lengths.min()) < T)
+        if self.packed:
+            dev = slots.device
+            self.row_of_key = torch.repeat_interleave(torch.arange(self.num_rows, device=dev), lengths)
+            starts = torch.cumsum(lengths, 0) - lengths
+            pos = torch.arange(self.row_of_key.numel(), device=dev) - starts.index_select(0, self.row_of_key)
+            slot = slots.index_select(0, self.row_of_key)
+            if home is not None:  # the slot that holds each key (an indirect cache)
+                slot = home.view(-1).index_select(0, slot * stride + pos)
+            self.key_index = slot * stride + pos
+            self.pad_index = self.row_of_key * T + pos
+        else:
+            self.rows = KVCache.rows(slots)
+            self.mask = None if int(lengths.min()) == T else (
+                torch.arange(T, device=slots.device)[None, :] < lengths[:, None])[:, None, None, :]
 
 
 class CacheAttention:
@@ -238,12 +264,11 @@ class CacheAttention:
 
     Called by ``MultiHeadAttention`` with the step's queries q [N, H, 1, Dh] and, for
     self-attention, the new keys/values [N, H, 1, Dh], which are first written at each row's own
-    position. Rows are attended in the plan's groups: each group reads only its longest row's keys,
-    so a row at position 3 batched with one at position 40 does not pay for 41 keys; keys beyond a
-    row's own length are masked (zero weight). Cross-attention reads each source once: the
-    hypotheses of one beam (``share`` = (sources U, most rows per source k, flat index of each row
-    in [U x k])) become k queries against it. Returns (out [N, H, 1, Dh], weights [N, H, 1, T_k]
-    zero-padded to the longest row, or None).
+    position. Each row attends to its own keys only, as the plan says (padded or packed; keys beyond
+    a row's own length get zero weight). Cross-attention reads each source once: the hypotheses of
+    one beam (``share`` = (sources U, most rows per source k, flat index of each row in [U x k]))
+    become k queries against it. Returns (out [N, H, 1, Dh], weights [N, H, 1, T_k] zero-padded to
+    the longest row, or None).
     """
 
     def __init__(self, cache: KVCache, layer: int, slots: Tensor, write_at: Optional[Tensor], plan: AttentionPlan,
@@ -274,19 +299,18 @@ class CacheAttention:
 
     def _attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         """q [R, H, Q, Dh] for the plan's R rows -> (out [R, H, Q, Dh], weights [R, H, Q, T] or None)."""
-        groups = self.plan.groups
-        out = weights = None
-        if len(groups) > 1:
-            out = torch.empty_like(q)
-            if need_weights:
-                weights = q.new_zeros(*q.shape[:3], self.plan.max_len)
-        for idx, rows, T, mask in groups:
-            k, v = KVCache.read(K, rows, T), KVCache.read(V, rows, T)
-            o, w = scaled_dot_product_attention(q if idx is None else q.index_select(0, idx), k, v, mask, 0.0,
-                                                need_weights)
-            if idx is None:
-                return o, w
-            out.index_copy_(0, idx, o)
-            if need_weights:
-                weights[idx, :, :, :T] = w
-        return out, weights
+        p = self.plan
+        if not p.packed:
+            k, v = KVCache.read(K, p.rows, p.max_len), KVCache.read(V, p.rows, p.max_len)
+            return scaled_dot_product_attention(q, k, v, p.mask, 0.0, need_weights)
+        R, H, Q, Dh = q.shape
+        T = p.max_len
+        k = K.view(-1, H, Dh).index_select(0, p.key_index)[:, None]            # [NK, 1, H, Dh]
+        v = V.view(-1, H, Dh).index_select(0, p.key_index)[:, None]
+        qs = (q.transpose(1, 2) * Dh ** -0.5).index_select(0, p.row_of_key)     # [NK, Q, H, Dh]
+        scores = q.new_full((R * T, Q, H), float("-inf"))
+        scores.index_copy_(0, p.pad_index, (k * qs).sum(-1))                  # [R*T, Q, H]
+        w = torch.softmax(scores.view(R, T, Q, H), dim=1)                      # eq. 1, per row over its keys
+        wk = w.view(R * T, Q, H).index_select(0, p.pad_index)[..., None]       # [NK, Q, H, 1]
+        out = q.new_zeros(R, Q, H, Dh).index_add_(0, p.row_of_key, wk * v)    # [R, Q, H, Dh]
+        return out.transpose(1, 2), (w.permute(0, 3, 2, 1) if need_weights else None)

@@ -380,7 +380,7 @@ def main(argv=None) -> int:
               f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots")
         from model.decoding import generate
         generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
-        runs = []
+        runs, per_round = [], []
         for beam in beams:
             slots = args.engine_slots
             if "a" in parts:
@@ -399,6 +399,10 @@ def main(argv=None) -> int:
                     conts += [x for x in got if x.part == "(c)"]
                     others += [x for x in got if x.part != "(c)"]
             runs += ([median_run(statics)] if statics else []) + ([median_run(conts)] if "c" in parts else []) + others
+            if len(statics) > 1 and len(conts) == len(statics):  # per round: (b) and (c) ran back to back
+                pairs = [f"{b.sentences_per_s:.1f}/{c.sentences_per_s:.1f}={c.tokens_per_s / b.tokens_per_s:.2f}x"
+                         for b, c in zip(statics, conts)]
+                per_round.append(f"  {beam_name(beam)} rounds, (b)/(c) sent/s = ratio: " + ", ".join(pairs))
         print_table(runs, "(a)-(d) shipped model")
         for beam in beams:
             by = {r.part: r for r in runs if r.beam == beam and r.part != "(d)"}
@@ -411,6 +415,8 @@ def main(argv=None) -> int:
                 ratios.append(f"continuous/sequential {r:.2f}x (target >= 4x)")
             if ratios:
                 print(f"  {beam_name(beam)}: " + "; ".join(ratios))
+        for line in per_round:
+            print(line)
         for r in runs:
             print_profile(r)
 

@@ -8,8 +8,8 @@ every decoder layer (in a few length-sorted groups when that saves padding); (2)
 ``decode_step`` over every running hypothesis of every running request, greedy and beam alike, each
 at its own position, plus the first (BOS) step of the requests just prefilled, which completes their
 prefill: the first step rides in the shared forward instead of paying a small forward of its own;
-(3) one top-k over all rows, then each request's ``BeamSearch.step`` and batched cache reorders
-(all beams, in a few groups of similar length).
+(3) one top-k over all rows, then each request's ``BeamSearch.step`` and one batched cache reorder
+for all beams.
 
 Runs in the engine's single worker thread; nothing here touches asyncio.
 """
@@ -86,12 +86,13 @@ class ModelRunner:
         self.model = model.eval()
         self.cfg = model.cfg
         self.device = next(model.parameters()).device
-        self.cache = KVCache.for_model(model, num_slots, max_tgt_len, max_src_len)
+        # On CPU attention gathers each row's keys anyway (packed), so beam reorders move slot ids
+        # instead of K/V (an indirect cache).
+        self.cache = KVCache.for_model(model, num_slots, max_tgt_len, max_src_len,
+                                       indirect=self.device.type == "cpu")
         self.seqs: dict[int, _Sequence] = {}
         # The fixed cost of one prefill call, in source tokens: prefill groups trade padding for calls.
         self.prefill_call_tokens = 96 if self.device.type == "cpu" else 1024
-        # ... and of one cache reorder call, in beams x positions copied (reorders are grouped by length).
-        self.reorder_call_beams = 24 if self.device.type == "cpu" else 10**6
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def release(self, request_id: int) -> None:
@@ -200,7 +201,7 @@ class ModelRunner:
         return _Part(out, rows)
 
     def _update(self, parts: list[_Part], outputs: dict) -> None:
-        """One top-k over all rows, each request's BeamSearch.step, cache reorders grouped by beam length."""
+        """One top-k over all rows, each request's BeamSearch.step, one cache reorder for all beams."""
         lp = parts[0].out.log_probs if len(parts) == 1 else torch.cat([p.out.log_probs for p in parts])
         offsets, k_max, masked = [], 1, []
         base = 0
@@ -252,12 +253,12 @@ class ModelRunner:
                         outputs[rid] = SequenceOutput(rid, new_tokens=new)
                 except Exception as e:  # noqa: BLE001 - fails this request only
                     outputs[rid] = SequenceOutput(rid, error=e)
-        # One batched reorder per group of beams of similar length: each copies its positions < the
-        # group's longest (positions beyond a beam's own length are rewritten before being read).
-        for group in length_groups([t for _, _, t in moves], self.reorder_call_beams):
+        # One batched reorder for all beams (positions < the longest beam's length; positions beyond a
+        # beam's own length are rewritten before being read). On CPU the cache is indirect, so this
+        # copies slot ids, not K/V.
+        if moves:
             slots, index = [], []
-            for m in group:
-                beam_slots, parents, _ = moves[m]
+            for beam_slots, parents, _ in moves:
                 index += [len(slots) + i for i in parents]
                 slots += beam_slots
-            self.cache.reorder(slots, index, length=max(moves[m][2] for m in group))
+            self.cache.reorder(slots, index, length=max(t for _, _, t in moves))

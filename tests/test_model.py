@@ -229,6 +229,49 @@ def test_kv_cache_reorder_copies_self_attention_rows():
     assert torch.all(cache.cross_k[:, 1] == 11)      # cross K/V are shared by a beam, not moved
 
 
+def test_indirect_cache_reorder_moves_slot_ids_and_decodes_the_same():
+    model = make_model()
+    cache = KVCache.for_model(model, num_slots=3, max_tgt_len=4, max_src_len=4, indirect=True)
+    cache.self_k.normal_()
+    before = cache.self_k.clone()
+    cache.reorder([0, 1, 2], [2, 2, 0], length=3)
+    assert torch.equal(cache.self_k, before)                     # no K/V copied ...
+    assert cache.home[:, :3].tolist() == [[2] * 3, [2] * 3, [0] * 3] and cache.home[:, 3].tolist() == [0, 1, 2]
+    sources = [rand_source(n, n) for n in (3, 9, 14)]
+    direct = generate(model, sources, beam_size=4, n_best=4, max_new_tokens=12,
+                      cache=KVCache.for_model(model, num_slots=12))
+    indirect = generate(model, sources, beam_size=4, n_best=4, max_new_tokens=12,
+                        cache=KVCache.for_model(model, num_slots=12, indirect=True))
+    assert [[h.tokens for h in x] for x in direct] == [[h.tokens for h in x] for x in indirect]
+    for a, b in zip(direct, indirect):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-10)
+
+
+@pytest.mark.parametrize("n_queries", [1, 3])
+def test_packed_attention_equals_padded_and_ignores_other_rows_keys(n_queries):
+    from model.kv_cache import AttentionPlan, CacheAttention
+    torch.manual_seed(0)
+    H, Dh, stride = 2, 4, 9
+    K, V = torch.randn(6, stride, H, Dh, dtype=torch.float64), torch.randn(6, stride, H, Dh, dtype=torch.float64)
+    slots, lengths = torch.tensor([4, 0, 5]), torch.tensor([2, 9, 5])
+    q = torch.randn(3, H, n_queries, Dh, dtype=torch.float64)
+    hook = CacheAttention.__new__(CacheAttention)
+    results = []
+    for packed in (True, False):
+        hook.plan = AttentionPlan(slots, lengths, stride, packed)
+        assert hook.plan.packed == packed
+        results.append(hook._attend(K, V, q, need_weights=True))
+    (out_p, w_p), (out_d, w_d) = results
+    torch.testing.assert_close(out_p, out_d)
+    torch.testing.assert_close(w_p, w_d)
+    assert w_p.shape == (3, H, n_queries, 9)
+    torch.testing.assert_close(w_p.sum(-1), torch.ones(3, H, n_queries, dtype=torch.float64))
+    assert torch.all(w_p[0, ..., 2:] == 0) and torch.all(w_p[2, ..., 5:] == 0)  # nobody reads past its length
+    K[4, 2:] = 1e6                                                             # garbage past row 0's keys
+    hook.plan = AttentionPlan(slots, lengths, stride, True)
+    torch.testing.assert_close(hook._attend(K, V, q, False)[0], out_p)
+
+
 def test_shared_cache_gives_same_result_as_fresh_cache():
     model = make_model()
     cache = KVCache.for_model(model, num_slots=16)
