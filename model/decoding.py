@@ -279,9 +279,10 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
     if todo:
         device = next(model.parameters()).device
         if cache is None:
-            # indirect on CPU: beam reorders move slot ids, not K/V (attention gathers keys anyway)
-            cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources),
-                                      indirect=device.type == "cpu")
+            # A direct cache: for the small batches offline decoding often runs (one sentence at a time),
+            # copying K/V on beam reorders is cheaper than gathering keys; pass an indirect cache to
+            # trade the other way (see KVCache).
+            cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources))
         slots = {b: cache.allocate(beam_size) for b in todo}
         try:
             _run(model, cache, [sources[b] for b in todo], [searches[b] for b in todo], [slots[b] for b in todo],

@@ -27,6 +27,9 @@ class KVCache:
     keys for positions 0..T-1 of all heads are one contiguous block: a decode step reads a few
     large blocks per row instead of one small block per head (3x faster attention on CPU).
     Reads are returned in the attention layout [N, H, T, Dh] (a transposed view).
+    With ``indirect=True`` a [N, T_max] table (``home``) says which slot holds each slot's K/V of
+    each position, so that beam reorders copy slot ids instead of K/V; decode attention then always
+    gathers keys (packed, see ``AttentionPlan``). Used on CPU by the engine and offline decoding.
     """
 
     def __init__(self, n_layers: int, n_heads: int, d_head: int, num_slots: int, max_tgt_len: int,
@@ -47,6 +50,9 @@ class KVCache:
         # so that a beam reorder copies these ids instead of the K/V themselves (see ``reorder``).
         self.home = (torch.arange(num_slots, device=device)[:, None].repeat(1, max_tgt_len) if indirect
                      else None)
+        # slots whose history a reorder has redirected since their first position; while no row of a
+        # step is, its keys are in its own slot and attention may read them in place (greedy never is)
+        self.redirected = torch.zeros(num_slots, dtype=torch.bool, device=device) if indirect else None
         self._free = list(range(num_slots - 1, -1, -1))  # a stack: lowest slot ids are handed out first
 
     @classmethod
@@ -152,9 +158,13 @@ class KVCache:
             share = (uniq.numel(), k_max, flat)
             owners = uniq
         write_at = slots * self.max_tgt_len + positions   # each row's own position in a layer's [N*T_max] view
+        home = None
         if self.home is not None:  # this step's K/V are written in the rows' own slots
             self.home.view(-1).index_copy_(0, write_at, slots)
-        plans = (AttentionPlan(slots, positions + 1, self.max_tgt_len, packed, self.home),
+            self.redirected.index_fill_(0, slots[positions == 0], False)  # a new history starts
+            if bool(self.redirected.index_select(0, slots).any()):
+                home = self.home
+        plans = (AttentionPlan(slots, positions + 1, self.max_tgt_len, packed, home),
                  AttentionPlan(owners, self.src_len.index_select(0, owners), self.max_src_len, packed))
         return [(CacheAttention(self, layer, slots, write_at, plans[0]),
                  CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.self_k.size(0))]
@@ -178,6 +188,7 @@ class KVCache:
         if self.home is not None:
             view = self.home[:, :T]
             view.index_copy_(0, dst, view.index_select(0, src))
+            self.redirected.index_fill_(0, dst, True)
             return
         for buf in (self.self_k, self.self_v):
             for layer in range(buf.size(0)):

@@ -237,6 +237,7 @@ def test_indirect_cache_reorder_moves_slot_ids_and_decodes_the_same():
     cache.reorder([0, 1, 2], [2, 2, 0], length=3)
     assert torch.equal(cache.self_k, before)                     # no K/V copied ...
     assert cache.home[:, :3].tolist() == [[2] * 3, [2] * 3, [0] * 3] and cache.home[:, 3].tolist() == [0, 1, 2]
+    assert cache.redirected.tolist() == [True, True, True]   # ... so attention follows the table
     sources = [rand_source(n, n) for n in (3, 9, 14)]
     direct = generate(model, sources, beam_size=4, n_best=4, max_new_tokens=12,
                       cache=KVCache.for_model(model, num_slots=12))
