@@ -251,12 +251,11 @@ class AttentionPlan:
 
     def __init__(self, slots: Tensor, lengths: Tensor, stride: int, packed: bool = False,
                  home: Optional[Tensor] = None):
-        self.num_rows = slots.numel()
         self.max_len = T = int(lengths.max())
         self.packed = home is not None or (packed and int(lengths.min()) < T)
         if self.packed:
             dev = slots.device
-            self.row_of_key = torch.repeat_interleave(torch.arange(self.num_rows, device=dev), lengths)
+            self.row_of_key = torch.repeat_interleave(torch.arange(slots.numel(), device=dev), lengths)
             starts = torch.cumsum(lengths, 0) - lengths
             pos = torch.arange(self.row_of_key.numel(), device=dev) - starts.index_select(0, self.row_of_key)
             slot = slots.index_select(0, self.row_of_key)
@@ -284,7 +283,7 @@ class CacheAttention:
 
     def __init__(self, cache: KVCache, layer: int, slots: Tensor, write_at: Optional[Tensor], plan: AttentionPlan,
                  share: Optional[tuple[int, int, Tensor]] = None):
-        self.cache, self.layer, self.slots, self.write_at, self.plan = cache, layer, slots, write_at, plan
+        self.cache, self.layer, self.write_at, self.plan = cache, layer, write_at, plan
         self.share = share
         self.self_attention = write_at is not None    # MultiHeadAttention projects new K/V only then
 
