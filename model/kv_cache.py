@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from . import kernels
 from .attention import scaled_dot_product_attention
 
 
@@ -54,6 +55,7 @@ class KVCache:
         # step is, its keys are in its own slot and attention may read them in place (greedy never is)
         self.redirected = torch.zeros(num_slots, dtype=torch.bool, device=device) if indirect else None
         self._free = list(range(num_slots - 1, -1, -1))  # a stack: lowest slot ids are handed out first
+        self._kernel: Optional[bool] = None  # compiled decode attention usable (see kernel_ok)
 
     @classmethod
     def for_model(cls, model, num_slots: int, max_tgt_len: Optional[int] = None,
@@ -114,6 +116,14 @@ class KVCache:
         self.owner.index_copy_(0, slots, owners)
         self.src_len.index_copy_(0, slots, self.src_len.index_select(0, owners))
 
+    def kernel_ok(self) -> bool:
+        """Whether packed decode attention runs the compiled kernel (``model.kernels``): a CPU cache
+        in float32/float64 where the kernel could be built (decided once, at the first step)."""
+        if self._kernel is None:
+            self._kernel = (self.self_k.device.type == "cpu" and self.self_k.dtype in (torch.float32, torch.float64)
+                            and kernels.decode_attention() is not None)
+        return self._kernel
+
     @staticmethod
     def rows(slots: Tensor) -> Tensor | slice:
         """``slots`` as a slice when they are consecutive ascending ids (as in a static batch, or a
@@ -164,8 +174,9 @@ class KVCache:
             self.redirected.index_fill_(0, slots[positions == 0], False)  # a new history starts
             if bool(self.redirected.index_select(0, slots).any()):
                 home = self.home
-        plans = (AttentionPlan(slots, positions + 1, self.max_tgt_len, packed, home),
-                 AttentionPlan(owners, self.src_len.index_select(0, owners), self.max_src_len, packed))
+        kernel = packed and self.kernel_ok()
+        plans = (AttentionPlan(slots, positions + 1, self.max_tgt_len, packed, home, kernel),
+                 AttentionPlan(owners, self.src_len.index_select(0, owners), self.max_src_len, packed, kernel=kernel))
         return [(CacheAttention(self, layer, slots, write_at, plans[0]),
                  CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.self_k.size(0))]
 
@@ -243,21 +254,25 @@ class AttentionPlan:
     attention is one padded call over the longest row (``rows`` is a slice when the slots are
     consecutive, so reads are views; ``mask`` [R, 1, 1, T] hides keys beyond a row's length, None when
     there are none). Otherwise (or when ``home`` [N_slots, stride] says which slot holds each
-    position, for an indirect cache) it is packed: the NK = sum(lengths) real keys are gathered into one
-    [NK, H, Dh] block (``key_index``), so a row at position 3 batched with one at position 40 costs 3
-    keys, not 41, and no call is spent per group of lengths; ``row_of_key`` [NK] and ``pad_index``
-    [NK] (= row * T + position) map each key to its row and to a padded [R, T] score grid.
+    position, for an indirect cache, or with ``kernel``) it is packed: row r attends over the cache rows
+    ``key_index[starts[r]:starts[r + 1]]`` (NK = sum(lengths) keys in all), so a row at position 3
+    batched with one at position 40 costs 3 keys, not 41, and no call is spent per group of lengths.
+    With ``kernel`` the compiled kernel (``model.kernels``) reads the keys in place; otherwise they are
+    gathered into one [NK, H, Dh] block and ``row_of_key`` [NK] and ``pad_index`` [NK]
+    (= row * T + position) map each key to its row and to a padded [R, T] score grid.
     """
 
     def __init__(self, slots: Tensor, lengths: Tensor, stride: int, packed: bool = False,
-                 home: Optional[Tensor] = None):
+                 home: Optional[Tensor] = None, kernel: bool = False):
         self.max_len = T = int(lengths.max())
-        self.packed = home is not None or (packed and int(lengths.min()) < T)
+        self.kernel = kernel
+        self.packed = kernel or home is not None or (packed and int(lengths.min()) < T)
         if self.packed:
             dev = slots.device
             self.row_of_key = torch.repeat_interleave(torch.arange(slots.numel(), device=dev), lengths)
-            starts = torch.cumsum(lengths, 0) - lengths
-            pos = torch.arange(self.row_of_key.numel(), device=dev) - starts.index_select(0, self.row_of_key)
+            self.starts = torch.zeros(slots.numel() + 1, dtype=torch.long, device=dev)
+            torch.cumsum(lengths, 0, out=self.starts[1:])
+            pos = torch.arange(self.row_of_key.numel(), device=dev) - self.starts.index_select(0, self.row_of_key)
             slot = slots.index_select(0, self.row_of_key)
             if home is not None:  # the slot that holds each key (an indirect cache)
                 slot = home.view(-1).index_select(0, slot * stride + pos)
@@ -294,33 +309,39 @@ class CacheAttention:
             K, V = c.self_k[layer], c.self_v[layer]                    # [N_slots, T_max, H, Dh]
             K.view(-1, *K.shape[2:]).index_copy_(0, self.write_at, k_new[:, :, 0])
             V.view(-1, *V.shape[2:]).index_copy_(0, self.write_at, v_new[:, :, 0])
-            return self._attend(K, V, q, need_weights)
-        K, V = c.cross_k[layer], c.cross_v[layer]
+        else:
+            K, V = c.cross_k[layer], c.cross_v[layer]
         if self.share is None:
-            return self._attend(K, V, q, need_weights)
+            out, w = self._attend(K, V, q.transpose(1, 2), need_weights)       # [N, 1, H, Dh]
+            return out.transpose(1, 2), w
         U, k, flat = self.share
         N, H, _, Dh = q.shape
         qg = q.new_zeros(U * k, H, Dh).index_copy_(0, flat, q[:, :, 0])       # rows -> [source, hypothesis]
-        out, w = self._attend(K, V, qg.view(U, k, H, Dh).transpose(1, 2), need_weights)  # [U, H, k, Dh]
-        out = out.transpose(1, 2).reshape(U * k, H, Dh).index_select(0, flat)[:, :, None]
+        out, w = self._attend(K, V, qg.view(U, k, H, Dh), need_weights)       # [U, k, H, Dh]
+        out = out.reshape(U * k, H, Dh).index_select(0, flat)[:, :, None]
         if w is not None:
             w = w.transpose(1, 2).reshape(U * k, H, -1).index_select(0, flat)[:, :, None]
         return out, w
 
     def _attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """q [R, H, Q, Dh] for the plan's R rows -> (out [R, H, Q, Dh], weights [R, H, Q, T] or None)."""
+        """q [R, Q, H, Dh] for the plan's R rows -> (out [R, Q, H, Dh], weights [R, H, Q, T] or None)."""
         p = self.plan
+        R, Q, H, Dh = q.shape
         if not p.packed:
             k, v = KVCache.read(K, p.rows, p.max_len), KVCache.read(V, p.rows, p.max_len)
-            return scaled_dot_product_attention(q, k, v, p.mask, 0.0, need_weights)
-        R, H, Q, Dh = q.shape
+            out, w = scaled_dot_product_attention(q.transpose(1, 2), k, v, p.mask, 0.0, need_weights)
+            return out.transpose(1, 2), w
+        if p.kernel and not (torch.is_grad_enabled() and q.requires_grad):
+            out, w = kernels.packed_decode_attention(q, K.view(-1, H, Dh), V.view(-1, H, Dh), p.key_index,
+                                                     p.starts, p.max_len, need_weights)
+            return out, (w.transpose(1, 2) if w is not None else None)
         T = p.max_len
         k = K.view(-1, H, Dh).index_select(0, p.key_index)[:, None]            # [NK, 1, H, Dh]
         v = V.view(-1, H, Dh).index_select(0, p.key_index)[:, None]
-        qs = (q.transpose(1, 2) * Dh ** -0.5).index_select(0, p.row_of_key)     # [NK, Q, H, Dh]
+        qs = (q * Dh ** -0.5).index_select(0, p.row_of_key)                     # [NK, Q, H, Dh]
         scores = q.new_full((R * T, Q, H), float("-inf"))
         scores.index_copy_(0, p.pad_index, (k * qs).sum(-1))                  # [R*T, Q, H]
         w = torch.softmax(scores.view(R, T, Q, H), dim=1)                      # eq. 1, per row over its keys
         wk = w.view(R * T, Q, H).index_select(0, p.pad_index)[..., None]       # [NK, Q, H, 1]
         out = q.new_zeros(R, Q, H, Dh).index_add_(0, p.row_of_key, wk * v)    # [R, Q, H, Dh]
-        return out.transpose(1, 2), (w.permute(0, 3, 2, 1) if need_weights else None)
+        return out, (w.permute(0, 3, 2, 1) if need_weights else None)

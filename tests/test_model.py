@@ -249,28 +249,49 @@ def test_indirect_cache_reorder_moves_slot_ids_and_decodes_the_same():
 
 
 @pytest.mark.parametrize("n_queries", [1, 3])
-def test_packed_attention_equals_padded_and_ignores_other_rows_keys(n_queries):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_attention_equals_padded_and_ignores_other_rows_keys(n_queries, dtype):
+    """Padded SDPA, eager packed and (where it builds) the compiled kernel give the same attention."""
+    from model import kernels
     from model.kv_cache import AttentionPlan, CacheAttention
     torch.manual_seed(0)
     H, Dh, stride = 2, 4, 9
-    K, V = torch.randn(6, stride, H, Dh, dtype=torch.float64), torch.randn(6, stride, H, Dh, dtype=torch.float64)
+    K, V = torch.randn(6, stride, H, Dh, dtype=dtype), torch.randn(6, stride, H, Dh, dtype=dtype)
     slots, lengths = torch.tensor([4, 0, 5]), torch.tensor([2, 9, 5])
-    q = torch.randn(3, H, n_queries, Dh, dtype=torch.float64)
+    q = torch.randn(3, n_queries, H, Dh, dtype=dtype)
     hook = CacheAttention.__new__(CacheAttention)
-    results = []
-    for packed in (True, False):
-        hook.plan = AttentionPlan(slots, lengths, stride, packed)
-        assert hook.plan.packed == packed
-        results.append(hook._attend(K, V, q, need_weights=True))
-    (out_p, w_p), (out_d, w_d) = results
-    torch.testing.assert_close(out_p, out_d)
-    torch.testing.assert_close(w_p, w_d)
-    assert w_p.shape == (3, H, n_queries, 9)
-    torch.testing.assert_close(w_p.sum(-1), torch.ones(3, H, n_queries, dtype=torch.float64))
-    assert torch.all(w_p[0, ..., 2:] == 0) and torch.all(w_p[2, ..., 5:] == 0)  # nobody reads past its length
+    plans = {"padded": AttentionPlan(slots, lengths, stride), "packed": AttentionPlan(slots, lengths, stride, True)}
+    assert not plans["padded"].packed and plans["packed"].packed and not plans["packed"].kernel
+    if kernels.decode_attention() is not None:
+        plans["kernel"] = AttentionPlan(slots, lengths, stride, True, kernel=True)
+    results = {}
+    for name, plan in plans.items():
+        hook.plan = plan
+        results[name] = hook._attend(K, V, q, need_weights=True)
+    out_d, w_d = results.pop("padded")
+    for name, (out, w) in results.items():
+        torch.testing.assert_close(out, out_d, msg=name)
+        torch.testing.assert_close(w, w_d, msg=name)
+        assert w.shape == (3, H, n_queries, 9)
+        torch.testing.assert_close(w.sum(-1), torch.ones(3, H, n_queries, dtype=dtype))
+        assert torch.all(w[0, ..., 2:] == 0) and torch.all(w[2, ..., 5:] == 0)  # nobody reads past its length
     K[4, 2:] = 1e6                                                             # garbage past row 0's keys
-    hook.plan = AttentionPlan(slots, lengths, stride, True)
-    torch.testing.assert_close(hook._attend(K, V, q, False)[0], out_p)
+    for name, (out, _) in results.items():
+        hook.plan = plans[name]
+        torch.testing.assert_close(hook._attend(K, V, q, False)[0], out, msg=name)
+
+
+def test_compiled_decode_attention_rejects_bad_indices():
+    from model import kernels
+    if kernels.decode_attention() is None:
+        pytest.skip("compiled kernel unavailable here (no C++ compiler); eager attention is used")
+    q, k = torch.randn(2, 1, 2, 4), torch.randn(10, 2, 4)
+    with pytest.raises(RuntimeError, match="outside"):
+        kernels.packed_decode_attention(q, k, k, torch.tensor([0, 10]), torch.tensor([0, 1, 2]), 1)
+    with pytest.raises(RuntimeError, match="max_len"):
+        kernels.packed_decode_attention(q, k, k, torch.tensor([0, 1, 2]), torch.tensor([0, 3, 3]), 2)
+    with pytest.raises(RuntimeError, match="R \\+ 1"):
+        kernels.packed_decode_attention(q, k, k, torch.tensor([0]), torch.tensor([0, 1]), 1)
 
 
 def test_shared_cache_gives_same_result_as_fresh_cache():

@@ -1,0 +1,128 @@
+// Decode-step attention over a KV cache on CPU: each query row attends over its own keys only.
+//
+// softmax(q K^T / sqrt(d_k)) V (Vaswani et al., 2017, eq. 1) for R rows at once, where row r owns the
+// keys key_index[starts[r] .. starts[r+1]) of a cache laid out as rows of [H, D] (one cached position
+// of all heads). Rows of different lengths cost their own keys, not the longest row's: this replaces
+// a padded batch (or a gather + elementwise products in eager PyTorch, which materialise every
+// gathered key several times) by one pass over each key. Each row is computed by itself, in a fixed
+// order, so its result does not depend on which other rows share the call.
+//
+// Built on first use by model/kernels.py (torch.utils.cpp_extension); eager PyTorch is the fallback.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename scalar_t>
+void attend_rows(const scalar_t* Q, const scalar_t* K, const scalar_t* V, const int64_t* key_index,
+                 const int64_t* starts, scalar_t* out, scalar_t* weights, int64_t R, int64_t NQ,
+                 int64_t H, int64_t D, int64_t T, scalar_t scale) {
+  const int64_t HD = H * D, AH = NQ * H;
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<scalar_t> scores, row_max(AH), row_inv_sum(AH);  // scores: [L, NQ, H]
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t first = starts[r], L = starts[r + 1] - first;
+      const scalar_t* q = Q + r * NQ * HD;   // [NQ, H, D]
+      scalar_t* o = out + r * NQ * HD;       // [NQ, H, D]
+      std::fill(o, o + NQ * HD, scalar_t(0));
+      if (L <= 0) continue;
+      scores.resize(L * AH);
+      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<scalar_t>::infinity());
+      // scores[n, a, h] = <q[a, h], k_n[h]> * scale, one read of each key
+      for (int64_t n = 0; n < L; ++n) {
+        const scalar_t* k = K + key_index[first + n] * HD;
+        scalar_t* s = scores.data() + n * AH;
+        for (int64_t a = 0; a < NQ; ++a) {
+          for (int64_t h = 0; h < H; ++h) {
+            const scalar_t* qh = q + a * HD + h * D;
+            const scalar_t* kh = k + h * D;
+            scalar_t acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t d = 0; d < D; ++d) acc += qh[d] * kh[d];
+            s[a * H + h] = acc * scale;
+            row_max[a * H + h] = std::max(row_max[a * H + h], acc * scale);
+          }
+        }
+      }
+      // softmax over this row's keys, per (query, head)
+      std::fill(row_inv_sum.begin(), row_inv_sum.end(), scalar_t(0));
+      for (int64_t n = 0; n < L; ++n) {
+        scalar_t* s = scores.data() + n * AH;
+        for (int64_t j = 0; j < AH; ++j) {
+          s[j] = std::exp(s[j] - row_max[j]);
+          row_inv_sum[j] += s[j];
+        }
+      }
+      for (int64_t j = 0; j < AH; ++j) row_inv_sum[j] = scalar_t(1) / row_inv_sum[j];
+      // out[a, h] = sum_n w[n, a, h] v_n[h], one read of each value
+      for (int64_t n = 0; n < L; ++n) {
+        const scalar_t* v = V + key_index[first + n] * HD;
+        const scalar_t* s = scores.data() + n * AH;
+        for (int64_t a = 0; a < NQ; ++a) {
+          for (int64_t h = 0; h < H; ++h) {
+            const scalar_t w = s[a * H + h] * row_inv_sum[a * H + h];
+            if (weights != nullptr) weights[((r * NQ + a) * H + h) * T + n] = w;
+            scalar_t* oh = o + a * HD + h * D;
+            const scalar_t* vh = v + h * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) oh[d] += w * vh[d];
+          }
+        }
+      }
+    }
+  });
+}
+
+// q [R, NQ, H, D]; k, v [N, H, D] (any N: a cache layer viewed as rows); key_index [NK] rows of k/v;
+// starts [R + 1] (row r owns key_index[starts[r]:starts[r+1]]); max_len >= every row's key count.
+// Returns {out [R, NQ, H, D]} or, with need_weights, {out, weights [R, NQ, H, max_len]} (zero past
+// each row's own length).
+std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v, const torch::Tensor& key_index,
+                                                   const torch::Tensor& starts, int64_t max_len,
+                                                   double scale, bool need_weights) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous(), "q must be a contiguous [R, Q, H, D] tensor");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(), "k and v must be contiguous, same shape");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v dtypes differ");
+  TORCH_CHECK(key_index.scalar_type() == torch::kLong && starts.scalar_type() == torch::kLong &&
+                  key_index.is_contiguous() && starts.is_contiguous(), "key_index and starts must be contiguous int64");
+  const int64_t R = q.size(0), NQ = q.size(1), H = q.size(2), D = q.size(3);
+  TORCH_CHECK(k.numel() % (H * D) == 0, "k and v must hold [*, H, D] rows");
+  TORCH_CHECK(starts.numel() == R + 1, "starts must have R + 1 entries");
+  const int64_t n_rows = k.numel() / (H * D);
+  // Bounds are checked here (a plain pass over the indices) so that the kernel never reads outside k/v.
+  const int64_t* ki = key_index.data_ptr<int64_t>();
+  const int64_t* st = starts.data_ptr<int64_t>();
+  TORCH_CHECK(st[0] == 0 && st[R] == key_index.numel(), "starts must run from 0 to len(key_index)");
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(st[r + 1] >= st[r] && st[r + 1] - st[r] <= max_len, "row ", r, " has ", st[r + 1] - st[r],
+                " keys; rows must have 0..max_len (", max_len, ") keys");
+  }
+  for (int64_t n = 0; n < key_index.numel(); ++n) {
+    TORCH_CHECK(ki[n] >= 0 && ki[n] < n_rows, "key_index[", n, "] = ", ki[n], " is outside 0..", n_rows - 1);
+  }
+  auto out = torch::empty_like(q);
+  torch::Tensor w;
+  if (need_weights) w = torch::zeros({R, NQ, H, max_len}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "packed_decode_attention", [&] {
+    attend_rows<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                          key_index.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
+                          need_weights ? w.data_ptr<scalar_t>() : nullptr, R, NQ, H, D, max_len,
+                          static_cast<scalar_t>(scale));
+  });
+  if (need_weights) return {out, w};
+  return {out};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("packed_decode_attention", &packed_decode_attention,
+        "Decode-step attention, each row over its own cached keys (see decode_attention.cpp)");
+}
