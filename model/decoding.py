@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from . import kernels
 from .kv_cache import KVCache
 from .transformer import Transformer, padding_mask
 
@@ -237,8 +238,41 @@ class BeamSearch:
 
 def top_candidates(log_probs: Tensor, k: int) -> tuple[list, list]:
     """Per row the 2k best (log-prob, token id) as python lists; the one device sync of a step."""
-    v, i = log_probs.topk(min(2 * k, log_probs.size(-1)), dim=-1)
+    v, i = row_topk(log_probs, min(2 * k, log_probs.size(-1)))
     return v.tolist(), i.tolist()
+
+
+TOPK_CHUNK = 64  # vocabulary entries per chunk of ``row_topk``
+
+
+def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``x.topk(k, dim=-1)`` of a [N, V] matrix (values descending), faster for small k and large V.
+
+    The k largest entries of a row lie in the k chunks (of TOPK_CHUNK entries) with the largest
+    maxima: any other chunk's maximum is at most the k-th largest of those. So chunk maxima (a cheap
+    reduction), then top-k of the k * TOPK_CHUNK candidates, instead of a top-k over all V (2x faster
+    for k = 8 and 6x for k = 2 at V = 8000 and 220 rows on CPU). Among exactly equal values the
+    chosen ids may differ from ``torch.topk``'s; the values are the same (a row with fewer than k
+    values above -inf may repeat an id among its -inf entries).
+    """
+    N, V = x.shape
+    C = TOPK_CHUNK
+    n_chunks = -(-V // C)
+    if N < 2 or n_chunks < 4 * k or x.device.type != "cpu":
+        return x.topk(k, dim=-1)
+    full = V // C
+    chunk_max = x[:, : full * C].reshape(N, full, C).amax(-1)                   # [N, V / C]
+    if full < n_chunks:                                                         # a shorter last chunk
+        chunk_max = torch.cat([chunk_max, x[:, full * C:].amax(-1, keepdim=True)], dim=1)
+    chunks = chunk_max.topk(k, dim=-1).indices                                  # [N, k]
+    ids = (chunks[:, :, None] * C + torch.arange(C, device=x.device)).view(N, k * C)
+    if full == n_chunks:
+        v, j = x.gather(1, ids).topk(k, dim=-1)
+        return v, ids.gather(1, j)
+    past = ids >= V                                          # past the end of the shorter last chunk
+    cand = x.gather(1, ids.clamp(max=V - 1)).masked_fill_(past, float("-inf"))
+    v, j = cand.topk(k, dim=-1)
+    return v, ids.gather(1, j).clamp_(max=V - 1)
 
 
 @torch.no_grad()
@@ -279,10 +313,14 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
     if todo:
         device = next(model.parameters()).device
         if cache is None:
-            # A direct cache: for the small batches offline decoding often runs (one sentence at a time),
-            # copying K/V on beam reorders is cheaper than gathering keys; pass an indirect cache to
-            # trade the other way (see KVCache).
-            cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources))
+            # Beam reorders copy slot ids instead of K/V (an indirect cache) where the compiled decode
+            # attention reads keys through an index anyway; eager attention would have to gather them,
+            # which costs more than the copies at the small batches offline decoding often runs.
+            p = next(model.parameters())
+            indirect = (beam_size > 1 and p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64)
+                        and kernels.decode_attention() is not None)
+            cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources),
+                                      indirect=indirect)
         slots = {b: cache.allocate(beam_size) for b in todo}
         try:
             _run(model, cache, [sources[b] for b in todo], [searches[b] for b in todo], [slots[b] for b in todo],

@@ -51,6 +51,12 @@ def _cpu_id() -> str:
 
 def _build() -> Optional[Callable]:
     from torch.utils import cpp_extension
+    try:  # the ninja that pip installed (a dependency) need not be on PATH when the venv is not activated
+        import ninja
+        if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except (ImportError, AttributeError):
+        pass
     source = SOURCE.read_bytes()
     key = hashlib.sha1(source + torch.__version__.encode() + _cpu_id().encode() + " ".join(CFLAGS).encode())
     module = cpp_extension.load(f"mt_decode_attention_{key.hexdigest()[:12]}", [str(SOURCE)],
@@ -81,7 +87,10 @@ def _self_check(fn: Callable) -> None:
 
 def decode_attention() -> Optional[Callable]:
     """The compiled ``packed_decode_attention`` function, or None where it is disabled or cannot be
-    built (the reason is logged once). Thread-safe; builds at most once per process."""
+    built (the reason is logged once). Thread-safe; builds at most once per process, and the first
+    answer stands for the rest of it."""
+    if "decode_attention" in _loaded:
+        return _loaded["decode_attention"]
     if not enabled():
         return None
     with _lock:

@@ -90,6 +90,7 @@ class ModelRunner:
         # instead of K/V (an indirect cache).
         self.cache = KVCache.for_model(model, num_slots, max_tgt_len, max_src_len,
                                        indirect=self.device.type == "cpu")
+        self.cache.kernel_ok()  # build/load the compiled decode attention now, not at the first request
         self.seqs: dict[int, _Sequence] = {}
         # The fixed cost of one prefill call, in source tokens: prefill groups trade padding for calls.
         self.prefill_call_tokens = 96 if self.device.type == "cpu" else 1024

@@ -349,3 +349,38 @@ def test_learning_rate_schedule():
     assert inverse_sqrt_lr(50, 1e-3, 100) == pytest.approx(5e-4)
     assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
     assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
+
+
+@pytest.mark.parametrize("vocab", [8000, 7999, 8001, 300])
+@pytest.mark.parametrize("k", [2, 8])
+def test_row_topk_equals_torch_topk(vocab, k):
+    from model.decoding import row_topk
+    g = torch.Generator().manual_seed(vocab + k)
+    x = torch.randn(37, vocab, generator=g).log_softmax(-1)
+    x[:, :3] = float("-inf")                       # masked ids (pad, BOS, EOS)
+    x[0, -1] = 5.0                                 # the best id in the (shorter) last chunk
+    x[1, -k:] = torch.arange(k, dtype=x.dtype) + 3  # all of the top k at the very end
+    x[2, 100:100 + k] = 4.0 + torch.arange(k, dtype=x.dtype)  # all in one chunk
+    v, i = row_topk(x, k)
+    ref_v, ref_i = x.topk(k, dim=-1)
+    assert torch.equal(v, ref_v) and torch.equal(i, ref_i)
+    assert torch.equal(x.gather(1, i), v)
+
+
+def test_eager_fallback_decodes_like_the_compiled_kernel(monkeypatch):
+    """Where the kernel cannot be built, decoding takes the eager paths and gives the same results."""
+    from model import kernels
+    if kernels.decode_attention() is None:
+        pytest.skip("compiled kernel unavailable here: every other test already runs the eager paths")
+    model = make_model()
+    sources = [rand_source(n, n) for n in (3, 9, 14)]
+    kinds = ("cross", "decoder")
+    fast = generate(model, sources, beam_size=3, n_best=2, max_new_tokens=10, attention_kinds=kinds)
+    monkeypatch.setitem(kernels._loaded, "decode_attention", None)
+    eager = generate(model, sources, beam_size=3, n_best=2, max_new_tokens=10, attention_kinds=kinds)
+    assert [[h.tokens for h in x] for x in fast] == [[h.tokens for h in x] for x in eager]
+    for a, b in zip(fast, eager):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-10)
+        for ha, hb in zip(a, b):
+            for kind in kinds:
+                torch.testing.assert_close(ha.attention[kind], hb.attention[kind])
