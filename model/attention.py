@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
 from .linear import Linear
 
 # Attention of an incremental decoding step read from a KV cache (``model.kv_cache.CacheAttention``):
@@ -94,3 +95,38 @@ class MultiHeadAttention(nn.Module):
             out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # [B, T_q, d_model]
         return self.w_o(out), weights
+
+
+class PackedSelfAttention:
+    """Self-attention within each sequence of a packed batch (no padding), with the compiled kernel.
+
+    The B sequences' NT = sum(lengths) tokens are rows of one [NT, 1, d_model] batch; token n of
+    sequence b attends over the tokens of b only (unmasked, as in the encoder). Passed to
+    ``MultiHeadAttention`` as its ``cache_attend`` hook: called with q, k_new, v_new [NT, H, 1, Dh],
+    returns (out [NT, H, 1, Dh], None). Needs ``model.kernels.decode_attention()``; weights are not
+    available (use the padded path for them).
+    """
+
+    self_attention = True   # MultiHeadAttention projects this batch's keys/values
+
+    def __init__(self, lengths: Tensor):
+        dev = lengths.device
+        n_tok = int(lengths.sum())
+        seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths)   # [NT] sequence of each token
+        first = torch.cumsum(lengths, 0) - lengths                                           # [B] first token of each sequence
+        per_token = lengths.index_select(0, seq)                                             # [NT] keys of each token
+        self.starts = torch.zeros(n_tok + 1, dtype=torch.long, device=dev)
+        torch.cumsum(per_token, 0, out=self.starts[1:])
+        owner = torch.repeat_interleave(torch.arange(n_tok, device=dev), per_token)         # [sum L^2] query of each key
+        within = torch.arange(owner.numel(), device=dev) - self.starts.index_select(0, owner)
+        self.key_index = first.index_select(0, seq.index_select(0, owner)) + within         # token rows, per query
+        self.max_len = int(lengths.max())
+
+    def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
+                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        if need_weights:
+            raise ValueError("PackedSelfAttention returns no weights; use the padded path for them")
+        out, _ = kernels.packed_decode_attention(q.transpose(1, 2), k_new[:, :, 0].contiguous(),
+                                                 v_new[:, :, 0].contiguous(), self.key_index, self.starts,
+                                                 self.max_len)                            # [NT, 1, H, Dh]
+        return out.transpose(1, 2), None

@@ -78,10 +78,16 @@ def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequen
     src_mask = padding_mask(src, model.cfg.pad_id)
     if src_lengths is None:
         src_lengths = src_mask[:, 0, 0].sum(-1)
-    memory, enc_w = model.encode(src, src_mask, need_weights)
-    cross_kv = model.cross_kv(memory)
     first = torch.tensor([r[0] for r in rows], dtype=torch.long, device=src.device)
-    cache.write_cross(first, cross_kv, src_lengths)
+    enc_w = None
+    if not need_weights and cache.kernel_ok() and src.size(0) > 1:
+        # packed: only the real tokens go through the encoder (no padding, one call for any mix of lengths)
+        keep = torch.arange(src.size(1), device=src.device)[None, :] < src_lengths[:, None]
+        memory = model.encode_packed(src[keep], src_lengths)                    # [NT, d_model]
+        cache.write_cross_packed(first, model.cross_kv(memory[:, None]), src_lengths)
+    else:
+        memory, enc_w = model.encode(src, src_mask, need_weights)
+        cache.write_cross(first, model.cross_kv(memory), src_lengths)
     others = [(s, r[0]) for r in rows for s in r[1:]]
     if others:  # the other hypotheses of a beam read the first slot's cross K/V
         cache.share_cross(torch.tensor([s for s, _ in others], device=src.device),

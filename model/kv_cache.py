@@ -110,6 +110,23 @@ class KVCache:
         self.src_len.index_copy_(0, slots, src_lengths.to(self.src_len.device))
         self.owner.index_copy_(0, slots, slots)
 
+    def write_cross_packed(self, slots: Tensor, cross_kv: Sequence[tuple[Tensor, Tensor]], src_lengths: Tensor) -> None:
+        """``write_cross`` for a packed batch (``Transformer.encode_packed``): per-layer K/V [NT, H, 1, Dh]
+        of the NT = sum(src_lengths) tokens of B sequences, one after another, for slots [B]."""
+        if int(src_lengths.max()) > self.max_src_len:
+            raise ValueError(f"source length {int(src_lengths.max())} exceeds the cache's max_src_len {self.max_src_len}")
+        dev = slots.device
+        seq = torch.repeat_interleave(torch.arange(slots.numel(), device=dev), src_lengths)
+        first = torch.cumsum(src_lengths, 0) - src_lengths
+        pos = torch.arange(seq.numel(), device=dev) - first.index_select(0, seq)
+        at = slots.index_select(0, seq) * self.max_src_len + pos          # each token's row in a layer's [N*S_max] view
+        for layer, (k, v) in enumerate(cross_kv):
+            K, V = self.cross_k[layer], self.cross_v[layer]
+            K.view(-1, *K.shape[2:]).index_copy_(0, at, k[:, :, 0])
+            V.view(-1, *V.shape[2:]).index_copy_(0, at, v[:, :, 0])
+        self.src_len.index_copy_(0, slots, src_lengths.to(self.src_len.device))
+        self.owner.index_copy_(0, slots, slots)
+
     def share_cross(self, slots: Tensor, owners: Tensor) -> None:
         """Let slots [N] attend to the cross K/V stored in owners [N] (the other hypotheses of a beam)."""
         owners = self.owner.index_select(0, owners)

@@ -95,9 +95,11 @@ class EncoderLayer(nn.Module):
         self.res1 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
         self.res2 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
 
-    def forward(self, x: Tensor, src_mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
-        """x [B, S, d_model], src_mask [B, 1, 1, S] -> ([B, S, d_model], weights [B, H, S, S] or None)."""
-        y, w = self.self_attn(self.res1.pre(x), mask=src_mask, need_weights=need_weights)
+    def forward(self, x: Tensor, src_mask: Optional[Tensor], need_weights: bool = False,
+                attend: Optional[CacheAttend] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """x [B, S, d_model], src_mask [B, 1, 1, S] -> ([B, S, d_model], weights [B, H, S, S] or None).
+        ``attend`` (a packed batch, see ``Transformer.encode_packed``) replaces the padded attention."""
+        y, w = self.self_attn(self.res1.pre(x), mask=src_mask, cache_attend=attend, need_weights=need_weights)
         x = self.res1.post(x, y)
         x = self.res2.post(x, self.ffn(self.res2.pre(x)))
         return x, w

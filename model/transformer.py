@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from .attention import CacheAttend
+from .attention import CacheAttend, PackedSelfAttention
 from .config import ModelConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
 from .linear import Linear, PackedWeight, packed_linear
@@ -69,6 +69,20 @@ class Transformer(nn.Module):
             if need_weights:
                 weights.append(w)
         return self.enc_norm(x), weights
+
+    def encode_packed(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """The encoder on a packed batch: tokens [NT] are B sequences of ``lengths`` [B] one after
+        another (no padding) -> memory [NT, d_model]. Same result as ``encode`` on the padded batch
+        (up to float summation order), without computing pads; needs the compiled decode-attention
+        kernel (``model.kernels``) and returns no attention weights."""
+        seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=tokens.device), lengths)
+        first = torch.cumsum(lengths, 0) - lengths
+        positions = torch.arange(tokens.numel(), device=tokens.device) - first.index_select(0, seq)
+        attend = PackedSelfAttention(lengths)
+        x = self.src_embed(tokens[:, None], positions[:, None])      # [NT, 1, d_model]
+        for layer in self.encoder:
+            x, _ = layer(x, None, False, attend)
+        return self.enc_norm(x)[:, 0]
 
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Encoder-decoder attention keys/values for every decoder layer, each [B, H, S, Dh]."""

@@ -114,7 +114,10 @@ class ModelRunner:
         t0 = time.perf_counter()
         new: list[_Sequence] = []
         if plan.prefill:
-            for group in length_groups([len(r.payload.src_ids) for r in plan.prefill], self.prefill_call_tokens):
+            # a packed encoder pass (compiled kernel) has no padding to save: one call for all
+            lengths = [len(r.payload.src_ids) for r in plan.prefill]
+            groups = [list(range(len(lengths)))] if self.cache.kernel_ok() else length_groups(lengths, self.prefill_call_tokens)
+            for group in groups:
                 started = self._start([plan.prefill[i] for i in group], outputs)
                 new += [s for done in self._isolated(self._encode, started, outputs) for s in done]
         t1 = time.perf_counter()

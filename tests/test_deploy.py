@@ -283,6 +283,12 @@ def test_dockerfile_references_existing_files_and_is_hardened():
     # ... as the non-root user the container runs as, so an unreadable checkpoint fails the build.
     load_at = max(i for i, (op, a) in enumerate(ins) if op == "RUN" and "load_checkpoint()" in a)
     assert load_at > max(i for i, (op, _) in enumerate(ins) if op == "USER")
+    # The compiled decode attention can be built in the image: a C++ compiler, its source as package
+    # data (ninja is a pip dependency), built once at image build time.
+    assert re.search(r'model\s*=\s*\[[^\]]*"csrc/\*\.cpp"', pyproject)
+    assert (ROOT / "model" / "csrc" / "decode_attention.cpp").is_file()
+    assert any(op == "RUN" and "g++" in a for op, a in ins)
+    assert any(op == "RUN" and "kernels.decode_attention()" in a for op, a in ins)
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert not any(p.startswith("model") for p in ignore)
     from model.checkpoint import DEFAULT_CHECKPOINT

@@ -384,3 +384,31 @@ def test_eager_fallback_decodes_like_the_compiled_kernel(monkeypatch):
         for ha, hb in zip(a, b):
             for kind in kinds:
                 torch.testing.assert_close(ha.attention[kind], hb.attention[kind])
+
+
+def test_packed_encoder_prefill_equals_padded():
+    """encode_into_cache through the packed encoder (no padding, compiled kernel) stores the same
+    cross-attention K/V as the padded encoder, and encode_packed equals encode on real tokens."""
+    from model import kernels
+    from model.decoding import encode_into_cache, pad_batch
+    if kernels.decode_attention() is None:
+        pytest.skip("compiled kernel unavailable here: prefill always takes the padded path")
+    model = make_model()
+    sources = [rand_source(n, n) for n in (3, 12, 1, 7)]
+    src = pad_batch(sources, model.cfg.pad_id)
+    lengths = torch.tensor([len(s) for s in sources])
+    keep = torch.arange(src.size(1))[None, :] < lengths[:, None]
+    memory, _ = model.encode(src, padding_mask(src, model.cfg.pad_id))
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_packed(src[keep], lengths), memory[keep])
+    caches = [KVCache.for_model(model, num_slots=8), KVCache.for_model(model, num_slots=8)]
+    caches[1]._kernel = False                      # the padded path
+    slots = [[1, 2], [0], [5, 6, 7], [3]]
+    for cache in caches:
+        assert encode_into_cache(model, cache, slots, src, lengths) is None
+    packed, padded = caches
+    assert packed.src_len.tolist() == padded.src_len.tolist()
+    assert packed.owner.tolist() == padded.owner.tolist()
+    for (first, *_), n in zip(slots, lengths.tolist()):
+        torch.testing.assert_close(packed.cross_k[:, first, :n], padded.cross_k[:, first, :n])
+        torch.testing.assert_close(packed.cross_v[:, first, :n], padded.cross_v[:, first, :n])
