@@ -130,7 +130,7 @@ class Hypothesis:
     attention: Optional[dict[str, Tensor]] = None  # kind -> [L, H, len(tokens), S] (decoder: [L, H, T, T])
 
 
-@dataclass
+@dataclass(slots=True)
 class _Beam:
     tokens: tuple = ()                      # generated ids so far
     log_prob: float = 0.0
@@ -200,23 +200,21 @@ class BeamSearch:
         Returns (parents, tokens): per new alive hypothesis, its parent row and next input token;
         empty when the sentence is done.
         """
-        k = self.beam_size
-        cands = []
-        for b, beam in enumerate(self.alive):
-            for v, i in zip(top_v[b], top_i[b]):
-                cands.append((beam.log_prob + v, b, i))
-        cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+        k, eos, alive = self.beam_size, self.eos_id, self.alive
+        # (negated score, parent row, token id): ascending order ranks the best score first, ties by
+        # row then id (negation is exact, so -neg is the candidate's log-prob bit for bit)
+        cands = sorted([(-(beam.log_prob + v), b, i) for b, beam in enumerate(alive)
+                        for v, i in zip(top_v[b], top_i[b])])
         new_alive, parents = [], []
-        for rank, (lp, b, tok) in enumerate(cands[: 2 * k]):
-            parent = self.alive[b]
-            if tok == self.eos_id:
+        for rank, (neg, b, tok) in enumerate(cands[: 2 * k]):
+            if tok == eos:
                 if rank < k:
-                    child = self._extend(parent, b, None, lp, cross, decoder)
-                    self.finished.append(self._final(child, "eos"))
+                    self.finished.append(self._final(self._extend(alive[b], b, None, -neg, cross, decoder), "eos"))
                 continue
-            if len(new_alive) < k:
-                new_alive.append(self._extend(parent, b, tok, lp, cross, decoder))
-                parents.append(b)
+            new_alive.append(self._extend(alive[b], b, tok, -neg, cross, decoder))
+            parents.append(b)
+            if len(new_alive) == k:  # ranks from here on are >= k: no more EOS finishes either
+                break
         self.alive = new_alive
         n_generated = len(new_alive[0].tokens) if new_alive else 0
         if len(self.finished) >= k or not new_alive:
