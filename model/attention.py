@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from . import kernels
 from .linear import Linear
 
-# Attention of an incremental decoding step read from a KV cache (``model.kv_cache.CacheAttention``):
+# Attention done by a hook instead of over a padded batch: an incremental decoding step read from a KV
+# cache (``model.kv_cache.CacheAttention``) or a packed batch of sequences (``PackedSelfAttention``):
 # (q [B, H, 1, Dh], k_new, v_new [B, H, 1, Dh] or None, need_weights) -> (out [B, H, 1, Dh], weights or None).
 # Its ``self_attention`` attribute says whether the new keys/values of x must be projected and passed.
 CacheAttend = Callable[[Tensor, Optional[Tensor], Optional[Tensor], bool], tuple[Tensor, Optional[Tensor]]]
@@ -97,6 +98,14 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(out), weights
 
 
+def packed_positions(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """For sequences of ``lengths`` [B] stored one after another (packed, N = sum(lengths) items):
+    the sequence of each item [N] and its position within that sequence [N]."""
+    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    first = torch.cumsum(lengths, 0) - lengths
+    return seq, torch.arange(seq.numel(), device=lengths.device) - first.index_select(0, seq)
+
+
 class PackedSelfAttention:
     """Self-attention within each sequence of a packed batch (no padding), with the compiled kernel.
 
@@ -110,16 +119,13 @@ class PackedSelfAttention:
     self_attention = True   # MultiHeadAttention projects this batch's keys/values
 
     def __init__(self, lengths: Tensor):
-        dev = lengths.device
-        n_tok = int(lengths.sum())
-        seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths)   # [NT] sequence of each token
-        first = torch.cumsum(lengths, 0) - lengths                                           # [B] first token of each sequence
-        per_token = lengths.index_select(0, seq)                                             # [NT] keys of each token
-        self.starts = torch.zeros(n_tok + 1, dtype=torch.long, device=dev)
+        seq, pos = packed_positions(lengths)                    # [NT] sequence of each token, position in it
+        per_token = lengths.index_select(0, seq)                # [NT] keys of each token: its sequence's tokens
+        query, within = packed_positions(per_token)             # [sum L^2] the query of each key, key position
+        first = torch.arange(seq.numel(), device=seq.device) - pos  # [NT] row of each token's sequence start
+        self.key_index = first.index_select(0, query) + within  # token rows, query after query
+        self.starts = torch.zeros(seq.numel() + 1, dtype=torch.long, device=seq.device)
         torch.cumsum(per_token, 0, out=self.starts[1:])
-        owner = torch.repeat_interleave(torch.arange(n_tok, device=dev), per_token)         # [sum L^2] query of each key
-        within = torch.arange(owner.numel(), device=dev) - self.starts.index_select(0, owner)
-        self.key_index = first.index_select(0, seq.index_select(0, owner)) + within         # token rows, per query
         self.max_len = int(lengths.max())
 
     def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from .attention import scaled_dot_product_attention
+from .attention import packed_positions, scaled_dot_product_attention
 
 
 class CacheFullError(RuntimeError):
@@ -115,10 +115,7 @@ class KVCache:
         of the NT = sum(src_lengths) tokens of B sequences, one after another, for slots [B]."""
         if int(src_lengths.max()) > self.max_src_len:
             raise ValueError(f"source length {int(src_lengths.max())} exceeds the cache's max_src_len {self.max_src_len}")
-        dev = slots.device
-        seq = torch.repeat_interleave(torch.arange(slots.numel(), device=dev), src_lengths)
-        first = torch.cumsum(src_lengths, 0) - src_lengths
-        pos = torch.arange(seq.numel(), device=dev) - first.index_select(0, seq)
+        seq, pos = packed_positions(src_lengths)
         at = slots.index_select(0, seq) * self.max_src_len + pos          # each token's row in a layer's [N*S_max] view
         for layer, (k, v) in enumerate(cross_kv):
             K, V = self.cross_k[layer], self.cross_v[layer]
@@ -285,11 +282,9 @@ class AttentionPlan:
         self.kernel = kernel
         self.packed = kernel or home is not None or (packed and int(lengths.min()) < T)
         if self.packed:
-            dev = slots.device
-            self.row_of_key = torch.repeat_interleave(torch.arange(slots.numel(), device=dev), lengths)
-            self.starts = torch.zeros(slots.numel() + 1, dtype=torch.long, device=dev)
+            self.row_of_key, pos = packed_positions(lengths)                   # [NK] row of each key, its position
+            self.starts = torch.zeros(slots.numel() + 1, dtype=torch.long, device=slots.device)
             torch.cumsum(lengths, 0, out=self.starts[1:])
-            pos = torch.arange(self.row_of_key.numel(), device=dev) - self.starts.index_select(0, self.row_of_key)
             slot = slots.index_select(0, self.row_of_key)
             if home is not None:  # the slot that holds each key (an indirect cache)
                 slot = home.view(-1).index_select(0, slot * stride + pos)

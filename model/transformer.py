@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from .attention import CacheAttend, PackedSelfAttention
+from .attention import CacheAttend, PackedSelfAttention, packed_positions
 from .config import ModelConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
 from .linear import Linear, PackedWeight, packed_linear
@@ -75,9 +75,7 @@ class Transformer(nn.Module):
         another (no padding) -> memory [NT, d_model]. Same result as ``encode`` on the padded batch
         (up to float summation order), without computing pads; needs the compiled decode-attention
         kernel (``model.kernels``) and returns no attention weights."""
-        seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=tokens.device), lengths)
-        first = torch.cumsum(lengths, 0) - lengths
-        positions = torch.arange(tokens.numel(), device=tokens.device) - first.index_select(0, seq)
+        _, positions = packed_positions(lengths)
         attend = PackedSelfAttention(lengths)
         x = self.src_embed(tokens[:, None], positions[:, None])      # [NT, 1, d_model]
         for layer in self.encoder:
