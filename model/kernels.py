@@ -59,8 +59,14 @@ def _build() -> Optional[Callable]:
         pass
     source = SOURCE.read_bytes()
     key = hashlib.sha1(source + torch.__version__.encode() + _cpu_id().encode() + " ".join(CFLAGS).encode())
-    module = cpp_extension.load(f"mt_decode_attention_{key.hexdigest()[:12]}", [str(SOURCE)],
-                                extra_cflags=CFLAGS, verbose=False)
+    name = f"mt_decode_attention_{key.hexdigest()[:12]}"
+    try:
+        built = (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
+    except Exception:  # noqa: BLE001 - a private helper; only decides whether to announce the build
+        built = True
+    if not built:
+        log.warning("compiling the CPU decode-attention kernel (once per machine, ~30 s; MT_CPU_KERNELS=0 skips it)")
+    module = cpp_extension.load(name, [str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
     fn = module.packed_decode_attention
     _self_check(fn)
     return fn
