@@ -368,7 +368,10 @@ async def _libre_fields(request: Request) -> dict:
                 text = (await request.body()).decode("utf-8")
             except UnicodeDecodeError:
                 raise ServiceError(400, "Invalid request: the form body is not valid UTF-8")
-            pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
+            try:  # percent-escapes must decode to UTF-8 too
+                pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
+            except UnicodeDecodeError:
+                raise ServiceError(400, "Invalid request: a form field is not valid UTF-8 once percent-decoded")
         grouped: dict[str, list[str]] = {}
         for k, v in pairs:
             grouped.setdefault(k, []).append(v)

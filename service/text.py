@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,8 +26,9 @@ _LINE_BREAK = re.compile(r"(\r\n|\n|\r|\u2028|\u2029)")
 @dataclass
 class Split:
     """A text cut into translatable pieces: text == glue[0] + pieces[0] + glue[1] + ... + glue[n]."""
-    pieces: list[str]   # sentences without surrounding whitespace, never empty
-    glue: list[str]     # len(pieces) + 1 whitespace-only runs (line breaks and spaces kept as sent)
+    pieces: list[str]   # sentences without surrounding whitespace, never without visible text
+    glue: list[str]     # len(pieces) + 1 runs of whitespace (or other invisible characters: control,
+                        # format, e.g. zero-width space) kept as sent
 
     def join(self, translations: Sequence[str]) -> str:
         """Interleave translations (one per piece) with the original whitespace."""
@@ -47,19 +49,26 @@ def _segmenter(language: str) -> pysbd.Segmenter:
         return pysbd.Segmenter(language="en", clean=False)
 
 
+def has_text(s: str) -> bool:
+    """Whether s has a visible character: not only whitespace, control or format characters (such
+    as U+200B zero-width space), which the model would see as an empty sentence."""
+    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn") for c in s)
+
+
 def split_sentences(line: str, language: str = "en") -> list[str]:
-    """The sentences of one line (no line breaks inside), each stripped of surrounding whitespace."""
-    raw = [s for s in _segmenter(language).segment(line) if s.strip()]
+    """The sentences of one line (no line breaks inside), each stripped of surrounding whitespace;
+    segments without visible text are left out (they stay in the glue, see ``split_text``)."""
+    raw = [s for s in _segmenter(language).segment(line) if has_text(s)]
     out: list[str] = []
     for s in raw:
         # pysbd may put a closing quote at the start of the next sentence; give it back.
         if out and s[0] in _CLOSERS:
             n = len(s) - len(s.lstrip(_CLOSERS))
             out[-1], s = out[-1] + s[:n], s[n:]
-            if not s.strip():
+            if not has_text(s):
                 continue
         out.append(s)
-    return [s.strip() for s in out if s.strip()]
+    return [s.strip() for s in out if has_text(s)]
 
 
 def split_text(text: str, language: str = "en") -> Split:

@@ -25,7 +25,7 @@ from .engine import (Engine, EngineConfig, EngineError, EngineStoppedError, Engi
                      GenerationOptions, QueueFullError, torch_threads, tune_process)
 from .metrics import EngineMetrics
 from .schemas import ATTENTION_KINDS, MAX_SENTENCES, MAX_TEXT_CHARS, MAX_TEXTS, ServiceError, check_unicode
-from .text import Split, split_text
+from .text import Split, has_text, split_text
 
 logger = logging.getLogger("ray.serve")
 
@@ -176,7 +176,7 @@ class Translator:
             if len(text) > MAX_TEXT_CHARS:
                 raise ServiceError(413, f"{where}: at most {MAX_TEXT_CHARS} characters per text, got {len(text)}",
                                    field)
-            if not text.strip():
+            if not has_text(text):   # whitespace or other invisible characters only
                 splits.append(None)
                 continue
             split = split_text(text, self.card["source_lang"])
@@ -258,7 +258,7 @@ class Translator:
 
     def _text_result(self, split: Optional[Split], items: list, n_best: int, kinds: tuple,
                      layers: Optional[list[int]], heads: Optional[list[int]]) -> dict:
-        if split is None:   # empty or whitespace-only: "" without touching the model
+        if split is None:   # empty, whitespace or invisible characters only: "" without touching the model
             out = {"text": "", "tokens": [], "source_tokens": [], "score": 0.0, "finish_reason": "eos",
                    "alternatives": []}
             if kinds:

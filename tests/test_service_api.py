@@ -96,7 +96,7 @@ def test_paragraph_of_three_sentences_comes_back_as_three_translated_sentences(s
     assert paragraph["source_tokens"].count("</s>") == 3
 
 
-@pytest.mark.parametrize("text", ["", "   ", "\n\t "])
+@pytest.mark.parametrize("text", ["", "   ", "\n\t ", "\u200b\x7f", " \x00 "])
 def test_empty_text_translates_to_empty_without_the_model(service_url, text):
     out = translate(service_url, [text, SENTENCES[0]], beam_size=1)
     empty, real = out["translations"]
@@ -385,3 +385,7 @@ def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
     assert r.status_code == 200 and r.json()["translatedText"] == j.json()["translatedText"]
     r = httpx.post(service_url + "/translate", json={"q": "x", "source": "de", "target": "en", "alternatives": -1})
     assert r.status_code == 400 and "alternatives" in r.json()["error"]
+    for body in (b"q=Hallo&source=%FF&target=en", b"q=%FF%FE&source=de&target=en", b"q=\xff&source=de"):
+        r = httpx.post(service_url + "/translate", content=body,
+                       headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 400 and "UTF-8" in r.json()["error"], body

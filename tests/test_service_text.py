@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from service.text import Split, split_text
+from service.text import Split, has_text, split_text
 
 
 def test_paragraph_of_three_sentences():
@@ -28,10 +28,18 @@ def test_abbreviations_and_quotes_stay_in_their_sentence():
     assert s.pieces == ['Dr. Müller sagt: "Hallo."', "Das ist gut."]
 
 
-@pytest.mark.parametrize("text", ["", " ", "\n\n", " \t \r\n "])
-def test_whitespace_only_has_no_pieces(text):
+@pytest.mark.parametrize("text", ["", " ", "\n\n", " \t \r\n ", "\x7f", "\u200b\u200b", " \x00 \x07"])
+def test_whitespace_or_invisible_only_has_no_pieces(text):
     s = split_text(text, "de")
     assert s.pieces == [] and s.join([]) == text
+    assert not has_text(text)
+
+
+@pytest.mark.parametrize("tail", ["\x7f", " \u200b", " \x00", "\ufeff "])
+def test_invisible_characters_after_a_sentence_stay_in_the_glue(tail):
+    s = split_text("Ein Hund rennt." + tail, "de")
+    assert s.pieces == ["Ein Hund rennt."] and s.glue == ["", tail]
+    assert has_text("a\u200b") and has_text("ß") and has_text("…")
 
 
 def test_join_is_identity_on_random_layouts():
