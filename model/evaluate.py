@@ -29,7 +29,8 @@ def score(hyps: list[str], refs: list[str]) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="checkpoint directory (default: shipped)")
     ap.add_argument("--src", required=True, help="source sentences (plain or .gz)")
     ap.add_argument("--ref", required=True, help="reference translations (plain or .gz)")
@@ -44,7 +45,10 @@ def main(argv=None) -> dict:
         ap.error("--beam-size must be >= 1")
 
     torch.set_grad_enabled(False)
-    model, tok, meta = load_checkpoint(args.checkpoint)
+    try:
+        model, tok, meta = load_checkpoint(args.checkpoint)
+    except (FileNotFoundError, ValueError) as e:
+        ap.error(f"--checkpoint {args.checkpoint}: {e}")
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         ap.error(f"--src has {len(src)} lines but --ref has {len(ref)}")

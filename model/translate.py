@@ -50,7 +50,8 @@ def translate_lines(model: Transformer, tok: Tokenizer, lines: Sequence[str], be
 
 def main(argv=None) -> None:
     from .checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m model.translate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="checkpoint directory")
     ap.add_argument("--beam-size", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -58,7 +59,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.beam_size < 1:
         ap.error("--beam-size must be >= 1")
-    model, tok, _ = load_checkpoint(args.checkpoint)
+    try:
+        model, tok, _ = load_checkpoint(args.checkpoint)
+    except (FileNotFoundError, ValueError) as e:
+        ap.error(f"--checkpoint {args.checkpoint}: {e}")
     lines = [line.rstrip("\n") for line in sys.stdin]
     # Translate in chunks so output starts before all input is read from a large pipe.
     chunk = 1024
