@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from .attention import CacheAttend, PackedSelfAttention, packed_positions
 from .config import ModelConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
-from .linear import Linear, PackedWeight, packed_linear
+from .linear import Linear, PackedWeight, default_dtype, packed_linear
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -129,20 +129,25 @@ class Transformer(nn.Module):
             return self.out_proj(x)
         return packed_linear(x, self.tgt_embed.tok.weight, None, self._packed_out)
 
-    def pack_for_inference(self, enabled: bool = True) -> bool:
+    def pack_for_inference(self, enabled: bool = True, dtype: Optional[torch.dtype] = None) -> bool:
         """Prepack every linear weight (and the shared output projection) for oneDNN CPU inference;
         see ``model/linear.py``. A no-op off CPU, off fp32 or without oneDNN. Returns whether packing
-        is active. ``enabled=False`` drops the packed copies."""
+        is active. ``enabled=False`` drops the packed copies. ``dtype``: the packed copies' dtype,
+        float32 or bfloat16 (default: ``MT_LINEAR_DTYPE``, else float32).
+        Raises ValueError for another dtype."""
+        dtype = default_dtype() if dtype is None else dtype
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"packed linear dtype must be float32 or bfloat16, got {dtype}")
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         self._packed_out = None
         if not enabled:
             for m in linears:
                 m.unpack()
             return False
-        ok = all([m.pack() for m in linears])
+        ok = all([m.pack(dtype) for m in linears])
         if ok and self.out_proj is None and PackedWeight.usable(self.tgt_embed.tok.weight):
             try:
-                self._packed_out = PackedWeight(self.tgt_embed.tok.weight)
+                self._packed_out = PackedWeight(self.tgt_embed.tok.weight, dtype)
             except RuntimeError:
                 ok = False
         elif self.out_proj is None:

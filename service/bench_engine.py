@@ -349,7 +349,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="(b)/(c) and (e): interleaved rounds; the median is printed")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--linear-dtype", choices=["float32", "bfloat16"], default=None,
+                    help="packed linear weights' dtype, for every part (sets MT_LINEAR_DTYPE; default: "
+                         "MT_LINEAR_DTYPE, else float32)")
     args = ap.parse_args(argv)
+    if args.linear_dtype:
+        os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype   # read at load time, here and in child processes
 
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts <= set("abcde"):
@@ -377,7 +382,8 @@ def main(argv=None) -> int:
         tune_process()  # as in every process of this benchmark, static and engine alike
         print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
               f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
-              f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots")
+              f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots; linear layers "
+              f"{os.environ.get('MT_LINEAR_DTYPE', 'float32')}")
         from model.decoding import generate
         generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
         runs, per_round = [], []

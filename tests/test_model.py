@@ -412,3 +412,31 @@ def test_packed_encoder_prefill_equals_padded():
     for (first, *_), n in zip(slots, lengths.tolist()):
         torch.testing.assert_close(packed.cross_k[:, first, :n], padded.cross_k[:, first, :n])
         torch.testing.assert_close(packed.cross_v[:, first, :n], padded.cross_v[:, first, :n])
+
+
+def test_bf16_packed_linears_are_close_to_fp32_and_optional(monkeypatch):
+    from model.linear import default_dtype, onednn_available
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN prepacked linears")
+    model = make_model(dtype=torch.float32)
+    src = torch.tensor([rand_source(9, 1), rand_source(9, 2)])
+    tgt = torch.tensor([[2, 5, 6, 7], [2, 8, 9, 10]])
+    with torch.no_grad():
+        mask = padding_mask(src, 0)
+        memory, _ = model.encode(src, mask)
+        plain, _ = model.decode(tgt, model.cross_kv(memory), mask)
+        assert model.pack_for_inference(dtype=torch.bfloat16)
+        assert model._packed_out.dtype == torch.bfloat16
+        memory, _ = model.encode(src, mask)
+        bf16, _ = model.decode(tgt, model.cross_kv(memory), mask)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, plain)
+    torch.testing.assert_close(bf16, plain, rtol=0.05, atol=0.05 * float(plain.abs().max()))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        model.pack_for_inference(dtype=torch.float16)
+    monkeypatch.setenv("MT_LINEAR_DTYPE", "bfloat16")
+    assert default_dtype() == torch.bfloat16
+    monkeypatch.setenv("MT_LINEAR_DTYPE", "int4")
+    with pytest.raises(ValueError, match="MT_LINEAR_DTYPE"):
+        default_dtype()
+    monkeypatch.delenv("MT_LINEAR_DTYPE")
+    assert default_dtype() == torch.float32
