@@ -112,8 +112,8 @@ class PackedSelfAttention:
     The B sequences' NT = sum(lengths) tokens are rows of one [NT, 1, d_model] batch; token n of
     sequence b attends over the tokens of b only (unmasked, as in the encoder). Passed to
     ``MultiHeadAttention`` as its ``cache_attend`` hook: called with q, k_new, v_new [NT, H, 1, Dh],
-    returns (out [NT, H, 1, Dh], None). Needs ``model.kernels.decode_attention()``; weights are not
-    available (use the padded path for them).
+    returns (out [NT, H, 1, Dh], None). Needs ``model.kernels.decode_attention()``; inference only
+    (no gradient); weights are not available (use the padded path for them).
     """
 
     self_attention = True   # MultiHeadAttention projects this batch's keys/values
@@ -132,6 +132,8 @@ class PackedSelfAttention:
                  need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         if need_weights:
             raise ValueError("PackedSelfAttention returns no weights; use the padded path for them")
+        if torch.is_grad_enabled() and q.requires_grad:
+            raise RuntimeError("PackedSelfAttention is for inference: the compiled kernel has no gradient")
         out, _ = kernels.packed_decode_attention(q.transpose(1, 2), k_new[:, :, 0].contiguous(),
                                                  v_new[:, :, 0].contiguous(), self.key_index, self.starts,
                                                  self.max_len)                            # [NT, 1, H, Dh]
