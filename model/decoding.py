@@ -321,8 +321,7 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
             # attention reads keys through an index anyway; eager attention would have to gather them,
             # which costs more than the copies at the small batches offline decoding often runs.
             p = next(model.parameters())
-            indirect = (beam_size > 1 and p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64)
-                        and kernels.decode_attention() is not None)
+            indirect = beam_size > 1 and kernels.applies(p.device, p.dtype)
             cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources),
                                       indirect=indirect)
         slots = {b: cache.allocate(beam_size) for b in todo}

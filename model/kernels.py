@@ -110,6 +110,12 @@ def decode_attention() -> Optional[Callable]:
         return _loaded["decode_attention"]
 
 
+def applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the compiled decode attention serves tensors of this device and dtype: CPU, float32
+    or float64, and the kernel could be built."""
+    return torch.device(device).type == "cpu" and dtype in (torch.float32, torch.float64) and decode_attention() is not None
+
+
 def packed_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_index: Tensor, starts: Tensor,
                             max_len: int, need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
     """softmax(q K^T / sqrt(d_k)) V (paper eq. 1), each row over its own keys, with the compiled kernel.

@@ -134,8 +134,7 @@ class KVCache:
         """Whether packed decode attention runs the compiled kernel (``model.kernels``): a CPU cache
         in float32/float64 where the kernel could be built (decided once, at the first step)."""
         if self._kernel is None:
-            self._kernel = (self.self_k.device.type == "cpu" and self.self_k.dtype in (torch.float32, torch.float64)
-                            and kernels.decode_attention() is not None)
+            self._kernel = kernels.applies(self.self_k.device, self.self_k.dtype)
         return self._kernel
 
     @staticmethod
@@ -289,11 +288,20 @@ class AttentionPlan:
             if home is not None:  # the slot that holds each key (an indirect cache)
                 slot = home.view(-1).index_select(0, slot * stride + pos)
             self.key_index = slot * stride + pos
-            self.pad_index = self.row_of_key * T + pos
+            self._pos = pos
+            self._pad_index: Optional[Tensor] = None
         else:
             self.rows = KVCache.rows(slots)
             self.mask = None if int(lengths.min()) == T else (
                 torch.arange(T, device=slots.device)[None, :] < lengths[:, None])[:, None, None, :]
+
+    @property
+    def pad_index(self) -> Tensor:
+        """[NK] each key's place (row * T + position) in a padded [R, T] score grid; only the eager
+        packed path needs it (computed once, shared by every layer)."""
+        if self._pad_index is None:
+            self._pad_index = self.row_of_key * self.max_len + self._pos
+        return self._pad_index
 
 
 class CacheAttention:

@@ -21,7 +21,6 @@ float32 digits). Off by default.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -37,20 +36,6 @@ def onednn_available() -> bool:
                 and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
     except (AttributeError, RuntimeError):
         return False
-
-
-def native_bf16() -> bool:
-    """Whether this CPU computes bf16 dot products natively (AVX512-BF16 / AMX on x86, BF16 on Arm);
-    elsewhere oneDNN emulates bf16 and it is slower than float32."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[-1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def default_dtype() -> torch.dtype:

@@ -68,7 +68,7 @@ def split_sentences(line: str, language: str = "en") -> list[str]:
             if not has_text(s):
                 continue
         out.append(s)
-    return [s.strip() for s in out if has_text(s)]
+    return [s.strip() for s in out]   # every one has visible text (filtered above)
 
 
 def split_text(text: str, language: str = "en") -> Split:
