@@ -80,8 +80,9 @@ def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequen
         src_lengths = src_mask[:, 0, 0].sum(-1)
     first = torch.tensor([r[0] for r in rows], dtype=torch.long, device=src.device)
     enc_w = None
-    if not need_weights and cache.kernel_ok() and src.size(0) > 1:
-        # packed: only the real tokens go through the encoder (no padding, one call for any mix of lengths)
+    if not need_weights and cache.kernel_ok():
+        # packed: only the real tokens go through the encoder (no padding, one call for any mix of lengths;
+        # the same computation for a sentence whatever it is batched with)
         keep = torch.arange(src.size(1), device=src.device)[None, :] < src_lengths[:, None]
         memory = model.encode_packed(src[keep], src_lengths)                    # [NT, d_model]
         cache.write_cross_packed(first, model.cross_kv(memory[:, None]), src_lengths)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from .attention import CacheAttend, PackedSelfAttention, packed_positions
 from .config import ModelConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
-from .linear import Linear, PackedWeight, default_dtype, packed_linear
+from .linear import PACKED_DTYPES, Linear, PackedWeight, default_dtype, packed_linear
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -133,11 +133,11 @@ class Transformer(nn.Module):
         """Prepack every linear weight (and the shared output projection) for oneDNN CPU inference;
         see ``model/linear.py``. A no-op off CPU, off fp32 or without oneDNN. Returns whether packing
         is active. ``enabled=False`` drops the packed copies. ``dtype``: the packed copies' dtype,
-        float32 or bfloat16 (default: ``MT_LINEAR_DTYPE``, else float32).
+        float32, bfloat16 or int8 (default: ``MT_LINEAR_DTYPE``, else float32).
         Raises ValueError for another dtype."""
         dtype = default_dtype() if dtype is None else dtype
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"packed linear dtype must be float32 or bfloat16, got {dtype}")
+        if dtype not in PACKED_DTYPES:
+            raise ValueError(f"packed linear dtype must be float32, bfloat16 or int8, got {dtype}")
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         self._packed_out = None
         if not enabled:

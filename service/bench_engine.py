@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="(b)/(c) and (e): interleaved rounds; the median is printed")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--linear-dtype", choices=["float32", "bfloat16"], default=None,
+    ap.add_argument("--linear-dtype", choices=["float32", "bfloat16", "int8"], default=None,
                     help="packed linear weights' dtype, for every part (sets MT_LINEAR_DTYPE; default: "
                          "MT_LINEAR_DTYPE, else float32)")
     args = ap.parse_args(argv)
