@@ -75,8 +75,9 @@ def load_metadata(directory: str | Path) -> dict:
 def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | torch.device = "cpu",
                     dtype: torch.dtype = torch.float32, pack: bool = True) -> tuple[Transformer, Tokenizer, dict]:
     """(model in eval mode, tokenizer, metadata). Weights are upcast to ``dtype`` (fp32 by default).
-    With ``pack`` (default), CPU fp32 weights are also prepacked for oneDNN inference
-    (``Transformer.pack_for_inference``; gradients and other devices use the plain weights).
+    With ``pack`` (default), CPU fp32 weights are also prepared for inference: int8 unless
+    ``MT_LINEAR_DTYPE`` says float32 or bfloat16 (``Transformer.pack_for_inference``, ``model/linear.py``;
+    gradients and other devices use the plain weights).
 
     Raises FileNotFoundError when the directory lacks a required file.
     """

@@ -5,12 +5,14 @@ row attends over its own cached keys, read through an index (packed rows of diff
 the indirect cache of beam search). In eager PyTorch the same computation gathers every key into a
 new tensor and multiplies it elementwise several times; the kernel reads each key once (3-5x faster
 at 80-200 rows on a 2-core CPU, ``python -m service.bench_engine`` shows the effect end to end).
+``quantize_rows`` and ``dequantize`` (``csrc/int8_linear.cpp``) are the two elementwise halves of
+the int8 linear layers (``model/linear.py``), one pass each instead of five or six.
 
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
 the first build takes ~30 s and is cached under ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``, keyed by the source, torch version and CPU). When the build or a
 self-check fails, or ``MT_CPU_KERNELS=0`` is set, ``decode_attention()`` returns None and callers use
-their eager path: results are the same up to float summation order.
+their eager path: results are the same up to float rounding.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.cpp"
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 _lock = threading.Lock()
@@ -49,7 +51,7 @@ def _cpu_id() -> str:
         return platform.processor() or platform.machine()
 
 
-def _build() -> Optional[Callable]:
+def _build():
     from torch.utils import cpp_extension
     try:  # the ninja that pip installed (a dependency) need not be on PATH when the venv is not activated
         import ninja
@@ -57,7 +59,7 @@ def _build() -> Optional[Callable]:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     except (ImportError, AttributeError):
         pass
-    source = SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha1(source + torch.__version__.encode() + _cpu_id().encode() + " ".join(CFLAGS).encode())
     name = f"mt_decode_attention_{key.hexdigest()[:12]}"
     try:
@@ -65,11 +67,11 @@ def _build() -> Optional[Callable]:
     except Exception:  # noqa: BLE001 - a private helper; only decides whether to announce the build
         built = True
     if not built:
-        log.warning("compiling the CPU decode-attention kernel (once per machine, ~30 s; MT_CPU_KERNELS=0 skips it)")
-    module = cpp_extension.load(name, [str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
-    fn = module.packed_decode_attention
-    _self_check(fn)
-    return fn
+        log.warning("compiling the CPU kernels (once per machine, ~30 s; MT_CPU_KERNELS=0 skips it)")
+    module = cpp_extension.load(name, [str(p) for p in SOURCES], extra_cflags=CFLAGS, verbose=False)
+    _self_check(module.packed_decode_attention)
+    _self_check_int8(module)
+    return module
 
 
 def _self_check(fn: Callable) -> None:
@@ -91,23 +93,56 @@ def _self_check(fn: Callable) -> None:
             raise RuntimeError("compiled decode attention disagrees with eager attention")
 
 
-def decode_attention() -> Optional[Callable]:
-    """The compiled ``packed_decode_attention`` function, or None where it is disabled or cannot be
-    built (the reason is logged once). Thread-safe; builds at most once per process, and the first
-    answer stands for the rest of it."""
-    if "decode_attention" in _loaded:
-        return _loaded["decode_attention"]
+def _self_check_int8(module) -> None:
+    """quantize_rows must equal the eager arithmetic exactly, dequantize to float rounding."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 37, generator=g) * torch.tensor([1e-3, 1.0, 0.0, 50.0, 3.0])[:, None]
+    q, scale = module.quantize_rows(x)
+    ref_scale = x.abs().amax(dim=1) / 127.0
+    ref_scale = torch.where(ref_scale > 0, ref_scale, torch.ones_like(ref_scale))
+    if not (torch.equal(scale, ref_scale) and torch.equal(q, torch.round(x / ref_scale[:, None]).to(torch.int8))):
+        raise RuntimeError("compiled int8 quantization disagrees with eager PyTorch")
+    acc = torch.randint(-2 ** 20, 2 ** 20, (5, 11), generator=g, dtype=torch.int32)
+    cols, bias = torch.rand(11, generator=g), torch.randn(11, generator=g)
+    for b in (bias, None):
+        ref = acc.float() * scale[:, None] * cols + (0 if b is None else b)
+        if not torch.allclose(module.dequantize(acc, scale, cols, b), ref, rtol=1e-6, atol=1e-6):
+            raise RuntimeError("compiled int8 dequantization disagrees with eager PyTorch")
+
+
+def _module():
+    """The compiled extension, or None where it is disabled or cannot be built (the reason is
+    logged once). Thread-safe; builds at most once per process, and the first answer stands."""
+    if "module" in _loaded:
+        return _loaded["module"]
     if not enabled():
         return None
     with _lock:
-        if "decode_attention" not in _loaded:
+        if "module" not in _loaded:
             try:
-                _loaded["decode_attention"] = _build()
+                _loaded["module"] = _build()
             except Exception as e:  # noqa: BLE001 - no compiler, build error, failed self-check
-                log.warning("compiled CPU decode attention unavailable, using eager PyTorch: %s",
+                log.warning("compiled CPU kernels unavailable, using eager PyTorch: %s",
                             str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
-                _loaded["decode_attention"] = None
+                _loaded["module"] = None
+        return _loaded["module"]
+
+
+def decode_attention() -> Optional[Callable]:
+    """The compiled ``packed_decode_attention`` function, or None (see ``_module``)."""
+    if "decode_attention" in _loaded:  # set only to switch the kernel off (tests)
         return _loaded["decode_attention"]
+    module = _module()
+    return None if module is None else module.packed_decode_attention
+
+
+def int8_ops():
+    """The compiled ``quantize_rows`` / ``dequantize`` (as attributes of the returned object), or None
+    (see ``_module``). ``quantize_rows(x [M, K] float32) -> (q [M, K] int8, scale [M])``;
+    ``dequantize(acc [M, N] int32, row_scale [M], col_scale [N], bias [N] or None) -> [M, N] float32``."""
+    if "int8" in _loaded:  # set only to switch the kernels off (tests)
+        return _loaded["int8"]
+    return _module()
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:

@@ -129,11 +129,18 @@ class Transformer(nn.Module):
             return self.out_proj(x)
         return packed_linear(x, self.tgt_embed.tok.weight, None, self._packed_out)
 
+    @property
+    def linear_dtype(self) -> str:
+        """The arithmetic of the linear layers at inference: "int8", "bfloat16" or "float32" when
+        prepacked (see ``pack_for_inference``), else the parameters' dtype (e.g. "float32" on CUDA)."""
+        packed = next((m.packed for m in self.modules() if isinstance(m, Linear) and m.packed is not None), None)
+        return str(packed.dtype if packed is not None else next(self.parameters()).dtype).removeprefix("torch.")
+
     def pack_for_inference(self, enabled: bool = True, dtype: Optional[torch.dtype] = None) -> bool:
         """Prepack every linear weight (and the shared output projection) for oneDNN CPU inference;
         see ``model/linear.py``. A no-op off CPU, off fp32 or without oneDNN. Returns whether packing
         is active. ``enabled=False`` drops the packed copies. ``dtype``: the packed copies' dtype,
-        float32, bfloat16 or int8 (default: ``MT_LINEAR_DTYPE``, else float32).
+        int8, float32 or bfloat16 (default: ``MT_LINEAR_DTYPE``, else int8).
         Raises ValueError for another dtype."""
         dtype = default_dtype() if dtype is None else dtype
         if dtype not in PACKED_DTYPES:

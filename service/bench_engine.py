@@ -350,8 +350,8 @@ def main(argv=None) -> int:
                     help="(b)/(c) and (e): interleaved rounds; the median is printed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--linear-dtype", choices=["float32", "bfloat16", "int8"], default=None,
-                    help="packed linear weights' dtype, for every part (sets MT_LINEAR_DTYPE; default: "
-                         "MT_LINEAR_DTYPE, else float32)")
+                    help="linear layers' arithmetic, for every part (sets MT_LINEAR_DTYPE; default: "
+                         "MT_LINEAR_DTYPE, else int8)")
     args = ap.parse_args(argv)
     if args.linear_dtype:
         os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype   # read at load time, here and in child processes
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
         print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
               f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
               f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots; linear layers "
-              f"{os.environ.get('MT_LINEAR_DTYPE', 'float32')}")
+              f"{model.linear_dtype}")
         from model.decoding import generate
         generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
         runs, per_round = [], []

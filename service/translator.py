@@ -136,8 +136,9 @@ class Translator:
         return {"model": self.name, **(self.engine.stats() if self.engine else {})}
 
     def info(self) -> dict:
+        engine = dataclasses.asdict(self.engine_config) if self.engine_config else {}
         return {**{k: v for k, v in self.card.items() if k != "checkpoint"}, "device": self.device,
-                "engine": dataclasses.asdict(self.engine_config) if self.engine_config else {}}
+                "engine": {**engine, "linear_dtype": self.model.linear_dtype}}
 
     # ---- request preparation ------------------------------------------------------------------
     def _prepare(self, req: dict) -> tuple[list[Optional[Split]], list[_Piece]]:

@@ -476,13 +476,35 @@ def test_int8_linear_quantizes_per_row_and_per_output_feature():
     assert torch.equal(p(x[0, 1:3], b), out[0, 1:3])
 
 
+def test_int8_compiled_and_eager_halves_agree(monkeypatch):
+    from model import kernels
+    from model.linear import PackedWeight, onednn_available
+    if not onednn_available() or kernels.int8_ops() is None:
+        pytest.skip("no compiled CPU kernels here")
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
+    x = torch.randn(7, 64, generator=g) * torch.logspace(-2, 2, 7)[:, None]
+    x[4] = 0.0
+    p = PackedWeight(w, torch.int8)
+    q, scale = kernels.int8_ops().quantize_rows(x)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127 and not q[4].any() and float(scale[4]) == 1.0
+    compiled = (p(x, b), p(x, None))
+    monkeypatch.setitem(kernels._loaded, "int8", None)
+    eager = (p(x, b), p(x, None))
+    for c, e in zip(compiled, eager):
+        torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-5)
+    with pytest.raises(RuntimeError):
+        kernels._module().dequantize(torch.zeros(2, 3, dtype=torch.int32), torch.ones(2), torch.ones(4), None)
+
+
 def test_int8_model_decodes_each_sentence_as_alone_bit_for_bit():
     from model.linear import onednn_available
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")
     model = make_model(dtype=torch.float32)
+    assert model.linear_dtype == "float32"
     assert model.pack_for_inference(dtype=torch.int8)
-    assert model._packed_out.dtype == torch.int8
+    assert model._packed_out.dtype == torch.int8 and model.linear_dtype == "int8"
     sources = [rand_source(n, seed) for seed, n in enumerate((5, 12, 3, 9, 7, 14))]
     for beam in (1, 3):
         batched = generate(model, sources, beam, 2 if beam > 1 else 1, 12)
