@@ -41,6 +41,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--output", help="also write the translations to this file")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     args = ap.parse_args(argv)
+    from .linear import default_dtype
+    try:
+        default_dtype()
+    except ValueError as e:
+        ap.error(str(e))
     if args.beam_size < 1:
         ap.error("--beam-size must be >= 1")
 

@@ -57,6 +57,11 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--length-penalty", type=float, default=1.0)
     args = ap.parse_args(argv)
+    from .linear import default_dtype
+    try:
+        default_dtype()
+    except ValueError as e:
+        ap.error(str(e))
     if args.beam_size < 1:
         ap.error("--beam-size must be >= 1")
     try:

@@ -63,6 +63,11 @@ def main(argv=None) -> int:
     ap.add_argument("--address", default="local",
                     help="Ray address: 'local' starts a new instance (default); 'auto' or HOST:PORT joins one")
     args = ap.parse_args(argv)
+    from model.linear import default_dtype
+    try:
+        default_dtype()   # MT_LINEAR_DTYPE is read by every replica at load time: refuse a bad value now
+    except ValueError as e:
+        ap.error(str(e))
 
     import ray
     from ray import serve

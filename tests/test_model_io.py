@@ -72,6 +72,16 @@ def test_translate_cli_keeps_empty_lines(tiny_checkpoint):
     assert lines[0] == translate_lines(model, tok, ["Ein Hund rennt."], beam_size=2)[0]
 
 
+def test_cli_rejects_an_unknown_linear_dtype(tiny_checkpoint):
+    import os
+    env = {**os.environ, "MT_LINEAR_DTYPE": "int4"}
+    for module, extra in (("model.translate", []), ("model.evaluate", ["--src", "a.de", "--ref", "a.en"])):
+        out = subprocess.run([sys.executable, "-m", module, "--checkpoint", str(tiny_checkpoint), *extra], input="",
+                             capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+        assert out.returncode == 2 and "MT_LINEAR_DTYPE must be float32, bfloat16 or int8, got 'int4'" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
 def test_evaluate_cli_json(tiny_checkpoint, tmp_path):
     src, ref = tmp_path / "src.de", tmp_path / "ref.en"
     src.write_text("\n".join(read_lines(DATA / "val.de.gz")[:5]) + "\n")
