@@ -6,7 +6,8 @@ the indirect cache of beam search). In eager PyTorch the same computation gather
 new tensor and multiplies it elementwise several times; the kernel reads each key once (3-5x faster
 at 80-200 rows on a 2-core CPU, ``python -m service.bench_engine`` shows the effect end to end).
 ``quantize_rows`` and ``dequantize`` (``csrc/int8_linear.cpp``) are the two elementwise halves of
-the int8 linear layers (``model/linear.py``), one pass each instead of five or six.
+the int8 linear layers (``model/linear.py``), one pass each instead of five or six. ``row_topk``
+(``csrc/row_topk.cpp``) is the per-row top-k of beam search's candidates in one pass over each row.
 
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
 the first build takes ~30 s and is cached under ``TORCH_EXTENSIONS_DIR``, by default
@@ -29,7 +30,8 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp")]
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp",
+                                                                    "row_topk.cpp")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 _lock = threading.Lock()
@@ -71,6 +73,7 @@ def _build():
     module = cpp_extension.load(name, [str(p) for p in SOURCES], extra_cflags=CFLAGS, verbose=False)
     _self_check(module.packed_decode_attention)
     _self_check_int8(module)
+    _self_check_topk(module)
     return module
 
 
@@ -110,6 +113,22 @@ def _self_check_int8(module) -> None:
             raise RuntimeError("compiled int8 dequantization disagrees with eager PyTorch")
 
 
+def _self_check_topk(module) -> None:
+    """row_topk must equal torch.topk on distinct values (and keep -inf entries)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 300, generator=g, dtype=torch.float64)
+    x[:, :5] = float("-inf")
+    x[3, -4:] = 10.0 + torch.arange(4, dtype=torch.float64)
+    for dtype in (torch.float64, torch.float32):
+        v, i = module.row_topk(x.to(dtype), 7)
+        ref_v, ref_i = x.to(dtype).topk(7, dim=-1)
+        if not (torch.equal(v, ref_v) and torch.equal(i, ref_i)):
+            raise RuntimeError("compiled row_topk disagrees with torch.topk")
+    v, i = module.row_topk(torch.full((1, 5), float("-inf")), 3)
+    if not (torch.isinf(v).all() and i.tolist() == [[0, 1, 2]]):
+        raise RuntimeError("compiled row_topk mishandles -inf rows")
+
+
 def _module():
     """The compiled extension, or None where it is disabled or cannot be built (the reason is
     logged once). Thread-safe; builds at most once per process, and the first answer stands."""
@@ -134,6 +153,15 @@ def decode_attention() -> Optional[Callable]:
         return _loaded["decode_attention"]
     module = _module()
     return None if module is None else module.packed_decode_attention
+
+
+def topk_op() -> Optional[Callable]:
+    """The compiled ``row_topk(x [N, V] float32/float64, k) -> (values [N, k], ids [N, k])``, or None
+    (see ``_module``)."""
+    if "topk" in _loaded:  # set only to switch the kernel off (tests)
+        return _loaded["topk"]
+    module = _module()
+    return None if module is None else module.row_topk
 
 
 def int8_ops():

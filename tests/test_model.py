@@ -353,8 +353,14 @@ def test_learning_rate_schedule():
 
 @pytest.mark.parametrize("vocab", [8000, 7999, 8001, 300])
 @pytest.mark.parametrize("k", [2, 8])
-def test_row_topk_equals_torch_topk(vocab, k):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_row_topk_equals_torch_topk(vocab, k, compiled, monkeypatch):
+    from model import kernels
     from model.decoding import row_topk
+    if compiled and kernels.topk_op() is None:
+        pytest.skip("no compiled CPU kernels here")
+    if not compiled:
+        monkeypatch.setitem(kernels._loaded, "topk", None)
     g = torch.Generator().manual_seed(vocab + k)
     x = torch.randn(37, vocab, generator=g).log_softmax(-1)
     x[:, :3] = float("-inf")                       # masked ids (pad, BOS, EOS)

@@ -123,9 +123,11 @@ std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const
 }  // namespace
 
 void register_int8_linear(pybind11::module& m);  // int8_linear.cpp
+void register_row_topk(pybind11::module& m);     // row_topk.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_decode_attention", &packed_decode_attention,
         "Decode-step attention, each row over its own cached keys (see decode_attention.cpp)");
   register_int8_linear(m);
+  register_row_topk(m);
 }
