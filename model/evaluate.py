@@ -3,7 +3,8 @@
     python -m model.evaluate --checkpoint DIR --src FILE --ref FILE [--beam-size N] [--json]
 
 Files are plain or .gz, one sentence per line. With --json the last line on stdout is one JSON
-object with the keys bleu, chrf, sentences, seconds (and the settings); progress goes to stderr.
+object with the keys bleu, chrf, bleu_details (the score line), bleu_signature (sacreBLEU's),
+sentences, seconds and the settings (beam_size, linear_dtype, checkpoint); progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from .translate import translate_lines
 
 def score(hyps: list[str], refs: list[str]) -> dict:
     """Corpus BLEU and chrF of hypotheses against one reference each."""
-    bleu = sacrebleu.corpus_bleu(hyps, [refs])
+    bleu_metric = sacrebleu.metrics.BLEU()
+    bleu = bleu_metric.corpus_score(hyps, [refs])
     chrf = sacrebleu.corpus_chrf(hyps, [refs])
-    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "bleu_signature": str(bleu)}
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "bleu_details": str(bleu),
+            "bleu_signature": str(bleu_metric.get_signature())}
 
 
 def main(argv=None) -> dict:
@@ -68,9 +71,9 @@ def main(argv=None) -> dict:
         with open(args.output, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)
     result = {**score(hyps, ref), "sentences": len(src), "seconds": round(seconds, 2),
-              "beam_size": args.beam_size, "checkpoint": args.checkpoint}
+              "beam_size": args.beam_size, "linear_dtype": model.linear_dtype, "checkpoint": args.checkpoint}
     print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({len(src)} sentences, {seconds:.1f} s, "
-          f"beam {args.beam_size})\n{result['bleu_signature']}")
+          f"beam {args.beam_size})\n{result['bleu_details']}\n{result['bleu_signature']}")
     if args.json:
         print(json.dumps(result))
     return result

@@ -15,8 +15,8 @@ elementwise, so a row's result does not depend at all on the rows it is batched 
 the float32 products below differ in the last digits with the batch). Linear layers are 2.7x faster
 than float32 here (1.6 vs 4.3 ms for 211 x 256 by the 8k-vocabulary projection, quantization
 included); a layer's output is within ~1% of float32, and translation quality is unchanged (shipped
-model, cased BLEU: val 39.77 / 41.23 greedy / beam 4 vs 39.73 / 41.16 in float32; test_2016_flickr
-39.29 / 40.79 vs 39.06 / 40.88).
+model, cased BLEU: val 39.79 / 41.21 greedy / beam 4 vs 39.73 / 41.16 in float32; test_2016_flickr
+39.27 / 40.76 vs 39.06 / 40.88).
 
 **float32**: oneDNN's blocked ("prepacked") weight layout, read faster than MKL's sgemm on the plain
 layout (1.4x for a whole decoder step of the small model, 1.6x for the 8k-vocabulary projection, on a
@@ -52,7 +52,7 @@ def onednn_available() -> bool:
 def default_dtype() -> torch.dtype:
     """The packed weights' dtype from MT_LINEAR_DTYPE: float32 (default), bfloat16 or int8.
     Raises ValueError for another name."""
-    name = os.environ.get("MT_LINEAR_DTYPE", "int8").strip().lower()
+    name = os.environ.get("MT_LINEAR_DTYPE", "").strip().lower() or "int8"   # unset or empty: the default
     dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
               "int8": torch.int8}
     if name not in dtypes:

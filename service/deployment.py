@@ -45,6 +45,7 @@ from .schemas import (MAX_BEAM_SIZE, ErrorResponse, LibreLanguage, ModelsRespons
 logger = logging.getLogger("ray.serve")
 
 RETRY_AFTER_S = 1
+READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 ERROR_KEY = "__service_error__"     # a ServiceError returned by a translator replica (its args)
 LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
                   "nl": "Dutch", "pt": "Portuguese", "cs": "Czech", "ru": "Russian", "zh": "Chinese",
@@ -556,6 +557,7 @@ class Gateway:
         self.default = cards[0]["id"]
         self.engine_config = engine or {}
         self.backend = _RemoteBackend(handles) if handles is not None else _LocalBackend(cards, num_threads)
+        self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
 
     async def reconfigure(self, user_config: dict) -> None:
         """Only used with ``ingress: translator``: the engine settings of the in-process translators."""
@@ -676,12 +678,19 @@ class Gateway:
 
     @api.get("/readyz")
     async def readyz(self):
-        """Readiness: 200 once every model is loaded and its engine runs, else 503."""
+        """Readiness: 200 once every model is loaded and its engine runs, else 503 (within ~1 s: a
+        model whose replica does not exist yet would otherwise hold the probe until it does).
+        A model that has answered once stays ready while its replica is merely slow to answer."""
         async def one(name: str) -> bool:
             try:
-                return bool(await asyncio.wait_for(self._call(name, "ready"), timeout=5))
-            except Exception:  # noqa: BLE001 - any failure means not ready
+                ok = bool(await asyncio.wait_for(self._call(name, "ready"), timeout=READY_PROBE_S))
+            except asyncio.TimeoutError:
+                return name in self._ready_seen   # busy, not loading
+            except Exception:  # noqa: BLE001 - any other failure means not ready
                 return False
+            if ok:
+                self._ready_seen.add(name)
+            return ok
         states = await asyncio.gather(*(one(n) for n in self.cards))
         models = {n: ("ready" if s else "loading") for n, s in zip(self.cards, states)}
         ready = all(states)

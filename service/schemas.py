@@ -97,7 +97,7 @@ class TranslateRequest(_Strict):
     @model_validator(mode="after")
     def _n_best_within_beam(self) -> "TranslateRequest":
         if self.n_best > self.beam_size:
-            raise ValueError(f"n_best must be <= beam_size ({self.beam_size}), got {self.n_best}")
+            raise ValueError(f"n_best: must be <= beam_size ({self.beam_size}), got {self.n_best}")
         return self
 
     @property

@@ -377,8 +377,8 @@ class _StreamState:
             return []       # e.g. an incomplete multi-byte character: wait for the next token
         glue = "" if self.started[k] else self.splits[p.text_index].glue[p.piece_index]
         delta = text[len(prev):]
-        if not (glue or delta):
-            return []
+        if not delta and (not final or not glue):
+            return []       # the whitespace before a sentence goes out with its first token
         self.started[k], self.emitted[k] = True, text
         token = self.tok.pieces(self.tokens[k][-1:])[0] if self.tokens[k] and not final else None
         return [{"event": "token", "index": p.text_index, "text": glue + delta, "token": token}]

@@ -244,6 +244,9 @@ def test_streamed_tokens_concatenate_to_the_final_text(service_url, beam_size):
         assert streamed == t["text"]
     assert final["translations"][0]["text"].startswith("  ") and "\n" in final["translations"][0]["text"]
     assert final["translations"][2]["text"] == ""
+    for i in range(len(texts)):   # whitespace before a sentence comes with its first token, never alone
+        deltas = [d["text"] for e, d in events[:-1] if d["index"] == i]
+        assert all(t.strip() for t in deltas[:-1]), deltas
     assert sum(1 for e, d in events if e == "token" and d["token"] is not None) > 0
     plain = translate(service_url, texts, beam_size=beam_size)
     assert plain["translations"] == final["translations"] and plain["usage"] == final["usage"]

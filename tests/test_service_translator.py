@@ -71,3 +71,38 @@ def test_limits_are_service_errors_naming_field_and_limit(card):
             assert words in e.value.message and field.split(".")[0] in e.value.message
         await t.stop()
     asyncio.run(main())
+
+
+def test_readyz_answers_quickly_while_a_model_loads(monkeypatch):
+    """A model whose replica is not up yet must not hold the readiness probe: 503 within ~the probe
+    timeout; a model that answered once stays ready while it is merely slow."""
+    import json
+    import time
+    from service import deployment
+
+    class GatewayState:   # what Gateway.readyz uses of its instance
+        cards = {"de-en": {}, "fr-en": {}}
+
+        def __init__(self):
+            self._ready_seen = set()
+
+        async def _call(self, name, method):
+            assert method == "ready"
+            if name == "de-en":
+                return True
+            await asyncio.sleep(3600)    # no replica yet: the call would wait for one
+
+    monkeypatch.setattr(deployment, "READY_PROBE_S", 0.2)
+    state = GatewayState()
+
+    async def probe():
+        t0 = time.monotonic()
+        resp = await deployment.Gateway.readyz(state)
+        return resp.status_code, json.loads(resp.body), time.monotonic() - t0
+
+    status, body, took = asyncio.run(probe())
+    assert status == 503 and body["models"] == {"de-en": "ready", "fr-en": "loading"} and took < 2.0
+    assert state._ready_seen == {"de-en"}
+    state._ready_seen.add("fr-en")       # it answered before: now busy, not loading
+    status, body, _ = asyncio.run(probe())
+    assert status == 200 and body["status"] == "ready"
