@@ -50,8 +50,8 @@ def onednn_available() -> bool:
 
 
 def default_dtype() -> torch.dtype:
-    """The packed weights' dtype from MT_LINEAR_DTYPE: float32 (default), bfloat16 or int8.
-    Raises ValueError for another name."""
+    """The prepared weights' dtype from MT_LINEAR_DTYPE: int8 (the default, also when unset or
+    empty), float32 (fp32) or bfloat16 (bf16). Raises ValueError for another name."""
     name = os.environ.get("MT_LINEAR_DTYPE", "").strip().lower() or "int8"   # unset or empty: the default
     dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
               "int8": torch.int8}
