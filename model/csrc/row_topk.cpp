@@ -19,39 +19,35 @@ void topk_rows(const scalar_t* X, int64_t N, int64_t V, int64_t k, scalar_t* val
     const int64_t n = V, kk = k;
     std::vector<scalar_t> best_v(kk);
     std::vector<int64_t> best_i(kk);
+    // put (v, t) into the sorted best_v[0..size) (size < kk: a new entry; else it replaces the last),
+    // after the entries >= v: among equal values the earlier index stays first
+    auto insert = [&](scalar_t v, int64_t t, int64_t size) {
+      int64_t p = std::min(size, kk - 1);
+      while (p > 0 && best_v[p - 1] < v) {
+        best_v[p] = best_v[p - 1];
+        best_i[p] = best_i[p - 1];
+        --p;
+      }
+      best_v[p] = v;
+      best_i[p] = t;
+    };
     for (int64_t r = r0; r < r1; ++r) {
       const scalar_t* __restrict x = X + r * n;
-      // start from the first k entries, sorted (stable: equal values keep the lower index first)
-      int64_t m = 0;
-      for (int64_t j = 0; j < kk; ++j) {
-        int64_t p = m++;
-        while (p > 0 && best_v[p - 1] < x[j]) {
-          best_v[p] = best_v[p - 1];
-          best_i[p] = best_i[p - 1];
-          --p;
-        }
-        best_v[p] = x[j];
-        best_i[p] = j;
-      }
-      constexpr int64_t B = 16;
+      for (int64_t j = 0; j < kk; ++j) insert(x[j], j, j);   // start from the first k entries, sorted
+      constexpr int64_t B = 32;
       int64_t j = kk;
-      for (; j < n; j += B) {
-        const int64_t end = std::min(n, j + B);
+      for (; j + B <= n; j += B) {
+        const scalar_t* __restrict xb = x + j;
         const scalar_t thr = best_v[kk - 1];
-        bool any = false;
-        for (int64_t t = j; t < end; ++t) any |= x[t] > thr;   // a vectorized test of B entries
-        if (!any) continue;
-        for (int64_t t = j; t < end; ++t) {
-          if (!(x[t] > best_v[kk - 1])) continue;              // strictly greater: earlier index wins ties
-          int64_t p = kk - 1;
-          while (p > 0 && best_v[p - 1] < x[t]) {
-            best_v[p] = best_v[p - 1];
-            best_i[p] = best_i[p - 1];
-            --p;
-          }
-          best_v[p] = x[t];
-          best_i[p] = t;
+        int above = 0;
+        for (int t = 0; t < B; ++t) above += xb[t] > thr;      // a fixed-size, vectorized test
+        if (above == 0) continue;
+        for (int64_t t = j; t < j + B; ++t) {
+          if (x[t] > best_v[kk - 1]) insert(x[t], t, kk);      // strictly greater: earlier index wins ties
         }
+      }
+      for (; j < n; ++j) {
+        if (x[j] > best_v[kk - 1]) insert(x[j], j, kk);
       }
       std::copy(best_v.begin(), best_v.end(), values + r * kk);
       std::copy(best_i.begin(), best_i.end(), ids + r * kk);
