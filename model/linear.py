@@ -142,7 +142,7 @@ class Linear(nn.Linear):
         if PackedWeight.usable(self.weight):
             try:
                 self.packed = PackedWeight(self.weight, dtype)
-            except RuntimeError:
+            except (RuntimeError, AttributeError):  # a torch without this kernel (e.g. no CPU _int_mm)
                 self.packed = None
         return self.packed is not None
 

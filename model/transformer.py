@@ -155,7 +155,7 @@ class Transformer(nn.Module):
         if ok and self.out_proj is None and PackedWeight.usable(self.tgt_embed.tok.weight):
             try:
                 self._packed_out = PackedWeight(self.tgt_embed.tok.weight, dtype)
-            except RuntimeError:
+            except (RuntimeError, AttributeError):
                 ok = False
         elif self.out_proj is None:
             ok = False
