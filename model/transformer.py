@@ -163,6 +163,9 @@ class Transformer(nn.Module):
             for m in linears:
                 m.unpack()
             self._packed_out = None
+            if dtype != torch.float32 and PackedWeight.usable(self.tgt_embed.tok.weight):
+                # e.g. a torch build without the int8 or bf16 kernels: prepacked float32 instead
+                return self.pack_for_inference(enabled, torch.float32)
         return ok
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:

@@ -519,3 +519,24 @@ def test_int8_model_decodes_each_sentence_as_alone_bit_for_bit():
             assert [h.tokens for h in hyps] == [h.tokens for h in alone]
             assert [h.log_prob for h in hyps] == [h.log_prob for h in alone]
     model.pack_for_inference(enabled=False)
+
+
+def test_packing_falls_back_to_float32_where_int8_is_unavailable(monkeypatch):
+    from model import linear
+    if not linear.onednn_available():
+        pytest.skip("this torch build has no oneDNN prepacked linears")
+    model = make_model(dtype=torch.float32)
+    src = torch.tensor([rand_source(7, 3)])
+    with torch.no_grad():
+        mask = padding_mask(src, 0)
+        memory, _ = model.encode(src, mask)
+        plain = model.cross_kv(memory)[0][0]
+
+    def no_int8(self, x, bias):
+        raise RuntimeError("no int8 matrix product in this build")
+    monkeypatch.setattr(linear.PackedWeight, "_int8", no_int8)
+    assert model.pack_for_inference(dtype=torch.int8) and model.linear_dtype == "float32"
+    with torch.no_grad():
+        memory, _ = model.encode(src, mask)
+        torch.testing.assert_close(model.cross_kv(memory)[0][0], plain, rtol=1e-5, atol=1e-5)
+    model.pack_for_inference(enabled=False)
