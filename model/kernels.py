@@ -63,7 +63,7 @@ def _build():
         pass
     source = b"".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha1(source + torch.__version__.encode() + _cpu_id().encode() + " ".join(CFLAGS).encode())
-    name = f"mt_decode_attention_{key.hexdigest()[:12]}"
+    name = f"mt_cpu_kernels_{key.hexdigest()[:12]}"
     try:
         built = (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
     except Exception:  # noqa: BLE001 - a private helper; only decides whether to announce the build
@@ -96,20 +96,34 @@ def _self_check(fn: Callable) -> None:
             raise RuntimeError("compiled decode attention disagrees with eager attention")
 
 
+def quantize_rows_eager(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [M, K] float32 -> (q [M, K] int8, scale [M]): each row scaled by its own absmax / 127 (1 for an
+    all-zero row) and rounded half to even. The eager form of the compiled ``quantize_rows``."""
+    scale = x.abs().amax(dim=1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(x / scale[:, None]).to(torch.int8), scale
+
+
+def dequantize_eager(acc: Tensor, row_scale: Tensor, col_scale: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """acc [M, N] int32 -> acc * row_scale[:, None] * col_scale (+ bias), float32 [M, N]. The eager form
+    of the compiled ``dequantize``."""
+    out = acc.float().mul_(row_scale[:, None]).mul_(col_scale)
+    return out if bias is None else out.add_(bias)
+
+
 def _self_check_int8(module) -> None:
     """quantize_rows must equal the eager arithmetic exactly, dequantize to float rounding."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 37, generator=g) * torch.tensor([1e-3, 1.0, 0.0, 50.0, 3.0])[:, None]
     q, scale = module.quantize_rows(x)
-    ref_scale = x.abs().amax(dim=1) / 127.0
-    ref_scale = torch.where(ref_scale > 0, ref_scale, torch.ones_like(ref_scale))
-    if not (torch.equal(scale, ref_scale) and torch.equal(q, torch.round(x / ref_scale[:, None]).to(torch.int8))):
+    ref_q, ref_scale = quantize_rows_eager(x)
+    if not (torch.equal(scale, ref_scale) and torch.equal(q, ref_q)):
         raise RuntimeError("compiled int8 quantization disagrees with eager PyTorch")
     acc = torch.randint(-2 ** 20, 2 ** 20, (5, 11), generator=g, dtype=torch.int32)
     cols, bias = torch.rand(11, generator=g), torch.randn(11, generator=g)
     for b in (bias, None):
-        ref = acc.float() * scale[:, None] * cols + (0 if b is None else b)
-        if not torch.allclose(module.dequantize(acc, scale, cols, b), ref, rtol=1e-6, atol=1e-6):
+        if not torch.allclose(module.dequantize(acc, scale, cols, b), dequantize_eager(acc, scale, cols, b),
+                              rtol=1e-6, atol=1e-6):
             raise RuntimeError("compiled int8 dequantization disagrees with eager PyTorch")
 
 
@@ -147,30 +161,30 @@ def _module():
         return _loaded["module"]
 
 
+def _op(switch: str, attr: Optional[str]):
+    """``attr`` of the compiled module (the module itself for None), or None where it is unavailable
+    or switched off (tests set ``_loaded[switch] = None``)."""
+    if switch in _loaded:
+        return _loaded[switch]
+    module = _module()
+    return module if module is None or attr is None else getattr(module, attr)
+
+
 def decode_attention() -> Optional[Callable]:
     """The compiled ``packed_decode_attention`` function, or None (see ``_module``)."""
-    if "decode_attention" in _loaded:  # set only to switch the kernel off (tests)
-        return _loaded["decode_attention"]
-    module = _module()
-    return None if module is None else module.packed_decode_attention
+    return _op("decode_attention", "packed_decode_attention")
 
 
 def topk_op() -> Optional[Callable]:
     """The compiled ``row_topk(x [N, V] float32/float64, k) -> (values [N, k], ids [N, k])``, or None
     (see ``_module``)."""
-    if "topk" in _loaded:  # set only to switch the kernel off (tests)
-        return _loaded["topk"]
-    module = _module()
-    return None if module is None else module.row_topk
+    return _op("topk", "row_topk")
 
 
 def int8_ops():
     """The compiled ``quantize_rows`` / ``dequantize`` (as attributes of the returned object), or None
-    (see ``_module``). ``quantize_rows(x [M, K] float32) -> (q [M, K] int8, scale [M])``;
-    ``dequantize(acc [M, N] int32, row_scale [M], col_scale [N], bias [N] or None) -> [M, N] float32``."""
-    if "int8" in _loaded:  # set only to switch the kernels off (tests)
-        return _loaded["int8"]
-    return _module()
+    (see ``_module``); same arithmetic as ``quantize_rows_eager`` / ``dequantize_eager``."""
+    return _op("int8", None)
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:

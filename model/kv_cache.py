@@ -107,8 +107,7 @@ class KVCache:
         for layer, (k, v) in enumerate(cross_kv):
             self.cross_k[layer, :, :S].index_copy_(0, slots, k.transpose(1, 2))
             self.cross_v[layer, :, :S].index_copy_(0, slots, v.transpose(1, 2))
-        self.src_len.index_copy_(0, slots, src_lengths.to(self.src_len.device))
-        self.owner.index_copy_(0, slots, slots)
+        self._own_cross(slots, src_lengths)
 
     def write_cross_packed(self, slots: Tensor, cross_kv: Sequence[tuple[Tensor, Tensor]], src_lengths: Tensor) -> None:
         """``write_cross`` for a packed batch (``Transformer.encode_packed``): per-layer K/V [NT, H, 1, Dh]
@@ -121,6 +120,10 @@ class KVCache:
             K, V = self.cross_k[layer], self.cross_v[layer]
             K.view(-1, *K.shape[2:]).index_copy_(0, at, k[:, :, 0])
             V.view(-1, *V.shape[2:]).index_copy_(0, at, v[:, :, 0])
+        self._own_cross(slots, src_lengths)
+
+    def _own_cross(self, slots: Tensor, src_lengths: Tensor) -> None:
+        """Slots [N] now hold their own cross K/V, src_lengths [N] positions of it."""
         self.src_len.index_copy_(0, slots, src_lengths.to(self.src_len.device))
         self.owner.index_copy_(0, slots, slots)
 

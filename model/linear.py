@@ -74,11 +74,9 @@ class PackedWeight:
         w = weight.detach()
         self.key = (w.data_ptr(), w._version)
         self.dtype = dtype
-        if dtype == torch.int8:
-            scale = w.abs().amax(dim=1).float() / 127.0                         # [out]
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            self.scale = scale
-            self.packed = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).t()  # [in, out] view
+        if dtype == torch.int8:  # one scale per output feature: the rows of w, quantized like inputs
+            q, self.scale = kernels.quantize_rows_eager(w.float())                # [out, in], [out]
+            self.packed = q.t()                                                   # [in, out] view
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(dtype))
         # Check the kernel once against the plain product on a small input; any mismatch -> not used.
@@ -103,16 +101,10 @@ class PackedWeight:
         elementwise halves run compiled (``kernels.int8_ops``) where available."""
         rows = x.reshape(-1, x.size(-1))
         ops = kernels.int8_ops()
-        if ops is not None:
-            q, scale = ops.quantize_rows(rows)
-            out = ops.dequantize(torch._int_mm(q, self.packed), scale, self.scale, bias)
-        else:
-            scale = rows.abs().amax(dim=1, keepdim=True) / 127.0                # [M, 1]
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            q = torch.round(rows / scale).to(torch.int8)                        # |values| <= 127
-            out = torch._int_mm(q, self.packed).float().mul_(scale).mul_(self.scale)  # exact int32 products
-            if bias is not None:
-                out.add_(bias)
+        quantize = kernels.quantize_rows_eager if ops is None else ops.quantize_rows
+        dequantize = kernels.dequantize_eager if ops is None else ops.dequantize
+        q, scale = quantize(rows)
+        out = dequantize(torch._int_mm(q, self.packed), scale, self.scale, bias)   # exact int32 products
         return out.view(*x.shape[:-1], out.size(-1))
 
     def valid_for(self, weight: Tensor) -> bool:
