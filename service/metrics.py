@@ -120,8 +120,8 @@ class EngineMetrics:
         if step.num_decode_seqs:
             self.decode_batch_size.observe(step.num_decode_seqs, tags=t)
             self.decode_step_duration_seconds.observe(step.decode_s, tags=t)
-        if step.num_generated_tokens:
-            self.generated_tokens_total.inc(step.num_generated_tokens, tags=t)
+        if step.num_scored_rows:
+            self.generated_tokens_total.inc(step.num_scored_rows, tags=t)
         self.set_state(step.running_sequences, step.waiting_requests, step.kv_cache_usage)
 
     def on_finish(self, stats) -> None:

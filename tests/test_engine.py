@@ -15,7 +15,7 @@ from model.config import ModelConfig
 from model.decoding import generate
 from model.kv_cache import length_groups
 from model.transformer import Transformer
-from service import runner as runner_mod
+from service.engine import runner as runner_mod
 from service.engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
                             GenerationOptions, QueueFullError, TranslationResult)
 
@@ -449,7 +449,7 @@ async def test_timings_and_step_stats_add_up(model64):
     await engine.stop()
     assert sum(s.num_prefill_tokens for s in steps) == sum(len(s) for s, _ in reqs)
     assert sum(s.num_prefill_requests for s in steps) == 10 and sum(s.num_finished for s in steps) == 10
-    assert sum(s.num_generated_tokens for s in steps) == sum(r.timings.generated_tokens for r in res)
+    assert sum(s.num_scored_rows for s in steps) == sum(r.timings.generated_tokens for r in res)
     assert sorted(f.request_id for f in finished) == sorted(r.timings.request_id for r in res)
     for r in res:
         t = r.timings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.scheduler import (EngineConfig, EngineValidationError, QueueFullError, ScheduledRequest, Scheduler,
+from service.engine.scheduler import (EngineConfig, EngineValidationError, QueueFullError, ScheduledRequest, Scheduler,
                                SlotPool)
 
 
@@ -247,7 +247,7 @@ def test_engine_config_rejects_bad_values(bad, field):
 
 
 def test_scheduler_module_does_not_import_torch():
-    tree = ast.parse(Path(__file__).resolve().parents[1].joinpath("service", "scheduler.py").read_text())
+    tree = ast.parse(Path(__file__).resolve().parents[1].joinpath("service", "engine", "scheduler.py").read_text())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -20,87 +20,28 @@ steps (each hypothesis attends only to its own slot), so it equals offline ``mod
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import gc
 import itertools
 import logging
 import math
-import numbers
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from model.decoding import ATTENTION_KINDS, BeamSearch, Hypothesis
-from model.translate import default_max_new_tokens
+from model.decoding import BeamSearch, Hypothesis
 
-from .runner import ModelRunner, SequenceOutput, StepResult
-from .scheduler import (POLICIES, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
-                        QueueFullError, ScheduledRequest, Scheduler)
-
-__all__ = ["Engine", "EngineConfig", "GenerationOptions", "TranslationResult", "StepStats", "RequestStats",
-           "TokenStream", "Hypothesis", "EngineError", "QueueFullError", "EngineValidationError",
-           "EngineStoppedError", "POLICIES"]
+from .config import EngineConfig
+from .errors import EngineError, EngineStoppedError, EngineValidationError
+from .process import torch_threads
+from .records import (GenerationOptions, RequestStats, ScheduledRequest, SequenceOutput, StepResult, StepStats,
+                      TranslationResult)
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .validation import resolve_options
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationOptions:
-    beam_size: int = 4                        # hypotheses kept per sentence (1 = greedy); each holds a cache slot
-    n_best: int = 1                           # hypotheses returned, best first; 1..beam_size
-    max_new_tokens: Optional[int] = None      # None: 2 x source length + 10, capped by the model
-    length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
-    attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
-    min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
-
-
-@dataclass
-class RequestStats:
-    """Timings of one request (seconds); handed to ``on_finish`` and returned with the result."""
-    request_id: int
-    status: str                               # "ok", "cancelled" or "error"
-    finish_reason: str                        # best hypothesis' "eos" / "length"; else the status
-    src_tokens: int                           # source ids, EOS included
-    beam_size: int
-    generated_tokens: int = 0                 # tokens of the best hypothesis, EOS counted when generated
-    num_steps: int = 0                        # engine steps it took part in (its prefill step included)
-    queue_wait_s: float = 0.0                 # submitted -> its prefill step began
-    prefill_s: float = 0.0                    # duration of the prefill call it was part of
-    decode_s: float = 0.0                     # end of its prefill step -> finished
-    time_to_first_token_s: float = 0.0        # submitted -> its first token was chosen
-    total_s: float = 0.0                      # submitted -> finished
-
-
-@dataclass
-class StepStats:
-    """One engine step; handed to ``on_step``."""
-    step: int
-    num_prefill_requests: int                 # requests admitted (prefilled) this step
-    num_prefill_tokens: int                   # their source ids
-    num_prefill_padded_tokens: int            # prefill batch size x longest source
-    num_decode_requests: int                  # requests in the decode forward
-    num_decode_seqs: int                      # hypotheses (rows) in the decode forward
-    num_generated_tokens: int                 # rows scored this step (prefill + decode)
-    num_finished: int                         # requests that finished or failed this step
-    prefill_s: float
-    decode_s: float
-    update_s: float                           # top-k, searches, cache reorder
-    duration_s: float                         # the whole step, hand-off to the worker included
-    running_requests: int                     # after the step
-    running_sequences: int
-    waiting_requests: int
-    kv_cache_usage: float                     # fraction of slots in use, 0..1
-
-
-@dataclass
-class TranslationResult:
-    hypotheses: list[Hypothesis]              # n_best, best first
-    timings: RequestStats
 
 
 @dataclass(eq=False)
@@ -175,56 +116,6 @@ class TokenStream:
 
 
 Callback = Optional[Callable[[object], None]]
-
-
-def tune_process() -> None:
-    """Process settings for serving, applied once the model is loaded (the translator and the
-    benchmarks call it; it changes nothing a result depends on):
-
-    - glibc malloc keeps freed memory instead of returning it to the OS after every step. A decode
-      step allocates and frees megabytes of temporaries (logits, attention reads); with glibc's
-      defaults much of it goes back to the kernel and the next step page-faults it in again, which
-      is slow in a VM. (The same as MALLOC_TRIM_THRESHOLD_ etc. in the environment; jemalloc or
-      tcmalloc would do as well.) A no-op where glibc's ``mallopt`` is missing.
-    - ``gc.freeze()``: the objects that exist now (torch, the model, ...: ~170k) are moved out of
-      the cyclic garbage collector's reach. Otherwise every full collection, triggered by the
-      small objects each step makes, scans them all: 60-80 ms pauses on this machine.
-    - A 0.5 ms GIL switch interval (default 5 ms): the worker thread gives up the GIL inside every
-      torch op and must win it back from the event loop thread (HTTP handling, tokenization) to
-      issue the next one; shorter turns keep its steps from stalling behind the loop (HTTP beam-4
-      throughput at 32 clients +15% on 2 cores).
-    """
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-        libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-        libc.mallopt(m_trim_threshold, 1024 * 1024 * 1024)
-        libc.mallopt(m_top_pad, 256 * 1024 * 1024)
-    except (OSError, AttributeError):
-        pass
-    gc.collect()
-    gc.freeze()
-    sys.setswitchinterval(0.0005)
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block with ``n`` torch intra-op threads, then restore the previous count.
-
-    Set-up work (loading a model, allocating the KV cache) should run with 1 thread so that only
-    the engine's worker thread runs multi-threaded: with OpenMP every thread that enters a parallel
-    region keeps a team of helper threads, and once the teams together outnumber the cores, libgomp
-    stops spinning between regions and every op pays a sleep/wake-up. Measured on 2 cores with 2
-    torch threads: a 2-row decode step 3.3 ms from a lone worker thread, 6.3 ms when the main
-    thread had run 2-thread ops before.
-    """
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 class Engine:
@@ -327,13 +218,13 @@ class Engine:
     def _fail_unfit(self) -> None:
         for sreq in list(self.scheduler.waiting):
             if sreq.num_slots > self.config.max_num_seqs:
-                self._finish(sreq.payload, error=EngineValidationError(
+                self._finish(self._requests[sreq.request_id], error=EngineValidationError(
                     "beam_size", f"needs {sreq.num_slots} cache slots, the engine now has {self.config.max_num_seqs}"))
 
     # ---- requests ------------------------------------------------------------------------------
     def validate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> None:
         """Raise EngineValidationError(field, message) if the request can never be served."""
-        self._resolve(src_ids, options)
+        resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
 
     async def translate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None
                         ) -> TranslationResult:
@@ -359,61 +250,12 @@ class Engine:
                  policy=self.config.policy, state=self._state)
         return s
 
-    def _resolve(self, src_ids, options) -> GenerationOptions:
-        o = GenerationOptions() if options is None else options
-        if not isinstance(o, GenerationOptions):
-            raise EngineValidationError("options", f"must be GenerationOptions, got {type(o).__name__}")
-        cfg = self.model.cfg
-
-        def is_int(v) -> bool:
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-        if not isinstance(src_ids, (list, tuple)):
-            raise EngineValidationError("src_ids", "must be a list of token ids")
-        if not src_ids:
-            raise EngineValidationError("src_ids", "must not be empty (an encoded sentence ends with EOS)")
-        if len(src_ids) > self.max_src_len:
-            raise EngineValidationError("src_ids", f"has {len(src_ids)} tokens, the limit is {self.max_src_len}")
-        for t in src_ids:
-            if not is_int(t) or not 0 < t < cfg.vocab_size:
-                raise EngineValidationError("src_ids", f"ids must be integers in 1..{cfg.vocab_size - 1}, got {t!r}")
-        if not is_int(o.beam_size) or o.beam_size < 1:
-            raise EngineValidationError("beam_size", f"must be an integer >= 1, got {o.beam_size!r}")
-        if 2 * o.beam_size > cfg.vocab_size:
-            raise EngineValidationError("beam_size", f"must be <= {cfg.vocab_size // 2} (half the vocabulary), "
-                                                     f"got {o.beam_size}")
-        if o.beam_size > self.config.max_num_seqs:
-            raise EngineValidationError("beam_size", f"must be <= max_num_seqs ({self.config.max_num_seqs}), "
-                                                     f"got {o.beam_size}")
-        if not is_int(o.n_best) or not 1 <= o.n_best <= o.beam_size:
-            raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), "
-                                                  f"got {o.n_best!r}")
-        limit = min(self.max_tgt_len, cfg.max_len - 1)
-        max_new = o.max_new_tokens
-        if max_new is None:
-            max_new = min(default_max_new_tokens(len(src_ids), cfg.max_len), limit)
-        elif not is_int(max_new) or not 0 <= max_new <= limit:
-            raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limit}, got {max_new!r}")
-        if not is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= max_new:
-            raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}), "
-                                                          f"got {o.min_new_tokens!r}")
-        lp = o.length_penalty
-        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
-            raise EngineValidationError("length_penalty", f"must be a finite number, got {lp!r}")
-        kinds = () if o.attention_kinds is None else o.attention_kinds
-        if (isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset))
-                or not all(isinstance(k, str) and k in ATTENTION_KINDS for k in kinds)):
-            raise EngineValidationError("attention_kinds", f"must be a subset of {ATTENTION_KINDS}, got {kinds!r}")
-        return dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best), max_new_tokens=int(max_new),
-                                   min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
-                                   attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds))
-
     def _submit(self, src_ids, options, stream: bool) -> _Request:
         if self._state == "new":
             self._start_now()
         if self._state != "running" or self._task.done():
             raise EngineStoppedError("engine is stopped")
-        opts = self._resolve(src_ids, options)
+        opts = resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
         rid = next(self._ids)
         req = _Request(rid, [int(t) for t in src_ids], opts, self._loop.create_future(), stream,
                        asyncio.Queue() if stream else None, time.perf_counter())
@@ -423,7 +265,7 @@ class Engine:
                                 opts.attention_kinds, len(req.src_ids))
             self._finish(req, hypotheses=search.results())
             return req
-        self.scheduler.add(ScheduledRequest(rid, len(req.src_ids), opts.beam_size, payload=req))
+        self.scheduler.add(ScheduledRequest(rid, len(req.src_ids), opts.beam_size, tuple(req.src_ids), opts, stream))
         self._requests[rid] = req
         self._wakeup.set()
         return req
@@ -479,7 +321,7 @@ class Engine:
                     await self._wakeup.wait()
                     continue
                 for r in plan.prefill:
-                    r.payload.t_prefill_start = t0
+                    self._requests[r.request_id].t_prefill_start = t0
                 try:
                     result = await loop.run_in_executor(self._executor, self.runner.execute, plan)
                 except Exception as e:  # noqa: BLE001 - a runner bug: fail this step's requests, keep serving
@@ -489,8 +331,9 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - never let the loop die; fail what this step touched
                 log.exception("engine loop error")
                 for r in (plan.prefill + plan.decode) if plan is not None else ():
-                    if not r.payload.done:
-                        self._finish(r.payload, error=EngineError(f"engine step failed: {e!r}"))
+                    req = self._requests.get(r.request_id)
+                    if req is not None and not req.done:
+                        self._finish(req, error=EngineError(f"engine step failed: {e!r}"))
                 await asyncio.sleep(0.01)
 
     def _apply_cancellations(self) -> None:
@@ -516,12 +359,14 @@ class Engine:
 
     def _update(self, plan, result: StepResult, t0: float) -> None:
         now = time.perf_counter()
-        for r in plan.prefill:
-            req = r.payload
-            req.prefill_s = result.prefill_s
-            req.t_first_token = now
+        prefilled = {r.request_id for r in plan.prefill}
         for r in plan.prefill + plan.decode:
-            r.payload.num_steps += 1
+            req = self._requests.get(r.request_id)
+            if req is None:
+                continue
+            req.num_steps += 1
+            if r.request_id in prefilled:
+                req.prefill_s, req.t_first_token = result.prefill_s, now
         finished = 0
         for o in result.outputs:
             req = self._requests.get(o.request_id)
@@ -543,7 +388,7 @@ class Engine:
         if self.on_step is not None:
             s = self.scheduler
             stats = StepStats(plan.step, len(plan.prefill), plan.num_prefill_tokens, plan.num_prefill_padded,
-                              len(plan.decode), result.num_decode_seqs, result.num_generated_tokens, finished,
+                              len(plan.decode), result.num_decode_seqs, result.num_scored_rows, finished,
                               result.prefill_s, result.decode_s, result.update_s, time.perf_counter() - t0,
                               s.num_running, s.num_running_seqs, s.num_waiting,
                               s.num_running_seqs / s.slots.num_slots)

@@ -2,7 +2,7 @@
 policy that decides, every step, which waiting requests to prefill.
 
 Plain Python, no torch: the engine hands the scheduler's decisions (``SchedulerOutput``, a plain
-dataclass) to the runner, so scheduling can be tested without a model (as in vLLM's v1 engine).
+dataclass in ``records.py``) to the runner, so scheduling can be tested without a model (as in vLLM's v1 engine).
 
 One slot is one hypothesis: a request with beam_size k holds k cache slots from its prefill until it
 finishes or is cancelled. Requests are admitted first-in, first-out; when the oldest waiting request
@@ -21,81 +21,11 @@ Policies (``EngineConfig.policy``):
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
-POLICIES = ("decode_first", "prefill_first", "static")
-
-
-# ---- errors (re-exported by service.engine; defined here so this module needs no torch) -----------
-
-class EngineError(Exception):
-    """Base class of every error the engine raises on purpose."""
-
-
-class QueueFullError(EngineError):
-    """The bounded waiting queue is full; retry later (the API answers 503 with Retry-After)."""
-
-    def __init__(self, message: str, retry_after_s: float = 1.0):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class EngineValidationError(EngineError, ValueError):
-    """A request field is out of range; ``field`` names it (the API answers 422)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-class EngineStoppedError(EngineError):
-    """The engine is stopped (or stopping) and takes no more requests."""
-
-
-# ---- configuration ---------------------------------------------------------------------------
-
-@dataclass
-class EngineConfig:
-    max_num_seqs: int = 256                   # KV-cache slots = hypotheses in flight (a beam-4 text holds 4)
-    max_prefill_tokens: int = 4096            # padded source tokens (batch x longest) per prefill batch
-    max_waiting: int = 1024                   # bounded waiting queue; full -> QueueFullError at once
-    max_running_requests: Optional[int] = None  # cap on concurrent requests (1 = no batching)
-    policy: str = "decode_first"              # one of POLICIES
-    prefill_every: int = 4                    # k: while requests wait, at least every k-th step prefills
-    waiting_ratio: float = 1.0                # ... or when (waiting requests that fit now) / running exceeds this
-    max_src_len: Optional[int] = None         # cache bound on source ids (default: model max_len)
-    max_tgt_len: Optional[int] = None         # cache bound on target positions (default: model max_len)
-
-    def __post_init__(self) -> None:
-        def bad(name, msg):
-            raise EngineValidationError(name, msg)
-        for name in ("max_num_seqs", "max_prefill_tokens", "max_waiting", "prefill_every"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                bad(name, f"must be a positive integer, got {v!r}")
-        if self.max_running_requests is not None and (not isinstance(self.max_running_requests, int)
-                                                      or self.max_running_requests < 1):
-            bad("max_running_requests", f"must be None or an integer >= 1, got {self.max_running_requests!r}")
-        if self.policy not in POLICIES:
-            bad("policy", f"must be one of {POLICIES}, got {self.policy!r}")
-        if not isinstance(self.waiting_ratio, (int, float)) or not self.waiting_ratio >= 0:
-            bad("waiting_ratio", f"must be a number >= 0, got {self.waiting_ratio!r}")
-        for name in ("max_src_len", "max_tgt_len"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 2):
-                bad(name, f"must be None or an integer >= 2, got {v!r}")
-
-    @classmethod
-    def from_dict(cls, d: Optional[dict]) -> "EngineConfig":
-        """Build from a mapping (e.g. Ray Serve ``user_config``); unknown keys are an error."""
-        d = dict(d or {})
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise EngineValidationError(unknown[0], f"unknown engine option; choose from {sorted(names)}")
-        return cls(**d)
+from .config import EngineConfig
+from .errors import EngineValidationError, QueueFullError
+from .records import ScheduledRequest, SchedulerOutput
 
 
 # ---- slots -----------------------------------------------------------------------------------
@@ -132,39 +62,6 @@ class SlotPool:
                 raise ValueError(f"slot {s} is not allocated")
         self._free.extend(slots)
         self._free.sort(reverse=True)
-
-
-# ---- hand-off records --------------------------------------------------------------------------
-
-@dataclass(eq=False)
-class ScheduledRequest:
-    """The scheduler's view of one request (one sentence)."""
-    request_id: int
-    num_src_tokens: int                      # source ids, EOS included: the prefill cost
-    num_slots: int = 1                       # cache slots held while running: the beam size
-    payload: Any = None                      # the engine's data (source ids, options); never read here
-    arrival_step: int = -1                   # scheduler step count when it was added
-    admitted_step: int = -1                  # step of its prefill
-    slots: list[int] = field(default_factory=list)  # cache slots, assigned at admission
-
-
-@dataclass
-class SchedulerOutput:
-    """What one engine step executes."""
-    step: int                                # 1-based step number
-    prefill: list[ScheduledRequest]          # admitted now: encoder, cross K/V, first decoder step
-    decode: list[ScheduledRequest]           # admitted earlier: one decoder step each, all together
-    num_prefill_tokens: int = 0              # real source ids in the prefill batch
-    num_prefill_padded: int = 0              # batch size x longest source (the budgeted cost)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefill and not self.decode
-
-    @property
-    def num_decode_seqs(self) -> int:
-        """Hypotheses (slots) stepped by the decode forward."""
-        return sum(r.num_slots for r in self.decode)
 
 
 # ---- the scheduler -----------------------------------------------------------------------------

@@ -22,34 +22,10 @@ from typing import Optional, Sequence
 import torch
 
 from model import decoding
-from model.decoding import BeamSearch, Hypothesis, StepOutput, pad_batch, top_candidates
+from model.decoding import BeamSearch, StepOutput, pad_batch, top_candidates
 from model.kv_cache import KVCache, length_groups
 
-from .scheduler import SchedulerOutput, ScheduledRequest
-
-
-@dataclass
-class SequenceOutput:
-    """What one step produced for one request."""
-    request_id: int
-    new_tokens: list[int] = field(default_factory=list)  # tokens now final (greedy: one per step; beam: at the end)
-    hypotheses: Optional[list[Hypothesis]] = None         # set when the request finished (n_best, best first)
-    error: Optional[BaseException] = None                 # set when this request failed (others go on)
-
-    @property
-    def finished(self) -> bool:
-        return self.hypotheses is not None or self.error is not None
-
-
-@dataclass
-class StepResult:
-    """What the runner did in one step (plain numbers for StepStats, plus per-request outputs)."""
-    outputs: list[SequenceOutput]
-    num_decode_seqs: int = 0                 # rows of the decode forward (hypotheses)
-    num_generated_tokens: int = 0            # rows scored this step (prefill + decode)
-    prefill_s: float = 0.0                   # wall time of the prefill call(s)
-    decode_s: float = 0.0                    # wall time of the decode_step call(s)
-    update_s: float = 0.0                    # top-k, searches, cache reorder
+from .records import ScheduledRequest, SchedulerOutput, SequenceOutput, StepResult
 
 
 @dataclass(eq=False)
@@ -77,9 +53,8 @@ class _Part:
 class ModelRunner:
     """Executes ``SchedulerOutput``s on a model with a preallocated ``KVCache``.
 
-    Each ``ScheduledRequest.payload`` must have ``src_ids`` (list of ids, EOS-terminated) and
-    ``options`` (beam_size, n_best, max_new_tokens, length_penalty, attention_kinds, and optionally
-    min_new_tokens), already validated, and may have ``stream`` (bool).
+    Each ``ScheduledRequest`` carries its ``src_ids`` (EOS-terminated) and ``options``
+    (``GenerationOptions``, already validated by the engine, max_new_tokens resolved).
     """
 
     def __init__(self, model, num_slots: int, max_src_len: Optional[int] = None, max_tgt_len: Optional[int] = None):
@@ -115,7 +90,7 @@ class ModelRunner:
         new: list[_Sequence] = []
         if plan.prefill:
             # a packed encoder pass (compiled kernel) has no padding to save: one call for all
-            lengths = [len(r.payload.src_ids) for r in plan.prefill]
+            lengths = [len(r.src_ids) for r in plan.prefill]
             groups = [list(range(len(lengths)))] if self.cache.kernel_ok() else length_groups(lengths, self.prefill_call_tokens)
             for group in groups:
                 started = self._start([plan.prefill[i] for i in group], outputs)
@@ -129,7 +104,7 @@ class ModelRunner:
             result.num_decode_seqs = sum(n for p in parts for _, _, n in p.rows)
         t2 = time.perf_counter()
         if parts:
-            result.num_generated_tokens = sum(p.out.log_probs.size(0) for p in parts)
+            result.num_scored_rows = sum(p.out.log_probs.size(0) for p in parts)
             self._update(parts, outputs)
         result.prefill_s, result.decode_s, result.update_s = t1 - t0, t2 - t1, time.perf_counter() - t2
         result.outputs = list(outputs.values())
@@ -142,14 +117,12 @@ class ModelRunner:
         seqs = []
         for r in reqs:
             try:
-                p = r.payload
-                o = p.options
+                o = r.options
                 kinds = tuple(o.attention_kinds)
                 search = BeamSearch(o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty,
-                                    kinds, len(p.src_ids))
-                seq = _Sequence(r.request_id, list(p.src_ids), list(r.slots), search,
-                                getattr(o, "min_new_tokens", 0) or 0, bool(getattr(p, "stream", False)), bool(kinds),
-                                tokens=[self.cfg.bos_id], position=0)
+                                    kinds, len(r.src_ids))
+                seq = _Sequence(r.request_id, list(r.src_ids), list(r.slots), search, o.min_new_tokens, r.stream,
+                                bool(kinds), tokens=[self.cfg.bos_id], position=0)
                 self.seqs[r.request_id] = seq
                 seqs.append(seq)
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
