@@ -17,9 +17,9 @@ import sacrebleu
 import torch
 from tqdm import tqdm
 
-from .checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from .checkpoint import DEFAULT_CHECKPOINT
 from .tokenizer import read_lines
-from .translate import translate_lines
+from .translate import load_for_cli, translate_lines
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
@@ -44,19 +44,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--output", help="also write the translations to this file")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     args = ap.parse_args(argv)
-    from .linear import default_dtype
-    try:
-        default_dtype()
-    except ValueError as e:
-        ap.error(str(e))
-    if args.beam_size < 1:
-        ap.error("--beam-size must be >= 1")
-
     torch.set_grad_enabled(False)
-    try:
-        model, tok, meta = load_checkpoint(args.checkpoint)
-    except (FileNotFoundError, ValueError) as e:
-        ap.error(f"--checkpoint {args.checkpoint}: {e}")
+    model, tok, meta = load_for_cli(ap, args)
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         ap.error(f"--src has {len(src)} lines but --ref has {len(ref)}")

@@ -3,14 +3,14 @@
 ``packed_decode_attention`` (``csrc/decode_attention.cpp``) is decode-step attention in which each
 row attends over its own cached keys, read through an index (packed rows of different lengths, and
 the indirect cache of beam search). In eager PyTorch the same computation gathers every key into a
-new tensor and multiplies it elementwise several times; the kernel reads each key once (3-5x faster
-at 80-200 rows on a 2-core CPU, ``python -m service.bench_engine`` shows the effect end to end).
+new tensor and multiplies it elementwise several times; the kernel reads each key once
+(``python -m service.bench_engine`` shows the effect end to end).
 ``quantize_rows`` and ``dequantize`` (``csrc/int8_linear.cpp``) are the two elementwise halves of
 the int8 linear layers (``model/linear.py``), one pass each instead of five or six. ``row_topk``
 (``csrc/row_topk.cpp``) is the per-row top-k of beam search's candidates in one pass over each row.
 
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
-the first build takes ~30 s and is cached under ``TORCH_EXTENSIONS_DIR``, by default
+the first build is slow and is cached under ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``, keyed by the source, torch version and CPU). When the build or a
 self-check fails, or ``MT_CPU_KERNELS=0`` is set, ``decode_attention()`` returns None and callers use
 their eager path: results are the same up to float rounding.

@@ -12,20 +12,17 @@ input row is quantized to int8 with its own scale at every call (dynamic, per ro
 CTranslate2's int8 mode): an exact int32 product (``torch._int_mm``), then
 ``acc * row_scale * weight_scale + bias`` in float32. Every step is per row and exact or
 elementwise, so a row's result does not depend at all on the rows it is batched with (bit for bit;
-the float32 products below differ in the last digits with the batch). Linear layers are 2.7x faster
-than float32 here (1.6 vs 4.3 ms for 211 x 256 by the 8k-vocabulary projection, quantization
-included); a layer's output is within ~1% of float32, and translation quality is unchanged (shipped
-model, cased BLEU: val 39.79 / 41.21 greedy / beam 4 vs 39.73 / 41.16 in float32; test_2016_flickr
-39.27 / 40.76 vs 39.06 / 40.88).
+the float32 products below differ in the last digits with the batch). A layer's output is within
+about 1% of float32 (``tests/test_linear.py``); speed and translation quality against float32 are
+measured in ``docs/performance.md``.
 
 **float32**: oneDNN's blocked ("prepacked") weight layout, read faster than MKL's sgemm on the plain
-layout (1.4x for a whole decoder step of the small model, 1.6x for the 8k-vocabulary projection, on a
-2-core AMD EPYC); results equal the plain path's up to summation order.
+layout; results equal the plain path's up to summation order.
 
 **bfloat16**: inputs are rounded to bf16 at each layer and products come back as float32 (rounded to
-bf16 first). On CPUs with native bf16 dot products (x86 AVX512-BF16 or AMX, Arm BF16) this halves
-the float32 linear time (2.0 vs 4.2 ms for the projection above), at bf16 precision; a row's result
-may change in its last bf16 digit with the batch it shares.
+bf16 first). On CPUs with native bf16 dot products (x86 AVX512-BF16 or AMX, Arm BF16) this is
+faster than float32, at bf16 precision; a row's result may change in its last bf16 digit with the
+batch it shares.
 """
 from __future__ import annotations
 

@@ -9,10 +9,8 @@ NFKC form of ``s`` with single spaces and no leading/trailing whitespace.
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import tempfile
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import sentencepiece as spm

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import load_weights, save_checkpoint, save_weights
+from .checkpoint import save_checkpoint, save_weights
 from .config import ModelConfig
 from .decoding import pad_batch
 from .tokenizer import Tokenizer, read_lines

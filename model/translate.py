@@ -2,11 +2,14 @@
 
     python -m model.translate --checkpoint DIR [--beam-size N] < input.de > output.en
 
-One output line per input line; empty (or whitespace-only) lines stay empty.
+One output line per input line; empty (or whitespace-only) lines stay empty. Input is read and
+translated in chunks of 1,024 lines, and each chunk's output is written before the next is read, so
+output starts before a long pipe has been read to its end.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from typing import Sequence
 
@@ -48,15 +51,11 @@ def translate_lines(model: Transformer, tok: Tokenizer, lines: Sequence[str], be
     return out
 
 
-def main(argv=None) -> None:
-    from .checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-    ap = argparse.ArgumentParser(prog="python -m model.translate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="checkpoint directory")
-    ap.add_argument("--beam-size", type=int, default=4)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--length-penalty", type=float, default=1.0)
-    args = ap.parse_args(argv)
+def load_for_cli(ap: argparse.ArgumentParser, args: argparse.Namespace):
+    """The checks ``model.translate`` and ``model.evaluate`` share (MT_LINEAR_DTYPE, --beam-size),
+    then ``load_checkpoint(args.checkpoint)``; errors exit through ``ap.error``.
+    Returns (model, tokenizer, metadata)."""
+    from .checkpoint import load_checkpoint
     from .linear import default_dtype
     try:
         default_dtype()
@@ -65,15 +64,25 @@ def main(argv=None) -> None:
     if args.beam_size < 1:
         ap.error("--beam-size must be >= 1")
     try:
-        model, tok, _ = load_checkpoint(args.checkpoint)
+        return load_checkpoint(args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         ap.error(f"--checkpoint {args.checkpoint}: {e}")
-    lines = [line.rstrip("\n") for line in sys.stdin]
-    # Translate in chunks so output starts before all input is read from a large pipe.
+
+
+def main(argv=None) -> None:
+    from .checkpoint import DEFAULT_CHECKPOINT
+    ap = argparse.ArgumentParser(prog="python -m model.translate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="checkpoint directory")
+    ap.add_argument("--beam-size", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--length-penalty", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    model, tok, _ = load_for_cli(ap, args)
     chunk = 1024
-    for start in range(0, len(lines), chunk):
-        for line in translate_lines(model, tok, lines[start: start + chunk], args.beam_size, args.batch_size,
-                                    args.length_penalty):
+    lines = (line.rstrip("\n") for line in sys.stdin)
+    while batch := list(itertools.islice(lines, chunk)):
+        for line in translate_lines(model, tok, batch, args.beam_size, args.batch_size, args.length_penalty):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
 

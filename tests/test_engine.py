@@ -5,53 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 
 import pytest
 import torch
 
-from model import decoding
-from model.config import ModelConfig
+from model import decoding, search
 from model.decoding import generate
-from model.kv_cache import length_groups
-from model.transformer import Transformer
 from service.engine import runner as runner_mod
 from service.engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
                             GenerationOptions, QueueFullError, TranslationResult)
-
-VOCAB = 64
-
-
-def make_model(dtype=torch.float64, seed=1) -> Transformer:
-    """A random tiny model. Untied output weights and pre-LN keep a random model from copying its
-    input token forever (tied weights make each token predict itself), so outputs depend on the
-    source and some end with EOS: mixups between requests cannot go unnoticed."""
-    torch.manual_seed(seed)
-    return Transformer(ModelConfig.from_name("tiny", share_embeddings=False, norm_first=True)).to(dtype).eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine thread hand-offs dominate."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from tiny_model import VOCAB, make_engine_model, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from tiny_model import rand_source as source
 
 
 @pytest.fixture(scope="module")
 def model64():
-    return make_model(torch.float64)
+    return make_engine_model(torch.float64)
 
 
 @pytest.fixture(scope="module")
 def model32():
-    return make_model(torch.float32, seed=0)
-
-
-def source(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(4, VOCAB, (n - 1,), generator=g).tolist() + [3]
+    return make_engine_model(torch.float32, seed=0)
 
 
 def mixed_requests(n: int, seed: int = 0) -> list[tuple[list[int], GenerationOptions]]:
@@ -80,7 +54,7 @@ def assert_same(got: TranslationResult, ref, tol: float):
 def assert_no_leak(engine: Engine):
     s = engine.stats()
     assert s["running_requests"] == 0 and s["waiting_requests"] == 0 and s["running_sequences"] == 0
-    assert s["free_slots"] == s["num_slots"] == engine.runner.cache.num_free
+    assert s["free_slots"] == s["num_slots"] == engine.runner.cache.slots.num_free
     assert engine.runner.seqs == {} and engine._requests == {}
 
 
@@ -302,7 +276,7 @@ async def test_cancel_while_waiting_and_stream_close_free_everything(model64):
 
 
 async def test_a_failing_request_fails_alone(model64, monkeypatch):
-    class Faulty(decoding.BeamSearch):
+    class Faulty(search.BeamSearch):
         def step(self, *a, **kw):
             if self.src_len == 13 and len(self.alive[0].tokens) == 2:
                 raise RuntimeError("injected fault")
@@ -477,18 +451,3 @@ async def test_reconfigure_changes_the_cache_after_running_requests_finish(model
     assert all(r.hypotheses for r in res)
     assert_no_leak(engine)
     await engine.stop()
-
-
-def test_length_groups_cut_padding_and_cover_every_sentence():
-    """The grouping of prefill batches (and of attention rows and beam reorders)."""
-    lengths = [7, 39, 11, 35, 13, 37, 14, 31, 18, 36, 21, 30, 24, 29, 23, 21, 24, 27, 37, 13]
-    groups = length_groups(lengths, call_cost=48)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
-    cost = 48 * len(groups) + padded
-    assert cost < 48 + len(lengths) * max(lengths)  # better than one padded batch
-    assert 1 < len(groups) < len(lengths)
-    for a, b in zip(groups, groups[1:]):
-        assert max(lengths[i] for i in a) <= min(lengths[i] for i in b)  # sorted, contiguous
-    assert length_groups([5, 5, 5], call_cost=48) == [[0, 1, 2]]  # no padding: one call
-    assert length_groups([], call_cost=48) == []

@@ -72,6 +72,27 @@ def test_translate_cli_keeps_empty_lines(tiny_checkpoint):
     assert lines[0] == translate_lines(model, tok, ["Ein Hund rennt."], beam_size=2)[0]
 
 
+def test_translate_cli_writes_each_chunk_before_reading_the_next(tiny_checkpoint):
+    """The first 1,024 lines are translated and written while stdin is still open."""
+    import queue
+    import threading
+    proc = subprocess.Popen([sys.executable, "-m", "model.translate", "--checkpoint", str(tiny_checkpoint),
+                             "--beam-size", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    try:
+        proc.stdin.write("Ein Hund rennt.\n" + "\n" * 1023)   # one chunk; empty lines stay empty
+        proc.stdin.flush()
+        first = [lines.get(timeout=120) for _ in range(1024)]   # stdin still open
+        assert first[0].strip() and all(x == "\n" for x in first[1:])
+        proc.stdin.write("Zwei Kinder spielen.\n")
+        proc.stdin.close()
+        assert lines.get(timeout=120).strip() and proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+
+
 def test_cli_rejects_an_unknown_linear_dtype(tiny_checkpoint):
     import os
     env = {**os.environ, "MT_LINEAR_DTYPE": "int4"}

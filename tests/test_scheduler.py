@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from service.engine.scheduler import (EngineConfig, EngineValidationError, QueueFullError, ScheduledRequest, Scheduler,
-                               SlotPool)
+from model.slots import SlotPool
+from service.engine.scheduler import EngineConfig, EngineValidationError, QueueFullError, ScheduledRequest, Scheduler
 
 
 class Sim:

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from model.decoding import BeamSearch, Hypothesis
+from model.search import BeamSearch, Hypothesis
 
 from .config import EngineConfig
 from .errors import EngineError, EngineStoppedError, EngineValidationError
@@ -152,9 +152,9 @@ class Engine:
         with torch_threads(1):  # allocation only: keep the calling thread's OpenMP team small (see torch_threads)
             self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_src_len, self.max_tgt_len)
         if getattr(self, "scheduler", None) is None:
-            self.scheduler = Scheduler(config, self.runner.cache)
+            self.scheduler = Scheduler(config, self.runner.cache.slots)
         else:
-            self.scheduler.config, self.scheduler.slots = config, self.runner.cache
+            self.scheduler.config, self.scheduler.slots = config, self.runner.cache.slots
         self.config = config
 
     # ---- lifecycle -----------------------------------------------------------------------------

@@ -20,13 +20,12 @@ def tune_process() -> None:
       defaults much of it goes back to the kernel and the next step page-faults it in again, which
       is slow in a VM. (The same as MALLOC_TRIM_THRESHOLD_ etc. in the environment; jemalloc or
       tcmalloc would do as well.) A no-op where glibc's ``mallopt`` is missing.
-    - ``gc.freeze()``: the objects that exist now (torch, the model, ...: ~170k) are moved out of
-      the cyclic garbage collector's reach. Otherwise every full collection, triggered by the
-      small objects each step makes, scans them all: 60-80 ms pauses on this machine.
+    - ``gc.freeze()``: the objects that exist now (torch, the model, ...) are moved out of the
+      cyclic garbage collector's reach. Otherwise every full collection, triggered by the small
+      objects each step makes, scans them all, a long pause.
     - A 0.5 ms GIL switch interval (default 5 ms): the worker thread gives up the GIL inside every
       torch op and must win it back from the event loop thread (HTTP handling, tokenization) to
-      issue the next one; shorter turns keep its steps from stalling behind the loop (HTTP beam-4
-      throughput at 32 clients +15% on 2 cores).
+      issue the next one; shorter turns keep its steps from stalling behind the loop.
     """
     try:
         import ctypes
@@ -49,9 +48,7 @@ def torch_threads(n: int) -> Iterator[None]:
     Set-up work (loading a model, allocating the KV cache) should run with 1 thread so that only
     the engine's worker thread runs multi-threaded: with OpenMP every thread that enters a parallel
     region keeps a team of helper threads, and once the teams together outnumber the cores, libgomp
-    stops spinning between regions and every op pays a sleep/wake-up. Measured on 2 cores with 2
-    torch threads: a 2-row decode step 3.3 ms from a lone worker thread, 6.3 ms when the main
-    thread had run 2-thread ops before.
+    stops spinning between regions and every op pays a sleep/wake-up.
     """
     old = torch.get_num_threads()
     torch.set_num_threads(n)

@@ -1,53 +1,45 @@
 """Model runner: owns the model, the slot-indexed KV cache and the batch tensors, and executes what
 the scheduler decided for one step.
 
-All model math is ``model/decoding.py``'s (``encode_into_cache``, ``decode_step``, ``BeamSearch``,
-the functions offline ``generate`` uses), so serving and offline decoding share one implementation.
+All model math and search are ``model/``'s, the functions offline ``generate`` uses
+(``encode_into_cache`` and ``decode_step`` in ``model/decoding.py``, ``search_step`` in
+``model/search.py``), so serving and offline decoding share one implementation.
 One step = (1) prefill of the newly admitted requests: encoder pass and cross-attention K/V for
 every decoder layer (in a few length-sorted groups when that saves padding); (2) ONE
 ``decode_step`` over every running hypothesis of every running request, greedy and beam alike, each
 at its own position, plus the first (BOS) step of the requests just prefilled, which completes their
 prefill: the first step rides in the shared forward instead of paying a small forward of its own;
-(3) one top-k over all rows, then each request's ``BeamSearch.step`` and one batched cache reorder
-for all beams.
+(3) ``search_step``: one top-k over all rows, each request's ``BeamSearch.step`` and one batched
+cache reorder for all beams; then the step's outputs (finished, failed, streamed tokens).
 
 Runs in the engine's single worker thread; nothing here touches asyncio.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 from model import decoding
-from model.decoding import BeamSearch, StepOutput, pad_batch, top_candidates
-from model.kv_cache import KVCache, length_groups
+from model.decoding import StepOutput, length_groups, pad_batch
+from model.kv_cache import KVCache
+from model.search import ActiveSearch, BeamSearch, decode_inputs, search_step
 
 from .records import ScheduledRequest, SchedulerOutput, SequenceOutput, StepResult
 
 
-@dataclass(eq=False)
-class _Sequence:
-    """Runner-side state of one running request."""
+@dataclass(eq=False, kw_only=True)
+class _Sequence(ActiveSearch):
+    """Runner-side state of one running request: its search in flight, plus what the engine needs."""
     request_id: int
     src_ids: list[int]                       # source ids, EOS included
-    slots: list[int]                         # its cache slots, one per hypothesis (beam_size)
-    search: BeamSearch
-    min_new_tokens: int = 0                  # EOS is masked until this many tokens exist
     stream: bool = False                     # report tokens as they become final
-    need_weights: bool = False               # any attention kind requested
-    tokens: list[int] = field(default_factory=list)  # next decode input of each alive hypothesis
-    position: int = 0                        # their target position (= tokens generated so far)
     emitted: int = 0                         # tokens already reported (streaming)
 
 
-@dataclass
-class _Part:
-    """The output of one forward call and which rows of it belong to which sequence."""
-    out: StepOutput
-    rows: list[tuple[_Sequence, int, int]]   # (sequence, first row, number of rows)
+_Part = tuple[StepOutput, list[_Sequence]]   # one decode forward and the sequences whose rows it holds
 
 
 class ModelRunner:
@@ -101,10 +93,10 @@ class ModelRunner:
         if decode:
             decode.sort(key=lambda s: s.slots[0])  # ascending slots: often one contiguous block
             parts = self._isolated(self._decode, decode, outputs)
-            result.num_decode_seqs = sum(n for p in parts for _, _, n in p.rows)
+            result.num_decode_seqs = sum(out.log_probs.size(0) for out, _ in parts)
         t2 = time.perf_counter()
         if parts:
-            result.num_scored_rows = sum(p.out.log_probs.size(0) for p in parts)
+            result.num_scored_rows = result.num_decode_seqs  # every row of the forward is scored
             self._update(parts, outputs)
         result.prefill_s, result.decode_s, result.update_s = t1 - t0, t2 - t1, time.perf_counter() - t2
         result.outputs = list(outputs.values())
@@ -121,8 +113,8 @@ class ModelRunner:
                 kinds = tuple(o.attention_kinds)
                 search = BeamSearch(o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty,
                                     kinds, len(r.src_ids))
-                seq = _Sequence(r.request_id, list(r.src_ids), list(r.slots), search, o.min_new_tokens, r.stream,
-                                bool(kinds), tokens=[self.cfg.bos_id], position=0)
+                seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=o.min_new_tokens,
+                                request_id=r.request_id, src_ids=list(r.src_ids), stream=r.stream)
                 self.seqs[r.request_id] = seq
                 seqs.append(seq)
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
@@ -157,85 +149,32 @@ class ModelRunner:
         need = any("encoder" in s.search.attention_kinds for s in seqs)
         enc_w = decoding.encode_into_cache(self.model, self.cache, [s.slots for s in seqs], src, lengths, need)
         for i, s in enumerate(seqs):
-            if "encoder" in s.search.attention_kinds:
-                n = s.search.src_len
-                s.search.encoder_attention = torch.stack([w[i, :, :n, :n] for w in enc_w])
+            s.search.keep_encoder_attention(enc_w, i)
         return seqs
 
     def _decode(self, seqs: list[_Sequence]) -> _Part:
         """One decode_step over every alive hypothesis of seqs."""
-        slots, tokens, positions, rows = [], [], [], []
-        for s in seqs:
-            n = len(s.tokens)
-            rows.append((s, len(slots), n))
-            slots += s.slots[:n]
-            tokens += s.tokens
-            positions += [s.position] * n
+        slots, tokens, positions = decode_inputs(seqs)
         dev = self.device
-        need = any(s.need_weights for s in seqs)
+        need = any(s.search.attention_kinds for s in seqs)
         out = decoding.decode_step(self.model, self.cache, torch.tensor(slots, device=dev),
                                    torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev), need)
-        return _Part(out, rows)
+        return out, seqs
 
     def _update(self, parts: list[_Part], outputs: dict) -> None:
-        """One top-k over all rows, each request's BeamSearch.step, one cache reorder for all beams."""
-        lp = parts[0].out.log_probs if len(parts) == 1 else torch.cat([p.out.log_probs for p in parts])
-        offsets, k_max, masked = [], 1, []
-        base = 0
-        for p in parts:
-            offsets.append(base)
-            for s, r, n in p.rows:
-                k_max = max(k_max, s.search.beam_size)
-                if s.position < s.min_new_tokens:
-                    masked.extend(range(base + r, base + r + n))
-            base += p.out.log_probs.size(0)
-        if masked:  # min_new_tokens: EOS may not be chosen yet (log-probs are not renormalised)
-            lp[torch.tensor(masked, device=lp.device), self.cfg.eos_id] = float("-inf")
-        top_v, top_i = top_candidates(lp, k_max)
-        moves: list[tuple[list[int], list[int], int]] = []   # per beam: its slots, parent rows, length
-        for p, off in zip(parts, offsets):
-            cross = dec = None
-            for s, r, n in p.rows:
+        """``search_step`` over all rows, then each request's output: its hypotheses when done, its
+        error when its step failed, the tokens that became final when it streams."""
+        update = search_step(self.cache, parts)
+        for _, seqs in parts:
+            for s in seqs:
                 rid = s.request_id
-                try:
-                    a = off + r
-                    kk = 2 * s.search.beam_size
-                    tv, ti = top_v[a: a + n], top_i[a: a + n]
-                    if kk < 2 * k_max:
-                        tv, ti = [v[:kk] for v in tv], [i[:kk] for i in ti]
-                    c = d = None
-                    if s.need_weights:
-                        kinds = s.search.attention_kinds
-                        if "cross" in kinds:
-                            cross = torch.stack(p.out.cross, dim=1) if cross is None else cross  # [N, L, H, S]
-                            c = [cross[r + j] for j in range(n)]
-                        if "decoder" in kinds:
-                            dec = torch.stack(p.out.decoder, dim=1) if dec is None else dec    # [N, L, H, T]
-                            d = [dec[r + j] for j in range(n)]
-                    parents, tokens = s.search.step(lp[a: a + n], tv, ti, c, d)
-                    if s.search.done:
-                        hyps = s.search.results()
-                        out = SequenceOutput(rid, hypotheses=hyps)
-                        if s.stream:
-                            out.new_tokens = list(hyps[0].tokens[s.emitted:])
-                        outputs[rid] = out
-                        continue
-                    t = len(s.search.alive[0].tokens)
-                    if parents != list(range(len(parents))):
-                        moves.append((s.slots[: len(parents)], parents, t))
-                    s.tokens, s.position = tokens, t
-                    if s.stream and s.search.beam_size == 1:
-                        new = list(s.search.alive[0].tokens[s.emitted:])
-                        s.emitted += len(new)
-                        outputs[rid] = SequenceOutput(rid, new_tokens=new)
-                except Exception as e:  # noqa: BLE001 - fails this request only
-                    outputs[rid] = SequenceOutput(rid, error=e)
-        # One batched reorder for all beams (positions < the longest beam's length; positions beyond a
-        # beam's own length are rewritten before being read). On CPU the cache is indirect, so this
-        # copies slot ids, not K/V.
-        if moves:
-            slots, index = [], []
-            for beam_slots, parents, _ in moves:
-                index += [len(slots) + i for i in parents]
-                slots += beam_slots
-            self.cache.reorder(slots, index, length=max(t for _, _, t in moves))
+                if s in update.failed:
+                    outputs[rid] = SequenceOutput(rid, error=update.failed[s])
+                elif s.search.done:
+                    hyps = s.search.results()
+                    outputs[rid] = SequenceOutput(rid, hypotheses=hyps,
+                                                  new_tokens=list(hyps[0].tokens[s.emitted:]) if s.stream else [])
+                elif s.stream and s.search.beam_size == 1:  # greedy: its one prefix is final
+                    new = list(s.search.alive[0].tokens[s.emitted:])
+                    s.emitted += len(new)
+                    outputs[rid] = SequenceOutput(rid, new_tokens=new)

@@ -31,37 +31,15 @@ from .records import ScheduledRequest, SchedulerOutput
 # ---- slots -----------------------------------------------------------------------------------
 
 class SlotAllocator(Protocol):
-    """What the scheduler needs from a slot owner; ``model.kv_cache.KVCache`` provides it."""
+    """What the scheduler needs from a slot allocator: ``model.slots.SlotPool`` (the engine hands it
+    the KV cache's own, ``KVCache.slots``). Raises from ``allocate`` when fewer than n are free, and
+    ValueError from ``free`` for a slot that is not allocated."""
     num_slots: int
 
     @property
     def num_free(self) -> int: ...
     def allocate(self, n: int) -> list[int]: ...
     def free(self, slots: Sequence[int]) -> None: ...
-
-
-class SlotPool:
-    """Slot ids 0..num_slots-1, lowest first (the same order as ``KVCache``); for tests and tools."""
-
-    def __init__(self, num_slots: int):
-        self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"asked for {n} slots, {len(self._free)} free")
-        return [self._free.pop() for _ in range(n)]
-
-    def free(self, slots: Sequence[int]) -> None:
-        for s in slots:
-            if not 0 <= s < self.num_slots or s in self._free:
-                raise ValueError(f"slot {s} is not allocated")
-        self._free.extend(slots)
-        self._free.sort(reverse=True)
 
 
 # ---- the scheduler -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import math
 import numbers
 from typing import Optional, Sequence
 
-from model.decoding import ATTENTION_KINDS
+from model.search import ATTENTION_KINDS
 from model.translate import default_max_new_tokens
 
 from .config import EngineConfig

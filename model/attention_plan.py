@@ -1,0 +1,143 @@
+"""The attention plan of one decode step: which cached keys each row attends to, and the per-layer
+hooks that read them straight from the ``KVCache`` (``KVCache.plan_step`` builds both).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from torch import Tensor
+
+from . import kernels
+from .attention import packed_positions, scaled_dot_product_attention
+
+if TYPE_CHECKING:
+    from .kv_cache import KVCache
+
+
+def contiguous_rows(slots: Tensor) -> Tensor | slice:
+    """``slots`` [N] as a slice when they are consecutive ascending ids (as in a static batch, or a
+    running batch without holes), so that reads are views of the cache instead of copies;
+    otherwise ``slots`` itself. Either form is accepted by ``read_positions``."""
+    n = slots.numel()
+    if n == 0:
+        return slots
+    first = int(slots[0])
+    if int(slots[-1]) - first != n - 1 or (n > 2 and not bool((slots.diff() == 1).all())):
+        return slots
+    return slice(first, first + n)
+
+
+def read_positions(buf: Tensor, rows: Tensor | slice, T: int) -> Tensor:
+    """Positions 0..T-1 of ``rows`` (ids [N] or a slice) of one layer's buffer [N_slots, T_max, H, Dh],
+    as [N, H, T, Dh]: a view for a slice, a copy of just those positions otherwise."""
+    x = buf[rows, :T] if isinstance(rows, slice) else buf[:, :T].index_select(0, rows)
+    return x.transpose(1, 2)
+
+
+class AttentionPlan:
+    """Which cached keys each row of a decode step attends to, shared by every layer.
+
+    Rows ``slots`` [R] (cache rows) have ``lengths`` [R] keys each (positions 0..length-1 of a buffer
+    whose rows are ``stride`` positions apart). When all lengths are equal, or ``packed`` is False,
+    attention is one padded call over the longest row (``rows`` is a slice when the slots are
+    consecutive, so reads are views; ``mask`` [R, 1, 1, T] hides keys beyond a row's length, None when
+    there are none). Otherwise (or when ``home`` [N_slots, stride] says which slot holds each
+    position, for an indirect cache, or with ``kernel``) it is packed: row r attends over the cache rows
+    ``key_index[starts[r]:starts[r + 1]]`` (NK = sum(lengths) keys in all), so a row at position 3
+    batched with one at position 40 costs 3 keys, not 41, and no call is spent per group of lengths.
+    With ``kernel`` the compiled kernel (``model.kernels``) reads the keys in place; otherwise they are
+    gathered into one [NK, H, Dh] block and ``row_of_key`` [NK] and ``pad_index`` [NK]
+    (= row * T + position) map each key to its row and to a padded [R, T] score grid.
+    """
+
+    def __init__(self, slots: Tensor, lengths: Tensor, stride: int, packed: bool = False,
+                 home: Optional[Tensor] = None, kernel: bool = False):
+        self.max_len = T = int(lengths.max())
+        self.kernel = kernel
+        self.packed = kernel or home is not None or (packed and int(lengths.min()) < T)
+        if self.packed:
+            self.row_of_key, pos = packed_positions(lengths)                   # [NK] row of each key, its position
+            self.starts = torch.zeros(slots.numel() + 1, dtype=torch.long, device=slots.device)
+            torch.cumsum(lengths, 0, out=self.starts[1:])
+            slot = slots.index_select(0, self.row_of_key)
+            if home is not None:  # the slot that holds each key (an indirect cache)
+                slot = home.view(-1).index_select(0, slot * stride + pos)
+            self.key_index = slot * stride + pos
+            self._pos = pos
+            self._pad_index: Optional[Tensor] = None
+        else:
+            self.rows = contiguous_rows(slots)
+            self.mask = None if int(lengths.min()) == T else (
+                torch.arange(T, device=slots.device)[None, :] < lengths[:, None])[:, None, None, :]
+
+    @property
+    def pad_index(self) -> Tensor:
+        """[NK] each key's place (row * T + position) in a padded [R, T] score grid; only the eager
+        packed path needs it (computed once, shared by every layer)."""
+        if self._pad_index is None:
+            self._pad_index = self.row_of_key * self.max_len + self._pos
+        return self._pad_index
+
+
+class CacheAttention:
+    """Attention of one decode step (q_len = 1) for one layer, read straight from the cache.
+
+    Called by ``MultiHeadAttention`` with the step's queries q [N, H, 1, Dh] and, for
+    self-attention, the new keys/values [N, H, 1, Dh], which are first written at each row's own
+    position. Each row attends to its own keys only, as the plan says (padded or packed; keys beyond
+    a row's own length get zero weight). Cross-attention reads each source once: the hypotheses of
+    one beam (``share`` = (sources U, most rows per source k, flat index of each row in [U x k]))
+    become k queries against it. Returns (out [N, H, 1, Dh], weights [N, H, 1, T_k] zero-padded to
+    the longest row, or None).
+    """
+
+    def __init__(self, cache: "KVCache", layer: int, slots: Tensor, write_at: Optional[Tensor], plan: AttentionPlan,
+                 share: Optional[tuple[int, int, Tensor]] = None):
+        self.cache, self.layer, self.write_at, self.plan = cache, layer, write_at, plan
+        self.share = share
+        self.self_attention = write_at is not None    # MultiHeadAttention projects new K/V only then
+
+    def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
+                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        c, layer = self.cache, self.layer
+        if self.self_attention:
+            K, V = c.self_k[layer], c.self_v[layer]                    # [N_slots, T_max, H, Dh]
+            K.view(-1, *K.shape[2:]).index_copy_(0, self.write_at, k_new[:, :, 0])
+            V.view(-1, *V.shape[2:]).index_copy_(0, self.write_at, v_new[:, :, 0])
+        else:
+            K, V = c.cross_k[layer], c.cross_v[layer]
+        if self.share is None:
+            out, w = self._attend(K, V, q.transpose(1, 2), need_weights)       # [N, 1, H, Dh]
+            return out.transpose(1, 2), w
+        U, k, flat = self.share
+        N, H, _, Dh = q.shape
+        qg = q.new_zeros(U * k, H, Dh).index_copy_(0, flat, q[:, :, 0])       # rows -> [source, hypothesis]
+        out, w = self._attend(K, V, qg.view(U, k, H, Dh), need_weights)       # [U, k, H, Dh]
+        out = out.reshape(U * k, H, Dh).index_select(0, flat)[:, :, None]
+        if w is not None:
+            w = w.transpose(1, 2).reshape(U * k, H, -1).index_select(0, flat)[:, :, None]
+        return out, w
+
+    def _attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """q [R, Q, H, Dh] for the plan's R rows -> (out [R, Q, H, Dh], weights [R, H, Q, T] or None)."""
+        p = self.plan
+        R, Q, H, Dh = q.shape
+        if not p.packed:
+            k, v = read_positions(K, p.rows, p.max_len), read_positions(V, p.rows, p.max_len)
+            out, w = scaled_dot_product_attention(q.transpose(1, 2), k, v, p.mask, 0.0, need_weights)
+            return out.transpose(1, 2), w
+        if p.kernel and not (torch.is_grad_enabled() and q.requires_grad):
+            out, w = kernels.packed_decode_attention(q, K.view(-1, H, Dh), V.view(-1, H, Dh), p.key_index,
+                                                     p.starts, p.max_len, need_weights)
+            return out, (w.transpose(1, 2) if w is not None else None)
+        T = p.max_len
+        k = K.view(-1, H, Dh).index_select(0, p.key_index)[:, None]            # [NK, 1, H, Dh]
+        v = V.view(-1, H, Dh).index_select(0, p.key_index)[:, None]
+        qs = (q * Dh ** -0.5).index_select(0, p.row_of_key)                     # [NK, Q, H, Dh]
+        scores = q.new_full((R * T, Q, H), float("-inf"))
+        scores.index_copy_(0, p.pad_index, (k * qs).sum(-1))                  # [R*T, Q, H]
+        w = torch.softmax(scores.view(R, T, Q, H), dim=1)                      # eq. 1, per row over its keys
+        wk = w.view(R * T, Q, H).index_select(0, p.pad_index)[..., None]       # [NK, Q, H, 1]
+        out = q.new_zeros(R, Q, H, Dh).index_add_(0, p.row_of_key, wk * v)    # [R, Q, H, Dh]
+        return out, (w.permute(0, 3, 2, 1) if need_weights else None)

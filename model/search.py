@@ -1,0 +1,259 @@
+"""Beam search over ``decode_step``'s log-probabilities, and the one search step that offline
+``generate`` and the serving engine's runner both take.
+
+Beam search follows the common NMT recipe (Wu et al., 2016; fairseq): every alive hypothesis is
+extended by its top-2k tokens, the best 2k candidates are ranked, candidates ending in EOS that rank
+within the top k are finished, and the first k non-EOS candidates stay alive. A sentence is done when
+it has k finished hypotheses or reaches max_new_tokens. Greedy search is beam search with k = 1.
+Scores: log_prob is the sum of token log-probabilities (EOS included); score = log_prob / length **
+length_penalty, where length counts generated tokens including EOS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .topk import top_candidates
+
+if TYPE_CHECKING:
+    from .decoding import StepOutput
+    from .kv_cache import KVCache
+
+ATTENTION_KINDS = ("cross", "encoder", "decoder")
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation hypothesis."""
+    tokens: list[int]                       # generated ids, EOS excluded
+    log_prob: float                         # sum of token log-probs, EOS included
+    score: float                            # log_prob / length ** length_penalty
+    finish_reason: str                      # "eos" or "length"
+    attention: Optional[dict[str, Tensor]] = None  # kind -> [L, H, len(tokens), S] (decoder: [L, H, T, T])
+
+
+@dataclass(slots=True)
+class PartialHypothesis:
+    """One alive hypothesis: a prefix still being extended."""
+    tokens: tuple = ()                      # generated ids so far
+    log_prob: float = 0.0                   # sum of their log-probs
+    cross: tuple = ()                       # per step: [L, H, S] rows
+    decoder: tuple = ()                     # per step: [L, H, t+1] rows
+
+
+@dataclass
+class BeamSearch:
+    """Search state of one sentence; its alive hypotheses occupy ``slots`` rows in order.
+
+    ``step`` consumes the log-probabilities of the alive rows and returns, for the next step, the
+    parent row of every new alive hypothesis (for ``KVCache.reorder``) and its input token.
+    Raises ValueError for beam_size < 1, n_best outside 1..beam_size or max_new_tokens < 0.
+    """
+    beam_size: int
+    eos_id: int
+    max_new_tokens: int
+    n_best: int = 1
+    length_penalty: float = 1.0
+    attention_kinds: tuple = ()             # subset of ATTENTION_KINDS to keep
+    src_len: int = 0                        # trims attention rows to the real source length
+    encoder_attention: Optional[Tensor] = None  # [L, H, S, S], set at prefill when tracked
+    alive: list = field(default_factory=lambda: [PartialHypothesis()])
+    finished: list = field(default_factory=list)
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"n_best must be in 1..beam_size ({self.beam_size}), got {self.n_best}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        self.done = self.max_new_tokens == 0
+
+    def keep_encoder_attention(self, encoder: Optional[list[Tensor]], row: int) -> None:
+        """When "encoder" is tracked, keep this sentence's prefill encoder self-attention: row ``row``
+        of each layer's [B, H, S, S], trimmed to its own src_len."""
+        if "encoder" in self.attention_kinds and encoder is not None:
+            n = self.src_len
+            self.encoder_attention = torch.stack([w[row, :, :n, :n] for w in encoder])   # [L, H, n, n]
+
+    def _final(self, beam: PartialHypothesis, reason: str, extra_lp: float = 0.0) -> Hypothesis:
+        length = len(beam.tokens) + (reason == "eos")
+        lp = beam.log_prob + extra_lp
+        return Hypothesis(list(beam.tokens), lp, lp / max(length, 1) ** self.length_penalty, reason,
+                          self._attention(beam) if self.attention_kinds else None)
+
+    def _attention(self, beam: PartialHypothesis) -> dict:
+        out = {}
+        n = len(beam.tokens)
+        if "encoder" in self.attention_kinds and self.encoder_attention is not None:
+            out["encoder"] = self.encoder_attention
+        if "cross" in self.attention_kinds and beam.cross:
+            out["cross"] = torch.stack(beam.cross[:n], dim=2) if n else torch.zeros(0)
+        if "decoder" in self.attention_kinds and beam.decoder:
+            rows = beam.decoder[:n]
+            if n:
+                L, H = rows[0].shape[:2]
+                mat = rows[0].new_zeros(L, H, n, n)
+                for t, r in enumerate(rows):
+                    mat[:, :, t, : t + 1] = r[:, :, : t + 1]
+                out["decoder"] = mat
+        return out
+
+    def step(self, log_probs: Tensor, top_v: list, top_i: list,
+             cross: Optional[list] = None, decoder: Optional[list] = None) -> tuple[list[int], list[int]]:
+        """Advance by one token.
+
+        Args:
+            log_probs: [A, V] rows of the A alive hypotheses (only used for shapes).
+            top_v, top_i: per row, the 2k best log-probs and their token ids (python lists).
+            cross / decoder: per row, [L, H, S] / [L, H, T] attention, when tracked.
+        Returns (parents, tokens): per new alive hypothesis, its parent row and next input token;
+        empty when the sentence is done.
+        """
+        k, eos, alive = self.beam_size, self.eos_id, self.alive
+        # (negated score, parent row, token id): ascending order ranks the best score first, ties by
+        # row then id (negation is exact, so -neg is the candidate's log-prob bit for bit)
+        cands = sorted([(-(beam.log_prob + v), b, i) for b, beam in enumerate(alive)
+                        for v, i in zip(top_v[b], top_i[b])])
+        new_alive, parents = [], []
+        for rank, (neg, b, tok) in enumerate(cands[: 2 * k]):
+            if tok == eos:
+                if rank < k:
+                    self.finished.append(self._final(self._extend(alive[b], b, None, -neg, cross, decoder), "eos"))
+                continue
+            new_alive.append(self._extend(alive[b], b, tok, -neg, cross, decoder))
+            parents.append(b)
+            if len(new_alive) == k:  # ranks from here on are >= k: no more EOS finishes either
+                break
+        self.alive = new_alive
+        n_generated = len(new_alive[0].tokens) if new_alive else 0
+        if len(self.finished) >= k or not new_alive:
+            self.done = True
+        elif n_generated >= self.max_new_tokens:
+            self.finished.extend(self._final(b, "length") for b in new_alive)
+            self.done = True
+        if self.done:
+            self.alive = []
+            return [], []
+        return parents, [b.tokens[-1] for b in new_alive]
+
+    def _extend(self, parent: PartialHypothesis, row: int, tok: Optional[int], lp: float, cross,
+                decoder) -> PartialHypothesis:
+        tokens = parent.tokens if tok is None else parent.tokens + (tok,)
+        c = parent.cross + (cross[row][:, :, : self.src_len],) if cross is not None else parent.cross
+        d = parent.decoder + (decoder[row],) if decoder is not None else parent.decoder
+        return PartialHypothesis(tokens, lp, c, d)
+
+    def results(self) -> list[Hypothesis]:
+        """The n_best hypotheses, best score first (only meaningful once done)."""
+        if self.max_new_tokens == 0:
+            return [Hypothesis([], 0.0, 0.0, "length", {} if self.attention_kinds else None)]
+        return sorted(self.finished, key=lambda h: -h.score)[: self.n_best]
+
+
+# ---- the one search step ----------------------------------------------------------------------
+
+@dataclass(eq=False)
+class ActiveSearch:
+    """A search in flight: its BeamSearch, the cache slots of its hypotheses, the next decoder input."""
+    search: BeamSearch
+    slots: list[int]                         # cache slots, one per hypothesis (beam_size); alive ones first
+    tokens: list[int]                        # next decoder input of each alive hypothesis (BOS at first)
+    position: int = 0                        # their target position (= tokens generated so far)
+    min_new_tokens: int = 0                  # EOS is masked until this many tokens exist
+
+
+@dataclass
+class SearchUpdate:
+    """What ``search_step`` did to the searches it was given."""
+    running: list[ActiveSearch]              # still searching, in the order given (done ones left out)
+    failed: dict[ActiveSearch, Exception]    # whose step raised (the others went on)
+
+
+def decode_inputs(searches: Sequence[ActiveSearch]) -> tuple[list[int], list[int], list[int]]:
+    """The next ``decode_step``'s (slots, tokens, positions), each [N] as a list: every alive
+    hypothesis of ``searches``, in order (the rows ``search_step`` reads them back from)."""
+    slots: list[int] = []
+    tokens: list[int] = []
+    positions: list[int] = []
+    for s in searches:
+        n = len(s.tokens)
+        slots += s.slots[:n]
+        tokens += s.tokens
+        positions += [s.position] * n
+    return slots, tokens, positions
+
+
+def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[ActiveSearch]]]) -> SearchUpdate:
+    """Advance every search by one token.
+
+    Args:
+        parts: decode outputs (log_probs [N, V], per-layer attention rows when tracked) with the
+            searches whose alive hypotheses are their rows, in order (``decode_inputs``' layout).
+            Usually one; the engine's runner passes several after decoding a failing batch piecewise.
+    One top-k over all rows (k = the largest beam; each search reads its own 2k), with EOS masked in
+    the rows of searches below their min_new_tokens (log-probs are not renormalised); each search's
+    ``BeamSearch.step`` on its rows; ONE batched ``cache.reorder`` for all beams (positions < the
+    longest beam's length: positions beyond a beam's own length are rewritten before they are read);
+    then each running search's tokens and position are those of the next decode step.
+    A search whose step raises is reported in ``failed`` and dropped; the others go on.
+    """
+    lp = parts[0][0].log_probs if len(parts) == 1 else torch.cat([out.log_probs for out, _ in parts])
+    k_max, masked, eos, base = 1, [], [], 0
+    for out, searches in parts:
+        for s in searches:
+            n = len(s.tokens)
+            k_max = max(k_max, s.search.beam_size)
+            if s.position < s.min_new_tokens:
+                masked.extend(range(base, base + n))
+                eos.extend([s.search.eos_id] * n)
+            base += n
+    if masked:
+        lp[torch.tensor(masked, device=lp.device), torch.tensor(eos, device=lp.device)] = float("-inf")
+    top_v, top_i = top_candidates(lp, k_max)
+    update = SearchUpdate([], {})
+    moved_slots: list[int] = []
+    parent_index: list[int] = []                 # into moved_slots
+    length, a = 0, 0                             # a: the first row of the current search
+    for out, searches in parts:
+        stacked: dict[str, Tensor] = {}          # kind -> [N, L, H, X], stacked once per part
+        r = 0                                    # the same row within this part
+        for s in searches:
+            n = len(s.tokens)
+            try:
+                kk = 2 * s.search.beam_size
+                tv, ti = top_v[a: a + n], top_i[a: a + n]
+                if kk < 2 * k_max:
+                    tv, ti = [v[:kk] for v in tv], [i[:kk] for i in ti]
+                kinds = s.search.attention_kinds
+                c = _attention_rows(out, "cross", stacked, r, n) if "cross" in kinds else None
+                d = _attention_rows(out, "decoder", stacked, r, n) if "decoder" in kinds else None
+                parents, tokens = s.search.step(lp[a: a + n], tv, ti, c, d)
+                if not s.search.done:
+                    t = len(s.search.alive[0].tokens)  # every alive hypothesis has the same length
+                    if parents != list(range(len(parents))):
+                        parent_index += [len(moved_slots) + i for i in parents]
+                        moved_slots += s.slots[: len(parents)]
+                        length = max(length, t)
+                    s.tokens, s.position = tokens, t
+                    update.running.append(s)
+            except Exception as e:  # noqa: BLE001 - fails this search only
+                update.failed[s] = e
+            a += n
+            r += n
+    if moved_slots:  # on an indirect cache this copies slot ids, not K/V
+        cache.reorder(moved_slots, parent_index, length=length)
+    return update
+
+
+def _attention_rows(out: "StepOutput", kind: str, stacked: dict, first: int, n: int) -> list[Tensor]:
+    """Rows first..first+n-1 of a step's ``kind`` attention, each the [L, H, X] stack of that row's
+    weights across layers (all rows are stacked once per step and kind)."""
+    if kind not in stacked:
+        stacked[kind] = torch.stack(getattr(out, kind), dim=1)   # [N, L, H, X]
+    x = stacked[kind]
+    return [x[first + j] for j in range(n)]

@@ -1,0 +1,39 @@
+"""The decode step's attention plan (model/attention_plan.py): padded, packed and compiled attention agree."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.attention_plan import AttentionPlan, CacheAttention
+
+
+@pytest.mark.parametrize("n_queries", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_attention_equals_padded_and_ignores_other_rows_keys(n_queries, dtype):
+    """Padded SDPA, eager packed and (where it builds) the compiled kernel give the same attention."""
+    from model import kernels
+    torch.manual_seed(0)
+    H, Dh, stride = 2, 4, 9
+    K, V = torch.randn(6, stride, H, Dh, dtype=dtype), torch.randn(6, stride, H, Dh, dtype=dtype)
+    slots, lengths = torch.tensor([4, 0, 5]), torch.tensor([2, 9, 5])
+    q = torch.randn(3, n_queries, H, Dh, dtype=dtype)
+    hook = CacheAttention.__new__(CacheAttention)
+    plans = {"padded": AttentionPlan(slots, lengths, stride), "packed": AttentionPlan(slots, lengths, stride, True)}
+    assert not plans["padded"].packed and plans["packed"].packed and not plans["packed"].kernel
+    if kernels.decode_attention() is not None:
+        plans["kernel"] = AttentionPlan(slots, lengths, stride, True, kernel=True)
+    results = {}
+    for name, plan in plans.items():
+        hook.plan = plan
+        results[name] = hook._attend(K, V, q, need_weights=True)
+    out_d, w_d = results.pop("padded")
+    for name, (out, w) in results.items():
+        torch.testing.assert_close(out, out_d, msg=name)
+        torch.testing.assert_close(w, w_d, msg=name)
+        assert w.shape == (3, H, n_queries, 9)
+        torch.testing.assert_close(w.sum(-1), torch.ones(3, H, n_queries, dtype=dtype))
+        assert torch.all(w[0, ..., 2:] == 0) and torch.all(w[2, ..., 5:] == 0)  # nobody reads past its length
+    K[4, 2:] = 1e6                                                             # garbage past row 0's keys
+    for name, (out, _) in results.items():
+        hook.plan = plans[name]
+        torch.testing.assert_close(hook._attend(K, V, q, False)[0], out, msg=name)

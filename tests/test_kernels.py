@@ -1,0 +1,61 @@
+"""The compiled CPU kernels (model/kernels.py): input checks, and the eager fallbacks give the same results."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.decoding import generate
+from tiny_model import make_model, rand_source
+
+
+def test_compiled_decode_attention_rejects_bad_indices():
+    from model import kernels
+    if kernels.decode_attention() is None:
+        pytest.skip("compiled kernel unavailable here (no C++ compiler); eager attention is used")
+    q, k = torch.randn(2, 1, 2, 4), torch.randn(10, 2, 4)
+    with pytest.raises(RuntimeError, match="outside"):
+        kernels.packed_decode_attention(q, k, k, torch.tensor([0, 10]), torch.tensor([0, 1, 2]), 1)
+    with pytest.raises(RuntimeError, match="max_len"):
+        kernels.packed_decode_attention(q, k, k, torch.tensor([0, 1, 2]), torch.tensor([0, 3, 3]), 2)
+    with pytest.raises(RuntimeError, match="R \\+ 1"):
+        kernels.packed_decode_attention(q, k, k, torch.tensor([0]), torch.tensor([0, 1]), 1)
+
+
+def test_eager_fallback_decodes_like_the_compiled_kernel(monkeypatch):
+    """Where the kernel cannot be built, decoding takes the eager paths and gives the same results."""
+    from model import kernels
+    if kernels.decode_attention() is None:
+        pytest.skip("compiled kernel unavailable here: every other test already runs the eager paths")
+    model = make_model()
+    sources = [rand_source(n, n) for n in (3, 9, 14)]
+    kinds = ("cross", "decoder")
+    fast = generate(model, sources, beam_size=3, n_best=2, max_new_tokens=10, attention_kinds=kinds)
+    monkeypatch.setitem(kernels._loaded, "decode_attention", None)
+    eager = generate(model, sources, beam_size=3, n_best=2, max_new_tokens=10, attention_kinds=kinds)
+    assert [[h.tokens for h in x] for x in fast] == [[h.tokens for h in x] for x in eager]
+    for a, b in zip(fast, eager):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-10)
+        for ha, hb in zip(a, b):
+            for kind in kinds:
+                torch.testing.assert_close(ha.attention[kind], hb.attention[kind])
+
+
+def test_int8_compiled_and_eager_halves_agree(monkeypatch):
+    from model import kernels
+    from model.linear import PackedWeight, onednn_available
+    if not onednn_available() or kernels.int8_ops() is None:
+        pytest.skip("no compiled CPU kernels here")
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
+    x = torch.randn(7, 64, generator=g) * torch.logspace(-2, 2, 7)[:, None]
+    x[4] = 0.0
+    p = PackedWeight(w, torch.int8)
+    q, scale = kernels.int8_ops().quantize_rows(x)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127 and not q[4].any() and float(scale[4]) == 1.0
+    compiled = (p(x, b), p(x, None))
+    monkeypatch.setitem(kernels._loaded, "int8", None)
+    eager = (p(x, b), p(x, None))
+    for c, e in zip(compiled, eager):
+        torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-5)
+    with pytest.raises(RuntimeError):
+        kernels._module().dequantize(torch.zeros(2, 3, dtype=torch.int32), torch.ones(2), torch.ones(4), None)

@@ -1,0 +1,110 @@
+"""Linear layers prepared for CPU inference (model/linear.py): bf16 and int8, per-row independence, fallbacks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.decoding import generate
+from model.transformer import padding_mask
+from tiny_model import make_model, rand_source
+
+
+def test_bf16_packed_linears_are_close_to_fp32_and_optional(monkeypatch):
+    from model.linear import default_dtype, onednn_available
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN prepacked linears")
+    model = make_model(dtype=torch.float32)
+    src = torch.tensor([rand_source(9, 1), rand_source(9, 2)])
+    tgt = torch.tensor([[2, 5, 6, 7], [2, 8, 9, 10]])
+    with torch.no_grad():
+        mask = padding_mask(src, 0)
+        memory, _ = model.encode(src, mask)
+        plain, _ = model.decode(tgt, model.cross_kv(memory), mask)
+        assert model.pack_for_inference(dtype=torch.bfloat16)
+        assert model._packed_out.dtype == torch.bfloat16
+        memory, _ = model.encode(src, mask)
+        bf16, _ = model.decode(tgt, model.cross_kv(memory), mask)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, plain)
+    torch.testing.assert_close(bf16, plain, rtol=0.05, atol=0.05 * float(plain.abs().max()))
+    with pytest.raises(ValueError, match="float32, bfloat16 or int8"):
+        model.pack_for_inference(dtype=torch.float16)
+    monkeypatch.setenv("MT_LINEAR_DTYPE", "bfloat16")
+    assert default_dtype() == torch.bfloat16
+    monkeypatch.setenv("MT_LINEAR_DTYPE", "int8")
+    assert default_dtype() == torch.int8
+    monkeypatch.setenv("MT_LINEAR_DTYPE", "int4")
+    with pytest.raises(ValueError, match="MT_LINEAR_DTYPE"):
+        default_dtype()
+    monkeypatch.setenv("MT_LINEAR_DTYPE", "float32")
+    assert default_dtype() == torch.float32
+    monkeypatch.delenv("MT_LINEAR_DTYPE")
+    assert default_dtype() == torch.int8
+
+
+def test_int8_linear_quantizes_per_row_and_per_output_feature():
+    from model.linear import PackedWeight, onednn_available
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN prepacked linears")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 24, generator=g)
+    w[3] = 0.0                                        # an all-zero output feature: scale 1, output = bias
+    b = torch.randn(40, generator=g)
+    x = torch.randn(2, 5, 24, generator=g) * torch.logspace(-3, 2, 5)[None, :, None]   # rows of very different size
+    x[1, 2] = 0.0                                     # an all-zero input row
+    p = PackedWeight(w, torch.int8)
+    out = p(x, b)
+    assert out.shape == (2, 5, 40) and out.dtype == torch.float32
+    # reference: the same quantization written out row by row in float64
+    wq = torch.round(w.double() / p.scale.double()[:, None]).clamp(-127, 127)
+    for r in x.reshape(-1, 24):
+        s = float(r.abs().max()) / 127 or 1.0
+        ref = (torch.round(r.double() / s) @ wq.t()) * s * p.scale.double() + b.double()
+        got = p(r[None], b)[0]
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[1, 2], b)
+    torch.testing.assert_close(out[:, :, 3], b[3].expand(2, 5))
+    # per-row scales: each row is within ~1% of float32, however small or large it is
+    exact = x @ w.t() + b
+    err = (out - exact).norm(dim=-1) / (exact - b).norm(dim=-1).clamp(min=1e-12)
+    assert float(err[~(x.abs().sum(-1) == 0)].max()) < 0.03
+    # a row's result does not depend on the rows batched with it, bit for bit
+    assert torch.equal(p(x[0, 1:3], b), out[0, 1:3])
+
+
+def test_int8_model_decodes_each_sentence_as_alone_bit_for_bit():
+    from model.linear import onednn_available
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN prepacked linears")
+    model = make_model(dtype=torch.float32)
+    assert model.linear_dtype == "float32"
+    assert model.pack_for_inference(dtype=torch.int8)
+    assert model._packed_out.dtype == torch.int8 and model.linear_dtype == "int8"
+    sources = [rand_source(n, seed) for seed, n in enumerate((5, 12, 3, 9, 7, 14))]
+    for beam in (1, 3):
+        batched = generate(model, sources, beam, 2 if beam > 1 else 1, 12)
+        for src, hyps in zip(sources, batched):
+            alone = generate(model, [src], beam, 2 if beam > 1 else 1, 12)[0]
+            assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+            assert [h.log_prob for h in hyps] == [h.log_prob for h in alone]
+    model.pack_for_inference(enabled=False)
+
+
+def test_packing_falls_back_to_float32_where_int8_is_unavailable(monkeypatch):
+    from model import linear
+    if not linear.onednn_available():
+        pytest.skip("this torch build has no oneDNN prepacked linears")
+    model = make_model(dtype=torch.float32)
+    src = torch.tensor([rand_source(7, 3)])
+    with torch.no_grad():
+        mask = padding_mask(src, 0)
+        memory, _ = model.encode(src, mask)
+        plain = model.cross_kv(memory)[0][0]
+
+    def no_int8(self, x, bias):
+        raise RuntimeError("no int8 matrix product in this build")
+    monkeypatch.setattr(linear.PackedWeight, "_int8", no_int8)
+    assert model.pack_for_inference(dtype=torch.int8) and model.linear_dtype == "float32"
+    with torch.no_grad():
+        memory, _ = model.encode(src, mask)
+        torch.testing.assert_close(model.cross_kv(memory)[0][0], plain, rtol=1e-5, atol=1e-5)
+    model.pack_for_inference(enabled=False)
