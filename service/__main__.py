@@ -1,13 +1,13 @@
 """Run the translation service: ``python -m service`` (what ``make serve`` runs).
 
 Starts a local Ray instance with fixed ports (or joins one with --address), deploys the app from
-``service.deployment.build_app`` with the shipped de->en model, serves HTTP on 127.0.0.1:8000 and
+``service.app.build_app`` with the shipped de->en model, serves HTTP on 127.0.0.1:8000 and
 blocks until Ctrl-C, then shuts down what it started.
 
     python -m service [--host 127.0.0.1] [--port 8000] [--config app.yaml] [--checkpoint DIR]
                       [--num-cpus N] [--metrics-export-port 8080] [--address auto]
 
---config takes a YAML (or JSON) file with ``build_app`` arguments (see service/deployment.py AppArgs),
+--config takes a YAML (or JSON) file with ``build_app`` arguments (see service/app.py AppArgs),
 e.g.  ``{engine: {max_num_seqs: 32}, translator: {num_replicas: 2}}``; a Serve config file
 (with ``applications:``) is also accepted and its first application's ``args`` are used.
 """
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     import ray
     from ray import serve
 
-    from .deployment import AppArgs, build_app
+    from .app import AppArgs, build_app
 
     config = load_config(args.config)
     if args.checkpoint:

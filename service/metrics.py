@@ -4,15 +4,20 @@ Metrics are Ray metrics (``ray.serve.metrics``): each replica records its own se
 ``deployment``, ``replica`` and ``application`` labels, and every node's metrics agent exports them
 in the Prometheus text format with the prefix ``ray_``. Counters are declared with their ``_total``
 suffix (Ray then adds none), histograms come out as ``_bucket``/``_count``/``_sum``. ``EXPORTED``
-lists the exact names a scrape shows; README lists the same names and a test checks both agree.
-``GET /metrics`` on the service's HTTP port returns the text of every node's agent (see
-``deployment.scrape_metrics``).
+lists the exact names a scrape shows; docs/metrics.md lists the same names and a test checks both agree.
+``GET /metrics`` on the service's HTTP port returns the text of every node's agent
+(``scrape_metrics``), families merged so each has one HELP/TYPE header.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Optional
 
+import httpx
+import ray
 from ray.serve.metrics import Counter, Gauge, Histogram
+
+from .api.errors import RETRY_AFTER_S, ServiceError
 
 PREFIX = "ray_"   # added by Ray's metrics agent
 
@@ -37,7 +42,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                          ("model",)),
     "mt_sentence_duration_seconds": ("histogram", "time from enqueue to the finished translation of one sentence, "
                                      "seconds", ("model",)),
-    "mt_prefill_duration_seconds": ("histogram", "duration of one prefill batch (encoder + first step), seconds",
+    "mt_prefill_duration_seconds": ("histogram", "duration of one prefill batch (encoder and cross-attention K/V; "
+                                    "its first decoder step runs in the shared decode step), seconds",
                                     ("model",)),
     "mt_decode_step_duration_seconds": ("histogram", "duration of one batched decode step, seconds", ("model",)),
     "mt_prefill_batch_size": ("histogram", "sentences per prefill batch", ("model",)),
@@ -62,7 +68,7 @@ _BUCKETS = {"mt_request_duration_seconds": LATENCY_BUCKETS_S, "mt_queue_wait_sec
 
 
 def exported_names() -> list[str]:
-    """The exact series names a scrape of /metrics shows for METRICS (README lists these)."""
+    """The exact series names a scrape of /metrics shows for METRICS (docs/metrics.md lists these)."""
     out = []
     for name, (kind, _, _) in METRICS.items():
         if kind == "histogram":
@@ -146,3 +152,48 @@ class EngineMetrics:
 
     def set_ready(self, ready: bool) -> None:
         self.replicas_ready.set(1 if ready else 0, tags=self.tags)
+
+
+# ---- GET /metrics: the whole cluster's series ----------------------------------------------------------
+async def scrape_metrics(timeout_s: float = 5.0) -> str:
+    """The Prometheus text of every alive node's Ray metrics agent (the local one reached on 127.0.0.1).
+
+    Every replica's series are exported by the agent of its node, so this is the whole cluster.
+    Raises ServiceError 503 when no agent answers.
+    """
+    nodes = await asyncio.to_thread(ray.nodes)
+    local = ray.get_runtime_context().get_node_id()
+    urls = []
+    for n in nodes:
+        port = n.get("MetricsExportPort")
+        if not n.get("Alive") or not port:
+            continue
+        host = "127.0.0.1" if n.get("NodeID") == local else n.get("NodeManagerAddress")
+        urls.append(f"http://{host}:{port}/metrics")
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        texts = await asyncio.gather(*(client.get(u) for u in urls), return_exceptions=True)
+    ok = [r.text for r in texts if isinstance(r, httpx.Response) and r.status_code == 200]
+    if len(urls) > 0 and not ok:
+        raise ServiceError(503, "metrics: no Ray metrics agent answered", retry_after=RETRY_AFTER_S)
+    return ok[0] if len(ok) == 1 else merge_prometheus(ok)
+
+
+def merge_prometheus(texts: list[str]) -> str:
+    """Concatenate Prometheus text expositions, keeping one HELP/TYPE per family."""
+    families: dict[str, list[str]] = {}
+    headers: dict[str, list[str]] = {}
+    for text in texts:
+        family = None
+        for line in text.splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                family = line.split()[2]
+                headers.setdefault(family, [])
+                if len(headers[family]) < 2 and line not in headers[family]:
+                    headers[family].append(line)
+                families.setdefault(family, [])
+            elif line and not line.startswith("#"):
+                families.setdefault(family or line.split("{")[0].split(" ")[0], []).append(line)
+    out = []
+    for fam, lines in families.items():
+        out += headers.get(fam, []) + lines
+    return "\n".join(out) + "\n"

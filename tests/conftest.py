@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,18 +21,14 @@ from typing import Optional
 import httpx
 import pytest
 
+from service.loadtest.serve_app import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "model" / "data" / "multi30k"
 SECOND_MODEL = "tiny-en-de"
 # Small engine limits of the second model, so that overload is cheap to provoke.
 SECOND_ENGINE = {"max_num_seqs": 8, "max_waiting": 8}
 SECOND_DEPLOYMENT = {"max_ongoing_requests": 4, "max_queued_requests": 4}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shipped_model_available() -> bool:
@@ -76,7 +71,7 @@ class SharedService:
         from ray import serve
 
         from model.checkpoint import DEFAULT_CHECKPOINT
-        from service.deployment import build_app
+        from service.app import build_app
         self.shipped = shipped_model_available()
         first = str(DEFAULT_CHECKPOINT) if self.shipped else str(build_tiny_checkpoint(workdir / "de-en", "de", "en"))
         second = str(build_tiny_checkpoint(workdir / "en-de", "en", "de", seed=1, max_len=64))
@@ -182,6 +177,18 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
+
+# ---- helpers for tests that call the HTTP API --------------------------------------------------------
+def post(url: str, body, path: str = "/v1/translate", **kw) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=120, **kw)
+
+
+def translate(url: str, text, **fields) -> dict:
+    """POST /v1/translate, asserting a 200; the JSON body."""
+    r = post(url, {"text": text, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 # ---- helpers for tests that read the Prometheus text of GET /metrics ----------------------------------

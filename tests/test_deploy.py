@@ -26,7 +26,7 @@ from ray.serve.schema import (DeploymentSchema, HTTPOptionsSchema, LoggingConfig
                               ServeApplicationSchema, ServeDeploySchema)
 
 from service import metrics as service_metrics
-from service.deployment import AppArgs, ModelSpec, gateway_options, translator_options
+from service.app import AppArgs, ModelSpec, gateway_options, translator_options
 from service.engine import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ def test_serve_config_validates_against_ray_serve_schema(path):
     assert unknown_keys(ServeDeploySchema, raw) == []
     assert config.http_options.port == 8000
     [app] = config.applications
-    assert app.import_path == "service.deployment:build_app"
+    assert app.import_path == "service.app:build_app"
     assert app.route_prefix == "/"
     assert config.logging_config is not None and config.logging_config.enable_access_log
     # The args are what build_app accepts, and the deployment names are those build_app creates,
@@ -104,6 +104,28 @@ def test_serve_config_validates_against_ray_serve_schema(path):
     assert 1 <= auto.min_replicas < auto.max_replicas
     assert auto.target_ongoing_requests <= tr.max_ongoing_requests
     assert 0 < auto.upscale_delay_s and 0 < auto.downscale_delay_s
+
+
+def test_both_import_paths_build_the_app():
+    """``service.app:build_app`` (the serve configs) and the old ``service.deployment:build_app`` /
+    ``service.deployment:app`` (``serve run service.deployment:app``) give the same application."""
+    import importlib
+
+    from ray import serve
+
+    from model.checkpoint import DEFAULT_CHECKPOINT
+    from service.app import build_app
+
+    def resolve(path: str):
+        module, _, attr = path.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    assert resolve("service.app:build_app") is resolve("service.deployment:build_app") is build_app
+    if (DEFAULT_CHECKPOINT / "config.json").exists():
+        app = resolve("service.deployment:app")      # built on access: the shipped model
+        assert isinstance(app, serve.Application)
+    with pytest.raises(FileNotFoundError):
+        build_app({"models": [{"name": "x", "checkpoint": "/nonexistent"}]})
 
 
 def test_cpu_serve_config_fits_two_cpus():

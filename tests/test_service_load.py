@@ -161,14 +161,14 @@ def test_metrics_move_after_requests(service_url):
     for name in ("de-en", SECOND_MODEL):
         values = replica_values(text, "ray_mt_replicas_ready", name)
         assert values and set(values) <= {0.0, 1.0} and sum(values) >= 1, (name, values)
-    # Every name README lists is exported (this module runs after traffic of every kind).
+    # Every name docs/metrics.md lists is exported (this module runs after traffic of every kind).
     names = set(re.findall(r"^(ray_mt_[a-z_]+)", text, re.M))
     assert set(exported_names()) <= names, sorted(set(exported_names()) - names)
 
 
-def test_readme_lists_exactly_the_exported_metric_names():
-    readme = (ROOT / "README.md").read_text()
-    listed = set(re.findall(r"`(ray_mt_[a-z_]+)`", readme))
+def test_metrics_doc_lists_exactly_the_exported_metric_names():
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"`(ray_mt_[a-z_]+)`", doc))
     assert listed == set(exported_names())
 
 

@@ -5,7 +5,7 @@ sentences with pysbd (Sadvilkar and Neumann, 2020, "PySBD: Pragmatic Sentence Bo
 Disambiguation"), a rule-based segmenter that keeps abbreviations ("z.B.", "Dr.") inside sentences.
 Invariant: ``Split.join(split.pieces) == text`` — the whitespace between and around pieces (line
 breaks, double spaces, indentation) is kept verbatim in ``glue`` and reused when the translated pieces
-are joined, so the output has the input's layout.
+are joined, so the output has the input's layout. A ``Piece`` is one sentence of one text, encoded.
 """
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ class Split:
             out.append(t)
             out.append(g)
         return "".join(out)
+
+
+@dataclass
+class Piece:
+    """One sentence of one text of a request, as sent to the engine."""
+    text_index: int     # which text of the request
+    piece_index: int    # which sentence of that text's Split
+    src_ids: list[int]  # its token ids, EOS included
 
 
 @functools.lru_cache(maxsize=None)

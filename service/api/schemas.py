@@ -1,44 +1,32 @@
-"""Request, response and error models of the HTTP API (pydantic), and the service-wide request limits.
+"""What crosses the HTTP API and the gateway -> translator hand-off.
 
-Types are strict (a beam_size of "4" or 4.5 is a 422, not silently coerced) and unknown fields are
-rejected, so nothing a client sends is silently ignored. Limits that depend on the model (source
-length, max_new_tokens, attention layers and heads) are checked by the translator, which knows the
-model, and raised as ``ServiceError``.
+- pydantic request/response models of the HTTP API. Types are strict (a beam_size of "4" or 4.5 is
+  a 422, not silently coerced) and unknown fields are rejected, so nothing a client sends is ignored.
+- the service-wide request limits, and ``ModelLimits``: what one model accepts (from its config and
+  its engine settings), checked by the gateway before a request is routed (``ModelLimits.check``).
+- ``TranslateJob``: what the gateway sends a translator; a translator answers ``TranslateResponse``
+  (or, streaming, ``StreamStart``, ``StreamToken``s, then the ``TranslateResponse``).
+
+What needs tokenization (tokens per sentence, sentences per request) is the translator's to check.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ATTENTION_KINDS = ("cross", "encoder", "decoder")
+from model.search import ATTENTION_KINDS
+from service.engine.config import EngineConfig
+from service.engine.records import GenerationOptions
 
-# Service-wide request limits (the model-dependent ones live in the checkpoint's config).
+from .errors import ServiceError
+
+# Service-wide request limits (the model-dependent ones are in ModelLimits).
 MAX_TEXTS = 64                 # texts in one request (a list `text` / LibreTranslate `q`)
 MAX_TEXT_CHARS = 5_000         # characters in one text (the per-text cap; each sentence has the model's cap)
 MAX_SENTENCES = 256            # sentences in one request after splitting every text
 MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds one KV-cache slot)
-
-
-class ServiceError(Exception):
-    """An error with its HTTP status, raised anywhere in the service and rendered as ErrorResponse.
-
-    All fields travel in ``args`` so the error survives pickling across Ray processes.
-    """
-
-    def __init__(self, status: int, message: str, field: Optional[str] = None,
-                 retry_after: Optional[float] = None, type: Optional[str] = None):
-        super().__init__(status, message, field, retry_after, type)
-        self.status, self.message, self.field, self.retry_after = status, message, field, retry_after
-        self.type = type or _ERROR_TYPES.get(status, "error")
-
-    def __str__(self) -> str:
-        return self.message
-
-
-_ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
-                415: "unsupported_media_type", 422: "invalid_request",
-                429: "overloaded", 499: "cancelled", 500: "internal_error", 503: "overloaded"}
 
 
 class _Strict(BaseModel):
@@ -47,7 +35,7 @@ class _Strict(BaseModel):
 
 class AttentionOptions(_Strict):
     """Which attention weights to return; layers and heads select rows of each kind to keep payloads small."""
-    kinds: list[Literal["cross", "encoder", "decoder"]] = Field(
+    kinds: list[Literal[ATTENTION_KINDS]] = Field(
         default_factory=lambda: ["cross"], min_length=1, max_length=3,
         description="any of cross (decoder->encoder), encoder (self), decoder (self)")
     layers: Optional[list[int]] = Field(None, min_length=1, description="layer indices (0-based); null = all")
@@ -104,6 +92,17 @@ class TranslateRequest(_Strict):
     def texts(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
 
+    def job(self) -> "TranslateJob":
+        """The translator's job for this request (attention kinds only when return_attention)."""
+        kinds = tuple(dict.fromkeys(self.attention.kinds)) if self.return_attention else ()
+        options = GenerationOptions(beam_size=self.beam_size, n_best=self.n_best, max_new_tokens=self.max_new_tokens,
+                                    length_penalty=self.length_penalty, attention_kinds=kinds,
+                                    min_new_tokens=self.min_new_tokens)
+        att = self.attention
+        selection = AttentionSelection(tuple(att.layers) if att.layers else None,
+                                       tuple(att.heads) if att.heads else None)
+        return TranslateJob(self.texts, options, selection, "text", isinstance(self.text, list))
+
 
 class Alternative(BaseModel):
     text: str
@@ -134,12 +133,23 @@ class TranslateResponse(BaseModel):
     translations: list[Translation]
     usage: Usage
 
+    def body(self) -> dict:
+        """The JSON body: ``attention`` only where it was asked for."""
+        return self.model_dump(exclude_none=True)
+
+
+class StreamStart(BaseModel):
+    """First item of a translator's stream: the request was admitted (errors before it are HTTP errors)."""
+
 
 class StreamToken(BaseModel):
     """One SSE `token` event: text delta of translation `index` (concatenated deltas = final text)."""
     index: int
     text: str
     token: Optional[str] = None     # the SentencePiece piece; null for whitespace-only deltas
+
+
+StreamItem = Union[StreamStart, StreamToken, TranslateResponse]
 
 
 class ErrorBody(BaseModel):
@@ -185,24 +195,78 @@ def check_unicode(texts: list[str], field: str) -> None:
             raise ValueError(f"{where} is not valid Unicode (a lone surrogate at character {e.start})") from None
 
 
-def format_validation_error(err: dict) -> tuple[str, str]:
-    """(field, message) for one pydantic error dict: the dotted field path and a message naming it."""
-    if err.get("type") == "json_invalid":  # loc is ("body", character offset)
-        offset = err.get("loc", (None, None))[-1]
-        return "body", f"body: invalid JSON at character {offset}: {err.get('msg', 'JSON decode error')}"
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
-    # Union members and the model-level validator add noise to the path.
-    loc = [p for p in loc if p not in ("str", "list[str]", "function-after[_n_best_within_beam(), TranslateRequest]")]
-    field = ".".join(loc)
-    msg = err.get("msg", "invalid value")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    if not field and msg.startswith("n_best"):
-        field = "n_best"
-    if not field:   # the body itself (missing, not an object, unparsable)
-        field = "body"
-    if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):
-        got = repr(err["input"])
-        if len(got) <= 40:
-            msg += f" (got {got})"
-    return field, f"{field}: {msg}" if field and not msg.startswith(field) else msg
+# ---- the gateway -> translator hand-off --------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionSelection:
+    layers: Optional[tuple[int, ...]] = None   # layer indices to return; None = all
+    heads: Optional[tuple[int, ...]] = None    # head indices to return; None = all
+
+
+@dataclass
+class TranslateJob:
+    """One request for one translator: texts and the options every sentence of them is decoded with."""
+    texts: list[str]                           # each split into sentences by the translator
+    options: GenerationOptions                 # attention_kinds: those to return (in request order), or ()
+    attention: AttentionSelection = AttentionSelection()
+    field: str = "text"                        # the request field the texts came from, for error messages
+    is_list: bool = False                      # the texts came as a list: errors name field[i]
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What one model accepts: from its config (``config.json``) and its engine settings.
+
+    The engine's own guard (``service/engine/validation.py``) checks the same options again with the
+    settings the replica really runs with, and its errors map to the same statuses and messages.
+    """
+    model: str                 # model id, named in messages
+    max_new_tokens: int        # target tokens per sentence: min(engine max_tgt_len, max_len - 1)
+    max_num_seqs: int          # KV-cache slots: the largest beam
+    vocab_size: int            # a beam may hold at most half the vocabulary
+    n_heads: int
+    n_encoder_layers: int
+    n_decoder_layers: int
+
+    @classmethod
+    def of(cls, model: str, config: dict, engine: EngineConfig) -> "ModelLimits":
+        max_len = config["max_len"]
+        max_tgt_len = min(engine.max_tgt_len or max_len, max_len)
+        return cls(model, min(max_tgt_len, max_len - 1), engine.max_num_seqs, config["vocab_size"],
+                   config["n_heads"], config["n_encoder_layers"], config["n_decoder_layers"])
+
+    def check(self, job: TranslateJob) -> None:
+        """Raise ServiceError: 413 for too many or too long texts, 422 for an option beyond this model."""
+        f, o = job.field, job.options
+        if len(job.texts) > MAX_TEXTS:
+            raise ServiceError(413, f"{f}: at most {MAX_TEXTS} texts per request, got {len(job.texts)}", f)
+        if o.attention_kinds:
+            self._check_attention(job.attention, o.attention_kinds)
+        if 2 * o.beam_size > self.vocab_size:
+            raise ServiceError(422, f"beam_size: must be <= {self.vocab_size // 2} (half the vocabulary), "
+                                    f"got {o.beam_size}", "beam_size")
+        if o.beam_size > self.max_num_seqs:
+            raise ServiceError(422, f"beam_size: must be <= max_num_seqs ({self.max_num_seqs}), got {o.beam_size}",
+                               "beam_size")
+        if o.max_new_tokens is not None:   # None: resolved per sentence by the engine
+            if o.max_new_tokens > self.max_new_tokens:
+                raise ServiceError(422, f"max_new_tokens: must be an integer in 0..{self.max_new_tokens}, "
+                                        f"got {o.max_new_tokens}", "max_new_tokens")
+            if o.min_new_tokens > o.max_new_tokens:
+                raise ServiceError(422, f"min_new_tokens: must be an integer in 0..max_new_tokens "
+                                        f"({o.max_new_tokens}), got {o.min_new_tokens}", "min_new_tokens")
+        for i, text in enumerate(job.texts):
+            if len(text) > MAX_TEXT_CHARS:
+                where = f"{f}[{i}]" if job.is_list else f
+                raise ServiceError(413, f"{where}: at most {MAX_TEXT_CHARS} characters per text, got {len(text)}", f)
+
+    def _check_attention(self, att: AttentionSelection, kinds: tuple[str, ...]) -> None:
+        n_layers = {"cross": self.n_decoder_layers, "decoder": self.n_decoder_layers, "encoder": self.n_encoder_layers}
+        limit = min(n_layers[k] for k in kinds)
+        for layer in att.layers or ():
+            if not 0 <= layer < limit:
+                raise ServiceError(422, f"attention.layers: layer indices must be in 0..{limit - 1} for model "
+                                        f"{self.model} ({'/'.join(kinds)}), got {layer}", "attention.layers")
+        for head in att.heads or ():
+            if not 0 <= head < self.n_heads:
+                raise ServiceError(422, f"attention.heads: head indices must be in 0..{self.n_heads - 1} for "
+                                        f"model {self.model}, got {head}", "attention.heads")

@@ -1,0 +1,58 @@
+"""The access-log and HTTP-metrics middleware of the ingress."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from ray import serve
+
+from service.metrics import HttpMetrics
+
+logger = logging.getLogger("ray.serve")
+
+# Paths recorded under their own name in the metrics' endpoint label; any other is "other".
+ENDPOINTS = frozenset({"/v1/translate", "/v1/models", "/healthz", "/readyz", "/metrics", "/translate",
+                       "/languages", "/docs", "/openapi.json", "/"})
+
+
+class AccessLogMiddleware:
+    """Per request: one access-log line (request id, status, latency, token counts) and the HTTP metrics.
+
+    Pure ASGI so the latency of a streamed response is measured to its last byte. Handlers put
+    ``model`` (its id), ``usage`` (a ``schemas.Usage``) and ``stream`` into ``request.state``.
+    """
+
+    def __init__(self, app):
+        self.app = app
+        self.metrics: Optional[HttpMetrics] = None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.metrics is None:
+            self.metrics = HttpMetrics()   # created in the replica process, on its first request
+        t0 = time.perf_counter()
+        state = scope.setdefault("state", {})
+        status = {"code": 500}
+        headers = dict((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", []))
+        rid = headers.get("x-request-id") or serve.context._get_serve_request_context().request_id
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            seconds = time.perf_counter() - t0
+            path = scope.get("path", "")
+            endpoint = path if path in ENDPOINTS else "other"
+            model = state.get("model") or "none"
+            usage = state.get("usage")
+            self.metrics.record(model, endpoint, status["code"], seconds)
+            logger.info("access request_id=%s method=%s path=%s status=%d latency_ms=%.1f model=%s "
+                        "source_tokens=%s generated_tokens=%s stream=%s", rid, scope.get("method"), path,
+                        status["code"], seconds * 1000, model, usage.source_tokens if usage else 0,
+                        usage.generated_tokens if usage else 0, bool(state.get("stream")))

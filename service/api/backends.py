@@ -1,0 +1,91 @@
+"""How the gateway reaches a model's translator: through a Ray Serve handle (one deployment per
+model), or in its own process (``ingress: translator``). Both backends have the same typed methods,
+and both raise what goes wrong as ``ServiceError`` (``errors.to_service_error``, the one mapping).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator, Protocol, Union
+
+from ray.serve.handle import DeploymentHandle
+
+from service.translator import ModelCard, TranslatorInfo
+
+from .errors import ErrorRecord, ServiceError, mapped_errors
+from .schemas import StreamItem, TranslateJob, TranslateResponse
+
+
+class Backend(Protocol):
+    async def translate(self, model: str, job: TranslateJob) -> TranslateResponse: ...
+
+    def stream(self, model: str, job: TranslateJob) -> AsyncIterator[StreamItem]: ...
+
+    async def ready(self, model: str) -> bool: ...
+
+    async def info(self, model: str) -> TranslatorInfo: ...
+
+    async def reconfigure(self, user_config: dict) -> None: ...
+
+
+def _unwrap(out: Union[TranslateResponse, StreamItem, ErrorRecord]):
+    """A replica's answer, or the ServiceError it returned as a record."""
+    if isinstance(out, ErrorRecord):
+        raise ServiceError.from_record(out)
+    return out
+
+
+class RemoteBackend:
+    """Translators in their own Serve deployments (``service.app.TranslatorReplica``), one per model."""
+
+    def __init__(self, handles: dict[str, DeploymentHandle]):
+        self.handles = handles
+
+    async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
+        with mapped_errors(model):
+            return _unwrap(await self.handles[model].translate.remote(job))
+
+    async def stream(self, model: str, job: TranslateJob) -> AsyncIterator[StreamItem]:
+        with mapped_errors(model):
+            async for item in self.handles[model].options(stream=True).stream.remote(job):
+                yield _unwrap(item)
+
+    async def ready(self, model: str) -> bool:
+        with mapped_errors(model):
+            return await self.handles[model].ready.remote()
+
+    async def info(self, model: str) -> TranslatorInfo:
+        with mapped_errors(model):
+            return await self.handles[model].info.remote()
+
+    async def reconfigure(self, user_config: dict) -> None:
+        pass    # each translator deployment has its own user_config
+
+
+class LocalBackend:
+    """Every model's translator in the ingress replica itself (no extra hop)."""
+
+    def __init__(self, cards: list[ModelCard], num_threads: int):
+        from service.translator import Translator
+        self.translators = {c.id: Translator(c, num_threads=num_threads) for c in cards}
+
+    async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
+        with mapped_errors(model):
+            return await self.translators[model].translate(job)
+
+    async def stream(self, model: str, job: TranslateJob) -> AsyncIterator[StreamItem]:
+        with mapped_errors(model):
+            async with contextlib.aclosing(self.translators[model].stream(job)) as items:
+                async for item in items:
+                    yield item
+
+    async def ready(self, model: str) -> bool:
+        return self.translators[model].ready()
+
+    async def info(self, model: str) -> TranslatorInfo:
+        return self.translators[model].info()
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """user_config: {"engine": EngineConfig fields for every model, "per_model": {model: overrides}}."""
+        per_model = user_config.get("per_model", {})
+        for name, t in self.translators.items():
+            await t.reconfigure({**user_config.get("engine", {}), **per_model.get(name, {})})

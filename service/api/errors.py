@@ -1,0 +1,190 @@
+"""Errors of the HTTP API: ``ServiceError`` (an error with its HTTP status), the one mapping of engine
+and Ray handle errors to it, and their rendering as responses.
+
+    raised anywhere                -> ServiceError(status, message, field, retry_after)
+    engine / Ray handle exception  -> to_service_error() -> ServiceError   (the one mapping)
+    translator replica             -> returns ErrorRecord (a value: no replica failure in Ray's logs)
+    FastAPI handlers               -> {"error": {"type", "message", "field"}}   (native API)
+                                      {"error": message}, 4xx as 400          (LibreTranslate routes)
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.engine.errors import EngineError, EngineStoppedError, EngineValidationError, QueueFullError
+
+RETRY_AFTER_S = 1      # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
+LIBRE_PATHS = ("/translate", "/languages")    # routes that answer in LibreTranslate's error shape
+
+ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+               415: "unsupported_media_type", 422: "invalid_request",
+               429: "overloaded", 499: "cancelled", 500: "internal_error", 503: "overloaded"}
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A ServiceError as a value: what a translator replica returns (or yields) instead of raising it."""
+    status: int                          # HTTP status
+    message: str                         # names the field and the limit
+    field: Optional[str] = None          # dotted request field, e.g. "attention.layers"
+    retry_after: Optional[float] = None  # seconds (Retry-After header), for 503s
+    type: Optional[str] = None           # None: from the status (ERROR_TYPES)
+
+
+class ServiceError(Exception):
+    """An error with its HTTP status, raised anywhere in the service and rendered as ErrorResponse."""
+
+    def __init__(self, status: int, message: str, field: Optional[str] = None,
+                 retry_after: Optional[float] = None, type: Optional[str] = None):
+        super().__init__(status, message, field, retry_after, type)
+        self.status, self.message, self.field, self.retry_after = status, message, field, retry_after
+        self.type = type or ERROR_TYPES.get(status, "error")
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def record(self) -> ErrorRecord:
+        return ErrorRecord(self.status, self.message, self.field, self.retry_after, self.type)
+
+    @classmethod
+    def from_record(cls, r: ErrorRecord) -> "ServiceError":
+        return cls(r.status, r.message, r.field, r.retry_after, r.type)
+
+
+# ---- the one mapping -------------------------------------------------------------------------------
+def engine_message(e: EngineValidationError) -> str:
+    """``field: message`` (the engine's message, prefixed with its field once)."""
+    msg = e.message or str(e)
+    return msg if not e.field or msg.startswith(e.field) else f"{e.field}: {msg}"
+
+
+def to_service_error(e: BaseException, model: str) -> Optional[ServiceError]:
+    """The ServiceError that an exception from the engine or from a Ray handle call means; None for
+    anything else (a bug: let it propagate as a 500)."""
+    cause = getattr(e, "cause", None)   # Ray's RayTaskError carries the replica's exception
+    if isinstance(cause, BaseException) and cause is not e:
+        mapped = to_service_error(cause, model)
+        if mapped is not None:
+            return mapped
+    if isinstance(e, ServiceError):
+        return e
+    if isinstance(e, QueueFullError):
+        return ServiceError(503, f"engine queue is full: {e}; retry later", retry_after=RETRY_AFTER_S)
+    if isinstance(e, EngineValidationError):
+        return ServiceError(422, engine_message(e), e.field)
+    if isinstance(e, EngineStoppedError):
+        return ServiceError(503, f"engine is restarting: {e}; retry later", retry_after=RETRY_AFTER_S)
+    if isinstance(e, EngineError):
+        return ServiceError(500, f"engine error: {e}")
+    if isinstance(e, BackPressureError):
+        return ServiceError(503, f"model {model} is overloaded ({e}); retry later", retry_after=RETRY_AFTER_S)
+    if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                      DeploymentUnavailableError)):
+        return ServiceError(503, f"model {model} is unavailable ({type(e).__name__}); retry later",
+                            retry_after=RETRY_AFTER_S)
+    return None
+
+
+@contextlib.contextmanager
+def mapped_errors(model: str) -> Iterator[None]:
+    """Inside the block, an engine or Ray handle error is raised as the ServiceError it means."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - mapped, or re-raised as it is
+        mapped = to_service_error(e, model)
+        if mapped is None or mapped is e:
+            raise
+        raise mapped from None
+
+
+# ---- rendering ---------------------------------------------------------------------------------------
+def _retry_header(retry_after: Optional[float]) -> Optional[dict[str, str]]:
+    return {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+
+
+def error_response(err: ServiceError, details: Optional[list] = None) -> JSONResponse:
+    """The native API's error body: {"error": {"type", "message", "field"[, "details"]}}."""
+    body = {"error": {"type": err.type, "message": err.message, "field": err.field}}
+    if details:
+        body["error"]["details"] = details
+    return JSONResponse(body, status_code=err.status, headers=_retry_header(err.retry_after))
+
+
+def libre_error_response(err: ServiceError) -> JSONResponse:
+    """LibreTranslate's error format: {"error": message}; invalid input is a 400 there."""
+    status = 400 if err.status in (404, 413, 422) else err.status
+    return JSONResponse({"error": err.message}, status_code=status, headers=_retry_header(err.retry_after))
+
+
+def format_validation_error(err: dict) -> tuple[str, str]:
+    """(field, message) for one pydantic error dict: the dotted field path and a message naming it."""
+    if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+        offset = err.get("loc", (None, None))[-1]
+        return "body", f"body: invalid JSON at character {offset}: {err.get('msg', 'JSON decode error')}"
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
+    # Union members and the model-level validator add noise to the path.
+    loc = [p for p in loc if p not in ("str", "list[str]", "function-after[_n_best_within_beam(), TranslateRequest]")]
+    field = ".".join(loc)
+    msg = err.get("msg", "invalid value")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if not field and msg.startswith("n_best"):
+        field = "n_best"
+    if not field:   # the body itself (missing, not an object, unparsable)
+        field = "body"
+    if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):
+        got = repr(err["input"])
+        if len(got) <= 40:
+            msg += f" (got {got})"
+    return field, f"{field}: {msg}" if field and not msg.startswith(field) else msg
+
+
+def _is_libre(request: Request) -> bool:
+    return request.url.path in LIBRE_PATHS
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if request.method == "POST" and ctype != "application/json" and not ctype.endswith("+json"):
+        # FastAPI did not parse the body at all: say so instead of "body: must be an object"
+        return error_response(ServiceError(415, f"Content-Type: {request.url.path} takes a JSON body "
+                                                f"(application/json), got {ctype or 'none'}", "Content-Type"))
+    details = []
+    for err in exc.errors():
+        field, msg = format_validation_error(err)
+        details.append({"field": field, "message": msg})
+    first = details[0] if details else {"field": None, "message": "invalid request"}
+    return error_response(ServiceError(422, first["message"], first["field"]),
+                          details=details if len(details) > 1 else None)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Framework errors (unknown path, wrong method, unparsable body) in the service's error shape."""
+    message = exc.detail if isinstance(exc.detail, str) else "invalid request"
+    if _is_libre(request):
+        return libre_error_response(ServiceError(exc.status_code, message))
+    if exc.status_code == 400:  # the body could not be parsed (e.g. invalid UTF-8 in JSON)
+        return error_response(ServiceError(422, f"body: {message} (send UTF-8 JSON)", "body"))
+    return error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"))
+
+
+async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    return libre_error_response(exc) if _is_libre(request) else error_response(exc)
+
+
+def add_exception_handlers(api: FastAPI) -> None:
+    """Render validation, framework and service errors in the service's error shapes."""
+    api.add_exception_handler(RequestValidationError, _validation_error)
+    api.add_exception_handler(StarletteHTTPException, _http_error)
+    api.add_exception_handler(ServiceError, _service_error)

@@ -1,0 +1,190 @@
+"""The HTTP ingress (FastAPI on Ray Serve): validates, resolves the model, checks its limits, sends
+a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Events.
+
+    POST /v1/translate        native API (TranslateRequest -> TranslateResponse, or SSE)
+    GET  /v1/models           served models, their languages, config, engine settings, test BLEU
+    GET  /healthz, /readyz    liveness; readiness of every model
+    GET  /metrics             Prometheus text of the whole cluster (service/metrics.py)
+    POST /translate, GET /languages   LibreTranslate-compatible (libretranslate.py)
+"""
+# No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
+# must see the request model classes themselves, not their names.
+import asyncio
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from service.engine import EngineConfig
+from service.metrics import scrape_metrics
+from service.translator import ModelCard
+
+from . import libretranslate, sse
+from .access_log import AccessLogMiddleware
+from .backends import Backend, LocalBackend, RemoteBackend
+from .errors import RETRY_AFTER_S, ServiceError, add_exception_handlers
+from .schemas import (ErrorResponse, LibreLanguage, ModelInfo, ModelLimits, ModelsResponse, TranslateRequest,
+                      TranslateResponse)
+
+READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
+
+api = FastAPI(
+    title="Transformer MT service",
+    version="0.1.0",
+    description="Machine translation with the original Transformer, continuous batching on Ray Serve. "
+                "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
+)
+api.add_middleware(AccessLogMiddleware)
+add_exception_handlers(api)
+
+
+@serve.ingress(api)
+class Gateway:
+    """The HTTP ingress in front of one translator per model.
+
+    Args:
+        cards: the served models; the first is the default.
+        handles: model id -> its translator deployment; None: run the translators in this process.
+        engine: EngineConfig fields for every model (a card's ``engine`` overrides them).
+        num_threads: torch threads of the in-process translators.
+    """
+
+    def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
+                 engine: Optional[dict] = None, num_threads: int = 1):
+        self.cards = {c.id: c for c in cards}
+        self.default = cards[0].id
+        self.backend: Backend = RemoteBackend(handles) if handles is not None else LocalBackend(cards, num_threads)
+        self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
+        self._configure(engine or {})
+
+    def _configure(self, engine: dict) -> None:
+        self.engine = engine
+        self.limits = {c.id: ModelLimits.of(c.id, c.config, EngineConfig.from_dict({**engine, **c.engine}))
+                       for c in self.cards.values()}
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """Only used with ``ingress: translator``: the engine settings of the in-process translators
+        ({"engine": fields for every model, "per_model": {model: overrides}})."""
+        await self.backend.reconfigure(user_config)
+        self._configure(user_config.get("engine", {}))
+
+    # ---- routing ----
+    def resolve(self, model: Optional[str], source_lang: Optional[str], target_lang: Optional[str]) -> ModelCard:
+        """The card of the model that serves this request. Raises ServiceError 404."""
+        pairs = ", ".join(f"{c.source_lang}->{c.target_lang} ({c.id})" for c in self.cards.values())
+        if model is not None:
+            card = self.cards.get(model)
+            if card is None:
+                raise ServiceError(404, f"model: unknown model {model!r}; available: {sorted(self.cards)}", "model")
+            for field, want, have in (("source_lang", source_lang, card.source_lang),
+                                      ("target_lang", target_lang, card.target_lang)):
+                if want is not None and want != have:
+                    raise ServiceError(404, f"{field}: model {model!r} translates {card.source_lang}->"
+                                            f"{card.target_lang}, not {want!r}", field)
+            return card
+        if source_lang is None and target_lang is None:
+            return self.cards[self.default]
+        for card in self.cards.values():
+            if source_lang in (None, card.source_lang) and target_lang in (None, card.target_lang):
+                return card
+        field = "source_lang" if source_lang is not None and not any(
+            c.source_lang == source_lang for c in self.cards.values()) else "target_lang"
+        raise ServiceError(404, f"{field}: no model for {source_lang or '*'}->{target_lang or '*'}; available "
+                                f"pairs: {pairs}", field)
+
+    # ---- native API ----
+    @api.post("/v1/translate", response_model=TranslateResponse,
+              responses={404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
+                         422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}})
+    async def translate(self, body: TranslateRequest, request: Request):
+        """Translate one text or a list of texts (paragraphs are split into sentences and rejoined).
+
+        With ``"stream": true`` the answer is Server-Sent Events: ``event: token`` per new target token
+        (``{"index", "text", "token"}``; the concatenated ``text`` of an index is its translation), then
+        ``event: response`` with the whole response; ``event: error`` if it fails midway.
+        """
+        card = self.resolve(body.model, body.source_lang, body.target_lang)
+        request.state.model = card.id
+        job = body.job()
+        self.limits[card.id].check(job)
+        if not body.stream:
+            result = await self.backend.translate(card.id, job)
+            request.state.usage = result.usage
+            return JSONResponse(result.body())
+        request.state.stream = True
+        items = self.backend.stream(card.id, job)
+        try:
+            await anext(items)     # StreamStart: validation and admission errors become HTTP errors
+        except StopAsyncIteration:
+            raise ServiceError(500, "stream ended before it started") from None
+
+        def on_usage(usage) -> None:
+            request.state.usage = usage
+        return StreamingResponse(sse.events(items, on_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @api.get("/v1/models", response_model=ModelsResponse)
+    async def models(self):
+        """The served models with their languages, configuration and test BLEU."""
+        async def one(c: ModelCard) -> ModelInfo:
+            try:   # the replica's own view: the engine settings it really runs with
+                engine = (await asyncio.wait_for(self.backend.info(c.id), timeout=5)).engine
+            except Exception:  # noqa: BLE001 - still loading: the configured settings
+                engine = {**self.engine, **c.engine}
+            return ModelInfo(id=c.id, source_lang=c.source_lang, target_lang=c.target_lang, config=c.config,
+                             test_bleu=c.test_bleu, metadata=c.metadata, engine=engine)
+        return ModelsResponse(data=list(await asyncio.gather(*(one(c) for c in self.cards.values()))))
+
+    @api.get("/healthz")
+    async def healthz(self):
+        """Liveness: the HTTP ingress answers."""
+        return {"status": "ok"}
+
+    @api.get("/readyz")
+    async def readyz(self):
+        """Readiness: 200 once every model is loaded and its engine runs, else 503 (within
+        READY_PROBE_S: a model whose replica does not exist yet would otherwise hold the probe until
+        it does). A model that has answered once stays ready while its replica is merely slow to answer."""
+        async def one(name: str) -> bool:
+            try:
+                ok = bool(await asyncio.wait_for(self.backend.ready(name), timeout=READY_PROBE_S))
+            except asyncio.TimeoutError:
+                return name in self._ready_seen   # busy, not loading
+            except Exception:  # noqa: BLE001 - any other failure means not ready
+                return False
+            if ok:
+                self._ready_seen.add(name)
+            return ok
+        states = await asyncio.gather(*(one(n) for n in self.cards))
+        models = {n: ("ready" if s else "loading") for n, s in zip(self.cards, states)}
+        ready = all(states)
+        return JSONResponse({"status": "ready" if ready else "loading", "models": models},
+                            status_code=200 if ready else 503,
+                            headers=None if ready else {"Retry-After": str(RETRY_AFTER_S)})
+
+    @api.get("/metrics", response_class=PlainTextResponse)
+    async def metrics(self):
+        """Prometheus text format: every replica's series, from every node's Ray metrics agent."""
+        text = await scrape_metrics()
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @api.get("/", include_in_schema=False)
+    async def root(self):
+        return RedirectResponse("/docs")
+
+    # ---- LibreTranslate-compatible API ----
+    @api.get("/languages", response_model=list[LibreLanguage])
+    async def languages(self):
+        """LibreTranslate: every language with the codes it translates into."""
+        return libretranslate.languages(self.cards.values())
+
+    @api.post("/translate", responses={400: {"description": '{"error": message}'}})
+    async def libre_translate(self, request: Request):
+        """LibreTranslate: ``q`` (string or list), ``source``, ``target``, ``format`` (text|html),
+        ``alternatives``, ``api_key`` as JSON, form-urlencoded or multipart form. Answers
+        ``{"translatedText": ...}`` (plus ``alternatives`` when asked); errors ``{"error": message}``.
+        """
+        return await libretranslate.translate(request, list(self.cards.values()), self.limits,
+                                              self.backend.translate)

@@ -1,0 +1,193 @@
+"""The LibreTranslate-compatible API: ``POST /translate`` and ``GET /languages``.
+
+``q`` (string or list), ``source``, ``target``, ``format`` (text|html), ``alternatives``, ``api_key``
+arrive as JSON, form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus
+``alternatives`` when asked, ``detectedLanguage`` for ``source: auto``); errors ``{"error": message}``
+with LibreTranslate's statuses (``errors.libre_error_response``).
+"""
+from __future__ import annotations
+
+import json
+import urllib.parse
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from service.engine import GenerationOptions
+from service.translator import ModelCard
+
+from .errors import ServiceError, libre_error_response
+from .html import HtmlText
+from .schemas import MAX_BEAM_SIZE, LibreLanguage, ModelLimits, TranslateJob, TranslateResponse, check_unicode
+
+LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
+                  "nl": "Dutch", "pt": "Portuguese", "cs": "Czech", "ru": "Russian", "zh": "Chinese",
+                  "ja": "Japanese", "pl": "Polish", "sv": "Swedish", "tr": "Turkish", "ar": "Arabic"}
+
+Fields = dict[str, object]      # a JSON body's members, or form fields (str, or list[str] for a repeated q)
+
+
+@dataclass
+class LibreRequest:
+    """A validated POST /translate."""
+    texts: list[str]            # q as a list
+    batch: bool                 # q was a list: answer with lists
+    card: ModelCard             # the model for source -> target
+    alternatives: int           # alternatives asked for, 0..MAX_BEAM_SIZE - 1
+    html: bool                  # format=html
+    auto: bool                  # source=auto (resolved to the model's source language)
+
+    def job(self, texts: list[str]) -> TranslateJob:
+        n_best = self.alternatives + 1
+        return TranslateJob(texts, GenerationOptions(beam_size=max(4, n_best), n_best=n_best, length_penalty=1.0),
+                            field="q", is_list=self.batch)
+
+
+def languages(cards: Iterable[ModelCard]) -> list[LibreLanguage]:
+    """Every language with the codes it translates into."""
+    codes: dict[str, set] = {}
+    for c in cards:
+        codes.setdefault(c.source_lang, set()).add(c.target_lang)
+        codes.setdefault(c.target_lang, set())
+    return [LibreLanguage(code=code, name=LANGUAGE_NAMES.get(code, code), targets=sorted(t))
+            for code, t in codes.items()]
+
+
+async def translate(request: Request, cards: list[ModelCard], limits: dict[str, ModelLimits],
+                    run: Callable) -> JSONResponse:
+    """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``)."""
+    try:
+        req = parse(await read_fields(request), cards)
+    except ServiceError as e:
+        return libre_error_response(e)
+    request.state.model = req.card.id
+    try:
+        htmls = [HtmlText(t) for t in req.texts] if req.html else []
+        job = checked_job(req, [s for h in htmls for s in h.segments] if req.html else req.texts,
+                          limits[req.card.id])
+        result: TranslateResponse = await run(req.card.id, job)
+    except ServiceError as e:
+        return libre_error_response(e)
+    request.state.usage = result.usage
+    if req.html:
+        out, k = [], 0
+        for h in htmls:
+            n = len(h.segments)
+            out.append(h.rebuild([t.text for t in result.translations[k:k + n]]))
+            k += n
+        alts: list[list[str]] = [[] for _ in req.texts]
+    else:
+        out = [t.text for t in result.translations]
+        alts = [_unique([a.text for a in t.alternatives], t.text)[:req.alternatives] for t in result.translations]
+    body: dict[str, object] = {"translatedText": out if req.batch else out[0]}
+    if req.auto:    # no detection: "auto" resolved to the only source language served for the target
+        detected = {"confidence": 100.0, "language": req.card.source_lang}
+        body["detectedLanguage"] = [detected] * len(out) if req.batch else detected
+    if req.alternatives > 0:
+        body["alternatives"] = alts if req.batch else alts[0]
+    return JSONResponse(body)
+
+
+def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits) -> TranslateJob:
+    """The job for these texts (``q``, or the segments of format=html), checked against the model's
+    limits. Raises ServiceError 413 or 422 (answered as 400)."""
+    job = req.job(texts)
+    try:
+        check_unicode(job.texts, job.field)
+    except ValueError as e:
+        raise ServiceError(422, str(e), job.field) from None
+    limits.check(job)
+    return job
+
+
+def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
+    """Validate the fields and pick the model. Raises ServiceError 400 naming the field."""
+    q, source, target = f.get("q"), f.get("source"), f.get("target")
+    for name, value in (("q", q), ("source", source), ("target", target)):
+        if not value:
+            raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
+    batch = isinstance(q, list)
+    if not (isinstance(q, str) or (batch and all(isinstance(t, str) for t in q))):
+        raise ServiceError(400, "Invalid request: q must be a string or a list of strings", "q")
+    for name, value in (("source", source), ("target", target)):
+        if not isinstance(value, str):
+            raise ServiceError(400, f"Invalid request: {name} must be a string", name)
+    fmt = f.get("format") or "text"
+    if fmt not in ("text", "html"):
+        raise ServiceError(400, f"{fmt} format is not supported", "format")
+    try:
+        n_alt = int(f.get("alternatives") or 0)
+    except (TypeError, ValueError):
+        raise ServiceError(400, "Invalid request: alternatives parameter is not a number", "alternatives")
+    if n_alt < 0:
+        raise ServiceError(400, "Invalid request: alternatives parameter must be >= 0", "alternatives")
+    if n_alt > MAX_BEAM_SIZE - 1:
+        raise ServiceError(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM_SIZE - 1}",
+                           "alternatives")
+    sources = {c.source_lang for c in cards}
+    targets = {c.target_lang for c in cards}
+    auto = source == "auto"
+    if auto:
+        candidates = [c for c in cards if c.target_lang == target]
+        if len({c.source_lang for c in candidates}) != 1:
+            raise ServiceError(400, "auto is not supported: give the source language "
+                                    f"(one of {sorted(sources)})", "source")
+        source = candidates[0].source_lang
+    if source not in sources:
+        raise ServiceError(400, f"{source} is not supported", "source")
+    if target not in targets and target not in sources:
+        raise ServiceError(400, f"{target} is not supported", "target")
+    card = next((c for c in cards if c.source_lang == source and c.target_lang == target), None)
+    if card is None:
+        raise ServiceError(400, f"{LANGUAGE_NAMES.get(target, target)} ({target}) is not available as a target "
+                                f"language from {LANGUAGE_NAMES.get(source, source)} ({source})", "target")
+    return LibreRequest(list(q) if batch else [q], batch, card, n_alt, fmt == "html", auto)
+
+
+async def read_fields(request: Request) -> Fields:
+    """The request fields from a JSON body or a form body (urlencoded or multipart), like LibreTranslate."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json" or ctype.endswith("+json"):
+        try:
+            body = json.loads(await request.body() or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):   # RecursionError: absurd nesting
+            raise ServiceError(400, "Invalid JSON format")
+        if not isinstance(body, dict):
+            raise ServiceError(400, "Invalid JSON format")
+        return body
+    fields: Fields = dict(request.query_params)
+    if ctype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        if ctype == "multipart/form-data":
+            form = await request.form()
+            pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
+        else:
+            # Decoded as UTF-8 ourselves: clients (curl -d) send raw UTF-8 bytes unescaped, and a
+            # Latin-1 reading would garble them.
+            try:
+                text = (await request.body()).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ServiceError(400, "Invalid request: the form body is not valid UTF-8")
+            try:  # percent-escapes must decode to UTF-8 too
+                pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
+            except UnicodeDecodeError:
+                raise ServiceError(400, "Invalid request: a form field is not valid UTF-8 once percent-decoded")
+        grouped: dict[str, list[str]] = {}
+        for k, v in pairs:
+            grouped.setdefault(k, []).append(v)
+        for key, values in grouped.items():
+            if values:
+                # A repeated q is a batch; LibreTranslate normalises form line endings to \n.
+                values = ["\n".join(v.splitlines()) if key == "q" else v for v in values]
+                fields[key] = values if key == "q" and len(values) > 1 else values[0]
+    return fields
+
+
+def _unique(seq: list[str], exclude: str) -> list[str]:
+    seen, out = {exclude, ""}, []
+    for s in seq:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out

@@ -1,0 +1,182 @@
+"""The Ray Serve application: an HTTP ingress (``service.api.gateway.Gateway``) in front of one
+translator deployment per model.
+
+    serve run service.app:build_app                          # the shipped de->en model
+    serve run service.app:build_app engine='{"max_num_seqs": 32}'   # or a serve config's `args:`
+
+Layout (``build_app``):
+    HTTP proxy -> Gateway (FastAPI, @serve.ingress; validation, routing, SSE, /metrics)
+               -> Translator-<model> replicas (TranslatorReplica: model + continuous-batching Engine)
+Concurrent requests reach a translator replica directly (no @serve.batch): each sentence is one
+engine call, and the engine merges all of them into its prefill and decode batches. Engine knobs come
+from the deployment's ``user_config`` (``TranslatorReplica.reconfigure``). ``max_ongoing_requests`` is
+sized from the engine's ``max_num_seqs`` so Serve never caps a batch, ``max_queued_requests`` bounds
+the queue in front of it; both Ray's back-pressure error and the engine's full queue become HTTP 503
+with Retry-After. With ``ingress: translator`` the translators run inside the ingress replica instead
+(one process, no extra hop).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, AsyncIterator, Literal, Optional, Union
+
+import ray
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from ray import serve
+
+from model.checkpoint import DEFAULT_CHECKPOINT
+
+from .api.errors import RETRY_AFTER_S, ErrorRecord, to_service_error
+from .api.gateway import Gateway
+from .api.schemas import StreamItem, TranslateJob, TranslateResponse
+from .engine import EngineConfig
+from .translator import Translator, TranslatorInfo, model_card
+
+
+class ModelSpec(BaseModel):
+    """One served model."""
+    model_config = ConfigDict(extra="forbid")
+    name: str = "de-en"                                   # model id in requests and /v1/models
+    checkpoint: str = str(DEFAULT_CHECKPOINT)             # checkpoint directory (model/checkpoint.py)
+    source_lang: Optional[str] = None                     # default: the checkpoint's metadata.json
+    target_lang: Optional[str] = None
+    engine: dict = Field(default_factory=dict)            # EngineConfig overrides for this model
+    deployment: dict = Field(default_factory=dict)        # Serve deployment option overrides for this model
+
+
+class AppArgs(BaseModel):
+    """``build_app`` arguments (``serve run ... key=value`` or a serve config's ``args:``)."""
+    model_config = ConfigDict(extra="forbid")
+    models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec()])   # the first is the default
+    engine: dict = Field(default_factory=dict)            # EngineConfig fields for every model (user_config)
+    translator: dict = Field(default_factory=dict)        # Serve options of translator deployments
+    gateway: dict = Field(default_factory=dict)           # Serve options of the ingress deployment
+    ingress: Literal["separate", "translator"] = "separate"
+    num_cpus: float = 0.8                                 # per translator replica (fractional: 2 fit on 2 cores)
+    num_gpus: Optional[float] = None                      # per translator replica; None = 1 if the cluster has GPUs
+
+    @field_validator("models", "engine", "translator", "gateway", mode="before")
+    @classmethod
+    def _json_text(cls, v: Any) -> Any:
+        # `serve run service.app:build_app engine='{"max_num_seqs": 32}'` passes strings
+        return json.loads(v) if isinstance(v, str) else v
+
+
+def _cluster_has_gpu() -> bool:
+    if ray.is_initialized():
+        return ray.cluster_resources().get("GPU", 0) > 0
+    import torch
+    return torch.cuda.is_available()
+
+
+_LIFECYCLE = {"health_check_period_s": 5, "graceful_shutdown_timeout_s": 10, "graceful_shutdown_wait_loop_s": 0.5}
+
+
+def translator_options(args: AppArgs, spec: ModelSpec) -> dict:
+    """Serve deployment options of one model's translator deployment."""
+    engine = {**args.engine, **spec.engine}
+    seqs = int(engine.get("max_num_seqs", EngineConfig.max_num_seqs))
+    num_gpus = args.num_gpus if args.num_gpus is not None else (1 if _cluster_has_gpu() else 0)
+    opts: dict[str, Any] = {
+        "name": f"Translator-{spec.name}",
+        "ray_actor_options": {"num_cpus": args.num_cpus, "num_gpus": num_gpus},
+        # A greedy sentence holds one engine slot: 2x max_num_seqs keeps the batch full with a
+        # next prefill waiting, so Serve never caps the engine's batch.
+        "max_ongoing_requests": 2 * seqs,
+        "max_queued_requests": 4 * seqs,
+        "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
+        "user_config": engine, **_LIFECYCLE,
+    }
+    opts.update(args.translator)
+    opts.update(spec.deployment)
+    if "autoscaling_config" in opts:
+        opts.pop("num_replicas", None)
+    return opts
+
+
+def gateway_options(args: AppArgs) -> dict:
+    """Serve deployment options of the ingress deployment."""
+    opts: dict[str, Any] = {
+        "name": "Gateway",
+        "ray_actor_options": {"num_cpus": 0.2},
+        "max_ongoing_requests": 1024,
+        "max_queued_requests": 1024,
+        "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
+        **_LIFECYCLE,
+    }
+    opts.update(args.gateway)
+    return opts
+
+
+class TranslatorReplica:
+    """A Serve replica around one model's Translator: torch threads = its CPU share, GPU when assigned one.
+
+    What the client should see as an HTTP error (a ``ServiceError``, or an engine error that maps to
+    one) is returned (or yielded) as an ``ErrorRecord``, not raised: it is an answer, not a replica failure.
+    """
+
+    async def __init__(self, card):
+        import torch
+        resources = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
+        threads = max(1, round(resources.get("CPU", 1)))
+        device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
+        self.translator = Translator(card, device=device, num_threads=threads)
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """user_config = EngineConfig fields (max_num_seqs, max_prefill_tokens, max_waiting, policy, ...)."""
+        await self.translator.reconfigure(user_config)
+
+    async def translate(self, job: TranslateJob) -> Union[TranslateResponse, ErrorRecord]:
+        try:
+            return await self.translator.translate(job)
+        except Exception as e:  # noqa: BLE001 - an answer if it maps to one, else a failure
+            return self._record(e)
+
+    async def stream(self, job: TranslateJob) -> AsyncIterator[Union[StreamItem, ErrorRecord]]:
+        try:
+            async for item in self.translator.stream(job):
+                yield item
+        except Exception as e:  # noqa: BLE001
+            yield self._record(e)
+
+    def _record(self, e: Exception) -> ErrorRecord:
+        err = to_service_error(e, self.translator.name)
+        if err is None:
+            raise e
+        return err.record
+
+    def ready(self) -> bool:
+        return self.translator.ready()
+
+    def info(self) -> TranslatorInfo:
+        return self.translator.info()
+
+    def stats(self) -> dict:
+        return self.translator.stats()
+
+    async def __del__(self):
+        await self.translator.stop()
+
+
+def build_app(args: dict | AppArgs | None = None) -> serve.Application:
+    """The bound application for ``serve.run`` / ``serve run`` / a serve config's ``import_path``.
+
+    args: see AppArgs (models, engine, translator/gateway deployment options, ingress layout,
+    num_cpus, num_gpus). Raises FileNotFoundError / ValueError for a missing or incomplete checkpoint.
+    """
+    args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
+    cards = [dataclasses.replace(model_card(s.name, s.checkpoint, s.source_lang, s.target_lang), engine=s.engine)
+             for s in args.models]
+    if len({c.id for c in cards}) != len(cards):
+        raise ValueError(f"model names must be unique: {[c.id for c in cards]}")
+    if args.ingress == "translator":
+        # One deployment: the ingress replica hosts every model's translator itself.
+        opts = translator_options(args, args.models[0])
+        opts["name"] = "Gateway"
+        opts["user_config"] = {"engine": args.engine, "per_model": {s.name: s.engine for s in args.models}}
+        threads = max(1, round(opts["ray_actor_options"].get("num_cpus", 1)))
+        return serve.deployment(Gateway, **opts).bind(cards, None, args.engine, threads)
+    handles = {s.name: serve.deployment(TranslatorReplica, **translator_options(args, s)).bind(card)
+               for s, card in zip(args.models, cards)}
+    return serve.deployment(Gateway, **gateway_options(args)).bind(cards, handles, args.engine)

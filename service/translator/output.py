@@ -1,0 +1,93 @@
+"""Building a ``TranslateResponse`` from the engine's results: per text its sentences' best
+hypotheses rejoined with the input's whitespace, alternatives, and block-diagonal attention."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from service.api.schemas import (Alternative, AttentionSelection, TranslateJob, TranslateResponse, Translation,
+                                 Usage)
+from service.engine import TranslationResult
+
+from .text import Piece, Split
+
+
+def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional[Split]],
+                   pieces: Sequence[Piece], results: Sequence[TranslationResult]) -> TranslateResponse:
+    """One Translation per text of ``job`` (``results[k]`` is the engine's result for ``pieces[k]``)."""
+    by_text: dict[int, list[tuple[Piece, TranslationResult]]] = {}
+    for p, r in zip(pieces, results):
+        by_text.setdefault(p.text_index, []).append((p, r))
+    kinds = job.options.attention_kinds
+    translations, src_total, gen_total = [], 0, 0
+    for i, split in enumerate(splits):
+        items = by_text.get(i, [])
+        translations.append(_translation(tok, split, items, job.options.n_best, kinds, job.attention))
+        src_total += sum(len(p.src_ids) for p, _ in items)
+        gen_total += sum(len(r.hypotheses[0].tokens) for _, r in items)
+    return TranslateResponse(model=model, translations=translations,
+                             usage=Usage(source_tokens=src_total, generated_tokens=gen_total))
+
+
+def _translation(tok, split: Optional[Split], items: list[tuple[Piece, TranslationResult]], n_best: int,
+                 kinds: tuple[str, ...], selection: AttentionSelection) -> Translation:
+    if split is None:   # empty, whitespace or invisible characters only: "" without touching the model
+        return Translation(text="", tokens=[], source_tokens=[], score=0.0, finish_reason="eos", alternatives=[],
+                           attention={k: [] for k in kinds} if kinds else None)
+    best = [r.hypotheses[0] for _, r in items]
+    alternatives = []
+    for k in range(1, n_best):
+        # Alternative k of a text = each sentence's k-th hypothesis (its best when it has fewer).
+        if all(len(r.hypotheses) <= k for _, r in items):
+            break
+        hyps = [r.hypotheses[min(k, len(r.hypotheses) - 1)] for _, r in items]
+        alternatives.append(Alternative(**_joined(tok, split, hyps)))
+    attention = None
+    if kinds:
+        sources = [p.src_ids for p, _ in items]
+        attention = {kind: block_diagonal(kind, best, sources, selection.layers, selection.heads) for kind in kinds}
+    return Translation(**_joined(tok, split, best),
+                       source_tokens=[piece for p, _ in items for piece in tok.pieces(p.src_ids)],
+                       alternatives=alternatives, attention=attention)
+
+
+def _joined(tok, split: Split, hyps: list) -> dict:
+    """One hypothesis per sentence, as a text: text, tokens, mean score, finish_reason."""
+    return {"text": split.join([tok.decode(h.tokens) for h in hyps]),
+            "tokens": [piece for h in hyps for piece in tok.pieces(h.tokens)],
+            "score": _finite(sum(h.score for h in hyps) / len(hyps)),
+            "finish_reason": "length" if any(h.finish_reason == "length" for h in hyps) else "eos"}
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -1e9
+
+
+def block_diagonal(kind: str, hyps: list, sources: list[list[int]], layers: Optional[Sequence[int]],
+                   heads: Optional[Sequence[int]]) -> list:
+    """Per-sentence attention [L, H, rows, cols] placed on the diagonal of one text-level matrix.
+
+    cross: rows = target tokens, cols = source tokens; encoder: both source; decoder: both target.
+    Entries between different sentences are 0 (a token never attends to another sentence), so every
+    row still sums to 1. ``layers`` / ``heads`` select indices (None = all). Returned as nested lists
+    [len(layers)][len(heads)][rows][cols] rounded to 5 decimals ([] when no sentence has weights).
+    """
+    mats = [h.attention[kind] for h in hyps]
+    rows = [len(h.tokens) if kind != "encoder" else len(s) for h, s in zip(hyps, sources)]
+    cols = [len(s) if kind != "decoder" else len(h.tokens) for h, s in zip(hyps, sources)]
+    ref = next((m for m in mats if m is not None and m.dim() == 4), None)
+    if ref is None:
+        return []
+    L, H = ref.shape[:2]
+    li = torch.tensor(list(layers) if layers else list(range(L)))
+    hi = torch.tensor(list(heads) if heads else list(range(H)))
+    out = torch.zeros(len(li), len(hi), sum(rows), sum(cols), dtype=torch.float64)
+    r0 = c0 = 0
+    for m, r, c in zip(mats, rows, cols):
+        if r and c and m is not None and m.dim() == 4:
+            block = m.detach().to("cpu", torch.float64).index_select(0, li).index_select(1, hi)
+            out[:, :, r0:r0 + r, c0:c0 + c] = block[:, :, :r, :c]
+        r0, c0 = r0 + r, c0 + c
+    return out.mul(1e5).round().div(1e5).tolist()

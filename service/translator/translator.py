@@ -1,0 +1,201 @@
+"""The translator: one model, its tokenizer and its continuous-batching engine, behind typed async methods.
+
+A Ray Serve replica wraps one ``Translator`` (``service/app.py``); it is plain Python so that it can
+also run inside the ingress process and in unit tests. A job's texts are split into lines and
+sentences (``text.split_text``), every sentence becomes one engine call, all calls are awaited
+together (so they join the engine's prefill and decode batches with everyone else's), and the
+translated sentences are rejoined with the original whitespace (``output.build_response``).
+
+The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); the
+translator checks what needs tokenization: tokens per sentence and sentences per request. Engine
+errors propagate as they are; ``service.api.errors.to_service_error`` maps them to HTTP statuses.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+import torch
+
+from model.checkpoint import load_checkpoint
+from service.api.errors import RETRY_AFTER_S, ServiceError
+from service.api.schemas import MAX_SENTENCES, StreamItem, StreamStart, TranslateJob, TranslateResponse
+from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
+from service.metrics import EngineMetrics
+
+from .card import ModelCard
+from .output import build_response
+from .streaming import StreamState, merge_streams
+from .text import Piece, Split, has_text, split_text
+
+logger = logging.getLogger("ray.serve")
+
+
+@dataclass
+class TranslatorInfo:
+    """A translator's own view of itself (GET /v1/models shows ``engine``)."""
+    model: str                    # model id
+    device: str                   # "cpu" or "cuda"
+    engine: dict                  # the EngineConfig it runs with, and the model's linear_dtype
+
+
+class Translator:
+    """Model + tokenizer + Engine for one checkpoint.
+
+    Call ``await reconfigure(engine_config)`` once before use (Ray Serve does so with user_config).
+    """
+
+    def __init__(self, card: ModelCard, device: Optional[str] = None, num_threads: Optional[int] = None):
+        self.card = card
+        self.name = card.id
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
+            self.model, self.tok, _ = load_checkpoint(card.checkpoint, device=self.device)
+        tune_process()
+        self.metrics = EngineMetrics(self.name)
+        self.engine: Optional[Engine] = None
+        self.engine_config: Optional[EngineConfig] = None
+        self._gauges: Optional[asyncio.Task] = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    async def reconfigure(self, engine_config: Optional[dict] = None) -> None:
+        """Apply EngineConfig fields (Ray Serve ``user_config``); the first call builds and starts the engine.
+
+        Raises EngineValidationError for unknown fields or bad values.
+        """
+        config = EngineConfig.from_dict(engine_config)
+        if self.engine is None:
+            self.engine = Engine(self.model, config, on_step=self.metrics.on_step, on_finish=self.metrics.on_finish)
+            await self.engine.start()
+            self._gauges = asyncio.create_task(self._refresh_gauges())
+        elif config != self.engine_config:
+            await self.engine.reconfigure(config)
+        self.engine_config = config
+        self.metrics.set_ready(True)
+        logger.info("translator %s ready on %s: %s", self.name, self.device, config)
+
+    async def _refresh_gauges(self, period_s: float = 0.5) -> None:
+        """Keep the gauges fresh while idle (the engine reports them only when it steps)."""
+        while True:
+            try:
+                if self.engine is not None:
+                    s = self.engine.stats()
+                    self.metrics.set_state(s.get("running_sequences"), s.get("waiting_requests"),
+                                           s.get("kv_cache_usage"))
+                    self.metrics.set_ready(True)
+            except Exception:  # never let metrics kill the replica
+                logger.exception("gauge refresh failed")
+            await asyncio.sleep(period_s)
+
+    async def stop(self) -> None:
+        self.metrics.set_ready(False)
+        if self._gauges is not None:
+            self._gauges.cancel()
+        if self.engine is not None:
+            await self.engine.stop()
+
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def stats(self) -> dict:
+        return {"model": self.name, **(self.engine.stats() if self.engine else {})}
+
+    def info(self) -> TranslatorInfo:
+        engine = dataclasses.asdict(self.engine_config) if self.engine_config else {}
+        return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": self.model.linear_dtype})
+
+    # ---- request preparation ------------------------------------------------------------------
+    def prepare(self, job: TranslateJob) -> tuple[list[Optional[Split]], list[Piece]]:
+        """Split the job's texts into sentences and encode them.
+
+        Returns per text its Split (None for empty or whitespace-only text) and the flat list of
+        pieces to translate. Raises ServiceError: 503 while the engine is not built yet, 413 for a
+        sentence longer than the model accepts or more sentences than one request may have.
+        """
+        if self.engine is None:
+            raise ServiceError(503, f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
+        field, max_src = job.field, self.engine.max_src_len
+        splits: list[Optional[Split]] = []
+        pieces: list[Piece] = []
+        for i, text in enumerate(job.texts):
+            if not has_text(text):   # whitespace or other invisible characters only
+                splits.append(None)
+                continue
+            split = split_text(text, self.card.source_lang)
+            splits.append(split)
+            for j, sentence in enumerate(split.pieces):
+                ids = self.tok.encode(sentence) + [self.tok.eos_id]
+                if len(ids) > max_src:
+                    where = f"{field}[{i}]" if job.is_list else field
+                    raise ServiceError(
+                        413, f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
+                             f"accepts at most {max_src} per sentence: split it", field)
+                pieces.append(Piece(i, j, ids))
+        limit = min(MAX_SENTENCES, self.engine_config.max_waiting)
+        if len(pieces) > limit:
+            raise ServiceError(413, f"{field}: at most {limit} sentences per request, got {len(pieces)}", field)
+        return splits, pieces
+
+    # ---- translate ----------------------------------------------------------------------------
+    async def translate(self, job: TranslateJob) -> TranslateResponse:
+        """Translate every text of the job. Raises ServiceError (see ``prepare``) or the engine's errors."""
+        splits, pieces = self.prepare(job)
+        results = await self._run_all(pieces, job.options)
+        return build_response(self.name, self.tok, job, splits, pieces, results)
+
+    async def _run_all(self, pieces: list[Piece], options: GenerationOptions) -> list[TranslationResult]:
+        """Await every piece concurrently; on the first failure cancel the rest and raise it."""
+        if not pieces:
+            return []
+        tasks = [asyncio.create_task(self.engine.translate(p.src_ids, options)) for p in pieces]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    raise t.exception()
+            return [t.result() for t in tasks]
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            # Let cancellations reach the engine before the caller goes on.
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- streaming ----------------------------------------------------------------------------
+    async def stream(self, job: TranslateJob) -> AsyncIterator[StreamItem]:
+        """``StreamStart`` once every sentence is admitted, then a ``StreamToken`` per text delta
+        (concatenated ``text`` of one index = that translation's final text), then the
+        ``TranslateResponse`` that ``translate`` returns.
+
+        Sentences of one text are decoded concurrently but streamed in order (``StreamState``).
+        Errors before ``StreamStart`` (validation, a full queue) are raised before anything is
+        streamed. Closing the generator cancels every sentence.
+        """
+        splits, pieces = self.prepare(job)
+        streams = []
+        try:
+            for p in pieces:    # submitting raises QueueFullError at once, before anything is streamed
+                streams.append(self.engine.stream(p.src_ids, job.options))
+        except BaseException:
+            for st in streams:
+                st.cancel()
+            raise
+        yield StreamStart()
+        state = StreamState(self.tok, splits, pieces)
+        results: list[Optional[TranslationResult]] = [None] * len(pieces)
+        async with contextlib.aclosing(merge_streams(streams)) as items:
+            async for k, item in items:
+                if isinstance(item, int):
+                    for ev in state.token(k, item):
+                        yield ev
+                else:
+                    results[k] = item
+                    for ev in state.finish(k, item.hypotheses[0].tokens):
+                        yield ev
+        yield build_response(self.name, self.tok, job, splits, pieces, results)

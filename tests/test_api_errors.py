@@ -1,0 +1,61 @@
+"""The one mapping of engine and Ray handle errors to HTTP (service/api/errors.py), in-process."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import ray
+from ray.serve.exceptions import BackPressureError
+
+from service.api.errors import (RETRY_AFTER_S, ErrorRecord, ServiceError, error_response, libre_error_response,
+                                mapped_errors, to_service_error)
+from service.engine import EngineError, EngineStoppedError, EngineValidationError, QueueFullError
+
+
+@pytest.mark.parametrize("exc, status, words, retry", [
+    (QueueFullError("8 requests wait"), 503, "engine queue is full", True),
+    (EngineValidationError("beam_size", "must be <= max_num_seqs (4), got 5"), 422, "beam_size: must be <= max_num_seqs",
+     False),
+    (EngineStoppedError("engine stopped"), 503, "engine is restarting", True),
+    (EngineError("a runner bug"), 500, "engine error: a runner bug", False),
+    (BackPressureError(num_queued_requests=4, max_queued_requests=4), 503, "model m is overloaded", True),
+    (ray.exceptions.ActorUnavailableError("gone", b"\0" * 16), 503, "model m is unavailable", True),
+])
+def test_engine_and_ray_errors_map_to_their_status(exc, status, words, retry):
+    err = to_service_error(exc, "m")
+    assert err.status == status and words in err.message
+    assert (err.retry_after == RETRY_AFTER_S) if retry else err.retry_after is None
+    if isinstance(exc, EngineValidationError):
+        assert err.field == "beam_size" and err.message.count("beam_size") == 1
+
+
+def test_a_wrapped_cause_is_mapped_and_other_errors_are_not():
+    class Wrapped(Exception):
+        cause = QueueFullError("full")
+    assert to_service_error(Wrapped(), "m").status == 503
+    assert to_service_error(KeyError("bug"), "m") is None
+    with pytest.raises(KeyError):
+        with mapped_errors("m"):
+            raise KeyError("bug")
+    with pytest.raises(ServiceError) as e:
+        with mapped_errors("m"):
+            raise EngineStoppedError("stopping")
+    assert e.value.status == 503
+
+
+def test_a_service_error_crosses_as_a_record():
+    err = ServiceError(413, "text: at most 64 texts per request, got 65", "text")
+    record = pickle.loads(pickle.dumps(err.record))
+    assert record == ErrorRecord(413, err.message, "text", None, "payload_too_large")
+    again = ServiceError.from_record(record)
+    assert (again.status, again.message, again.field, again.type) == (413, err.message, "text", "payload_too_large")
+
+
+def test_error_bodies_native_and_libretranslate():
+    err = ServiceError(503, "model m is overloaded; retry later", retry_after=0.2)
+    r = error_response(err)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert json.loads(r.body) == {"error": {"type": "overloaded", "message": err.message, "field": None}}
+    r = libre_error_response(ServiceError(422, "q: bad", "q"))
+    assert r.status_code == 400 and json.loads(r.body) == {"error": "q: bad"}

@@ -1,0 +1,120 @@
+"""The LibreTranslate-compatible API (service/api/libretranslate.py): POST /translate and GET
+/languages of the running service over real HTTP, and its checks in-process."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import httpx
+import pytest
+
+from conftest import DATA, post, translate
+from model.config import ModelConfig
+from model.tokenizer import read_lines
+from service.api.errors import ServiceError
+from service.api.libretranslate import LibreRequest, checked_job, parse
+from service.api.schemas import MAX_TEXT_CHARS, ModelLimits
+from service.engine import EngineConfig
+from service.translator import ModelCard
+
+SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[:12]
+
+
+def test_libretranslate_languages(service_url):
+    langs = httpx.get(service_url + "/languages").json()
+    assert {"code": "de", "name": "German", "targets": ["en"]} in langs
+    assert {"code": "en", "name": "English", "targets": ["de"]} in langs
+
+
+def test_libretranslate_translate_json_and_forms(service_url):
+    s0, s1 = SENTENCES[6], SENTENCES[7]
+    native = translate(service_url, [s0, s1], beam_size=4)["translations"]
+    one = post(service_url, {"q": s0, "source": "de", "target": "en"}, path="/translate")
+    assert one.status_code == 200 and one.json() == {"translatedText": native[0]["text"]}
+    many = post(service_url, {"q": [s0, s1], "source": "de", "target": "en", "api_key": ""}, path="/translate")
+    assert many.json() == {"translatedText": [native[0]["text"], native[1]["text"]]}
+    form = httpx.post(service_url + "/translate", data={"q": s0, "source": "de", "target": "en", "format": "text"})
+    assert form.json() == {"translatedText": native[0]["text"]}
+    multipart = httpx.post(service_url + "/translate", files={"q": (None, s1), "source": (None, "de"),
+                                                              "target": (None, "en")})
+    assert multipart.json() == {"translatedText": native[1]["text"]}
+    alts = post(service_url, {"q": s0, "source": "de", "target": "en", "alternatives": 2}, path="/translate").json()
+    assert alts["translatedText"] == native[0]["text"] and isinstance(alts["alternatives"], list)
+    assert len(alts["alternatives"]) <= 2 and native[0]["text"] not in alts["alternatives"]
+    auto = post(service_url, {"q": [s0], "source": "auto", "target": "en"}, path="/translate").json()
+    assert auto == {"translatedText": [native[0]["text"]],
+                    "detectedLanguage": [{"confidence": 100.0, "language": "de"}]}
+    html = post(service_url, {"q": f"<p>{s0} <b>{s1}</b></p>", "source": "de", "target": "en", "format": "html"},
+                path="/translate").json()["translatedText"]
+    assert html.startswith("<p>") and "<b>" in html and html.endswith("</b></p>")
+    # a sentence split by inline tags is translated as one sentence, each tag around its own words
+    whole = translate(service_url, "Ein Mann mit einem roten Hut steht vor einem Gebäude.", beam_size=4)
+    html = post(service_url, {"q": '<p>Ein Mann mit einem <b>roten Hut</b> steht vor einem <a href="/x">Gebäude</a>.</p>',
+                              "source": "de", "target": "en", "format": "html"}, path="/translate").json()["translatedText"]
+    assert re.sub(r"<[^>]+>", "", html) == f"{whole['translations'][0]['text']}", html
+    assert re.search(r"<b>[^<]+</b>", html) and re.search(r'<a href="/x">[^<]+</a>', html), html
+    # script/code text is not prose: kept verbatim; the model's entities are not escaped twice
+    kept = '<script>var s = "Ein Hund" && n < 2;</script><code>a &lt; b</code>'
+    html = post(service_url, {"q": kept + "<p>Ein Mann &amp; eine Frau.</p>", "source": "de", "target": "en",
+                              "format": "html"}, path="/translate").json()["translatedText"]
+    assert html.startswith(kept) and "&amp;amp;" not in html, html
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"source": "de", "target": "en"}, ["missing q"]),
+    ({"q": "Hallo", "target": "en"}, ["missing source"]),
+    ({"q": "Hallo", "source": "de"}, ["missing target"]),
+    ({"q": "Hallo", "source": "xx", "target": "en"}, ["xx is not supported"]),
+    ({"q": "Hallo", "source": "de", "target": "de"}, ["not available as a target language"]),
+    ({"q": "Hallo", "source": "de", "target": "en", "format": "pdf"}, ["pdf format is not supported"]),
+    ({"q": "Hallo", "source": "de", "target": "en", "alternatives": "many"}, ["alternatives"]),
+    ({"q": 5, "source": "de", "target": "en"}, ["q"]),
+    ({"q": "x" * (MAX_TEXT_CHARS + 1), "source": "de", "target": "en"}, [str(MAX_TEXT_CHARS)]),
+])
+def test_libretranslate_errors(service_url, body, words):
+    r = post(service_url, body, path="/translate")
+    assert r.status_code == 400, r.text
+    assert set(r.json()) == {"error"}
+    for w in words:
+        assert w in r.json()["error"]
+    assert httpx.post(service_url + "/translate", content=b"[1]",
+                      headers={"Content-Type": "application/json"}).json() == {"error": "Invalid JSON format"}
+
+
+
+def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
+    raw = "q=Ein Hund läuft.&source=de&target=en".encode("utf-8")  # what `curl -d` sends
+    r = httpx.post(service_url + "/translate", content=raw,
+                   headers={"Content-Type": "application/x-www-form-urlencoded"})
+    j = httpx.post(service_url + "/translate", json={"q": "Ein Hund läuft.", "source": "de", "target": "en"})
+    assert r.status_code == 200 and r.json()["translatedText"] == j.json()["translatedText"]
+    r = httpx.post(service_url + "/translate", json={"q": "x", "source": "de", "target": "en", "alternatives": -1})
+    assert r.status_code == 400 and "alternatives" in r.json()["error"]
+    for body in (b"q=Hallo&source=%FF&target=en", b"q=%FF%FE&source=de&target=en", b"q=\xff&source=de"):
+        r = httpx.post(service_url + "/translate", content=body,
+                       headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 400 and "UTF-8" in r.json()["error"], body
+
+
+# ---- in-process -------------------------------------------------------------------------------------
+TINY = dataclasses.asdict(ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+CARDS = [ModelCard("de-en", "", "de", "en", TINY), ModelCard("en-de", "", "en", "de", TINY)]
+
+
+def test_parse_picks_the_model_and_the_options():
+    req = parse({"q": ["a", "b"], "source": "auto", "target": "de", "alternatives": "2"}, CARDS)
+    assert (req.card.id, req.batch, req.auto, req.alternatives, req.html) == ("en-de", True, True, 2, False)
+    job = req.job(req.texts)
+    assert (job.options.beam_size, job.options.n_best, job.field, job.is_list) == (4, 3, "q", True)
+    with pytest.raises(ServiceError, match="not available as a target language") as e:
+        parse({"q": "a", "source": "de", "target": "de"}, CARDS)
+    assert (e.value.status, e.value.field) == (400, "target")
+
+
+def test_a_lone_surrogate_in_q_is_invalid_unicode():
+    limits = ModelLimits.of("de-en", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))
+    req = LibreRequest(["x", "\ud800"], True, CARDS[0], 0, False, False)
+    with pytest.raises(ServiceError) as e:
+        checked_job(req, req.texts, limits)
+    assert (e.value.status, e.value.field) == (422, "q"), e.value.message
+    assert "Unicode" in e.value.message and "q" in e.value.message

@@ -1,0 +1,63 @@
+"""The request schema and the model limits the gateway checks (service/api/schemas.py), in-process."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+
+from model.config import ModelConfig
+from service.api.errors import ServiceError
+from service.api.schemas import MAX_TEXT_CHARS, MAX_TEXTS, ModelLimits, TranslateRequest
+from service.engine import EngineConfig
+
+TINY = dataclasses.asdict(ModelConfig.from_name("tiny", vocab_size=500, max_len=64))   # 2 layers, 4 heads
+LIMITS = ModelLimits.of("tiny", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))
+
+
+def job(**fields):
+    return TranslateRequest(**{"text": "x", "beam_size": 2, "max_new_tokens": 6, **fields}).job()
+
+
+def test_limits_come_from_the_model_config_and_the_engine():
+    assert (LIMITS.max_new_tokens, LIMITS.max_num_seqs, LIMITS.n_heads) == (63, 4, 4)
+    assert ModelLimits.of("tiny", TINY, EngineConfig(max_tgt_len=20)).max_new_tokens == 20
+
+
+@pytest.mark.parametrize("fields, status, field, words", [
+    ({"beam_size": 5}, 422, "beam_size", "4"),
+    ({"max_new_tokens": 64}, 422, "max_new_tokens", "63"),
+    ({"max_new_tokens": 5, "min_new_tokens": 6}, 422, "min_new_tokens", "5"),
+    ({"return_attention": True, "attention": {"kinds": ["cross"], "layers": [2]}}, 422, "attention.layers", "0..1"),
+    ({"return_attention": True, "attention": {"kinds": ["encoder"], "heads": [4]}}, 422, "attention.heads", "0..3"),
+    ({"text": ["x"] * (MAX_TEXTS + 1)}, 413, "text", str(MAX_TEXTS)),
+    ({"text": ["x", "y" * (MAX_TEXT_CHARS + 1)]}, 413, "text", "text[1]"),
+])
+def test_model_limits_are_service_errors_naming_field_and_limit(fields, status, field, words):
+    with pytest.raises(ServiceError) as e:
+        LIMITS.check(job(**fields))
+    assert (e.value.status, e.value.field) == (status, field), e.value.message
+    assert words in e.value.message and field.split(".")[0] in e.value.message
+
+
+def test_within_the_limits_passes_and_attention_indices_matter_only_when_asked():
+    LIMITS.check(job(beam_size=4, max_new_tokens=63, min_new_tokens=63))
+    LIMITS.check(job(attention={"kinds": ["cross"], "layers": [7]}))     # return_attention is false
+    LIMITS.check(job(max_new_tokens=None, min_new_tokens=100))          # per sentence: the engine's guard
+
+
+def test_the_job_carries_the_resolved_options():
+    j = TranslateRequest(text=["a", "b"], beam_size=3, n_best=2, return_attention=True,
+                         attention={"kinds": ["decoder", "cross", "decoder"], "heads": [1]}).job()
+    assert (j.texts, j.field, j.is_list) == (["a", "b"], "text", True)
+    assert (j.options.beam_size, j.options.n_best, j.options.max_new_tokens) == (3, 2, None)
+    assert j.options.attention_kinds == ("decoder", "cross")      # request order, once each
+    assert (j.attention.layers, j.attention.heads) == (None, (1,))
+    assert TranslateRequest(text="a", attention={"kinds": ["encoder"]}).job().options.attention_kinds == ()
+
+
+def test_schema_rejects_what_no_model_accepts():
+    for bad in ({"text": "x", "beam_size": "4"}, {"text": "x", "n_best": 3, "beam_size": 2},
+                {"text": "x", "attention": {"kinds": ["sideways"]}}, {"text": "\ud800"}):
+        with pytest.raises(ValidationError):
+            TranslateRequest(**bad)

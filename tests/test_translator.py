@@ -1,0 +1,79 @@
+"""The Translator (service/translator/translator.py: model + engine behind the replicas) in-process:
+reconfigure, the limits it checks itself, and the engine's guard behind it."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import build_tiny_checkpoint
+from service.engine import EngineValidationError
+from service.api.errors import ServiceError, to_service_error
+from service.api.schemas import TranslateRequest
+from service.translator import Translator, model_card
+
+
+@pytest.fixture(scope="module")
+def card(tmp_path_factory):
+    return model_card("tiny", build_tiny_checkpoint(tmp_path_factory.mktemp("tr"), "de", "en", max_len=64))
+
+
+def request(texts, **kw):
+    """The job of a /v1/translate body, built without the gateway's checks (the translator's own run)."""
+    req = {"text": texts, "beam_size": 2, "n_best": 1, "length_penalty": 1.0, "max_new_tokens": 6,
+           "min_new_tokens": 0, "return_attention": False, "attention": {"kinds": ["cross"]}}
+    req.update(kw)
+    return TranslateRequest(**req).job()
+
+
+def test_reconfigure_applies_user_config_in_place(card):
+    async def main():
+        t = Translator(card)
+        assert not t.ready()
+        with pytest.raises(ServiceError) as e:     # before the first reconfigure: loading
+            await t.translate(request(["Hallo."]))
+        assert e.value.status == 503
+        await t.reconfigure({"max_num_seqs": 4})
+        engine = t.engine
+        first = await t.translate(request(["Ein Hund läuft.", "Zwei Männer."]))
+        await t.reconfigure({"max_num_seqs": 4, "policy": "prefill_first", "prefill_every": 2})
+        assert t.engine is engine and engine.config.policy == "prefill_first" and engine.config.prefill_every == 2
+        await t.reconfigure({"max_num_seqs": 8, "max_waiting": 16})   # a new KV-cache shape, same engine
+        assert t.engine is engine and engine.config.max_num_seqs == 8 and t.info().engine["max_waiting"] == 16
+        from model.linear import default_dtype, onednn_available   # the CPU default is int8 (MT_LINEAR_DTYPE)
+        want = str(default_dtype()).removeprefix("torch.") if onednn_available() else "float32"
+        assert t.info().engine["linear_dtype"] == want
+        again = await t.translate(request(["Ein Hund läuft.", "Zwei Männer."]))
+        assert again.translations == first.translations
+        with pytest.raises(EngineValidationError, match="policy"):
+            await t.reconfigure({"policy": "random"})
+        with pytest.raises(EngineValidationError, match="colour"):
+            await t.reconfigure({"colour": 1})
+        assert t.engine_config.max_num_seqs == 8     # a rejected config changes nothing
+        await t.stop()
+    asyncio.run(main())
+
+
+def test_limits_are_service_errors_naming_field_and_limit(card):
+    """Tokens per sentence and sentences per request are the translator's checks; beam_size and
+    max_new_tokens reach the engine's guard (the gateway checks them first: test_api_schemas.py),
+    whose errors map to the same statuses. Attention indices and Unicode: test_api_schemas.py,
+    test_api_libretranslate.py."""
+    async def main():
+        t = Translator(card)
+        await t.reconfigure({"max_num_seqs": 4, "max_waiting": 5})
+        cases = [
+            (request(["x"], beam_size=5), 422, "beam_size", "4"),
+            (request(["x"], max_new_tokens=64), 422, "max_new_tokens", "63"),
+            (request([" ".join(["Hund"] * 80)]), 413, "text", "64"),
+            (request(["Ein Satz. " * 6]), 413, "text", "5 sentences"),
+        ]
+        for req, status, field, words in cases:
+            with pytest.raises(Exception) as e:
+                await t.translate(req)
+            err = to_service_error(e.value, t.name)
+            assert isinstance(err, ServiceError), e.value
+            assert (err.status, err.field) == (status, field), err.message
+            assert words in err.message and field.split(".")[0] in err.message
+        await t.stop()
+    asyncio.run(main())
