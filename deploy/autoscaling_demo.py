@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from service.loadtest.serve_app import free_port  # noqa: E402 (the repo, when not pip-installed)
 SERVE_CONFIG = ROOT / "deploy" / "serve_config.yaml"
 DATA = ROOT / "model" / "data" / "multi30k"
 APP = "translator"
@@ -44,14 +44,8 @@ DEMO_ENV = {"RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2",
             "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tiny_checkpoint(directory: Path) -> Path:
-    """A random tiny de->en model (tokenizer trained on 300+300 Multi30k val lines, ~2 s)."""
+    """A random tiny de->en model (tokenizer trained on 300+300 Multi30k val lines)."""
     import torch
     from model.checkpoint import save_checkpoint
     from model.config import ModelConfig

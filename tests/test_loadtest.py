@@ -1,9 +1,10 @@
-"""The load generator (service/loadtest.py) against the real running service (``service_url``).
+"""The load generator (service/loadtest/) against the real running service (``service_url``).
 
 - its counts agree with the service's Prometheus counters (GET /metrics);
 - it stops by itself at its request-count and duration bounds (closed and open loop, CLI too);
 - it reports 503s as rejections when the service is overloaded (the shared service's second model
   has tiny engine and Serve queues, see conftest.SECOND_ENGINE / SECOND_DEPLOYMENT).
+The parts that need no service are tested in test_loadtest_config.py, _stats.py and _report.py.
 """
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DATA, ROOT, SECOND_MODEL
-from service.loadtest import (KEEPS_UP, README_END, README_MARKER, LoadConfig, Mix, check_url, load_sentences,
-                              plot_sweep, run_load, run_sweep, saturation, slope_rate, update_readme)
+from service.loadtest import KEEPS_UP, LoadConfig, load_sentences, plot_sweep, run_load, run_sweep, saturation
 
 GERMAN = str(DATA / "test_2016_flickr.de.gz")
 ENGLISH = str(DATA / "test_2016_flickr.en.gz")
@@ -70,53 +70,6 @@ def wait_for(url: str, model: str, check, timeout_s: float = 30.0) -> dict[str, 
         if check(now) or time.monotonic() > deadline:
             return now
         time.sleep(1.0)
-
-
-# ---- pure parts ---------------------------------------------------------------------------------
-def test_mix_parse_and_sample():
-    import random
-    mix = Mix.parse("1:3,4:1", "beam_size")
-    assert mix.values == (1, 4) and mix.weights == (3.0, 1.0)
-    rng = random.Random(1)
-    draws = [mix.sample(rng) for _ in range(2000)]
-    share = draws.count(1) / len(draws)
-    assert set(draws) == {1, 4} and 0.70 < share < 0.80
-    for bad in ("0", "1:-1", "a", "2:x", ""):
-        with pytest.raises(ValueError):
-            Mix.parse(bad)
-
-
-def test_slope_rate_is_unbiased_by_edges():
-    times = [0.5 + i / 8 for i in range(80)]                   # 8 events/s
-    assert slope_rate(times) == pytest.approx(8.0)
-    # The same events, each delayed by its own latency (bounded, not growing): still ~8/s,
-    # where count / span would be biased by the latencies of the first and last events.
-    delayed = [t + (0.9 if i in (0, 79) else 0.3) for i, t in enumerate(times)]
-    assert slope_rate(delayed) == pytest.approx(8.0, rel=0.03)
-    assert slope_rate([1.0, 2.0]) is None
-
-
-def test_loopback_only_unless_allowed():
-    for url in ("http://127.0.0.1:8000", "http://localhost:1", "http://[::1]:8000", "http://127.0.0.2"):
-        check_url(url)
-    for url in ("http://10.0.0.1:8000", "http://example.com", "ftp://127.0.0.1", "127.0.0.1:8000"):
-        with pytest.raises(ValueError):
-            check_url(url)
-    check_url("http://example.com", allow_remote=True)   # validation only: nothing is sent
-    with pytest.raises(ValueError, match="bound"):
-        LoadConfig(concurrency=1).validate()
-    with pytest.raises(ValueError, match="exactly one"):
-        LoadConfig(concurrency=1, rate=1.0, requests=1).validate()
-
-
-def test_update_readme_replaces_only_its_section(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# T\n\n<!-- section: api (service) -->\napi text\n\n{README_MARKER}\n\n<!-- section: x -->\nx\n")
-    update_readme(readme, "## Performance\nfirst\n")
-    update_readme(readme, "## Performance\nsecond\n")
-    text = readme.read_text()
-    assert text == (f"# T\n\n<!-- section: api (service) -->\napi text\n\n{README_MARKER}\n## Performance\nsecond\n"
-                    f"{README_END}\n\n<!-- section: x -->\nx\n")
 
 
 # ---- against the real service -------------------------------------------------------------------

@@ -5,8 +5,8 @@ missing, and the test fails if that does not work) runs as this test's own proce
 127.0.0.1 port. Its config is ``deploy/prometheus.yml`` with the targets swapped for the test
 service's Ray metrics agent on 127.0.0.1. After successful, 4xx and 503 traffic, every PromQL
 expression of the Grafana dashboard (template variables substituted) must return at least one
-non-NaN sample through Prometheus's HTTP API, and every metric name the README lists must be among
-Prometheus's ``__name__`` label values.
+non-NaN sample through Prometheus's HTTP API, and every metric name docs/metrics.md lists must be
+among Prometheus's ``__name__`` label values.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 SCRAPE_CONFIG = DEPLOY / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "translator.json"
-README = ROOT / "README.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
 RATE_WINDOW = "5m"        # $__rate_interval / $__interval: wide enough to cover the whole test
 
 pytestmark = pytest.mark.slow
@@ -177,11 +177,11 @@ def dashboard_queries() -> list[tuple[str, str]]:
     return out
 
 
-def readme_metric_names() -> list[str]:
-    """Metric names listed in the README's metrics section (backticked ray_* names)."""
-    text = README.read_text()
-    m = re.search(r"^## [^\n]*[Mm]etrics[^\n]*\n(.*?)(?=^## |^<!-- end|\Z)", text, re.M | re.S)
-    assert m, "README has no metrics section"
+def documented_metric_names() -> list[str]:
+    """Metric names listed in docs/metrics.md's series table (backticked ray_* names)."""
+    text = METRICS_DOC.read_text()
+    m = re.search(r"^## Series[^\n]*\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert m, "docs/metrics.md has no series section"
     return sorted(set(re.findall(r"`(ray_[a-z0-9_]+)(?:\{[^`]*)?`", m.group(1))))
 
 
@@ -243,11 +243,11 @@ def test_every_dashboard_query_returns_samples(prometheus, scraped_traffic):
     assert 0 < ratio < 1
 
 
-def test_readme_metric_names_are_exported(prometheus, scraped_traffic):
-    names = readme_metric_names()
-    assert names, "the README's metrics section lists no ray_* metric names"
+def test_documented_metric_names_are_exported(prometheus, scraped_traffic):
+    names = documented_metric_names()
+    assert names, "docs/metrics.md's series section lists no ray_* metric names"
     from service.metrics import exported_names
-    assert set(exported_names()) <= set(names), "README misses names that service/metrics.py exports"
+    assert set(exported_names()) <= set(names), "docs/metrics.md misses names that service/metrics.py exports"
     deadline = time.time() + 60
     while True:
         present = set(httpx.get(f"{prometheus}/api/v1/label/__name__/values", timeout=10).json()["data"])
@@ -255,4 +255,4 @@ def test_readme_metric_names_are_exported(prometheus, scraped_traffic):
         if not missing or time.time() > deadline:
             break
         time.sleep(2)
-    assert missing == [], f"README names that Prometheus never scraped: {missing}"
+    assert missing == [], f"docs/metrics.md names that Prometheus never scraped: {missing}"

@@ -1,0 +1,6 @@
+"""Benchmarks of the engine and of the service's layout (figures, not tests).
+
+    engine.py     python -m service.bench_engine: parts (a)-(d) on the shipped model, profiles, tables
+    protocol.py   part (e): the shared benchmark protocol on random weights, process x thread layouts
+    ingress.py    python -m service.bench_ingress: a separate ingress against the translator as ingress
+"""

@@ -1,0 +1,380 @@
+"""Engine benchmark: sentences/s, generated tokens/s and latency p50/p99, side by side in one run.
+
+    python -m service.bench_engine                          # every part, 1,000 sentences, greedy and beam 4
+    python -m service.bench_engine --parts a,b,c --limit 200 --beams 1
+    python -m service.bench_engine --parts e --layouts 1x2,2x1 --rounds 5
+    python -m service.bench_engine --parts a,b,c --rounds 3     # (b) and (c) alternate, medians shown
+
+Parts (German test_2016_flickr sentences; tokenization is done before any clock starts):
+  (a) sequential: ``model.decoding.generate`` on one sentence at a time (batch 1);
+  (b) static: ``generate`` on length-sorted batches of 32, each running until its longest member ends;
+  (c) the continuous engine with every sentence submitted at once (corpus order);
+  (d) the engine with Poisson arrivals at 50% and 90% of (c)'s sentences/s;
+  (e) the protocol of ``../shared/BENCHMARKS.md`` (random weights of the shipped shape, exactly 20
+      generated tokens per sentence, layouts of processes x threads), see ``service/bench/protocol.py``.
+(a)-(d) need the shipped model (``--checkpoint``); (e) needs only its 8k tokenizer (``--tokenizer``).
+Latency: from submission (everything at t=0 except in (d)) to the sentence's result. Generated
+tokens: the best hypothesis' tokens, EOS included when it was generated. Figures, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from service.loadtest.config import DEFAULT_SENTENCES, load_sentences
+
+E_BATCH = 32                  # sentences per static batch, in (b) and protocol (e)
+
+
+@dataclass
+class Run:
+    """One measured configuration."""
+    part: str
+    system: str
+    beam: int
+    sentences: int
+    tokens: int
+    wall_s: float
+    latencies: list[float]
+    layout: str = ""
+    profile: dict = field(default_factory=dict)
+
+    @property
+    def sentences_per_s(self) -> float:
+        return self.sentences / self.wall_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def n_generated(h) -> int:
+    return len(h.tokens) + (h.finish_reason == "eos")
+
+
+# ---- (a), (b): offline decoding ------------------------------------------------------------------
+
+def run_sequential(model, srcs, beam: int) -> Run:
+    from model.decoding import generate
+    from model.translate import default_max_new_tokens
+    lat, tokens = [], 0
+    t0 = time.perf_counter()
+    for s in srcs:
+        t = time.perf_counter()
+        h = generate(model, [s], beam, 1, default_max_new_tokens(len(s), model.cfg.max_len))[0][0]
+        lat.append(time.perf_counter() - t)
+        tokens += n_generated(h)
+    return Run("(a)", "sequential, batch 1", beam, len(srcs), tokens, time.perf_counter() - t0, lat)
+
+
+def run_static(model, srcs, beam: int, batch_size: int = E_BATCH, max_new: Optional[int] = None,
+               part: str = "(b)") -> Run:
+    """Length-sorted batches; every sentence is submitted at t=0, so its latency is its batch's end."""
+    from model.decoding import generate
+    from model.translate import default_max_new_tokens
+    order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
+    lat, tokens = [], 0
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch_size):
+        batch = [srcs[i] for i in order[start: start + batch_size]]
+        m = max_new or default_max_new_tokens(max(len(s) for s in batch), model.cfg.max_len)
+        hyps = generate(model, batch, beam, 1, m)
+        tokens += sum(n_generated(h[0]) for h in hyps)
+        lat += [time.perf_counter() - t0] * len(batch)
+    return Run(part, f"static generate(), batches of {batch_size}", beam, len(srcs), tokens,
+               time.perf_counter() - t0, lat)
+
+
+# ---- (c), (d), (e): the engine ---------------------------------------------------------------------
+
+class StepProfile:
+    """Sums of StepStats: where an engine run's time goes."""
+
+    def __init__(self):
+        self.steps = self.rows = self.prefills = self.prefill_rows = 0
+        self.prefill_s = self.decode_s = self.update_s = self.step_s = 0.0
+
+    def __call__(self, st) -> None:
+        self.steps += 1
+        self.rows += st.num_decode_seqs
+        if st.num_prefill_requests:
+            self.prefills += 1
+            self.prefill_rows += st.num_prefill_requests
+        self.prefill_s += st.prefill_s
+        self.decode_s += st.decode_s
+        self.update_s += st.update_s
+        self.step_s += st.duration_s
+
+    def as_dict(self, wall_s: float) -> dict:
+        return {"steps": self.steps, "mean_decode_rows": self.rows / max(self.steps, 1),
+                "prefill_batches": self.prefills, "mean_prefill_batch": self.prefill_rows / max(self.prefills, 1),
+                "prefill_s": self.prefill_s, "decode_s": self.decode_s, "update_s": self.update_s,
+                "loop_s": self.step_s - self.prefill_s - self.decode_s - self.update_s,
+                "idle_s": wall_s - self.step_s, "wall_s": wall_s}
+
+
+async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[list[float]] = None,
+                     fixed_len: Optional[int] = None, policy: str = "decode_first", part: str = "(c)",
+                     system: str = "continuous engine, all at once", warmup: bool = True,
+                     prefill_every: int = 4) -> Run:
+    """Submit every sentence (at once, or at the given arrival offsets in seconds) and await all;
+    with warmup, first push a few batches through a throw-away engine (outside the clock)."""
+    from service.engine import Engine, EngineConfig, GenerationOptions
+    opts = GenerationOptions(beam_size=beam, n_best=1)
+    if fixed_len is not None:
+        opts = GenerationOptions(beam_size=beam, max_new_tokens=fixed_len, min_new_tokens=fixed_len)
+    config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy,
+                          prefill_every=prefill_every)
+    if warmup:
+        warm = Engine(model, config)
+        await asyncio.gather(*[warm.translate(s, opts) for s in srcs[: min(len(srcs), 2 * E_BATCH)]])
+        await warm.stop()
+    prof = StepProfile()
+    engine = Engine(model, config, on_step=prof)
+    await engine.start()
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+    if arrivals is None:
+        tasks = [asyncio.ensure_future(engine.translate(s, opts)) for s in srcs]
+    else:
+        tasks, start = [], loop.time()
+        for s, at in zip(srcs, arrivals):
+            delay = start + at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(engine.translate(s, opts)))
+    results = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    await engine.stop()
+    tokens = sum(r.timings.generated_tokens for r in results)
+    return Run(part, system, beam, len(srcs), tokens, wall, [r.timings.total_s for r in results],
+               profile=prof.as_dict(wall))
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+# ---- (c), (d) in a child process -------------------------------------------------------------------
+
+def _engine_parts_worker(spec: dict, barrier, queue) -> None:
+    """(c) and (d) in a fresh process whose set-up runs single-threaded, so that only the engine's
+    worker thread runs multi-threaded OpenMP regions (see ``service.engine.torch_threads``: a
+    second thread team on a 2-core machine slows small ops down). (a) and (b) run in the
+    parent's main thread, which is equally alone."""
+    try:
+        import torch
+        from model.checkpoint import load_checkpoint
+        from service.engine import torch_threads, tune_process
+        torch.set_grad_enabled(False)
+        torch.set_num_threads(spec["threads"])
+        with torch_threads(1):
+            model, _, _ = load_checkpoint(spec["checkpoint"])
+        tune_process()
+        srcs, beam, slots = spec["srcs"], spec["beam"], spec["slots"]
+        kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"]}
+        out = []
+        cont = asyncio.run(run_engine(model, srcs, beam, slots, **kw))
+        out.append(cont)
+        if "d" in spec["parts"]:
+            for frac in (0.5, 0.9):
+                rate = frac * cont.sentences_per_s
+                out.append(asyncio.run(run_engine(
+                    model, srcs, beam, slots, arrivals=poisson_arrivals(len(srcs), rate, spec["seed"]), part="(d)",
+                    system=f"continuous, Poisson {frac:.0%} of (c) = {rate:.1f}/s", **kw)))
+        queue.put({"ok": True, "runs": out})
+    except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
+        queue.put({"ok": False, "error": repr(e)})
+
+
+def in_children(target, specs: list[dict], what: str, omp_threads: Optional[int] = None) -> list[dict]:
+    """Run ``target(spec, barrier, queue)`` in one spawned process per spec (the barrier spans all of
+    them) and return what each put on the queue; raises RuntimeError if one reported a failure.
+    ``omp_threads`` sets OMP_NUM_THREADS for the children."""
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(len(specs)), ctx.Queue()
+    old_env = os.environ.get("OMP_NUM_THREADS")
+    if omp_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(omp_threads)
+    try:
+        procs = [ctx.Process(target=target, args=(spec, barrier, queue), daemon=True) for spec in specs]
+        for p in procs:
+            p.start()
+        outs = [queue.get(timeout=3600) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        if old_env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old_env
+    bad = [o["error"] for o in outs if not o["ok"]]
+    if bad:
+        raise RuntimeError(f"{what} failed: {bad[0]}")
+    return outs
+
+
+def run_engine_parts(spec: dict) -> list[Run]:
+    return in_children(_engine_parts_worker, [spec], "engine part")[0]["runs"]
+
+
+# ---- reporting ------------------------------------------------------------------------------------
+
+def beam_name(beam: int) -> str:
+    return "greedy" if beam == 1 else f"beam {beam}"
+
+
+def print_table(runs: list[Run], title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'part':5} {'system':44} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>9} "
+          f"{'p50 ms':>9} {'p99 ms':>9}")
+    for r in runs:
+        print(f"{r.part:5} {r.system:44} {r.layout:6} {beam_name(r.beam):8} {r.sentences_per_s:8.1f} "
+              f"{r.tokens_per_s:9.0f} {r.pct(0.5) * 1e3:9.0f} {r.pct(0.99) * 1e3:9.0f}")
+
+
+def print_profile(run: Run) -> None:
+    p = run.profile
+    if not p:
+        return
+    w = p["wall_s"]
+    where = f" {run.layout} (first worker)" if run.layout else ""
+    print(f"  profile {run.part}{where} {beam_name(run.beam)}: {p['steps']} steps, "
+          f"{p['mean_decode_rows']:.1f} decode rows/step, "
+          f"{p['prefill_batches']} prefills x {p['mean_prefill_batch']:.1f} sentences; time: prefill "
+          f"{p['prefill_s'] / w:.0%}, decode_step {p['decode_s'] / w:.0%}, top-k+search+reorder "
+          f"{p['update_s'] / w:.0%}, loop hand-off {p['loop_s'] / w:.0%}, idle {p['idle_s'] / w:.0%}")
+
+
+def median_run(runs: list[Run]) -> Run:
+    return sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2]
+
+
+def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: list[str]) -> None:
+    """Parts (a)-(d) on the shipped model: (b) and (c) alternate for --rounds rounds, medians shown."""
+    import torch
+    from model.checkpoint import load_checkpoint
+    from model.decoding import generate
+    from model.translate import encode_source
+    from service.engine import tune_process
+    torch.set_num_threads(args.threads)
+    model, tok, meta = load_checkpoint(ckpt)
+    srcs = [encode_source(tok, line, model.cfg.max_len) for line in lines]
+    tune_process()  # as in every process of this benchmark, static and engine alike
+    print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
+          f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
+          f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots; linear layers "
+          f"{model.linear_dtype}")
+    generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
+    runs, per_round = [], []
+    for beam in beams:
+        slots = args.engine_slots
+        if "a" in parts:
+            runs.append(run_sequential(model, srcs, beam))
+        # (b) and (c) alternate for --rounds rounds and the medians are shown: this machine is noisy
+        statics, conts, others = [], [], []
+        for r in range(args.rounds):
+            if "b" in parts:
+                statics.append(run_static(model, srcs, beam))
+            if "c" in parts or ("d" in parts and r == args.rounds - 1):
+                todo = {"c"} | ({"d"} & parts if r == args.rounds - 1 else set())
+                got = run_engine_parts({"checkpoint": str(ckpt), "threads": args.threads, "srcs": srcs,
+                                        "beam": beam, "slots": slots, "policy": args.policy,
+                                        "prefill_every": args.prefill_every, "seed": args.seed,
+                                        "parts": sorted(todo)})
+                conts += [x for x in got if x.part == "(c)"]
+                others += [x for x in got if x.part != "(c)"]
+        runs += ([median_run(statics)] if statics else []) + ([median_run(conts)] if "c" in parts else []) + others
+        if len(statics) > 1 and len(conts) == len(statics):  # per round: (b) and (c) ran back to back
+            pairs = [f"{b.sentences_per_s:.1f}/{c.sentences_per_s:.1f}={c.tokens_per_s / b.tokens_per_s:.2f}x"
+                     for b, c in zip(statics, conts)]
+            per_round.append(f"  {beam_name(beam)} rounds, (b)/(c) sent/s = ratio: " + ", ".join(pairs))
+    print_table(runs, "(a)-(d) shipped model")
+    for beam in beams:
+        by = {r.part: r for r in runs if r.beam == beam and r.part != "(d)"}
+        ratios = []
+        if "(c)" in by and "(b)" in by:
+            r = by["(c)"].tokens_per_s / by["(b)"].tokens_per_s
+            ratios.append(f"continuous/static {r:.2f}x (target >= 1.3x)")
+        if "(c)" in by and "(a)" in by:
+            r = by["(c)"].tokens_per_s / by["(a)"].tokens_per_s
+            ratios.append(f"continuous/sequential {r:.2f}x (target >= 4x)")
+        if ratios:
+            print(f"  {beam_name(beam)}: " + "; ".join(ratios))
+    for line in per_round:
+        print(line)
+    for r in runs:
+        print_profile(r)
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m service.bench_engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e")
+    ap.add_argument("--limit", type=int, default=None, help="use the first N sentences (default: all 1,000)")
+    ap.add_argument("--beams", default="1,4", help="beam sizes to run (1 = greedy)")
+    ap.add_argument("--checkpoint", default=None, help="model for (a)-(d) (default: model/checkpoints/de-en)")
+    ap.add_argument("--tokenizer", default=None, help="8k SentencePiece model for (e) (default: the checkpoint's)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for (a)-(d)")
+    ap.add_argument("--engine-slots", type=int, default=256,
+                    help="(c)/(d): the engine's max_num_seqs (KV-cache slots; a beam-4 sentence holds 4)")
+    ap.add_argument("--policy", default="decode_first", help="engine scheduling policy for (c)/(d)")
+    ap.add_argument("--prefill-every", type=int, default=4, help="engine prefill_every (k) for (c)/(d)")
+    ap.add_argument("--layouts", default="1x2,2x1", help="(e): processes x threads per process")
+    ap.add_argument("--e-systems", default="engine,static", help="(e): engine and/or static")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="(b)/(c) and (e): interleaved rounds; the median is printed")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--linear-dtype", choices=["float32", "bfloat16", "int8"], default=None,
+                    help="linear layers' arithmetic, for every part (sets MT_LINEAR_DTYPE; default: "
+                         "MT_LINEAR_DTYPE, else int8)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.linear_dtype:
+        os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype   # read at load time, here and in child processes
+
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if not parts <= set("abcde"):
+        ap.error(f"--parts must be a subset of a,b,c,d,e, got {args.parts!r}")
+    beams = [int(b) for b in args.beams.split(",")]
+
+    import torch
+    from model.checkpoint import DEFAULT_CHECKPOINT
+    torch.set_grad_enabled(False)
+    ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
+    lines = load_sentences(DEFAULT_SENTENCES)[: args.limit]
+    need_model = bool(parts & set("abcd"))
+    if need_model and not (ckpt / "model.safetensors").exists():
+        print(f"parts (a)-(d) need the shipped model, and {ckpt} has none (training may still be running).\n"
+              f"Pass --checkpoint DIR, or run only part (e): --parts e --tokenizer PATH.", file=sys.stderr)
+        return 2
+
+    if need_model:
+        run_model_parts(args, parts, beams, ckpt, lines)
+
+    if "e" in parts:
+        from .protocol import run_protocol   # protocol.py builds on this module's runs
+        return run_protocol(args, lines, beams, ckpt)
+    return 0

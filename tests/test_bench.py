@@ -1,0 +1,51 @@
+"""service/bench/: the engine benchmark's runs on a tiny random model (figures are not checked, only
+that every sentence is counted and timed), and its command line."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from service.bench.engine import Run, build_parser, main, median_run, poisson_arrivals, run_engine, run_static
+from tiny_model import make_model, rand_source
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(torch.float32)
+
+
+SRCS = [rand_source(n, seed) for seed, n in enumerate((5, 9, 3, 12, 7, 4))]
+
+
+def test_static_and_engine_runs_count_every_sentence(model):
+    static = run_static(model, SRCS, beam=1, batch_size=4, max_new=5)
+    assert (static.part, static.sentences, len(static.latencies)) == ("(b)", 6, 6)
+    assert 6 <= static.tokens <= 6 * 6 and static.wall_s > 0
+    # Length-sorted batches submitted at t=0: the first batch's sentences end no later than the rest.
+    assert len(set(static.latencies)) == 2
+    # Exactly fixed_len tokens each (EOS masked by min_new_tokens), beam 2, 8 slots (4 sentences at once).
+    cont = asyncio.run(run_engine(model, SRCS, 2, num_seqs=8, fixed_len=5, warmup=False))
+    assert (cont.part, cont.sentences, cont.tokens, len(cont.latencies)) == ("(c)", 6, 30, 6)
+    p = cont.profile
+    assert p["steps"] >= 5 and p["prefill_batches"] >= 2 and p["wall_s"] == cont.wall_s
+    arrivals = poisson_arrivals(6, 200.0, seed=1)
+    assert arrivals == sorted(arrivals) and arrivals == poisson_arrivals(6, 200.0, seed=1)
+    timed = asyncio.run(run_engine(model, SRCS, 1, num_seqs=4, arrivals=arrivals, fixed_len=3, part="(d)"))
+    assert (timed.part, timed.sentences, timed.tokens) == ("(d)", 6, 18)
+
+
+def test_median_and_percentiles():
+    runs = [Run("(b)", "s", 1, 10, tokens, 1.0, [0.1 * i for i in range(11)]) for tokens in (30, 10, 20)]
+    assert median_run(runs).tokens == 20
+    assert runs[0].pct(0.5) == pytest.approx(0.5) and runs[0].pct(0.99) == pytest.approx(1.0)
+    assert runs[0].sentences_per_s == 10 and runs[0].tokens_per_s == 30
+
+
+def test_cli_flags():
+    args = build_parser().parse_args(["--parts", "b", "--rounds", "1", "--limit", "50"])
+    assert (args.parts, args.rounds, args.limit, args.beams, args.threads) == ("b", 1, 50, "1,4", 2)
+    with pytest.raises(SystemExit) as e:
+        main(["--parts", "x"])
+    assert e.value.code == 2
