@@ -1,6 +1,7 @@
 # One command sets up and runs each main job:
 #   make serve   - create .venv, install, start the HTTP service on 127.0.0.1:8000 (shipped de->en model)
 #   make test    - create .venv, install, run the whole test suite (what .ci/run calls)
+#   make bench   - the engine benchmark on the shipped model (figures, not a test; docs/performance.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -21,6 +22,9 @@ setup: $(STAMP)
 
 serve: setup
 	$(BIN)/python -m service
+
+bench: setup
+	$(BIN)/python -m service.bench_engine --parts a,b,c,d --rounds 3
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider

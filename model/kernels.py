@@ -11,7 +11,7 @@ the int8 linear layers (``model/linear.py``), one pass each instead of five or s
 
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
 the first build is slow and is cached under ``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``, keyed by the source, torch version and CPU). When the build or a
+``~/.cache/torch_extensions``, keyed by the source, its directory, torch version and CPU). When the build or a
 self-check fails, or ``MT_CPU_KERNELS=0`` is set, ``decode_attention()`` returns None and callers use
 their eager path: results are the same up to float rounding.
 """
@@ -62,14 +62,18 @@ def _build():
     except (ImportError, AttributeError):
         pass
     source = b"".join(p.read_bytes() for p in SOURCES)
-    key = hashlib.sha1(source + torch.__version__.encode() + _cpu_id().encode() + " ".join(CFLAGS).encode())
+    # The sources' directory is part of the key: torch's build files record absolute source paths, so
+    # two copies of the repository sharing one build would rebuild each other's at every load.
+    key = hashlib.sha1(source + torch.__version__.encode() + _cpu_id().encode() + " ".join(CFLAGS).encode()
+                       + str(SOURCES[0].parent).encode())
     name = f"mt_cpu_kernels_{key.hexdigest()[:12]}"
     try:
         built = (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
     except Exception:  # noqa: BLE001 - a private helper; only decides whether to announce the build
         built = True
     if not built:
-        log.warning("compiling the CPU kernels (once per machine, ~30 s; MT_CPU_KERNELS=0 skips it)")
+        log.warning("compiling the CPU kernels (once per machine and copy of the sources; MT_CPU_KERNELS=0 "
+                    "skips it)")
     module = cpp_extension.load(name, [str(p) for p in SOURCES], extra_cflags=CFLAGS, verbose=False)
     _self_check(module.packed_decode_attention)
     _self_check_int8(module)
