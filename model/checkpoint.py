@@ -1,17 +1,20 @@
-"""Checkpoint directories: ``config.json``, ``model.safetensors``, ``tokenizer.model`` and
-``metadata.json``. Loading reads JSON and safetensors only; nothing is unpickled."""
+"""Checkpoint directories: ``config.json``, ``model.safetensors``, the tokenizer and ``metadata.json``.
+The tokenizer is ``tokenizer.model`` (our joint SentencePiece model) or, for models imported from
+MarianMT (``model/convert.py``), ``source.spm`` + ``target.spm`` + ``vocab.json``. Loading reads JSON
+and safetensors only; nothing is unpickled. ``load_checkpoint`` also takes a MarianMT directory
+itself (converted at load)."""
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
 # The shipped German->English model.
@@ -52,15 +55,20 @@ def load_weights(model: Transformer, path: str | Path) -> None:
             t.copy_(tensors[name].to(p.device, t.dtype))
 
 
-def save_checkpoint(directory: str | Path, model: Transformer, tokenizer_file: str | Path,
+def save_checkpoint(directory: str | Path, model: Transformer, tokenizer_file: Union[str, Path, Sequence[Path]],
                     metadata: Optional[dict] = None, dtype: str = "float16") -> Path:
-    """Write a checkpoint directory; weights stored in ``dtype`` (float16/bfloat16 to ship)."""
+    """Write a checkpoint directory; weights stored in ``dtype`` (float16/bfloat16 to ship).
+    ``tokenizer_file``: our SentencePiece model (copied as ``tokenizer.model``), or a list of files
+    copied under their own names (``source.spm``, ``target.spm``, ``vocab.json`` of an import)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(model.cfg.to_json() + "\n")
     save_weights(model, d / "model.safetensors", _DTYPES[dtype])
-    if Path(tokenizer_file).resolve() != (d / "tokenizer.model").resolve():
-        shutil.copyfile(tokenizer_file, d / "tokenizer.model")
+    copies = ([(Path(f), d / Path(f).name) for f in tokenizer_file] if isinstance(tokenizer_file, (list, tuple))
+              else [(Path(tokenizer_file), d / "tokenizer.model")])
+    for src, dst in copies:
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)
     meta = dict(metadata or {})
     meta.setdefault("dtype", dtype)
     (d / "metadata.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
@@ -79,19 +87,43 @@ def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | to
     ``MT_LINEAR_DTYPE`` says float32 or bfloat16 (``Transformer.pack_for_inference``, ``model/linear.py``;
     gradients and other devices use the plain weights).
 
-    Raises FileNotFoundError when the directory lacks a required file.
+    A MarianMT directory (``config.json`` with ``model_type: marian``) is converted at load
+    (``model.convert.load_marian``).
+    Raises FileNotFoundError when the directory lacks a required file, ValueError (a
+    ``MarianImportError`` for MarianMT directories) when its files disagree.
     """
     d = Path(directory)
-    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+    from .convert import is_marian_dir, load_marian
+    if is_marian_dir(d):
+        model, tok, meta = load_marian(d)
+        model = model.to(device=device, dtype=dtype)
+    else:
+        model, tok = _load_ours(d, device, dtype)
+        meta = load_metadata(d)
+    if tok.vocab_size != model.cfg.target_vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} pieces, config says {model.cfg.target_vocab_size}")
+    model.eval()
+    if pack:
+        model.pack_for_inference()
+    return model, tok, meta
+
+
+def _load_ours(d: Path, device, dtype: torch.dtype) -> tuple[Transformer, Union[Tokenizer, VocabTokenizer]]:
+    """Model and tokenizer of one of our checkpoint directories. Raises FileNotFoundError."""
+    marian_tok = not (d / "tokenizer.model").exists() and (d / "vocab.json").exists()
+    tok_files = ("source.spm", "target.spm", "vocab.json") if marian_tok else ("tokenizer.model",)
+    tok_files += ("target_vocab.json",) if marian_tok and (d / "target_vocab.json").exists() else ()
+    for name in ("config.json", "model.safetensors") + tok_files:
         if not (d / name).exists():
             raise FileNotFoundError(f"checkpoint {d} has no {name}")
     cfg = ModelConfig.from_dict(json.loads((d / "config.json").read_text()))
     model = Transformer(cfg).to(device=device, dtype=dtype)
     load_weights(model, d / "model.safetensors")
-    tok = Tokenizer(d / "tokenizer.model")
-    if tok.vocab_size != cfg.vocab_size:
-        raise ValueError(f"tokenizer has {tok.vocab_size} pieces, config says {cfg.vocab_size}")
-    model.eval()
-    if pack:
-        model.pack_for_inference()
-    return model, tok, load_metadata(d)
+    if not marian_tok:
+        return model, Tokenizer(d / "tokenizer.model")
+    vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+    target = json.loads((d / "target_vocab.json").read_text(encoding="utf-8")) if cfg.tgt_vocab_size else None
+    piece = {i: p for p, i in (target or vocab).items()}
+    tok = VocabTokenizer(d / "source.spm", d / "target.spm", vocab, target, decoder_start_id=cfg.bos_id,
+                         eos=piece[cfg.eos_id], unk=piece[cfg.unk_id], pad=piece[cfg.pad_id])
+    return model, tok

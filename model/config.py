@@ -6,6 +6,9 @@ import json
 from dataclasses import dataclass
 
 
+ACTIVATIONS = ("relu", "gelu", "swish", "silu")   # swish = silu = x·sigmoid(x); gelu is the exact (erf) GELU
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = 8000          # joint source/target SentencePiece vocabulary (shared embeddings)
@@ -16,24 +19,39 @@ class ModelConfig:
     n_decoder_layers: int = 6       # N for the decoder stack
     dropout: float = 0.1            # P_drop on sub-layer outputs and on embeddings + positions
     attention_dropout: float = 0.0  # dropout on attention weights (not in the paper; 0 = off)
-    activation: str = "relu"        # FFN non-linearity: "relu" (paper) or "gelu"
+    activation: str = "relu"        # FFN non-linearity: "relu" (paper), "gelu" or "swish" (= SiLU, most OPUS-MT)
     norm_first: bool = False        # False = post-LN, LayerNorm(x + Sublayer(x)) as in the paper
     positional: str = "sinusoidal"  # "sinusoidal" (paper section 3.5) or "learned"
+    sinusoid_layout: str = "interleaved"  # sin/cos alternate (paper); "split": sines then cosines (Marian)
+    scale_embedding: bool = True    # token embeddings × √d_model (section 3.4); Marian's scale_embedding
     max_len: int = 512              # longest source or target sequence in tokens, specials included
     share_embeddings: bool = True   # tie source, target and pre-softmax weights (section 3.4)
+    tgt_vocab_size: int = 0         # a separate target vocabulary's size (0: vocab_size; needs share_embeddings off)
+    tie_target_output: bool = False  # without share_embeddings: pre-softmax weights = target embedding (Marian)
+    final_logits_bias: bool = False  # a bias [vocab_size] added to the logits (Marian's final_logits_bias)
     layer_norm_eps: float = 1e-5    # epsilon of every LayerNorm
     pad_id: int = 0                 # padding token id (never attended to)
     unk_id: int = 1                 # unknown-piece id
-    bos_id: int = 2                 # beginning-of-sentence id, first decoder input
+    bos_id: int = 2                 # first decoder input, never generated (Marian: decoder_start_token_id = pad)
     eos_id: int = 3                 # end-of-sentence id, appended to every source and target
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.positional not in ("sinusoidal", "learned"):
             raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        if self.tgt_vocab_size and self.share_embeddings and self.tgt_vocab_size != self.vocab_size:
+            raise ValueError(f"tgt_vocab_size ({self.tgt_vocab_size}) differs from vocab_size ({self.vocab_size}): "
+                             "separate vocabularies need share_embeddings=False")
+        if self.sinusoid_layout not in ("interleaved", "split"):
+            raise ValueError(f"sinusoid_layout must be 'interleaved' or 'split', got {self.sinusoid_layout!r}")
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Size of the target vocabulary: the decoder's embedding and output layer."""
+        return self.tgt_vocab_size or self.vocab_size
 
     @property
     def d_head(self) -> int:

@@ -145,8 +145,8 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
     for m in budgets:
         if m > cfg.max_len - 1:
             raise ValueError(f"max_new_tokens must be <= {cfg.max_len - 1}, got {m}")
-    if 2 * beam_size > cfg.vocab_size:
-        raise ValueError(f"beam_size must be <= {cfg.vocab_size // 2} (half the vocabulary), got {beam_size}")
+    if 2 * beam_size > cfg.target_vocab_size:
+        raise ValueError(f"beam_size must be <= {cfg.target_vocab_size // 2} (half the vocabulary), got {beam_size}")
     for s in sources:
         if not 0 < len(s) <= cfg.max_len:
             raise ValueError(f"source length must be in 1..{cfg.max_len}, got {len(s)}")

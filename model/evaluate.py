@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .checkpoint import DEFAULT_CHECKPOINT
 from .tokenizer import read_lines
-from .translate import load_for_cli, translate_lines
+from .translate import add_common_args, load_for_cli, translate_lines
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
@@ -34,12 +34,11 @@ def score(hyps: list[str], refs: list[str]) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="checkpoint directory (default: shipped)")
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
+                    help="checkpoint directory (default: shipped), or a MarianMT directory (converted at load)")
     ap.add_argument("--src", required=True, help="source sentences (plain or .gz)")
     ap.add_argument("--ref", required=True, help="reference translations (plain or .gz)")
-    ap.add_argument("--beam-size", type=int, default=4)
-    ap.add_argument("--length-penalty", type=float, default=1.0)
-    ap.add_argument("--batch-size", type=int, default=64)
+    add_common_args(ap)
     ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
     ap.add_argument("--output", help="also write the translations to this file")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
@@ -54,13 +53,15 @@ def main(argv=None) -> dict:
     t0 = time.time()
     with tqdm(total=len(src), file=sys.stderr, desc="translating", unit="sent") as bar:
         hyps = translate_lines(model, tok, src, beam_size=args.beam_size, batch_size=args.batch_size,
-                               length_penalty=args.length_penalty, progress=bar.update)
+                               length_penalty=args.length_penalty, progress=bar.update,
+                               max_new_tokens=args.max_new_tokens, target_lang=args.target_lang)
     seconds = time.time() - t0
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)
     result = {**score(hyps, ref), "sentences": len(src), "seconds": round(seconds, 2),
-              "beam_size": args.beam_size, "linear_dtype": model.linear_dtype, "checkpoint": args.checkpoint}
+              "beam_size": args.beam_size, "max_new_tokens": args.max_new_tokens, "linear_dtype": model.linear_dtype,
+              "target_lang": args.target_lang, "checkpoint": args.checkpoint}
     print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({len(src)} sentences, {seconds:.1f} s, "
           f"beam {args.beam_size})\n{result['bleu_details']}\n{result['bleu_signature']}")
     if args.json:

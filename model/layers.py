@@ -13,32 +13,38 @@ from .attention import CacheAttend, MultiHeadAttention
 from .linear import Linear
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)  (section 3.5).
 
+    ``layout="split"`` puts the same sines in the first ceil(d_model/2) dimensions and the cosines in
+    the rest (Marian, and transformers' ``MarianSinusoidalPositionalEmbedding``).
     Returns [max_len, d_model] float32.
     """
     pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)               # [T, 1]
     inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    sin, cos = torch.sin(pos * inv_freq), torch.cos(pos * inv_freq[: d_model // 2])
+    if layout == "split":
+        return torch.cat([sin, cos], dim=1).float()
     table = torch.zeros(max_len, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    table[:, 0::2] = sin
+    table[:, 1::2] = cos
     return table.float()
 
 
 class Embeddings(nn.Module):
-    """Token embedding × √d_model plus positional encoding, then dropout (sections 3.4, 3.5)."""
+    """Token embedding × √d_model (× 1 without ``scale_embedding``) plus positional encoding, then
+    dropout (sections 3.4, 3.5)."""
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, positional: str,
-                 dropout: float, pad_id: int):
+                 dropout: float, pad_id: int, layout: str = "interleaved", scale_embedding: bool = True):
         super().__init__()
         self.tok = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale_embedding else 1.0
         self.learned = positional == "learned"
         if self.learned:
             self.pos = nn.Embedding(max_len, d_model)
         else:
-            self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+            self.register_buffer("pe", sinusoidal_table(max_len, d_model, layout), persistent=False)
         self.drop = nn.Dropout(dropout)
         self.max_len = max_len
 
@@ -55,12 +61,15 @@ class Embeddings(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = act(x W1 + b1) W2 + b2, act = ReLU in the paper (section 3.3)."""
+    """FFN(x) = act(x W1 + b1) W2 + b2, act = ReLU in the paper (section 3.3), or GELU, or swish
+    (SiLU, x·sigmoid(x), in most OPUS-MT models)."""
+
+    ACT = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "silu": F.silu}
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()
         self.w1, self.w2 = Linear(d_model, d_ff), Linear(d_ff, d_model)
-        self.act = F.relu if activation == "relu" else F.gelu
+        self.act = self.ACT[activation]
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

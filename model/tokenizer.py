@@ -40,6 +40,7 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+    target_languages: tuple = ()            # one target language: no target-language token
 
     def encode(self, text: str) -> list[int]:
         """Piece ids of text, without BOS/EOS."""
@@ -73,3 +74,57 @@ class Tokenizer:
         finally:
             os.unlink(tmp.name)
         return Tokenizer(f"{model_prefix}.model")
+
+
+class VocabTokenizer:
+    """MarianMT's tokenization: SentencePiece models for the source and the target, whose pieces are
+    mapped to model ids through ``vocab.json`` (piece -> id; the ids of ``</s>``, ``<unk>`` and
+    ``<pad>`` come from it, not from the SentencePiece models), as transformers' ``MarianTokenizer``.
+
+    ``encode`` splits with the source model (a leading ``>>xx<<`` target-language code stays one
+    piece); ``decode`` maps ids to pieces through the target vocabulary and joins them with the target
+    model. Pieces missing from the vocabulary become ``<unk>``. The decoder's first input
+    (``bos_id``) is ``decoder_start_id`` (the pad token in MarianMT models).
+    Raises ValueError when a special token is missing from the vocabulary.
+    """
+
+    def __init__(self, source_spm: str | os.PathLike, target_spm: str | os.PathLike, vocab: dict[str, int],
+                 target_vocab: dict[str, int] | None = None, decoder_start_id: int | None = None,
+                 eos: str = "</s>", unk: str = "<unk>", pad: str = "<pad>"):
+        self.model_files = (str(source_spm), str(target_spm))
+        self.sp_source = spm.SentencePieceProcessor(model_file=str(source_spm))
+        self.sp_target = spm.SentencePieceProcessor(model_file=str(target_spm))
+        self.vocab = vocab
+        self.target_vocab = vocab if target_vocab is None else target_vocab
+        for name, piece in (("eos", eos), ("unk", unk), ("pad", pad)):
+            if piece not in self.vocab or piece not in self.target_vocab:
+                raise ValueError(f"vocab.json has no {name} token {piece!r}")
+        self.eos_id, self.unk_id, self.pad_id = self.target_vocab[eos], self.vocab[unk], self.target_vocab[pad]
+        self.bos_id = self.pad_id if decoder_start_id is None else decoder_start_id
+        self.id_to_piece = {i: p for p, i in self.target_vocab.items()}
+        # multilingual models: the source starts with a target-language token >>xx<<
+        self.target_languages = tuple(sorted(p[2:-2] for p in self.vocab if p.startswith(">>") and p.endswith("<<")))
+        self.special = {self.eos_id, self.target_vocab[unk], self.pad_id, self.bos_id}
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the target vocabulary (the model's output layer)."""
+        return len(self.target_vocab)
+
+    def encode(self, text: str) -> list[int]:
+        """Source ids of text, without EOS."""
+        code = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:
+            code, text = [text[: end + 2]], text[end + 2:]
+        pieces = code + self.sp_source.encode(text, out_type=str)
+        return [self.vocab.get(p, self.unk_id) for p in pieces]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of target ids; eos/unk/pad (and the decoder start) are dropped."""
+        return self.sp_target.decode_pieces([self.id_to_piece[int(i)] for i in ids if int(i) not in self.special])
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.id_to_piece.get(int(i), "<unk>") for i in ids]

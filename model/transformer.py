@@ -26,21 +26,26 @@ def causal_mask(T: int, device=None) -> Tensor:
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer with shared source/target/output embeddings (section 3.4)."""
+    """Encoder-decoder Transformer with shared source/target/output embeddings (section 3.4), or
+    separate source and target embeddings (and vocabularies) with the output tied to the target's or not."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.src_embed = Embeddings(cfg.vocab_size, cfg.d_model, cfg.max_len, cfg.positional, cfg.dropout, cfg.pad_id)
-        self.tgt_embed = (self.src_embed if cfg.share_embeddings else
-                          Embeddings(cfg.vocab_size, cfg.d_model, cfg.max_len, cfg.positional, cfg.dropout, cfg.pad_id))
+        emb = (cfg.vocab_size, cfg.d_model, cfg.max_len, cfg.positional, cfg.dropout, cfg.pad_id,
+               cfg.sinusoid_layout, cfg.scale_embedding)
+        self.src_embed = Embeddings(*emb)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else Embeddings(cfg.target_vocab_size, *emb[1:])
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN stacks end with a LayerNorm; post-LN layers already end normalised.
         self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        self.out_proj = None if cfg.share_embeddings else Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        tied = cfg.share_embeddings or cfg.tie_target_output
+        self.out_proj = None if tied else Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
         self._packed_out: Optional[PackedWeight] = None  # prepacked shared output projection (CPU inference)
+        # [vocab_size] added to the logits (Marian's final_logits_bias); None: no bias (the paper)
+        self.logits_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.final_logits_bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -126,8 +131,9 @@ class Transformer(nn.Module):
         """Output projection [..., d_model] -> [..., vocab_size]; with shared embeddings the target
         embedding matrix is the projection (section 3.4)."""
         if self.out_proj is not None:
-            return self.out_proj(x)
-        return packed_linear(x, self.tgt_embed.tok.weight, None, self._packed_out)
+            x = self.out_proj(x)
+            return x if self.logits_bias is None else x + self.logits_bias
+        return packed_linear(x, self.tgt_embed.tok.weight, self.logits_bias, self._packed_out)
 
     @property
     def linear_dtype(self) -> str:

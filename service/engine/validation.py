@@ -39,8 +39,9 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
     if len(src_ids) > max_src_len:
         raise EngineValidationError("src_ids", f"has {len(src_ids)} tokens, the limit is {max_src_len}")
     for t in src_ids:
-        if not is_int(t) or not 0 < t < cfg.vocab_size:
-            raise EngineValidationError("src_ids", f"ids must be integers in 1..{cfg.vocab_size - 1}, got {t!r}")
+        if not is_int(t) or not 0 <= t < cfg.vocab_size or t == cfg.pad_id:
+            raise EngineValidationError("src_ids", f"ids must be integers in 0..{cfg.vocab_size - 1} other than "
+                                                   f"the pad id {cfg.pad_id}, got {t!r}")
     if not is_int(o.beam_size) or o.beam_size < 1:
         raise EngineValidationError("beam_size", f"must be an integer >= 1, got {o.beam_size!r}")
     if 2 * o.beam_size > cfg.vocab_size:
