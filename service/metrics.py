@@ -58,6 +58,10 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mt_kv_cache_usage_ratio": ("gauge", "fraction of KV-cache slots in use, 0..1", ("model",)),
     "mt_replicas_ready": ("gauge", "1 per translator replica whose model is loaded and engine running",
                           ("model",)),
+    # text preparation (recorded by the translator replica)
+    "mt_sentence_split_fallbacks_total": ("counter", "lines cut by the fallback sentence splitter, by reason "
+                                          "(error: the segmenter raised; timeout: the text's segmenter time "
+                                          "budget was spent)", ("model", "reason")),
 }
 
 _BUCKETS = {"mt_request_duration_seconds": LATENCY_BUCKETS_S, "mt_queue_wait_seconds": LATENCY_BUCKETS_S,
@@ -113,7 +117,8 @@ class EngineMetrics:
                      "mt_sentence_duration_seconds", "mt_prefill_duration_seconds", "mt_decode_step_duration_seconds",
                      "mt_prefill_batch_size", "mt_decode_batch_size", "mt_source_tokens_total",
                      "mt_generated_tokens_total", "mt_sentences_total", "mt_running_sequences",
-                     "mt_waiting_requests", "mt_kv_cache_usage_ratio", "mt_replicas_ready"):
+                     "mt_waiting_requests", "mt_kv_cache_usage_ratio", "mt_replicas_ready",
+                     "mt_sentence_split_fallbacks_total"):
             setattr(self, name[3:], _make(name))
 
     def on_step(self, step) -> None:
@@ -152,6 +157,11 @@ class EngineMetrics:
 
     def set_ready(self, ready: bool) -> None:
         self.replicas_ready.set(1 if ready else 0, tags=self.tags)
+
+    def split_fallbacks(self, reasons: list[str]) -> None:
+        """Count the lines of one text that the fallback sentence splitter cut (``Split.fallbacks``)."""
+        for reason in reasons:
+            self.sentence_split_fallbacks_total.inc(1, tags={**self.tags, "reason": reason})
 
 
 # ---- GET /metrics: the whole cluster's series ----------------------------------------------------------

@@ -12,7 +12,7 @@ def roundtrip(html: str, translate=str.upper) -> tuple[list[str], str]:
 
 def test_text_nodes_are_translated_and_markup_kept():
     segments, out = roundtrip('<div class="x"><p> Ein Hund. </p><br/><!-- c --><p>Zwei</p></div>')
-    assert segments == [" Ein Hund. ", "Zwei"]
+    assert segments == ["Ein Hund.", "Zwei"]
     assert out == '<div class="x"><p> EIN HUND. </p><br/><!-- c --><p>ZWEI</p></div>'
 
 
@@ -38,3 +38,51 @@ def test_verbatim_elements_and_entities():
 def test_whitespace_only_text_is_not_translated():
     segments, out = roundtrip("<ul>\n  <li>Eins</li>\n</ul>")
     assert segments == ["Eins"] and out == "<ul>\n  <li>EINS</li>\n</ul>"
+
+
+def test_whitespace_inside_a_block_is_collapsed_for_translation_and_kept_around_it():
+    """Indented HTML: line breaks and tabs inside a <p> do not cut its sentence (the translator would
+    split lines into sentences); the whitespace before and after the text stays."""
+    segments, out = roundtrip("<p>\n\tEin Mann\n\tfährt Fahrrad.\n</p>")
+    assert segments == ["Ein Mann fährt Fahrrad."]
+    assert out == "<p>\n\tEIN MANN FÄHRT FAHRRAD.\n</p>"
+    html = ("<div>\n  <p>\r\n    Zwei   Hunde\u00a0spielen\n    im Schnee.\r\n  </p>\n"
+            "  <p>Ein <b>roter\n  Ball</b>.</p>\n</div>")
+    segments, out = roundtrip(html)
+    assert all(s == " ".join(s.split()) and "\n" not in s and "\t" not in s for s in segments)
+    assert segments[0] == "Zwei Hunde spielen im Schnee."
+    assert out.startswith("<div>\n  <p>\r\n    ZWEI HUNDE SPIELEN IM SCHNEE.\r\n  </p>\n  <p>")
+    assert out.endswith("</p>\n</div>") and "<b>ROTER BALL</b>" in out
+
+
+def test_markup_comments_and_verbatim_elements_pass_through_byte_for_byte():
+    """Everything that is not prose comes back as sent: tags as written (case, attribute quoting and
+    values, entities in attributes), comments, doctype, and the whole content of script, style, pre
+    and code, entities and odd spacing included."""
+    verbatim = [
+        "<!DOCTYPE html>",
+        "<!-- Ein Kommentar mit <p>Markup</p> &amp; Entitäten -->",
+        '<SCRIPT type="text/javascript">if (a < b && c > d) { s = "Ein Hund"; }</SCRIPT>',
+        "<style>\n  p > a { content: '&quot;'; }\n</style>",
+        "<pre>  Ein  Hund\n\tläuft &quot;schnell&quot; &#x27;</pre>",
+        "<code>x &lt; y &amp;&amp; z</code>",
+        "<pre><code>def f():\n    return 1  # Ein Hund</code></pre>",
+    ]
+    attrs = '<a HREF="/x?a=1&amp;b=2" title=\'Ein Hund läuft\' data-x=Ein>'
+    html = "".join(verbatim) + "<p>Ein Hund läuft.</p>" + attrs + "Zwei Katzen.</a>"
+    segments, out = roundtrip(html)
+    assert segments == ["Ein Hund läuft.", "Zwei Katzen."]
+    assert out.startswith("".join(verbatim))
+    assert attrs + "ZWEI KATZEN.</a>" in out and "<p>EIN HUND LÄUFT.</p>" in out
+
+
+def test_nested_inline_markup_keeps_every_tag_in_order():
+    """Inline elements inside inline elements: every tag comes back, in order, exactly once, and every
+    text node with letters is translated."""
+    import re
+    for html in ["<p>Ein <b>großer <i>brauner</i> Hund</b> läuft <a href='#x'>über <em>die</em> Wiese</a>.</p>",
+                 "<div><span>Zwei <strong><u>Kinder</u></strong> spielen.</span></div>"]:
+        segments, out = roundtrip(html)
+        tags = lambda h: re.findall(r"<[^>]+>", h)  # noqa: E731
+        assert tags(out) == tags(html)
+        assert re.sub(r"<[^>]+>", "", out) == re.sub(r"<[^>]+>", "", html).upper()

@@ -142,6 +142,10 @@ def test_metrics_move_after_requests(service_url):
     assert httpx.post(service_url + "/v1/translate", json={"text": "x", "beam_size": 99}).status_code == 422
     # The 422 is answered before routing: it is counted under model "none"; route one to de-en too.
     assert httpx.post(service_url + "/v1/translate", json={"text": "x", "max_new_tokens": 10 ** 6}).status_code == 422
+    # A text pysbd raises on: the fallback splitter's counter (mt_sentence_split_fallbacks_total) appears.
+    assert httpx.post(service_url + "/v1/translate", json={"text": "Er hat einen B.A. in Sport. Dazu eine B(asic) "
+                                                                   "Lizenz.", "max_new_tokens": 8},
+                      timeout=60).status_code == 200
 
     def moved(text: str) -> bool:
         return (metric_sum(text, "ray_mt_requests_total", model="de-en", endpoint="/v1/translate", status="200")

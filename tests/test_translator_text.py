@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import random
+import time
+from types import SimpleNamespace
 
 import pytest
 
-from service.translator.text import Split, has_text, split_text
+from service.api.schemas import TranslateRequest
+from service.translator import text as text_module
+from service.translator.text import Split, has_text, needs_model, simple_split, split_sentences, split_text
 
 
 def test_paragraph_of_three_sentences():
@@ -58,3 +62,131 @@ def test_join_is_identity_on_random_layouts():
 def test_join_checks_the_count():
     with pytest.raises(ValueError, match="expected 2"):
         Split(["a", "b"], ["", " ", ""]).join(["x"])
+
+
+# ---- the fallback splitter: splitting never fails ------------------------------------------------------
+def test_segmenter_error_falls_back_to_the_simple_split():
+    """pysbd 0.3.4 raises re.error on this text (HTTP 500 before); the fallback still cuts it."""
+    text = "Sie hat einen B.A. in Sport. Dazu eine Trainer B(asic) Lizenz."
+    with pytest.raises(Exception):
+        split_sentences(text, "de")
+    s = split_text(text, "de")
+    assert s.pieces == ["Sie hat einen B.A. in Sport.", "Dazu eine Trainer B(asic) Lizenz."]
+    assert s.fallbacks == ["error"] and s.join(s.pieces) == text
+
+
+def test_any_segmenter_exception_falls_back_per_line(monkeypatch):
+    class Broken:
+        def segment(self, line):
+            if "Kaputt" in line:
+                raise IndexError("pysbd bug")
+            return [line]
+    monkeypatch.setattr(text_module, "_segmenter", lambda language: Broken())
+    text = "Gut so.\nKaputt. Wirklich kaputt!\n\nWieder gut."
+    s = split_text(text, "de")
+    assert s.pieces == ["Gut so.", "Kaputt.", "Wirklich kaputt!", "Wieder gut."]
+    assert s.fallbacks == ["error"] and s.join(s.pieces) == text
+
+
+def test_segmenter_time_budget_sends_later_lines_to_the_fallback(monkeypatch):
+    class Slow:
+        def segment(self, line):
+            time.sleep(0.03)
+            return [line]
+    monkeypatch.setattr(text_module, "_segmenter", lambda language: Slow())
+    monkeypatch.setattr(text_module, "SEGMENTER_BUDGET_S", 0.01)
+    text = "Erste Zeile. Bleibt ganz\nZweite. Dritte.\nVierte. Fünfte."
+    s = split_text(text, "de")
+    # line 1 is pysbd's (one piece, as the stub returns it), lines 2 and 3 come after the budget
+    assert s.pieces == ["Erste Zeile. Bleibt ganz", "Zweite.", "Dritte.", "Vierte.", "Fünfte."]
+    assert s.fallbacks == ["timeout", "timeout"] and s.join(s.pieces) == text
+
+
+@pytest.mark.parametrize("line, want", [
+    ("Ein Hund rennt. Zwei Katzen schlafen!  Wirklich? Ja.",
+     ["Ein Hund rennt.", "Zwei Katzen schlafen!", "Wirklich?", "Ja."]),
+    ('Er sagte: „Hallo.“ Dann ging er. "Gut." (Sehr gut.) Ende…  Aus',
+     ["Er sagte: „Hallo.“", "Dann ging er.", '"Gut."', "(Sehr gut.)", "Ende…", "Aus"]),
+    ("Am 3. Oktober kam J. Müller mit z.B. Äpfeln. Ölfässer auch.",
+     ["Am 3. Oktober kam J. Müller mit z.B. Äpfeln.", "Ölfässer auch."]),
+    ("kein Satzende hier. und klein weiter", ["kein Satzende hier. und klein weiter"]),
+    ("Nur eins.", ["Nur eins."]),
+])
+def test_simple_split_rules(line, want):
+    assert simple_split(line) == want
+    assert all(p in line for p in want)
+
+
+def test_random_texts_never_raise_and_keep_the_invariant():
+    """Texts of brackets, abbreviations and punctuation (where pysbd raises on some) always split."""
+    rng = random.Random(1)
+    alphabet = list("aB .,!?()[]\"'1-:;") + ["Dr.", "z.B.", "...", "B.A.", "B(asic)", "\n"]
+    fallbacks = 0
+    for _ in range(60):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300)))
+        s = split_text(text, "de")
+        assert s.join(s.pieces) == text
+        assert all(p and p == p.strip() for p in s.pieces)
+        fallbacks += len(s.fallbacks)
+    assert fallbacks > 0    # the sample does reach the fallback
+
+
+# ---- the source language's rules ------------------------------------------------------------------------
+@pytest.mark.parametrize("text, german", [
+    ("Am 3. Oktober ist Feiertag. Dann gehen wir.", ["Am 3. Oktober ist Feiertag.", "Dann gehen wir."]),
+    ("Das kostet ca. 5 Euro. Gut.", ["Das kostet ca. 5 Euro.", "Gut."]),
+    ("Wir trafen uns usw. und dann.", ["Wir trafen uns usw. und dann."]),
+])
+def test_german_rules_for_german(text, german):
+    assert split_text(text, "de").pieces == german
+    assert split_text(text, "en").pieces != german     # English rules cut these differently
+
+
+def test_translator_splits_with_its_source_language(monkeypatch):
+    """Translator.prepare passes the model card's source language to split_text."""
+    from service.translator import translator as translator_module
+    seen = []
+
+    def spy(text, language="en"):
+        seen.append(language)
+        return split_text(text, language)
+    monkeypatch.setattr(translator_module, "split_text", spy)
+
+    class Tok:
+        eos_id = 2
+
+        def encode(self, s):
+            return [5] * len(s.split())
+
+    class Fake:   # just what prepare() reads
+        card, name, tok = SimpleNamespace(source_lang="de"), "fake", Tok()
+        engine = SimpleNamespace(max_src_len=64)
+        engine_config = SimpleNamespace(max_waiting=100)
+        metrics = SimpleNamespace(split_fallbacks=lambda reasons: None)
+        protector = translator_module.Protector(Tok(), None, protect=False, recase=False)
+    job = TranslateRequest(text=["Am 3. Oktober ist Feiertag. Dann gehen wir."]).job()
+    splits, pieces, _ = translator_module.Translator.prepare(Fake(), job)
+    assert seen == ["de"] and splits[0].pieces == ["Am 3. Oktober ist Feiertag.", "Dann gehen wir."]
+    assert len(pieces) == 2
+
+
+# ---- pieces without letters pass through ----------------------------------------------------------------
+@pytest.mark.parametrize("piece, model", [
+    ("1.", False), ("12345", False), ("-", False), ("...", False), ("€ 5,00", False), ("🐶", False),
+    ("3.14 %", False), ("(1)", False), ("a", True), ("1 Hund", True), ("°C", True), ("日本", True),
+    ("B(asic)", True), ("ß.", True),
+])
+def test_needs_model_means_has_a_letter(piece, model):
+    assert needs_model(piece) is model
+
+
+def test_translatable_moves_pieces_without_letters_into_the_glue():
+    text = "Ein Hund rennt.\n2.\nZwei Katzen. 🐶 ...\n12345"
+    s = split_text(text, "de")
+    assert s.pieces == ["Ein Hund rennt.", "2.", "Zwei Katzen.", "🐶 ...", "12345"]
+    t = s.translatable()
+    assert t.pieces == ["Ein Hund rennt.", "Zwei Katzen."]
+    assert t.glue == ["", "\n2.\n", " 🐶 ...\n12345"]
+    assert t.join(["A.", "B."]) == "A.\n2.\nB. 🐶 ...\n12345"
+    only = split_text("1.\n- 12345 ...", "de").translatable()
+    assert only.pieces == [] and only.join([]) == "1.\n- 12345 ..."

@@ -113,18 +113,21 @@ def _retry_header(retry_after: Optional[float]) -> Optional[dict[str, str]]:
     return {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
 
 
-def error_response(err: ServiceError, details: Optional[list] = None) -> JSONResponse:
+def error_response(err: ServiceError, details: Optional[list] = None,
+                   headers: Optional[dict[str, str]] = None) -> JSONResponse:
     """The native API's error body: {"error": {"type", "message", "field"[, "details"]}}."""
     body = {"error": {"type": err.type, "message": err.message, "field": err.field}}
     if details:
         body["error"]["details"] = details
-    return JSONResponse(body, status_code=err.status, headers=_retry_header(err.retry_after))
+    return JSONResponse(body, status_code=err.status, headers={**(_retry_header(err.retry_after) or {}),
+                                                                **(headers or {})} or None)
 
 
-def libre_error_response(err: ServiceError) -> JSONResponse:
+def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
     """LibreTranslate's error format: {"error": message}; invalid input is a 400 there."""
     status = 400 if err.status in (404, 413, 422) else err.status
-    return JSONResponse({"error": err.message}, status_code=status, headers=_retry_header(err.retry_after))
+    return JSONResponse({"error": err.message}, status_code=status,
+                        headers={**(_retry_header(err.retry_after) or {}), **(headers or {})} or None)
 
 
 def format_validation_error(err: dict) -> tuple[str, str]:
@@ -172,11 +175,16 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Framework errors (unknown path, wrong method, unparsable body) in the service's error shape."""
     message = exc.detail if isinstance(exc.detail, str) else "invalid request"
+    # A 405 names the methods the path takes (Allow, RFC 9110 15.5.6); nothing else is passed on.
+    allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"} or None
+    if allow:
+        message = f"{message}; allowed: {next(iter(allow.values()))}"
     if _is_libre(request):
-        return libre_error_response(ServiceError(exc.status_code, message))
+        return libre_error_response(ServiceError(exc.status_code, message), headers=allow)
     if exc.status_code == 400:  # the body could not be parsed (e.g. invalid UTF-8 in JSON)
         return error_response(ServiceError(422, f"body: {message} (send UTF-8 JSON)", "body"))
-    return error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"))
+    return error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"),
+                          headers=allow)
 
 
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:

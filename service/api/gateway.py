@@ -24,11 +24,45 @@ from service.translator import ModelCard
 from . import libretranslate, sse
 from .access_log import AccessLogMiddleware
 from .backends import Backend, LocalBackend, RemoteBackend
+from .body import BodyMiddleware
 from .errors import RETRY_AFTER_S, ServiceError, add_exception_handlers
 from .schemas import (ErrorResponse, LibreLanguage, ModelInfo, ModelLimits, ModelsResponse, TranslateRequest,
                       TranslateResponse)
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
+
+# The OpenAPI responses of each route: every status it answers, with its body schema.
+_RETRY = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+
+
+def _errors(model, statuses: dict[int, str]) -> dict:
+    """FastAPI ``responses`` for {status: description}, each with ``model`` as its body (503 with Retry-After)."""
+    return {status: {"model": model, "description": description, **({"headers": _RETRY} if status == 503 else {})}
+            for status, description in statuses.items()}
+
+
+NATIVE_ERRORS = _errors(ErrorResponse, {
+    404: "unknown model, or no model for source_lang/target_lang",
+    413: "a text, list, sentence or body over its limit (the message names it)",
+    415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
+    422: "invalid fields (wrong types, out of range, unknown) or an undecodable body",
+    503: "overloaded, queue full, or the model is loading"})
+LIBRE_ERRORS = _errors(libretranslate.LibreError, {
+    400: "invalid request: a field missing or invalid, an unsupported language pair, a text over its limit",
+    413: "a body over MAX_BODY_BYTES (service/api/body.py)",
+    415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
+    503: "overloaded or the model is loading"})
+READY_SCHEMA = {"type": "object", "required": ["status", "models"], "properties": {
+    "status": {"type": "string", "enum": ["ready", "loading"]},
+    "models": {"type": "object", "additionalProperties": {"type": "string", "enum": ["ready", "loading"]}}}}
+SSE_CONTENT = {"text/event-stream": {"schema": {   # one event (OpenAPI < 3.2: `schema` describes each event)
+    "type": "object", "required": ["event", "data"], "description": (
+        'with "stream": true: `token` per text delta, then `response` with the TranslateResponse; '
+        '`error` (an ErrorResponse) if it fails midway'),
+    "properties": {"event": {"type": "string", "enum": ["token", "response", "error"]},
+                   "data": {"type": "string", "contentMediaType": "application/json",
+                            "description": 'token: {"index", "text", "token"}; response: TranslateResponse; '
+                                           "error: ErrorResponse"}}}}}
 
 api = FastAPI(
     title="Transformer MT service",
@@ -36,7 +70,8 @@ api = FastAPI(
     description="Machine translation with the original Transformer, continuous batching on Ray Serve. "
                 "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
 )
-api.add_middleware(AccessLogMiddleware)
+api.add_middleware(BodyMiddleware)        # inner: decodes bodies before the routes read them
+api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
 add_exception_handlers(api)
 
 
@@ -96,8 +131,7 @@ class Gateway:
 
     # ---- native API ----
     @api.post("/v1/translate", response_model=TranslateResponse,
-              responses={404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-                         422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}})
+              responses={200: {"content": SSE_CONTENT}, **NATIVE_ERRORS})
     async def translate(self, body: TranslateRequest, request: Request):
         """Translate one text or a list of texts (paragraphs are split into sentences and rejoined).
 
@@ -142,7 +176,10 @@ class Gateway:
         """Liveness: the HTTP ingress answers."""
         return {"status": "ok"}
 
-    @api.get("/readyz")
+    @api.get("/readyz", responses={200: {"content": {"application/json": {"schema": READY_SCHEMA}}},
+                                   503: {"description": 'a model is still loading ("status": "loading")',
+                                         "headers": _RETRY,
+                                         "content": {"application/json": {"schema": READY_SCHEMA}}}})
     async def readyz(self):
         """Readiness: 200 once every model is loaded and its engine runs, else 503 (within
         READY_PROBE_S: a model whose replica does not exist yet would otherwise hold the probe until
@@ -164,7 +201,9 @@ class Gateway:
                             status_code=200 if ready else 503,
                             headers=None if ready else {"Retry-After": str(RETRY_AFTER_S)})
 
-    @api.get("/metrics", response_class=PlainTextResponse)
+    @api.get("/metrics", response_class=PlainTextResponse,
+             responses={503: {"description": "no Ray metrics agent answered", "headers": _RETRY, "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}})
     async def metrics(self):
         """Prometheus text format: every replica's series, from every node's Ray metrics agent."""
         text = await scrape_metrics()
@@ -180,7 +219,8 @@ class Gateway:
         """LibreTranslate: every language with the codes it translates into."""
         return libretranslate.languages(self.cards.values())
 
-    @api.post("/translate", responses={400: {"description": '{"error": message}'}})
+    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses=LIBRE_ERRORS,
+              openapi_extra={"requestBody": libretranslate.openapi_request_body()})
     async def libre_translate(self, request: Request):
         """LibreTranslate: ``q`` (string or list), ``source``, ``target``, ``format`` (text|html),
         ``alternatives``, ``api_key`` as JSON, form-urlencoded or multipart form. Answers

@@ -17,51 +17,59 @@ Unit = tuple[str, Union[str, list[RunItem]]]   # ("markup" | "text", raw) or ("r
 
 
 class _Parts(HTMLParser):
-    """An HTML fragment as a flat list of parts; text inside verbatim elements becomes markup."""
+    """An HTML fragment as a flat list of parts, each with its raw source text: markup, comments and
+    the content of verbatim elements keep their bytes; text nodes outside them carry their text with
+    entities decoded (``convert_charrefs``)."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.parts: list[Part] = []
+        self.events: list[tuple[str, str, str, int]] = []    # (kind, data, tag, offset of its raw text)
         self.verbatim: list[str] = []   # open elements whose text is kept as it is
 
+    def _at(self) -> int:
+        line, col = self.getpos()
+        return self.line_starts[line - 1] + col
+
     def handle_starttag(self, tag, attrs):
-        self.parts.append(("start", self.get_starttag_text(), tag))
+        self.events.append(("markup" if self.verbatim else "start", "", tag, self._at()))
         if tag in _VERBATIM_TAGS:
             self.verbatim.append(tag)
 
     def handle_startendtag(self, tag, attrs):
-        self.parts.append(("markup", self.get_starttag_text(), tag))
+        self.events.append(("markup", "", tag, self._at()))
 
     def handle_endtag(self, tag):
-        self.parts.append(("end", f"</{tag}>", tag))
         if tag in self.verbatim:
             del self.verbatim[len(self.verbatim) - 1 - self.verbatim[::-1].index(tag):]
+        self.events.append(("markup" if self.verbatim else "end", "", tag, self._at()))
 
     def handle_data(self, data):
-        if self.verbatim:   # script/style data arrive raw; other text was unescaped
-            self.parts.append(("markup", data if self.verbatim[-1] in self.CDATA_CONTENT_ELEMENTS
-                               else escape(data, quote=False), ""))
-        else:
-            self.parts.append(("text", data, ""))
+        self.events.append(("markup" if self.verbatim else "text", data, "", self._at()))
 
-    def handle_comment(self, data):
-        self.parts.append(("markup", f"<!--{data}-->", ""))
+    def unknown_decl(self, data):
+        self.events.append(("markup", "", "", self._at()))
 
-    def handle_entityref(self, name):
-        self.parts.append(("markup", f"&{name};", ""))
-
-    def handle_charref(self, name):
-        self.parts.append(("markup", f"&#{name};", ""))
-
-    def handle_decl(self, decl):
-        self.parts.append(("markup", f"<!{decl}>", ""))
+    handle_comment = handle_decl = handle_pi = unknown_decl
 
 
 def _parse(html: str) -> list[Part]:
+    """Parts of html: (kind, raw, tag) for markup, (\"text\", decoded text, \"\") for text nodes;
+    the raw texts of all parts, in order, are the input."""
     p = _Parts()
+    p.line_starts = [0] + [m.end() for m in re.finditer("\n", html)]
     p.feed(html)
     p.close()
-    return p.parts
+    parts: list[Part] = []
+    ends = [e[3] for e in p.events[1:]] + [len(html)]
+    for (kind, data, tag, start), end in zip(p.events, ends):
+        raw = html[start:end]
+        if kind == "text" and parts and parts[-1][0] == "text":    # one text node the parser cut in two
+            parts[-1] = ("text", parts[-1][1] + data, "")
+            continue
+        parts.append((kind, data if kind == "text" else raw, tag))
+    if p.events and p.events[0][3] > 0:
+        parts.insert(0, ("markup", html[:p.events[0][3]], ""))
+    return parts
 
 
 class HtmlText:
@@ -72,8 +80,11 @@ class HtmlText:
     inline element is then put back around its own words: its own translation where that occurs in
     the unit's translation (case-insensitive; the approach of Argos Translate's tag handling), else
     the words of it that occur there; else its tags are dropped and its text stays translated in
-    the sentence. Other text nodes are translated one by one, whitespace around them kept. Text in
-    script, style, code, pre and similar elements is left as it is; entities in the model's output
+    the sentence. Other text nodes are translated one by one. Whitespace inside a text (the line
+    breaks and tabs of indented HTML) is collapsed to single spaces for the translator, so a sentence
+    broken over lines stays one sentence; the whitespace before and after it is kept. Tags (their
+    attribute values included), comments, declarations and the content of script, style, code, pre
+    and similar elements are copied byte for byte from the input; entities in the model's output
     (Multi30k's text has ``&amp;``) are decoded before escaping.
     """
 
@@ -104,14 +115,14 @@ class HtmlText:
             else:
                 self.units += [("run", [item]) if item[0] else ("text", item[1]) for item in items]
             i = j
-        self.segments: list[str] = []       # what to translate, in order
+        self.segments: list[str] = []       # what to translate, in order, whitespace collapsed
         for kind, unit in self.units:
             if kind == "text" and unit.strip():
-                self.segments.append(unit)
+                self.segments.append(_collapse(unit))
             elif kind == "run":
                 if len(unit) > 1:
-                    self.segments.append("".join(t for _, t, _ in unit))      # the whole unit
-                self.segments += [t for start, t, _ in unit if start and t.strip()]  # each inline element's text
+                    self.segments.append(_collapse("".join(t for _, t, _ in unit)))      # the whole unit
+                self.segments += [_collapse(t) for start, t, _ in unit if start and t.strip()]  # each inline text
 
     def rebuild(self, translations: list[str]) -> str:
         """The fragment with ``translations`` (one per segment, in order) in place of its text."""
@@ -136,6 +147,12 @@ class HtmlText:
                     out.append("".join(start + (keep_space(t, tr) if tr is not None else t) + end
                                        for (start, t, end), tr in zip(unit, pieces)))
         return "".join(out)
+
+
+def _collapse(text: str) -> str:
+    """Text as the translator gets it: runs of whitespace (line breaks and tabs of indented HTML
+    included) as one space, none around it; a browser renders the text the same way."""
+    return " ".join(text.split())
 
 
 def _space_around(raw: str) -> tuple[str, str]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import urllib.parse
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Annotated, Callable, Iterable, Literal, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 from service.engine import GenerationOptions
 from service.translator import ModelCard
@@ -27,6 +28,36 @@ LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanis
                   "ja": "Japanese", "pl": "Polish", "sv": "Swedish", "tr": "Turkish", "ar": "Arabic"}
 
 Fields = dict[str, object]      # a JSON body's members, or form fields (str, or list[str] for a repeated q)
+
+
+# ---- the OpenAPI declarations of POST /translate (parse() validates; these only document) -----------
+class LibreTranslateBody(BaseModel):
+    """POST /translate, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
+    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[str], Field(min_length=1)]] = Field(
+        ..., description="text, or a list of texts (a repeated form field)")
+    source: str = Field(..., min_length=1, description='language code (GET /languages) or "auto"')
+    target: str = Field(..., min_length=1, description="language code (GET /languages)")
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, le=MAX_BEAM_SIZE - 1, description="alternative translations to return")
+    api_key: Optional[str] = Field(None, description="accepted, not checked")
+
+
+class LibreTranslateAnswer(BaseModel):
+    translatedText: Union[str, list[str]]
+    alternatives: Optional[Union[list[str], list[list[str]]]] = None
+    detectedLanguage: Optional[Union[dict, list[dict]]] = Field(None, description='with source "auto"')
+
+
+class LibreError(BaseModel):
+    error: str
+
+
+def openapi_request_body() -> dict:
+    """The requestBody of POST /translate for the OpenAPI document: one schema, three media types."""
+    schema = LibreTranslateBody.model_json_schema()
+    return {"required": True, "content": {m: {"schema": schema} for m in
+                                          ("application/json", "application/x-www-form-urlencoded",
+                                           "multipart/form-data")}}
 
 
 @dataclass

@@ -3,10 +3,11 @@ hypotheses rejoined with the input's whitespace, alternatives, and block-diagona
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
+from model.search import Hypothesis
 from service.api.schemas import (Alternative, AttentionSelection, TranslateJob, TranslateResponse, Translation,
                                  Usage)
 from service.engine import TranslationResult
@@ -14,9 +15,18 @@ from service.engine import TranslationResult
 from .text import Piece, Split
 
 
+TextOf = Callable[[Piece, Hypothesis], str]   # a sentence's text from one of its hypotheses
+
+
 def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional[Split]],
-                   pieces: Sequence[Piece], results: Sequence[TranslationResult]) -> TranslateResponse:
-    """One Translation per text of ``job`` (``results[k]`` is the engine's result for ``pieces[k]``)."""
+                   pieces: Sequence[Piece], results: Sequence[TranslationResult],
+                   text_of: Optional[TextOf] = None) -> TranslateResponse:
+    """One Translation per text of ``job`` (``results[k]`` is the engine's result for ``pieces[k]``).
+
+    ``text_of`` turns a hypothesis into its sentence's text (the translator's: protected spans and
+    case restored, ``protect.py``); default: the decoded tokens.
+    """
+    text_of = text_of or (lambda p, h: tok.decode(h.tokens))
     by_text: dict[int, list[tuple[Piece, TranslationResult]]] = {}
     for p, r in zip(pieces, results):
         by_text.setdefault(p.text_index, []).append((p, r))
@@ -24,7 +34,7 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
     translations, src_total, gen_total = [], 0, 0
     for i, split in enumerate(splits):
         items = by_text.get(i, [])
-        translations.append(_translation(tok, split, items, job.options.n_best, kinds, job.attention))
+        translations.append(_translation(tok, split, items, job.options.n_best, kinds, job.attention, text_of))
         src_total += sum(len(p.src_ids) for p, _ in items)
         gen_total += sum(len(r.hypotheses[0].tokens) for _, r in items)
     return TranslateResponse(model=model, translations=translations,
@@ -32,9 +42,11 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
 
 
 def _translation(tok, split: Optional[Split], items: list[tuple[Piece, TranslationResult]], n_best: int,
-                 kinds: tuple[str, ...], selection: AttentionSelection) -> Translation:
-    if split is None:   # empty, whitespace or invisible characters only: "" without touching the model
-        return Translation(text="", tokens=[], source_tokens=[], score=0.0, finish_reason="eos", alternatives=[],
+                 kinds: tuple[str, ...], selection: AttentionSelection, text_of: TextOf) -> Translation:
+    if split is None or not split.pieces:   # empty, whitespace or invisible characters only: "";
+        # no letters (only digits, punctuation, symbols): the text itself; neither touches the model
+        return Translation(text=split.join([]) if split is not None else "", tokens=[], source_tokens=[],
+                           score=0.0, finish_reason="eos", alternatives=[],
                            attention={k: [] for k in kinds} if kinds else None)
     best = [r.hypotheses[0] for _, r in items]
     alternatives = []
@@ -43,19 +55,19 @@ def _translation(tok, split: Optional[Split], items: list[tuple[Piece, Translati
         if all(len(r.hypotheses) <= k for _, r in items):
             break
         hyps = [r.hypotheses[min(k, len(r.hypotheses) - 1)] for _, r in items]
-        alternatives.append(Alternative(**_joined(tok, split, hyps)))
+        alternatives.append(Alternative(**_joined(tok, split, items, hyps, text_of)))
     attention = None
     if kinds:
         sources = [p.src_ids for p, _ in items]
         attention = {kind: block_diagonal(kind, best, sources, selection.layers, selection.heads) for kind in kinds}
-    return Translation(**_joined(tok, split, best),
+    return Translation(**_joined(tok, split, items, best, text_of),
                        source_tokens=[piece for p, _ in items for piece in tok.pieces(p.src_ids)],
                        alternatives=alternatives, attention=attention)
 
 
-def _joined(tok, split: Split, hyps: list) -> dict:
+def _joined(tok, split: Split, items: list[tuple[Piece, TranslationResult]], hyps: list, text_of: TextOf) -> dict:
     """One hypothesis per sentence, as a text: text, tokens, mean score, finish_reason."""
-    return {"text": split.join([tok.decode(h.tokens) for h in hyps]),
+    return {"text": split.join([text_of(p, h) for (p, _), h in zip(items, hyps)]),
             "tokens": [piece for h in hyps for piece in tok.pieces(h.tokens)],
             "score": _finite(sum(h.score for h in hyps) / len(hyps)),
             "finish_reason": "length" if any(h.finish_reason == "length" for h in hyps) else "eos"}

@@ -7,7 +7,7 @@ deltas per text (incremental detokenization).
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Optional, Sequence, Union
+from typing import AsyncIterator, Callable, Optional, Sequence, Union
 
 from service.api.schemas import StreamToken
 from service.engine import TokenStream, TranslationResult
@@ -22,6 +22,10 @@ class StreamState:
         tok: the target tokenizer (``model.tokenizer.Tokenizer``: ``decode``, ``pieces``).
         splits: per text its Split (None for a text without visible characters: no events).
         pieces: every sentence of every text; piece k is the k in ``token(k, ...)`` / ``finish(k, ...)``.
+        text_of: ``text_of(k, tokens, hypothesis)``, piece k's text so far (hypothesis None while it
+            streams; the finished hypothesis at the end), or None to hold it back until it finishes
+            (the translator's: a sentence with protected spans is placed by attention at the end,
+            ``protect.py``). Default: the decoded tokens.
 
     Invariant: for every text, the concatenated ``text`` of its events equals the final translation
     (leading whitespace, each sentence with the whitespace before it, trailing whitespace). The
@@ -30,8 +34,11 @@ class StreamState:
     multi-byte character (U+FFFD) waits for the next token.
     """
 
-    def __init__(self, tok, splits: Sequence[Optional[Split]], pieces: Sequence[Piece]):
+    def __init__(self, tok, splits: Sequence[Optional[Split]], pieces: Sequence[Piece],
+                 text_of: Optional[Callable[[int, list[int], object], Optional[str]]] = None):
         self.tok, self.splits, self.pieces = tok, splits, pieces
+        self.text_of = text_of or (lambda k, tokens, hyp: tok.decode(tokens))
+        self.hyps: list[object] = [None] * len(pieces)  # piece k's finished hypothesis
         self.order: dict[int, list[int]] = {}           # text index -> its piece keys, in text order
         for k, p in enumerate(pieces):
             self.order.setdefault(p.text_index, []).append(k)
@@ -41,15 +48,20 @@ class StreamState:
         self.started: list[bool] = [False for _ in pieces]
         self.done: set[int] = set()
 
+    def verbatim(self) -> list[StreamToken]:
+        """One event per text that needs no model (a Split without pieces: no letters): its whole text."""
+        return [StreamToken(index=i, text=s.join([]), token=None) for i, s in enumerate(self.splits)
+                if s is not None and not s.pieces]
+
     def token(self, k: int, token_id: int) -> list[StreamToken]:
         """A new target token of piece k: the events it releases (none while k waits its turn)."""
         self.tokens[k].append(token_id)
         return self._emit(k, final=False) if self._current(self.pieces[k].text_index) == k else []
 
-    def finish(self, k: int, tokens: Sequence[int]) -> list[StreamToken]:
-        """Piece k is done with these final tokens (the best hypothesis; beam search yields its tokens
-        only at the end): the events it releases, its successors' held-back tokens included."""
-        self.tokens[k] = list(tokens)
+    def finish(self, k: int, tokens: Sequence[int], hyp: object = None) -> list[StreamToken]:
+        """Piece k is done with these final tokens (the best hypothesis ``hyp``; beam search yields its
+        tokens only at the end): the events it releases, its successors' held-back tokens included."""
+        self.tokens[k], self.hyps[k] = list(tokens), hyp
         self.done.add(k)
         i = self.pieces[k].text_index
         out: list[StreamToken] = []
@@ -70,9 +82,9 @@ class StreamState:
 
     def _emit(self, k: int, final: bool) -> list[StreamToken]:
         p = self.pieces[k]
-        text = self.tok.decode(self.tokens[k])
+        text = self.text_of(k, self.tokens[k], self.hyps[k] if final else None)
         prev = self.emitted[k]
-        if not text.startswith(prev) or (not final and text.endswith("\ufffd")):
+        if text is None or not text.startswith(prev) or (not final and text.endswith("\ufffd")):
             return []       # e.g. an incomplete multi-byte character: wait for the next token
         glue = "" if self.started[k] else self.splits[p.text_index].glue[p.piece_index]
         delta = text[len(prev):]

@@ -2,7 +2,13 @@
 
 A text (a paragraph, several lines, a whole document) is split first into lines, then each line into
 sentences with pysbd (Sadvilkar and Neumann, 2020, "PySBD: Pragmatic Sentence Boundary
-Disambiguation"), a rule-based segmenter that keeps abbreviations ("z.B.", "Dr.") inside sentences.
+Disambiguation"), a rule-based segmenter with per-language rules (German's for German: "am 3. Mai",
+"ca. 5 Euro", "z.B." stay inside their sentence) that keeps abbreviations inside sentences.
+Splitting never fails: where pysbd raises on a line (it does on some brackets and abbreviations) or
+the text has used up ``SEGMENTER_BUDGET_S`` of segmenter time, that line is cut by ``simple_split``
+instead (``Split.fallbacks`` says why; the translator counts it in ``mt_sentence_split_fallbacks_total``).
+Pieces without a letter (``needs_model`` is false: "1.", "12345", "-", "...", emoji) are not
+translated: ``Split.translatable`` moves them into the glue, so they come back verbatim.
 Invariant: ``Split.join(split.pieces) == text`` — the whitespace between and around pieces (line
 breaks, double spaces, indentation) is kept verbatim in ``glue`` and reused when the translated pieces
 are joined, so the output has the input's layout. A ``Piece`` is one sentence of one text, encoded.
@@ -11,9 +17,10 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 import unicodedata
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 import pysbd
 
@@ -21,6 +28,10 @@ import pysbd
 # ('sagt: "Hallo.' + '" Das ...'), so they are moved back to the sentence they close.
 _CLOSERS = "\"'”’»«)]}›"
 _LINE_BREAK = re.compile(r"(\r\n|\n|\r|\u2028|\u2029)")
+# The fallback's boundary candidates: sentence-final punctuation, closing quotes or brackets, whitespace.
+_BOUNDARY = re.compile(r"[.!?…]+[" + re.escape(_CLOSERS + "“‘") + r"]*(\s+)")   # “‘ close German quotes
+_OPENERS = "\"'„“‘«»‹(["
+SEGMENTER_BUDGET_S = 0.5   # seconds of pysbd time per text; the lines after it use simple_split
 
 
 @dataclass
@@ -28,7 +39,10 @@ class Split:
     """A text cut into translatable pieces: text == glue[0] + pieces[0] + glue[1] + ... + glue[n]."""
     pieces: list[str]   # sentences without surrounding whitespace, never without visible text
     glue: list[str]     # len(pieces) + 1 runs of whitespace (or other invisible characters: control,
-                        # format, e.g. zero-width space) kept as sent
+                        # format, e.g. zero-width space) kept as sent; after ``translatable()`` also the
+                        # pieces without letters
+    fallbacks: list[str] = field(default_factory=list)   # per line cut by simple_split, why:
+                                                         # "error" (pysbd raised) or "timeout" (budget spent)
 
     def join(self, translations: Sequence[str]) -> str:
         """Interleave translations (one per piece) with the original whitespace."""
@@ -39,6 +53,21 @@ class Split:
             out.append(t)
             out.append(g)
         return "".join(out)
+
+    def translatable(self, needs: Optional[Callable[[str], bool]] = None) -> "Split":
+        """The same text with only the pieces that need the model (``needs``, default ``needs_model``):
+        every other piece joins the glue around it, so it comes back verbatim and ``join`` still
+        rebuilds the text."""
+        needs = needs or needs_model
+        pieces: list[str] = []
+        glue = [self.glue[0]]
+        for piece, after in zip(self.pieces, self.glue[1:]):
+            if needs(piece):
+                pieces.append(piece)
+                glue.append(after)
+            else:
+                glue[-1] += piece + after
+        return Split(pieces, glue, self.fallbacks)
 
 
 @dataclass
@@ -63,9 +92,40 @@ def has_text(s: str) -> bool:
     return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn") for c in s)
 
 
+def needs_model(piece: str) -> bool:
+    """Whether a piece has a letter (Unicode category L*) for the model to translate; pieces of
+    digits, punctuation, symbols or emoji only ("1.", "12345", "-", "...", "€ 5,00") pass through."""
+    return any(c.isalpha() for c in piece)
+
+
+def simple_split(line: str) -> list[str]:
+    """The fallback segmenter: a boundary is sentence-final punctuation (``.!?…``, closing quotes or
+    brackets after it) followed by whitespace and an uppercase letter (an opening quote or bracket
+    may come first), except after a "." that ends a number ("am 3. Mai"), a single letter (initials)
+    or a word with another "." inside ("z.B.", "B.A."). Returns the stripped sentences that have
+    visible text, in order; they are substrings of ``line``, so ``split_text``'s invariant holds."""
+    out, start = [], 0
+    for m in _BOUNDARY.finditer(line):
+        k = m.end()
+        while k < len(line) and line[k] in _OPENERS:
+            k += 1
+        w = m.start()       # the word before the punctuation: line[w:m.start()]
+        while w > 0 and not line[w - 1].isspace():
+            w -= 1
+        word = line[w:m.start()]
+        if not line[k:k + 1].isupper() or (line[m.start()] == "." and (
+                word.isdigit() or (len(word) == 1 and word.isalpha()) or "." in word)):
+            continue
+        out.append(line[start:m.start(1)])
+        start = m.end(1)
+    out.append(line[start:])
+    return [s.strip() for s in out if has_text(s)]
+
+
 def split_sentences(line: str, language: str = "en") -> list[str]:
-    """The sentences of one line (no line breaks inside), each stripped of surrounding whitespace;
-    segments without visible text are left out (they stay in the glue, see ``split_text``)."""
+    """The sentences of one line (no line breaks inside) by pysbd, each stripped of surrounding
+    whitespace; segments without visible text are left out (they stay in the glue, see ``split_text``).
+    Raises what pysbd raises (``split_text`` falls back to ``simple_split``)."""
     raw = [s for s in _segmenter(language).segment(line) if has_text(s)]
     out: list[str] = []
     for s in raw:
@@ -79,10 +139,26 @@ def split_sentences(line: str, language: str = "en") -> list[str]:
     return [s.strip() for s in out]   # every one has visible text (filtered above)
 
 
+def _line_sentences(line: str, language: str, started: float, fallbacks: list[str]) -> list[str]:
+    """pysbd's sentences of a line, or simple_split's (reason appended to ``fallbacks``) when pysbd
+    raises or the text's segmenter time (since ``started``, ``time.perf_counter``) is spent."""
+    if time.perf_counter() - started > SEGMENTER_BUDGET_S:
+        fallbacks.append("timeout")
+        return simple_split(line)
+    try:
+        return split_sentences(line, language)
+    except Exception:  # noqa: BLE001 - any segmenter failure (re.error, IndexError, ...) has a fallback
+        fallbacks.append("error")
+        return simple_split(line)
+
+
 def split_text(text: str, language: str = "en") -> Split:
-    """Cut text into lines and sentences (see module docstring). Whitespace-only text has no pieces."""
+    """Cut text into lines and sentences (see module docstring). Whitespace-only text has no pieces.
+    Never raises for any text: lines pysbd cannot cut are cut by ``simple_split``."""
     pieces: list[str] = []
     glue: list[str] = []
+    fallbacks: list[str] = []
+    started = time.perf_counter()
     pending = ""            # whitespace seen since the last piece
     cursor = 0
     for part in _LINE_BREAK.split(text):
@@ -94,7 +170,7 @@ def split_text(text: str, language: str = "en") -> Split:
             continue
         line_start = cursor
         pos = 0
-        for sentence in split_sentences(part, language):
+        for sentence in _line_sentences(part, language, started, fallbacks):
             at = part.find(sentence, pos)
             if at < 0:  # the segmenter changed characters: fall back to the rest of the line as one piece
                 sentence = part[pos:].strip()
@@ -109,6 +185,6 @@ def split_text(text: str, language: str = "en") -> Split:
         pending += part[pos:]
         cursor = line_start + len(part)
     glue.append(pending)
-    split = Split(pieces, glue)
+    split = Split(pieces, glue, fallbacks)
     assert split.join(pieces) == text, "split_text lost characters"
     return split

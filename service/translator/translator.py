@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
@@ -29,8 +30,10 @@ from service.metrics import EngineMetrics
 
 from .card import ModelCard
 from .output import build_response
+from .protect import Protected, Protector
 from .streaming import StreamState, merge_streams
 from .text import Piece, Split, has_text, split_text
+from .truecase import Truecaser
 
 logger = logging.getLogger("ray.serve")
 
@@ -47,9 +50,12 @@ class Translator:
     """Model + tokenizer + Engine for one checkpoint.
 
     Call ``await reconfigure(engine_config)`` once before use (Ray Serve does so with user_config).
+    ``protect_spans`` / ``truecase`` (default on; env ``MT_PROTECT_SPANS=0`` / ``MT_TRUECASE=0``
+    turn them off): protected spans and recasing (``protect.py``, ``truecase.py``).
     """
 
-    def __init__(self, card: ModelCard, device: Optional[str] = None, num_threads: Optional[int] = None):
+    def __init__(self, card: ModelCard, device: Optional[str] = None, num_threads: Optional[int] = None,
+                 protect_spans: Optional[bool] = None, truecase: Optional[bool] = None):
         self.card = card
         self.name = card.id
         if num_threads:
@@ -58,6 +64,11 @@ class Translator:
         with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
             self.model, self.tok, _ = load_checkpoint(card.checkpoint, device=self.device)
         tune_process()
+        on = {"protect": protect_spans, "recase": truecase}
+        for key, env in (("protect", "MT_PROTECT_SPANS"), ("recase", "MT_TRUECASE")):
+            if on[key] is None:
+                on[key] = os.environ.get(env, "1") != "0"
+        self.protector = Protector(self.tok, Truecaser.load(card.checkpoint, card.source_lang, self.tok), **on)
         self.metrics = EngineMetrics(self.name)
         self.engine: Optional[Engine] = None
         self.engine_config: Optional[EngineConfig] = None
@@ -111,26 +122,35 @@ class Translator:
         return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": self.model.linear_dtype})
 
     # ---- request preparation ------------------------------------------------------------------
-    def prepare(self, job: TranslateJob) -> tuple[list[Optional[Split]], list[Piece]]:
-        """Split the job's texts into sentences and encode them.
+    def prepare(self, job: TranslateJob) -> tuple[list[Optional[Split]], list[Piece], list[Protected]]:
+        """Split the job's texts into sentences, protect their spans, recase and encode them.
 
-        Returns per text its Split (None for empty or whitespace-only text) and the flat list of
-        pieces to translate. Raises ServiceError: 503 while the engine is not built yet, 413 for a
-        sentence longer than the model accepts or more sentences than one request may have.
+        Returns per text its Split (None for empty or whitespace-only text; no pieces for a text
+        without letters, which comes back verbatim), the flat list of pieces to translate and each
+        piece's ``Protected`` (what the model sees of it; a sentence of protected spans only, such as
+        a lone URL, needs no model and stays in the glue like a sentence without letters).
+        Raises ServiceError: 503 while the engine is not built yet, 413 for a sentence longer than
+        the model accepts or more sentences than one request may have.
         """
         if self.engine is None:
             raise ServiceError(503, f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
         field, max_src = job.field, self.engine.max_src_len
         splits: list[Optional[Split]] = []
         pieces: list[Piece] = []
+        prepared: list[Protected] = []
         for i, text in enumerate(job.texts):
             if not has_text(text):   # whitespace or other invisible characters only
                 splits.append(None)
                 continue
             split = split_text(text, self.card.source_lang)
-            splits.append(split)
+            self.metrics.split_fallbacks(split.fallbacks)
+            seen: dict[str, Protected] = {}
+            split = self.protector.rejoin(split)    # a URL the splitter cut at its "?" is one sentence again
+            split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s)).needs_model)
+            splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
             for j, sentence in enumerate(split.pieces):
-                ids = self.tok.encode(sentence) + [self.tok.eos_id]
+                prepared.append(seen.get(sentence) or self.protector.prepare(sentence))
+                ids = self.protector.encode(prepared[-1])
                 if len(ids) > max_src:
                     where = f"{field}[{i}]" if job.is_list else field
                     raise ServiceError(
@@ -140,20 +160,36 @@ class Translator:
         limit = min(MAX_SENTENCES, self.engine_config.max_waiting)
         if len(pieces) > limit:
             raise ServiceError(413, f"{field}: at most {limit} sentences per request, got {len(pieces)}", field)
-        return splits, pieces
+        return splits, pieces, prepared
+
+    def _options(self, prepared: Protected, options: GenerationOptions) -> GenerationOptions:
+        """A sentence with inner protected spans also tracks cross-attention (to place them)."""
+        if prepared.spans and "cross" not in options.attention_kinds:
+            return dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
+        return options
+
+    def _text_of(self, prepared: list[Protected], pieces: list[Piece]):
+        """``text_of`` for build_response: a hypothesis's text with spans and case restored."""
+        index = {(p.text_index, p.piece_index): k for k, p in enumerate(pieces)}
+
+        def text_of(piece: Piece, hyp) -> str:
+            return self.protector.restore(prepared[index[piece.text_index, piece.piece_index]], piece.src_ids,
+                                          hyp.tokens, (hyp.attention or {}).get("cross"))
+        return text_of
 
     # ---- translate ----------------------------------------------------------------------------
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises ServiceError (see ``prepare``) or the engine's errors."""
-        splits, pieces = self.prepare(job)
-        results = await self._run_all(pieces, job.options)
-        return build_response(self.name, self.tok, job, splits, pieces, results)
+        splits, pieces, prepared = self.prepare(job)
+        results = await self._run_all(pieces, [self._options(p, job.options) for p in prepared])
+        return build_response(self.name, self.tok, job, splits, pieces, results, self._text_of(prepared, pieces))
 
-    async def _run_all(self, pieces: list[Piece], options: GenerationOptions) -> list[TranslationResult]:
-        """Await every piece concurrently; on the first failure cancel the rest and raise it."""
+    async def _run_all(self, pieces: list[Piece], options: list[GenerationOptions]) -> list[TranslationResult]:
+        """Await every piece concurrently (``options[k]`` for piece k); on the first failure cancel the
+        rest and raise it."""
         if not pieces:
             return []
-        tasks = [asyncio.create_task(self.engine.translate(p.src_ids, options)) for p in pieces]
+        tasks = [asyncio.create_task(self.engine.translate(p.src_ids, o)) for p, o in zip(pieces, options)]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
@@ -177,17 +213,21 @@ class Translator:
         Errors before ``StreamStart`` (validation, a full queue) are raised before anything is
         streamed. Closing the generator cancels every sentence.
         """
-        splits, pieces = self.prepare(job)
+        splits, pieces, prepared = self.prepare(job)
         streams = []
         try:
-            for p in pieces:    # submitting raises QueueFullError at once, before anything is streamed
-                streams.append(self.engine.stream(p.src_ids, job.options))
+            for p, prot in zip(pieces, prepared):   # QueueFullError comes at once, before anything is streamed
+                streams.append(self.engine.stream(p.src_ids, self._options(prot, job.options)))
         except BaseException:
             for st in streams:
                 st.cancel()
             raise
         yield StreamStart()
-        state = StreamState(self.tok, splits, pieces)
+        text_of = self._text_of(prepared, pieces)
+        state = StreamState(self.tok, splits, pieces, lambda k, tokens, hyp: (
+            self.protector.partial(prepared[k], tokens) if hyp is None else text_of(pieces[k], hyp)))
+        for ev in state.verbatim():     # texts without letters: whole, before any token
+            yield ev
         results: list[Optional[TranslationResult]] = [None] * len(pieces)
         async with contextlib.aclosing(merge_streams(streams)) as items:
             async for k, item in items:
@@ -196,6 +236,6 @@ class Translator:
                         yield ev
                 else:
                     results[k] = item
-                    for ev in state.finish(k, item.hypotheses[0].tokens):
+                    for ev in state.finish(k, item.hypotheses[0].tokens, item.hypotheses[0]):
                         yield ev
-        yield build_response(self.name, self.tok, job, splits, pieces, results)
+        yield build_response(self.name, self.tok, job, splits, pieces, results, text_of)

@@ -1,0 +1,193 @@
+"""Request bodies before the routes read them: ``Content-Encoding`` decoded, the media type checked,
+a ``charset`` honoured; one ASGI middleware for every route (``BodyMiddleware``).
+
+    Content-Encoding  gzip (x-gzip), deflate (zlib, or raw deflate), identity; a list is undone in
+                      reverse order. Decoded (and plain) bodies are capped at MAX_BODY_BYTES: 413.
+                      Any other coding: 415 naming the accepted ones.
+    Content-Type      per route (MEDIA_TYPES): another media type gets 415 naming the accepted ones;
+                      no Content-Type is left to the route (FastAPI reads JSON, /translate the query).
+    charset           utf-8 passes as it is; another charset Python decodes (latin-1, utf-16,
+                      cp1252, ...) is transcoded to UTF-8 (urlencoded forms: their percent-escapes
+                      too); an unknown charset, or one on multipart/form-data, gets 415. Bytes invalid
+                      in the declared charset: 422 (400 on LibreTranslate routes).
+
+Errors come in the route's shape: ``{"error": {...}}`` natively, ``{"error": message}`` on
+LibreTranslate's routes (``errors.LIBRE_PATHS``).
+"""
+from __future__ import annotations
+
+import codecs
+import urllib.parse
+import zlib
+from fastapi.responses import JSONResponse
+
+from .errors import LIBRE_PATHS, ServiceError, error_response
+
+MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
+                                   # 5,000 characters fit with room for JSON escapes)
+ENCODINGS = ("gzip", "deflate", "identity")
+JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
+MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART)}   # "+json" types count as JSON
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def parse_content_type(value: str) -> tuple[str, dict[str, str]]:
+    """("type/subtype" lower-cased, {param: value}) of a Content-Type header value."""
+    media, *params = value.split(";")
+    out = {}
+    for p in params:
+        name, _, v = p.partition("=")
+        if name.strip():
+            out[name.strip().lower()] = v.strip().strip('"')
+    return media.strip().lower(), out
+
+
+def _is_json(media: str) -> bool:
+    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+def inflate(data: bytes, coding: str, cap: int = MAX_BODY_BYTES) -> bytes:
+    """Undo one content coding. Raises ServiceError 413 once the output passes ``cap`` bytes (without
+    inflating further), 422 for data that is not in that coding, 415 for a coding not in ENCODINGS."""
+    if coding in ("identity", ""):
+        return data
+    if coding in ("gzip", "x-gzip"):
+        wbits = 31
+    elif coding == "deflate":   # RFC 9110: zlib format; some clients send raw deflate
+        wbits = 15 if len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0 else -15
+    else:
+        raise ServiceError(415, f"Content-Encoding: {coding!r} is not supported; accepted: {', '.join(ENCODINGS)}",
+                           "Content-Encoding")
+    out = bytearray()
+    rest = data
+    try:
+        while rest:     # gzip: one member after another (RFC 1952 allows several)
+            d = zlib.decompressobj(wbits)
+            out += d.decompress(rest, cap + 1 - len(out))
+            if len(out) > cap:
+                raise ServiceError(413, f"body: at most {cap} bytes once decoded (Content-Encoding: {coding})",
+                                   "body")
+            if not d.eof:
+                raise zlib.error("truncated data")
+            rest = d.unused_data if wbits == 31 else b""
+    except zlib.error as e:
+        raise ServiceError(422, f"body: not valid {coding} data ({e})", "body") from None
+    return bytes(out)
+
+
+def transcode(body: bytes, media: str, charset: str) -> bytes:
+    """The body in UTF-8. Raises ServiceError 415 for a charset Python does not know (or on
+    multipart, whose parts carry their own), 422 for bytes that are invalid in it."""
+    try:
+        info = codecs.lookup(charset)
+    except LookupError:
+        info = None
+    if info is None or not getattr(info, "_is_text_encoding", True):
+        raise ServiceError(415, f"Content-Type: charset {charset!r} is not supported; send utf-8 (or another "
+                                "text encoding such as latin-1 or utf-16)", "Content-Type")
+    if info.name == "utf-8":
+        return body
+    if media == MULTIPART:
+        raise ServiceError(415, f"Content-Type: a charset ({charset}) on multipart/form-data is not supported; "
+                                "send utf-8 parts", "Content-Type")
+    try:
+        text = body.decode(info.name)
+        if media == FORM:   # the percent-escapes are bytes in that charset too
+            pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding=info.name, errors="strict")
+            text = urllib.parse.urlencode(pairs, encoding="utf-8")
+    except UnicodeError as e:
+        raise ServiceError(422, f"body: not valid {charset} ({e.__class__.__name__} at byte "
+                                f"{getattr(e, 'start', '?')})", "body") from None
+    return text.encode("utf-8")
+
+
+def check_media_type(path: str, media: str) -> None:
+    """Raises ServiceError 415 when ``path`` takes only other media types (MEDIA_TYPES)."""
+    accepted = MEDIA_TYPES.get(path)
+    if accepted is None or not media or media in accepted or (JSON in accepted and _is_json(media)):
+        return
+    raise ServiceError(415, f"Content-Type: {path} takes {' or '.join(accepted)}, got {media}", "Content-Type")
+
+
+def decode_body(path: str, headers: dict[str, str], body: bytes, cap: int = MAX_BODY_BYTES) -> tuple[bytes, str]:
+    """(body as the route reads it, its Content-Type) for a request to ``path`` with these headers
+    (lower-case names). Raises ServiceError 413, 415 or 422 (see module docstring)."""
+    if len(body) > cap:
+        raise ServiceError(413, f"body: at most {cap} bytes, got more", "body")
+    ctype = headers.get("content-type", "")
+    media, params = parse_content_type(ctype)
+    check_media_type(path, media)
+    codings = [c.strip().lower() for c in headers.get("content-encoding", "").split(",") if c.strip()]
+    for coding in reversed(codings):
+        body = inflate(body, coding, cap)
+    charset = params.get("charset")
+    if charset:
+        transcoded = transcode(body, media, charset)
+        if transcoded is not body:
+            body, ctype = transcoded, f"{media}; charset=utf-8"
+    return body, ctype
+
+
+def render(path: str, err: ServiceError) -> JSONResponse:
+    """The error in the route's shape (LibreTranslate: ``{"error": message}``, invalid bytes as 400)."""
+    if path in LIBRE_PATHS:
+        return JSONResponse({"error": err.message}, status_code=400 if err.status == 422 else err.status)
+    return error_response(err)
+
+
+class BodyMiddleware:
+    """Reads a request body (up to MAX_BODY_BYTES), decodes it (``decode_body``) and hands the route
+    the decoded bytes with matching Content-Encoding, Content-Length and Content-Type headers; answers
+    413/415/422 itself. Requests without a body method pass through untouched."""
+
+    def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES):
+        self.app, self.cap = app, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            length = 0
+        try:
+            if length > self.cap:
+                raise ServiceError(413, f"body: at most {self.cap} bytes, got {length} (Content-Length)", "body")
+            body = await self._read(receive)
+            body, ctype = decode_body(path, headers, body, self.cap)
+        except ServiceError as e:
+            return await render(path, e)(scope, receive, send)
+        drop = {b"content-encoding", b"content-length", b"content-type", b"transfer-encoding"}
+        new_headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in drop]
+        new_headers.append((b"content-length", str(len(body)).encode()))
+        if ctype:
+            new_headers.append((b"content-type", ctype.encode("latin-1")))
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()      # after the body: the client's disconnect
+        await self.app({**scope, "headers": new_headers}, replay, send)
+
+    async def _read(self, receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.cap:
+                raise ServiceError(413, f"body: at most {self.cap} bytes, got more", "body")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+

@@ -1,0 +1,199 @@
+"""Request bodies (service/api/body.py): Content-Encoding gzip/deflate with a cap on the inflated
+size, 415 for other codings and media types, charset honoured or refused; and a 405's Allow header.
+Through BodyMiddleware on a small FastAPI app with the service's error handlers and LibreTranslate
+body parsing; no Ray."""
+from __future__ import annotations
+
+import gzip
+import json
+import urllib.parse
+import zlib
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
+from service.api import libretranslate
+from service.api.body import MAX_BODY_BYTES, BodyMiddleware, decode_body, inflate
+from service.api.errors import ServiceError, add_exception_handlers
+
+TEXT = "Ein Mann fährt Fahrrad. Zwei Hunde spielen im Schnee – „schön“ 🐶"
+CAP = 64 * 1024
+
+
+class Body(BaseModel):
+    text: str
+
+
+def make_app() -> FastAPI:
+    app = FastAPI()
+    app.add_middleware(BodyMiddleware, max_body_bytes=CAP)
+    add_exception_handlers(app)
+
+    @app.post("/v1/translate")
+    async def native(body: Body):
+        return {"text": body.text}
+
+    @app.post("/translate")
+    async def libre(request: Request):
+        try:
+            return await libretranslate.read_fields(request)
+        except ServiceError as e:
+            return libretranslate.libre_error_response(e)
+    return app
+
+
+@pytest.fixture(scope="module")
+def client():
+    return TestClient(make_app())
+
+
+def raw_deflate(data: bytes) -> bytes:
+    c = zlib.compressobj(wbits=-15)
+    return c.compress(data) + c.flush()
+
+
+JSON_BODY = json.dumps({"text": TEXT}).encode()
+FORM_BODY = urllib.parse.urlencode({"q": TEXT, "source": "de", "target": "en"}).encode()
+
+
+@pytest.mark.parametrize("coding, encode", [
+    ("gzip", gzip.compress), ("x-gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", raw_deflate),
+    ("GZIP", gzip.compress), ("identity", lambda b: b),
+    ("gzip, deflate", lambda b: zlib.compress(gzip.compress(b))),     # applied in order, undone in reverse
+    ("gzip", lambda b: gzip.compress(b[:10]) + gzip.compress(b[10:])),   # two gzip members
+])
+def test_encoded_bodies_are_decoded_on_both_routes(client, coding, encode):
+    r = client.post("/v1/translate", content=encode(JSON_BODY),
+                    headers={"Content-Type": "application/json", "Content-Encoding": coding})
+    assert r.status_code == 200 and r.json() == {"text": TEXT}, r.text
+    r = client.post("/translate", content=encode(FORM_BODY),
+                    headers={"Content-Type": "application/x-www-form-urlencoded", "Content-Encoding": coding})
+    assert r.status_code == 200 and r.json() == {"q": TEXT, "source": "de", "target": "en"}, r.text
+
+
+def test_inflated_size_is_capped_without_inflating_all_of_it(client):
+    bomb = gzip.compress(b"{" + b" " * (CAP * 100) + b"}")       # ~6 MB of JSON whitespace in ~6 KB
+    assert len(bomb) < CAP
+    for path, shape in (("/v1/translate", lambda j: j["error"]["message"]), ("/translate", lambda j: j["error"])):
+        r = client.post(path, content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert r.status_code == 413, r.text
+        assert f"at most {CAP} bytes once decoded" in shape(r.json())
+    with pytest.raises(ServiceError) as e:
+        inflate(zlib.compress(b"x" * 1001), "deflate", cap=1000)
+    assert e.value.status == 413 and "1000" in e.value.message
+    assert inflate(zlib.compress(b"x" * 1000), "deflate", cap=1000) == b"x" * 1000     # exactly the cap fits
+
+
+def test_plain_bodies_are_capped_too(client):
+    r = client.post("/v1/translate", content=b'{"text": "' + b"a" * CAP + b'"}',
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and str(CAP) in r.json()["error"]["message"]
+    assert MAX_BODY_BYTES >= 64 * 5000 * 12     # the service's cap fits its largest request, escaped
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "gzip, br"])
+def test_other_encodings_are_415_naming_the_accepted_ones(client, coding):
+    r = client.post("/v1/translate", content=JSON_BODY,
+                    headers={"Content-Type": "application/json", "Content-Encoding": coding})
+    assert r.status_code == 415
+    err = r.json()["error"]
+    assert err["field"] == "Content-Encoding" and "gzip, deflate, identity" in err["message"]
+    r = client.post("/translate", content=FORM_BODY,
+                    headers={"Content-Type": "application/x-www-form-urlencoded", "Content-Encoding": coding})
+    assert r.status_code == 415 and "gzip, deflate, identity" in r.json()["error"]
+
+
+def test_corrupt_encoded_body_is_a_client_error(client):
+    bad = gzip.compress(JSON_BODY)[:-12]      # truncated
+    r = client.post("/v1/translate", content=bad, headers={"Content-Type": "application/json",
+                                                           "Content-Encoding": "gzip"})
+    assert r.status_code == 422 and "not valid gzip data" in r.json()["error"]["message"]
+    r = client.post("/translate", content=b"not deflate", headers={"Content-Type": "application/json",
+                                                                   "Content-Encoding": "deflate"})
+    assert r.status_code == 400 and "not valid deflate data" in r.json()["error"]
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/xml", "application/x-www-form-urlencoded",
+                                   "multipart/form-data; boundary=x"])
+def test_other_media_types_on_the_native_route_are_415(client, ctype):
+    r = client.post("/v1/translate", content=JSON_BODY, headers={"Content-Type": ctype})
+    assert r.status_code == 415
+    err = r.json()["error"]
+    assert err["field"] == "Content-Type"
+    assert "application/json" in err["message"] and ctype.split(";")[0] in err["message"]
+
+
+def test_media_types_of_the_libretranslate_route(client):
+    r = client.post("/translate", content=FORM_BODY, headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
+    assert all(m in r.json()["error"] for m in ("application/json", "application/x-www-form-urlencoded",
+                                                 "multipart/form-data"))
+    r = client.post("/translate", content=json.dumps({"q": "x"}), headers={"Content-Type": "application/vnd.api+json"})
+    assert r.status_code == 200 and r.json() == {"q": "x"}
+
+
+@pytest.mark.parametrize("charset", ["latin-1", "ISO-8859-1", "cp1252", "utf-16", "utf-16-le", "UTF-8", "utf8",
+                                     '"utf-8"', "utf-32"])
+def test_charsets_are_honoured(client, charset):
+    text = "Ein Mann fährt – „schön“ Straße" if "8859" not in charset and "latin" not in charset \
+        else "Ein Mann fährt über die Straße"      # latin-1 has no dashes or German quotes
+    codec = charset.strip('"')
+    r = client.post("/v1/translate", content=json.dumps({"text": text}, ensure_ascii=False).encode(codec),
+                    headers={"Content-Type": f"application/json; charset={charset}"})
+    assert r.status_code == 200 and r.json() == {"text": text}, r.text
+    # a form: raw characters and percent-escapes (in ASCII-compatible charsets) are both in the declared charset
+    escaped = urllib.parse.quote(text[:16], encoding=codec) if "16" not in codec and "32" not in codec else text[:16]
+    form = ("q=" + escaped + text[16:] + "&source=de").encode(codec)
+    r = client.post("/translate", content=form,
+                    headers={"Content-Type": f"application/x-www-form-urlencoded; charset={charset}"})
+    assert r.status_code == 200 and r.json() == {"q": text, "source": "de"}, r.text
+
+
+def test_charset_and_encoding_together(client):
+    body = gzip.compress(json.dumps({"text": "Grüße"}, ensure_ascii=False).encode("utf-16"))
+    r = client.post("/v1/translate", content=body,
+                    headers={"Content-Type": "application/json; charset=utf-16", "Content-Encoding": "gzip"})
+    assert r.status_code == 200 and r.json() == {"text": "Grüße"}
+
+
+@pytest.mark.parametrize("charset", ["klingon-8", "rot13", "base64"])
+def test_unknown_or_non_text_charsets_are_415(client, charset):
+    r = client.post("/v1/translate", content=JSON_BODY,
+                    headers={"Content-Type": f"application/json; charset={charset}"})
+    assert r.status_code == 415
+    err = r.json()["error"]
+    assert err["field"] == "Content-Type" and charset in err["message"] and "utf-8" in err["message"]
+    r = client.post("/translate", content=FORM_BODY,
+                    headers={"Content-Type": f"application/x-www-form-urlencoded; charset={charset}"})
+    assert r.status_code == 415 and charset in r.json()["error"]
+
+
+def test_bytes_invalid_in_the_declared_charset_are_refused_not_misread(client):
+    r = client.post("/v1/translate", content=b'{"text": "\xff\xfe\xfd"}',
+                    headers={"Content-Type": "application/json; charset=utf-16"})   # odd length
+    assert r.status_code == 422 and "utf-16" in r.json()["error"]["message"]
+    r = client.post("/v1/translate", content='{"text": "fährt"}'.encode("latin-1"),
+                    headers={"Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 422    # declared utf-8: never silently read as latin-1
+    r = client.post("/translate", content=b"q=a", headers={"Content-Type": "multipart/form-data; boundary=x; "
+                                                                            "charset=latin-1"})
+    assert r.status_code == 415 and "multipart" in r.json()["error"]
+
+
+def test_decode_body_leaves_plain_utf8_alone():
+    body, ctype = decode_body("/v1/translate", {"content-type": "application/json"}, JSON_BODY)
+    assert body is JSON_BODY and ctype == "application/json"
+    body, ctype = decode_body("/v1/translate", {"content-type": "application/json; charset=latin-1"},
+                              '{"text": "ä"}'.encode("latin-1"))
+    assert body == '{"text": "ä"}'.encode() and ctype == "application/json; charset=utf-8"
+
+
+def test_405_names_the_allowed_methods(client):
+    for path, methods in (("/v1/translate", "POST"), ("/translate", "POST")):
+        r = client.get(path)
+        assert r.status_code == 405
+        assert r.headers["allow"] == methods
+        msg = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
+        assert "POST" in msg
