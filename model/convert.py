@@ -1,6 +1,8 @@
-"""Import of published formats: MarianMT directories (OPUS-MT) into this project's model.
+"""Import of published formats: MarianMT directories (OPUS-MT) into this project's model, and
+export of ours as MarianMT directories (``model/marian_export.py``).
 
     python -m model.convert --from-marian DIR --out CHECKPOINT_DIR [--dtype float32]
+    python -m model.convert --to-marian CHECKPOINT_DIR --out DIR [--dtype float32]
 
 A MarianMT directory (as ``transformers``' ``save_pretrained`` writes it, and as the OPUS-MT models
 are published) holds ``config.json`` (``model_type: marian``), ``model.safetensors`` or
@@ -54,6 +56,37 @@ def _read_json(path: Path) -> dict:
     return out
 
 
+def split_order(d_model: int) -> torch.Tensor:
+    """[d_model] index from the interleaved sinusoid layout to the split one: dimension k of the split
+    layout is dimension ``order[k]`` of ours (the even dimensions, sines, then the odd, cosines)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+_READS_STREAM = (".tok.weight", "out_proj.weight", ".w_q.weight", ".w_kv.weight", ".w1.weight", "pos.weight")
+_WRITES_STREAM = (".w_o.weight", ".w2.weight")
+_STREAM_VECTORS = (".w_o.bias", ".w2.bias", "norm.weight", "norm.bias")
+_OTHER = (".w_q.bias", ".w_kv.bias", ".w1.bias", "logits_bias")
+
+
+def permute_residual(state: dict[str, torch.Tensor], order: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Our state dict with the residual stream's dimensions reordered (new dimension k = old
+    ``order[k]``): an exact symmetry of the model (LayerNorm does not depend on the order; logits
+    are dot products with the tied embedding). Raises KeyError for a parameter it does not know."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith(_READS_STREAM):
+            out[name] = t[:, order]              # [out, d_model]: input columns
+        elif name.endswith(_WRITES_STREAM):
+            out[name] = t[order, :]              # [d_model, in]: output rows
+        elif name.endswith(_STREAM_VECTORS):
+            out[name] = t[order]
+        elif name.endswith(_OTHER):
+            out[name] = t
+        else:
+            raise KeyError(f"permute_residual: unknown parameter {name!r}")
+    return out
+
+
 def marian_config(hf: dict, where: str = "config.json") -> ModelConfig:
     """Our ModelConfig for a transformers MarianConfig dict. Raises MarianImportError for another
     architecture or a setting this model does not implement (named by its field)."""
@@ -83,12 +116,14 @@ def marian_config(hf: dict, where: str = "config.json") -> ModelConfig:
     if shared and hf.get("decoder_vocab_size") not in (None, vocab):
         raise MarianImportError(f"{where}: decoder_vocab_size ({hf['decoder_vocab_size']}) differs from vocab_size "
                                 f"({vocab}) with share_encoder_decoder_embeddings=true")
+    ours = hf.get("exported_from") if isinstance(hf.get("exported_from"), dict) else {}   # our export's marker
     try:
         return ModelConfig(
             vocab_size=vocab, d_model=field("d_model"), n_heads=hf["encoder_attention_heads"],
             d_ff=hf["encoder_ffn_dim"], n_encoder_layers=field("encoder_layers"),
-            n_decoder_layers=field("decoder_layers"), dropout=0.0, activation=act,
-            positional="sinusoidal", sinusoid_layout="split", scale_embedding=bool(field("scale_embedding", False)),
+            n_decoder_layers=field("decoder_layers"), dropout=float(hf.get("dropout", 0.0)),
+            attention_dropout=float(hf.get("attention_dropout", 0.0)), activation=act, positional="sinusoidal",
+            sinusoid_layout=ours.get("sinusoid_layout", "split"), scale_embedding=bool(field("scale_embedding", False)),
             max_len=field("max_position_embeddings"), final_logits_bias=True, share_embeddings=shared,
             tie_target_output=not shared, tgt_vocab_size=0 if shared else field("decoder_vocab_size"),
             pad_id=field("pad_token_id"), eos_id=field("eos_token_id"),
@@ -240,7 +275,8 @@ def load_marian(directory: str | Path) -> tuple[Transformer, VocabTokenizer, dic
     d = Path(directory)
     if not d.is_dir():
         raise MarianImportError(f"{d}: not a directory")
-    cfg = marian_config(_read_json(d / "config.json"), str(d / "config.json"))
+    hf = _read_json(d / "config.json")
+    cfg = marian_config(hf, str(d / "config.json"))
     for name in TOKENIZER_FILES:
         if not (d / name).exists():
             raise MarianImportError(f"{d / name}: missing (a MarianMT directory needs {', '.join(TOKENIZER_FILES)})")
@@ -248,6 +284,12 @@ def load_marian(directory: str | Path) -> tuple[Transformer, VocabTokenizer, dic
     source, target, pieces, order = read_vocabularies(d, cfg, tok_cfg)
     weights, wname = read_marian_weights(d)
     state = marian_state_dict(weights, cfg, str(d / wname), order)
+    if cfg.sinusoid_layout == "interleaved":      # our export: undo its permutation to the split layout
+        state = permute_residual(state, torch.argsort(split_order(cfg.d_model)))
+    marker = hf.get("exported_from") if isinstance(hf.get("exported_from"), dict) else {}
+    if marker.get("final_logits_bias") is False and not state["logits_bias"].any():
+        cfg.final_logits_bias = False             # ours had none: the export wrote zeros
+        del state["logits_bias"]
     model = Transformer(cfg)
     from .checkpoint import unique_state_dict
     expected = unique_state_dict(model)
@@ -284,19 +326,24 @@ def convert_marian(directory: str | Path, out: str | Path, dtype: str = "float32
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m model.convert", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from-marian", required=True, metavar="DIR", help="a local MarianMT (OPUS-MT) directory")
-    ap.add_argument("--out", required=True, metavar="CHECKPOINT_DIR", help="where to write our checkpoint")
+    way = ap.add_mutually_exclusive_group(required=True)
+    way.add_argument("--from-marian", metavar="DIR", help="import a local MarianMT (OPUS-MT) directory")
+    way.add_argument("--to-marian", metavar="CHECKPOINT_DIR", help="export our checkpoint as a MarianMT directory")
+    ap.add_argument("--out", required=True, metavar="DIR", help="where to write the checkpoint / MarianMT directory")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                    help="stored weight dtype (float32 keeps the published weights exactly)")
+                    help="stored weight dtype (float32 keeps the weights exactly)")
     args = ap.parse_args(argv)
     try:
-        out = convert_marian(args.from_marian, args.out, args.dtype)
-    except MarianImportError as e:
+        if args.to_marian:
+            from .marian_export import export_marian
+            out = export_marian(args.to_marian, args.out, args.dtype)
+        else:
+            out = convert_marian(args.from_marian, args.out, args.dtype)
+    except (ValueError, FileNotFoundError) as e:     # MarianImportError, MarianExportError, a missing file
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

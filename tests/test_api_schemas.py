@@ -61,3 +61,28 @@ def test_schema_rejects_what_no_model_accepts():
                 {"text": "x", "attention": {"kinds": ["sideways"]}}, {"text": "\ud800"}):
         with pytest.raises(ValidationError):
             TranslateRequest(**bad)
+
+
+def test_beam_limit_uses_the_target_vocabulary():
+    """With separate vocabularies (an imported "tc-big" MarianMT model) a beam may hold at most half of
+    the TARGET vocabulary, in the gateway's limits and in the engine's own guard alike; source ids
+    still range over the source vocabulary."""
+    from service.engine.errors import EngineValidationError
+    from service.engine.records import GenerationOptions
+    from service.engine.validation import resolve_options
+    cfg = ModelConfig.from_name("tiny", vocab_size=500, tgt_vocab_size=20, share_embeddings=False,
+                                tie_target_output=True, max_len=64)
+    engine = EngineConfig(max_num_seqs=64)
+    limits = ModelLimits.of("separate", dataclasses.asdict(cfg), engine)
+    assert limits.vocab_size == cfg.target_vocab_size == 20
+    limits.check(job(beam_size=10))
+    with pytest.raises(ServiceError) as e:
+        limits.check(job(beam_size=11))
+    assert (e.value.status, e.value.field) == (422, "beam_size")
+    assert "must be <= 10 (half the vocabulary)" in e.value.message
+    src = [400, 7, cfg.eos_id]                       # a source id beyond the target vocabulary: fine
+    assert resolve_options(src, GenerationOptions(beam_size=10), cfg, engine, 64, 64).beam_size == 10
+    with pytest.raises(EngineValidationError, match="must be <= 10 \\(half the vocabulary\\), got 11"):
+        resolve_options(src, GenerationOptions(beam_size=11), cfg, engine, 64, 64)
+    shared = ModelLimits.of("shared", TINY, engine)     # tgt_vocab_size 0: the joint vocabulary
+    assert shared.vocab_size == 500

@@ -222,7 +222,7 @@ class ModelLimits:
     model: str                 # model id, named in messages
     max_new_tokens: int        # target tokens per sentence: min(engine max_tgt_len, max_len - 1)
     max_num_seqs: int          # KV-cache slots: the largest beam
-    vocab_size: int            # a beam may hold at most half the vocabulary
+    vocab_size: int            # the TARGET vocabulary: a beam may hold at most half of it
     n_heads: int
     n_encoder_layers: int
     n_decoder_layers: int
@@ -231,7 +231,8 @@ class ModelLimits:
     def of(cls, model: str, config: dict, engine: EngineConfig) -> "ModelLimits":
         max_len = config["max_len"]
         max_tgt_len = min(engine.max_tgt_len or max_len, max_len)
-        return cls(model, min(max_tgt_len, max_len - 1), engine.max_num_seqs, config["vocab_size"],
+        target_vocab = config.get("tgt_vocab_size") or config["vocab_size"]   # separate vocabularies: the target's
+        return cls(model, min(max_tgt_len, max_len - 1), engine.max_num_seqs, target_vocab,
                    config["n_heads"], config["n_encoder_layers"], config["n_decoder_layers"])
 
     def check(self, job: TranslateJob) -> None:

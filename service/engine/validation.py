@@ -44,8 +44,8 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
                                                    f"the pad id {cfg.pad_id}, got {t!r}")
     if not is_int(o.beam_size) or o.beam_size < 1:
         raise EngineValidationError("beam_size", f"must be an integer >= 1, got {o.beam_size!r}")
-    if 2 * o.beam_size > cfg.vocab_size:
-        raise EngineValidationError("beam_size", f"must be <= {cfg.vocab_size // 2} (half the vocabulary), "
+    if 2 * o.beam_size > cfg.target_vocab_size:     # a beam's candidates are target tokens
+        raise EngineValidationError("beam_size", f"must be <= {cfg.target_vocab_size // 2} (half the vocabulary), "
                                                  f"got {o.beam_size}")
     if o.beam_size > config.max_num_seqs:
         raise EngineValidationError("beam_size", f"must be <= max_num_seqs ({config.max_num_seqs}), "
