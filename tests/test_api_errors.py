@@ -59,3 +59,43 @@ def test_error_bodies_native_and_libretranslate():
     assert json.loads(r.body) == {"error": {"type": "overloaded", "message": err.message, "field": None}}
     r = libre_error_response(ServiceError(422, "q: bad", "q"))
     assert r.status_code == 400 and json.loads(r.body) == {"error": "q: bad"}
+
+
+def test_body_errors_say_what_is_wrong():
+    """Too-deep JSON is named as such (FastAPI's parser gives up with a RecursionError), a lone
+    surrogate is a "field: message" error, a LibreTranslate body that was not read because of its
+    Content-Type says so, and a non-integer ``alternatives`` is refused (no Ray: test_api_body's app)."""
+    from fastapi.testclient import TestClient
+    from pydantic import ValidationError
+    from test_api_body import make_app
+
+    from service.api.errors import JSON_TOO_DEEP, format_validation_error
+    from service.api.libretranslate import parse
+    from service.api.schemas import TranslateRequest
+    client = TestClient(make_app())
+    deep = b"[" * 20_000 + b"]" * 20_000      # beyond the recursion limit, within the test app's body cap
+    for path in ("/v1/translate", "/translate"):
+        r = client.post(path, content=deep, headers={"Content-Type": "application/json"})
+        message = r.json()["error"]["message"] if path == "/v1/translate" else r.json()["error"]
+        assert r.status_code in (400, 422) and JSON_TOO_DEEP in message and "nested too deep" in message, r.text
+    r = client.post("/v1/translate", content=b'{"text": "\xff"}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "not valid UTF-8" in r.json()["error"]["message"], r.text
+
+    with pytest.raises(ValidationError) as e:
+        TranslateRequest(text=["x", "a\ud800"])
+    field, message = format_validation_error(e.value.errors()[0])
+    assert field == "text" and message.startswith("text[1]: not valid Unicode: a lone surrogate (U+D800) at "
+                                                  "character 1"), message
+
+    body = json.dumps({"q": "Hallo", "source": "de", "target": "en"}).encode()
+    for ctype in (None, "text/plain"):
+        r = client.post("/translate", content=body, headers={"Content-Type": ctype} if ctype else {})
+        assert r.status_code == 415 and "missing q" not in r.json()["error"], r.text
+        assert "application/json" in r.json()["error"] and "application/x-www-form-urlencoded" in r.json()["error"]
+    from test_api_libretranslate import CARDS as cards
+    for bad in (1.5, True, "1.5", "zwei", [1]):
+        with pytest.raises(ServiceError) as e:
+            parse({"q": "Hallo", "source": "de", "target": "en", "alternatives": bad}, cards)
+        assert (e.value.status, e.value.field) == (400, "alternatives") and "whole number" in e.value.message
+    assert [parse({"q": "x", "source": "de", "target": "en", "alternatives": ok}, cards).alternatives
+            for ok in (2, 2.0, "2", None, "")] == [2, 2, 2, 0, 0]

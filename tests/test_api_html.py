@@ -22,10 +22,33 @@ def test_a_sentence_split_by_inline_tags_is_one_unit_with_each_tag_around_its_wo
     assert out == "<p>EIN MANN MIT <b>ROTEM HUT</b> STEHT.</p>"
 
 
-def test_an_inline_element_whose_words_are_not_found_loses_its_tags_not_its_text():
+def test_an_inline_element_whose_words_are_not_found_goes_around_the_words_at_its_place():
+    """Its own translation ("tiny") is not in the sentence's: it goes around the whole words at the
+    same relative place; with no words there its tags are dropped, its text is never repeated."""
     h = HtmlText("<p>Ein <i>kleiner</i> Hund.</p>")
-    out = h.rebuild(["A small dog.", "tiny"])
-    assert out == "<p>A small dog.</p>"
+    assert h.rebuild(["A small dog.", "tiny"]) == "<p>A <i>small</i> dog.</p>"
+    assert h.rebuild(["...", "tiny"]) == "<p>...</p>"
+
+
+def test_nested_inline_elements_are_one_unit_and_each_goes_around_its_own_words():
+    """A run of text and inline elements of any depth is one segment; an element holding all of its
+    parent's text has no segment of its own; the others go inside their parent's words."""
+    segments, out = roundtrip("<b>Ein <i>Hund</i></b> rennt.")
+    assert segments == ["Ein Hund rennt.", "Ein Hund", "Hund"]
+    assert out == "<b>EIN <i>HUND</i></b> RENNT."
+    segments, out = roundtrip("<p><b><i>Ein Hund</i></b> rennt.</p>")
+    assert segments == ["Ein Hund rennt.", "Ein Hund"] and out == "<p><b><i>EIN HUND</i></b> RENNT.</p>"
+    # the model's translations of the short pieces are noisy: the unit's text is never repeated
+    h = HtmlText("<b>Ein <i>großer</i> Hund</b> rennt.")
+    out = h.rebuild(["A large dog runs.", "A large dog is running.", "Large large."])
+    assert out == "A <b><i>large</i> dog</b> runs."
+    # an unclosed inline element ends the run; its tag stays, the texts around it are translated
+    segments, out = roundtrip("<p>Ein <b>Hund</p> rennt.")
+    assert out == "<p>EIN <b>HUND</p> RENNT."
+    # an element without text stays, byte for byte, where its siblings' words end
+    segments, out = roundtrip('<p><a id="x"></a>Ein <b>Hund</b><span class="i"></span> rennt.</p>')
+    assert segments == ["Ein Hund rennt.", "Hund"]
+    assert out == '<p><a id="x"></a>EIN <b>HUND</b><span class="i"></span> RENNT.</p>'
 
 
 def test_verbatim_elements_and_entities():

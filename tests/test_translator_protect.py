@@ -254,3 +254,40 @@ def test_protected_from_prepare_is_a_dataclass_of_the_source(protector):
     p = protector.prepare("Um 12:30 Uhr ruft anna_b@example.de an.")
     assert isinstance(p, Protected) and p.spans == ["12:30", "anna_b@example.de"]
     assert p.kinds == ["number", "other"] and p.source == "Um 12:30 Uhr ruft anna_b@example.de an."
+
+
+INVISIBLE = ["\u200b", "\u200e", "\u202e", "\u00ad", "\u2060", "\ufeff", "\x07"]   # Cf and Cc, not whitespace
+
+
+def test_control_and_format_characters_are_glue_around_sentences_and_kept_out_of_the_model(tok, translate):
+    """At a sentence's edges they come back verbatim where they were; inside it they are left out of
+    the model's input (no byte pieces, the same translation as without them)."""
+    plain = ["Ein Hund rennt.", "Zwei Katzen schlafen."]
+    base = [t.text for t in translate(plain)]
+    texts = []
+    for c in INVISIBLE:
+        texts += [c + plain[0], plain[0] + c, f"{plain[0]}{c} {plain[1]}", "Ein Hu" + c + "nd rennt.",
+                  "Ein " + c + "Hund rennt."]
+    out = translate(texts)
+    for k, c in enumerate(INVISIBLE):
+        lead, trail, between, in_word, before_word = out[5 * k: 5 * k + 5]
+        assert lead.text == c + base[0] and trail.text == base[0] + c, (c, lead.text, trail.text)
+        assert between.text == f"{base[0]}{c} {base[1]}", (c, between.text)
+        assert in_word.text == before_word.text == base[0], (c, in_word.text, before_word.text)
+        assert not any(p.startswith("<0x") for t in (lead, in_word, before_word) for p in t.source_tokens)
+
+
+def test_nested_inline_elements_are_one_sentence_without_repeated_text(translate):
+    """Inline elements inside inline elements: the run is translated as one sentence (the text without
+    tags is exactly its translation, nothing repeated) and every tag comes back byte for byte, in order."""
+    htmls = ["<b>Ein <i>Hund</i></b> rennt.", "<b><i>Ein Hund</i></b> rennt.",
+             "<b>Ein <i>großer</i> Hund</b> rennt.",
+             "<p>Zwei <span class='x'>Kinder <em>spielen</em> im <a href=\"/s?a=1&amp;b=2\">Schnee</a></span>.</p>"]
+    tags = lambda h: re.findall(r"<[^>]+>", h)  # noqa: E731
+    for html in htmls:
+        h = HtmlText(html)
+        out = h.rebuild([tr.text for tr in translate(h.segments, beam_size=4)])
+        [whole] = translate([re.sub(r"<[^>]+>", "", html).replace("&amp;", "&")], beam_size=4)
+        assert tags(out) == tags(html), (html, out)
+        assert re.sub(r"<[^>]+>", "", out) == whole.text, (html, out)
+

@@ -164,6 +164,9 @@ def test_translator_splits_with_its_source_language(monkeypatch):
         engine_config = SimpleNamespace(max_waiting=100)
         metrics = SimpleNamespace(split_fallbacks=lambda reasons: None)
         protector = translator_module.Protector(Tok(), None, protect=False, recase=False)
+
+        def target_prefix(self, target_lang):   # a model with one target language: no >>xx<< token
+            return []
     job = TranslateRequest(text=["Am 3. Oktober ist Feiertag. Dann gehen wir."]).job()
     splits, pieces, _ = translator_module.Translator.prepare(Fake(), job)
     assert seen == ["de"] and splits[0].pieces == ["Am 3. Oktober ist Feiertag.", "Dann gehen wir."]
@@ -190,3 +193,14 @@ def test_translatable_moves_pieces_without_letters_into_the_glue():
     assert t.join(["A.", "B."]) == "A.\n2.\nB. 🐶 ...\n12345"
     only = split_text("1.\n- 12345 ...", "de").translatable()
     assert only.pieces == [] and only.join([]) == "1.\n- 12345 ..."
+
+
+@pytest.mark.parametrize("c", ["\u200b", "\u200e", "\u202e", "\u00ad", "\ufeff", "\x07"])
+def test_control_and_format_characters_at_sentence_edges_are_glue(c):
+    """Cf and Cc characters around sentences stay in the glue (kept as sent, like whitespace);
+    inside a sentence they stay in it (protect.py keeps them out of the model)."""
+    text = f"{c}Ein Hund rennt.{c} Zwei{c} Katzen schlafen.{c}\n{c}"
+    split = split_text(text, "de")
+    assert split.pieces == ["Ein Hund rennt.", f"Zwei{c} Katzen schlafen."]
+    assert split.glue == [c, f"{c} ", f"{c}\n{c}"] and split.join(split.pieces) == text
+    assert simple_split(f"{c}Ein Hund rennt.{c} Eine Katze.{c}") == ["Ein Hund rennt.", "Eine Katze."]

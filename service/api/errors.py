@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -25,6 +26,9 @@ from service.engine.errors import EngineError, EngineStoppedError, EngineValidat
 
 RETRY_AFTER_S = 1      # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 LIBRE_PATHS = ("/translate", "/languages")    # routes that answer in LibreTranslate's error shape
+# Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
+JSON_TOO_DEEP = (f"JSON nested too deep (arrays and objects inside each other beyond about "
+                 f"{sys.getrecursionlimit()} levels; a request needs at most 3)")
 
 ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
                415: "unsupported_media_type", 422: "invalid_request",
@@ -181,7 +185,13 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         message = f"{message}; allowed: {next(iter(allow.values()))}"
     if _is_libre(request):
         return libre_error_response(ServiceError(exc.status_code, message), headers=allow)
-    if exc.status_code == 400:  # the body could not be parsed (e.g. invalid UTF-8 in JSON)
+    if exc.status_code == 400:  # FastAPI could not parse the body: say why where we know it
+        cause = exc.__cause__
+        if isinstance(cause, RecursionError):
+            return error_response(ServiceError(422, f"body: {JSON_TOO_DEEP}", "body"))
+        if isinstance(cause, UnicodeDecodeError):
+            return error_response(ServiceError(
+                422, f"body: not valid UTF-8 ({cause.reason} at byte {cause.start}); send UTF-8 JSON", "body"))
         return error_response(ServiceError(422, f"body: {message} (send UTF-8 JSON)", "body"))
     return error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"),
                           headers=allow)

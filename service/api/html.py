@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import re
 from html import escape, unescape
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Optional, Union
+
+from service.translator.text import has_text
 
 # Elements that sit inside a sentence (HTML's phrasing content); text around them is one sentence.
 _INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small span strong sub sup time u".split())
@@ -12,8 +15,18 @@ _INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small spa
 _VERBATIM_TAGS = frozenset("script style noscript template textarea pre code kbd samp var".split())
 
 Part = tuple[str, str, str]             # (kind, raw, tag): kind is start/end/text/markup
-RunItem = tuple[str, str, str]          # (start tag, text, end tag); a plain text node has empty tags
-Unit = tuple[str, Union[str, list[RunItem]]]   # ("markup" | "text", raw) or ("run", [RunItem, ...])
+
+
+@dataclass(eq=False)
+class Element:
+    """An inline element of a run: its tags as written and what is between them."""
+    start: str                      # the start tag, byte for byte
+    children: list["Node"]          # text (str, entities decoded) and elements, in order
+    end: str                        # the end tag, byte for byte
+
+
+Node = Union[str, Element]
+Unit = tuple[str, Union[str, list[Node]]]   # ("markup", raw) or ("run", [Node, ...])
 
 
 class _Parts(HTMLParser):
@@ -75,12 +88,16 @@ def _parse(html: str) -> list[Part]:
 class HtmlText:
     """The translatable segments of an HTML fragment, and the fragment rebuilt around their translations.
 
-    Text interrupted only by inline elements with plain-text content (``<b>``, ``<a href=..>``,
-    ``<em>``, ...) is translated as one unit, so a sentence split by tags keeps its meaning; each
-    inline element is then put back around its own words: its own translation where that occurs in
-    the unit's translation (case-insensitive; the approach of Argos Translate's tag handling), else
-    the words of it that occur there; else its tags are dropped and its text stays translated in
-    the sentence. Other text nodes are translated one by one. Whitespace inside a text (the line
+    A run of text and inline elements (``<b>``, ``<a href=..>``, ``<em>``, ..., nested to any depth,
+    each closed inside the run) is translated as one unit, so a sentence split by tags keeps its
+    meaning. Each inline element is then put back around its own words, level by level inside the
+    words of its parent: an element holding all the text of its parent gets all of it; any other is
+    translated on its own too, and goes around that translation where it occurs in the parent's
+    (case-insensitive; the approach of Argos Translate's tag handling), else around the words of it
+    that occur there; else its tags are dropped (its text stays translated in the sentence) and its
+    children are looked for in the parent's words instead. Text is never repeated. An inline element
+    without visible text (``<a id=x></a>``) stays where its siblings' words end (at the run's edges
+    where it is one). Other text nodes are translated one by one. Whitespace inside a text (the line
     breaks and tabs of indented HTML) is collapsed to single spaces for the translator, so a sentence
     broken over lines stays one sentence; the whitespace before and after it is kept. Tags (their
     attribute values included), comments, declarations and the content of script, style, code, pre
@@ -90,63 +107,133 @@ class HtmlText:
 
     def __init__(self, html: str):
         parts = _parse(html)
-        self.units: list[Unit] = []
+        self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])
         i = 0
         while i < len(parts):
-            items, j = [], i
-            while j < len(parts):
-                kind, raw, tag = parts[j]
-                if kind == "text":
-                    items.append(("", raw, ""))
-                    j += 1
-                elif (kind == "start" and tag in _INLINE_TAGS and j + 2 < len(parts)
-                      and parts[j + 1][0] == "text" and parts[j + 1][1].strip()
-                      and parts[j + 2][0] == "end" and parts[j + 2][2] == tag):
-                    items.append((raw, parts[j + 1][1], parts[j + 2][1]))
-                    j += 3
-                else:
-                    break
-            if not items:
+            end = _run_end(parts, i)
+            if end == i:
                 self.units.append(("markup", parts[i][1]))
                 i += 1
-                continue
-            if any(start for start, _, _ in items) and sum(bool(t.strip()) for _, t, _ in items) > 1:
-                self.units.append(("run", items))
             else:
-                self.units += [("run", [item]) if item[0] else ("text", item[1]) for item in items]
-            i = j
+                self.units.append(("run", _tree(parts[i:end])))
+                i = end
         self.segments: list[str] = []       # what to translate, in order, whitespace collapsed
+        self._seg: dict[int, int] = {}       # id(node list or element) -> index of its segment
         for kind, unit in self.units:
-            if kind == "text" and unit.strip():
-                self.segments.append(_collapse(unit))
-            elif kind == "run":
-                if len(unit) > 1:
-                    self.segments.append(_collapse("".join(t for _, t, _ in unit)))      # the whole unit
-                self.segments += [_collapse(t) for start, t, _ in unit if start and t.strip()]  # each inline text
+            if kind == "run" and _visible(unit):
+                self._seg[id(unit)] = len(self.segments)
+                self.segments.append(_collapse(_text(unit)))
+                self._add_segments(unit)
+
+    def _add_segments(self, nodes: list[Node]) -> None:
+        """A segment for each element under ``nodes`` that does not hold all of its level's text."""
+        shown = [n for n in nodes if _visible([n])]
+        for n in nodes:
+            if isinstance(n, Element):
+                if _visible(n.children) and shown != [n]:
+                    self._seg[id(n)] = len(self.segments)
+                    self.segments.append(_collapse(_text(n.children)))
+                self._add_segments(n.children)
 
     def rebuild(self, translations: list[str]) -> str:
         """The fragment with ``translations`` (one per segment, in order) in place of its text."""
-        it = (unescape(t) for t in translations)
-
-        def keep_space(raw: str, translated: str) -> str:
-            lead, trail = _space_around(raw)
-            return lead + escape(translated.strip(), quote=False) + trail
-
+        if len(translations) != len(self.segments):
+            raise ValueError(f"expected {len(self.segments)} translations, got {len(translations)}")
+        tr = [unescape(t).strip() for t in translations]
         out = []
         for kind, unit in self.units:
             if kind == "markup":
                 out.append(unit)
-            elif kind == "text":
-                out.append(keep_space(unit, next(it)) if unit.strip() else unit)
+            elif id(unit) in self._seg:
+                out.append(self._render(unit, tr[self._seg[id(unit)]], tr))
             else:
-                whole = next(it) if len(unit) > 1 else None
-                pieces = [next(it) if start and t.strip() else None for start, t, _ in unit]
-                if whole is not None:
-                    out.append(_inject(unit, whole, pieces))
-                else:   # a lone inline element
-                    out.append("".join(start + (keep_space(t, tr) if tr is not None else t) + end
-                                       for (start, t, end), tr in zip(unit, pieces)))
+                out.append(_raw(unit))
         return "".join(out)
+
+    def _render(self, nodes: list[Node], whole: str, tr: list[str]) -> str:
+        """``nodes`` with ``whole`` (their translation, unescaped) in place of their text; see the class."""
+        shown = [k for k, n in enumerate(nodes) if _visible([n])]
+        first, last = shown[0], shown[-1]
+        lead = _space_around(nodes[first])[0] if isinstance(nodes[first], str) else ""
+        trail = _space_around(nodes[last])[1] if isinstance(nodes[last], str) else ""
+        out = [_raw(nodes[:first]), lead]
+        if first == last and isinstance(nodes[first], Element):      # one element holds all the words
+            n = nodes[first]
+            out.append(n.start + self._render(n.children, whole, tr) + n.end)
+        else:
+            low, pos, done, total = whole.lower(), 0, 0, len(_text(nodes))
+            todo = list(nodes[first:last + 1])
+            while todo:
+                n = todo.pop(0)
+                size = len(_text([n]))
+                done += size                                 # source characters up to the end of n
+                if isinstance(n, str):
+                    continue                                 # its words are in the gaps
+                if not _visible(n.children):
+                    out.append(_raw([n]))
+                    continue
+                span = _find(low, tr[self._seg[id(n)]], pos) if id(n) in self._seg else None
+                span = span or _words_at(whole, pos, (done - size) / total, done / total)
+                if span is None:                             # tags dropped; its children looked for here
+                    todo[:0] = n.children
+                    done -= size
+                    continue
+                out += [escape(whole[pos:span[0]], quote=False),
+                        n.start + self._render(n.children, whole[span[0]:span[1]], tr) + n.end]
+                pos = span[1]
+            out.append(escape(whole[pos:], quote=False))
+        out += [trail, _raw(nodes[last + 1:])]
+        return "".join(out)
+
+
+def _run_end(parts: list[Part], i: int) -> int:
+    """Where the run of text and inline elements starting at ``parts[i]`` ends: the last point from
+    which every inline element opened in it is closed again (``i``: no run starts there)."""
+    open_tags: list[str] = []
+    end = i
+    for j in range(i, len(parts)):
+        kind, _, tag = parts[j]
+        if kind == "start" and tag in _INLINE_TAGS:
+            open_tags.append(tag)
+        elif kind == "end" and open_tags and open_tags[-1] == tag:
+            open_tags.pop()
+        elif kind != "text":
+            break
+        if not open_tags:
+            end = j + 1
+    return end
+
+
+def _tree(parts: list[Part]) -> list[Node]:
+    """The nodes of a run (balanced, see ``_run_end``): text as str, inline elements as Element."""
+    top: list[Node] = []
+    stack = [top]
+    for kind, raw, _ in parts:
+        if kind == "text":
+            stack[-1].append(raw)
+        elif kind == "start":
+            element = Element(raw, [], "")
+            stack[-1].append(element)
+            stack.append(element.children)
+        else:
+            stack.pop()
+            stack[-1][-1].end = raw
+    return top
+
+
+def _text(nodes: list[Node]) -> str:
+    """The text of nodes, entities decoded, tags left out."""
+    return "".join(n if isinstance(n, str) else _text(n.children) for n in nodes)
+
+
+def _visible(nodes: list[Node]) -> bool:
+    return has_text(_text(nodes))
+
+
+def _raw(nodes: list[Node]) -> str:
+    """Nodes as HTML again (text without visible characters, tags byte for byte)."""
+    return "".join(escape(n, quote=False) if isinstance(n, str) else n.start + _raw(n.children) + n.end
+                   for n in nodes)
 
 
 def _collapse(text: str) -> str:
@@ -160,32 +247,34 @@ def _space_around(raw: str) -> tuple[str, str]:
     return raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
 
 
-def _inject(unit: list[RunItem], whole: str, pieces: list[Optional[str]]) -> str:
-    """The unit's translation with each inline element around its own words (see HtmlText)."""
-    text = "".join(t for _, t, _ in unit)
-    lead, trail = _space_around(text)
-    whole = whole.strip()
-    low, pos, out = whole.lower(), 0, [lead]
-    for (start, _, end), tr in zip(unit, pieces):
-        if not start:
-            continue
-        tr = (tr or "").strip()
-        span = None
-        for cand in dict.fromkeys([tr, tr.rstrip(".!?")]):        # its translation ("Dog." -> "Dog")
-            at = low.find(cand.lower(), pos) if cand else -1
-            if at >= 0:
-                span = (at, at + len(cand))
-                break
-        if span is None:                                          # else the words of it found there
-            hits = [m for w in dict.fromkeys(re.findall(r"\w{3,}", tr.lower()))
-                    for m in [re.search(rf"\b{re.escape(w)}\b", low[pos:])] if m]
-            if hits:
-                first = min(m.start() for m in hits)
-                last = max(m.end() for m in hits if m.start() - first <= 40)
-                span = (pos + first, pos + last)
-        if span is None:                                          # else: tags dropped, text kept
-            continue
-        out += [escape(whole[pos: span[0]], quote=False), start, escape(whole[span[0]: span[1]], quote=False), end]
-        pos = span[1]
-    out += [escape(whole[pos:], quote=False), trail]
-    return "".join(out)
+def _find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:
+    """Where an element's own translation ``tr`` is in ``low`` (its parent's translation, lower case)
+    at or after ``pos``: the whole of it (without final punctuation: "Dog." -> "Dog"), else from the
+    first to the last of its words (3+ letters) found there within 40 characters; None if neither."""
+    for cand in dict.fromkeys([tr, tr.rstrip(".!?")]):
+        at = low.find(cand.lower(), pos) if cand else -1
+        if at >= 0:
+            return at, at + len(cand)
+    hits = [m for w in dict.fromkeys(re.findall(r"\w{3,}", tr.lower()))
+            for m in [re.search(rf"\b{re.escape(w)}\b", low[pos:])] if m]
+    if not hits:
+        return None
+    first = min(m.start() for m in hits)
+    last = max(m.end() for m in hits if m.start() - first <= 40)
+    return pos + first, pos + last
+
+
+def _words_at(whole: str, pos: int, a: float, b: float) -> Optional[tuple[int, int]]:
+    """The whole words of ``whole`` (at or after ``pos``) at the same place, as fractions ``a``..``b``
+    of its length, as an element's text has in its parent's source text; None if there are none."""
+    start = max(pos, int(a * len(whole)))
+    while start > pos and whole[start - 1].isalnum():
+        start -= 1
+    end = max(start, round(b * len(whole)))
+    while end < len(whole) and whole[end - 1: end + 1].isalnum():
+        end += 1
+    while start < end and not whole[start].isalnum():
+        start += 1
+    while end > start and not whole[end - 1].isalnum():
+        end -= 1
+    return (start, end) if start < end else None

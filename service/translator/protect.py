@@ -1,5 +1,9 @@
 """Protected spans: what the model cannot translate comes back verbatim, where it belongs.
 
+A sentence's control and format characters (zero-width space, direction marks, soft hyphen; at its
+edges they stay in the glue, see ``text.is_glue``) are left out of the model's input and not put
+back: they mark places in the source words (a hyphenation point, a word break) that the translation
+does not have; inside a protected span they stay, verbatim with it (an emoji's joiners).
 A sentence's spans the model cannot know (``find_spans``: URLs, e-mail addresses, numbers with
 their separators, code-like tokens, runs of characters outside the model's alphabet such as emoji)
 are kept out of its input. A span at the edge of the sentence (after its final punctuation, or
@@ -30,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from .text import Split
+from .text import Split, is_glue
 from .truecase import Truecaser, apply_style
 
 # The placeholders, one vocabulary piece each: a number stands in for a span that starts with a
@@ -181,14 +185,14 @@ class Protector:
         kinds = []
         for s in spans:
             kinds.append("number" if re.match(r"[+-]?\d", sentence[s.start:s.end]) else "other")
-            before, glued = sentence[pos:s.start], len(self.placeholder_ids[kinds[-1]]) > 1
+            before, glued = _unformatted(sentence[pos:s.start]), len(self.placeholder_ids[kinds[-1]]) > 1
             space = before and (before[-1].isalnum() or not (glued or before[-1].isspace()))
             parts.append(before + (" " if space else "") + self.placeholders[kinds[-1]])
             after = sentence[s.end:s.end + 1]
             if after and (after.isalnum() or after in "([{"):
                 parts.append(" ")
             pos = s.end
-        parts.append(sentence[pos:hi])
+        parts.append(_unformatted(sentence[pos:hi]))
         text = "".join(parts)
         style, bare = None, _without(text, {self.placeholders[k] for k in kinds})
         if self.truecaser is not None:
@@ -316,6 +320,13 @@ def _is_byte(piece: str) -> bool:
 
 def _invisible(c: str) -> bool:
     return unicodedata.category(c) in ("Cc", "Cf", "Mn", "Me", "Zs", "Cs", "Co", "Cn")
+
+
+def _unformatted(text: str) -> str:
+    """Text without its control and format characters (whitespace kept): the model cannot translate
+    them (they would be byte pieces, and garble the sentence); a soft hyphen inside a word leaves
+    the word whole ("Hu\u00adnd" -> "Hund")."""
+    return "".join(c for c in text if c.isspace() or not is_glue(c))
 
 
 def _opened(url: str, closer: str) -> bool:

@@ -10,8 +10,10 @@ instead (``Split.fallbacks`` says why; the translator counts it in ``mt_sentence
 Pieces without a letter (``needs_model`` is false: "1.", "12345", "-", "...", emoji) are not
 translated: ``Split.translatable`` moves them into the glue, so they come back verbatim.
 Invariant: ``Split.join(split.pieces) == text`` — the whitespace between and around pieces (line
-breaks, double spaces, indentation) is kept verbatim in ``glue`` and reused when the translated pieces
-are joined, so the output has the input's layout. A ``Piece`` is one sentence of one text, encoded.
+breaks, double spaces, indentation), and the control and format characters at their edges
+(``is_glue``: zero-width space, direction marks, soft hyphen), are kept verbatim in ``glue`` and
+reused when the translated pieces are joined, so the output has the input's layout. A ``Piece``
+is one sentence of one text, encoded.
 """
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ import pysbd
 _CLOSERS = "\"'”’»«)]}›"
 _LINE_BREAK = re.compile(r"(\r\n|\n|\r|\u2028|\u2029)")
 # The fallback's boundary candidates: sentence-final punctuation, closing quotes or brackets, whitespace.
-_BOUNDARY = re.compile(r"[.!?…]+[" + re.escape(_CLOSERS + "“‘") + r"]*(\s+)")   # “‘ close German quotes
+# Control and format characters (``is_glue``) may sit between the punctuation and the whitespace.
+_FORMAT = "\x00-\x08\x0e-\x1b\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff"
+_BOUNDARY = re.compile(r"[.!?…]+[" + re.escape(_CLOSERS + "“‘") + r"]*[" + _FORMAT + r"]*(\s+)")  # “‘: German
 _OPENERS = "\"'„“‘«»‹(["
 SEGMENTER_BUDGET_S = 0.5   # seconds of pysbd time per text; the lines after it use simple_split
 
@@ -92,6 +96,23 @@ def has_text(s: str) -> bool:
     return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn") for c in s)
 
 
+def is_glue(c: str) -> bool:
+    """Whether c is kept as glue at a sentence's edges: whitespace, or a control or format character
+    (categories Cc, Cf: U+200B zero-width space, U+200E left-to-right mark, U+202E, U+00AD soft
+    hyphen, ...), which the model cannot translate; it comes back verbatim where it was."""
+    return c.isspace() or unicodedata.category(c) in ("Cc", "Cf")
+
+
+def trim(s: str) -> str:
+    """s without glue characters (``is_glue``) at either end."""
+    i, j = 0, len(s)
+    while i < j and is_glue(s[i]):
+        i += 1
+    while j > i and is_glue(s[j - 1]):
+        j -= 1
+    return s[i:j]
+
+
 def needs_model(piece: str) -> bool:
     """Whether a piece has a letter (Unicode category L*) for the model to translate; pieces of
     digits, punctuation, symbols or emoji only ("1.", "12345", "-", "...", "€ 5,00") pass through."""
@@ -102,7 +123,7 @@ def simple_split(line: str) -> list[str]:
     """The fallback segmenter: a boundary is sentence-final punctuation (``.!?…``, closing quotes or
     brackets after it) followed by whitespace and an uppercase letter (an opening quote or bracket
     may come first), except after a "." that ends a number ("am 3. Mai"), a single letter (initials)
-    or a word with another "." inside ("z.B.", "B.A."). Returns the stripped sentences that have
+    or a word with another "." inside ("z.B.", "B.A."). Returns the sentences, trimmed of glue (``trim``), that have
     visible text, in order; they are substrings of ``line``, so ``split_text``'s invariant holds."""
     out, start = [], 0
     for m in _BOUNDARY.finditer(line):
@@ -119,12 +140,13 @@ def simple_split(line: str) -> list[str]:
         out.append(line[start:m.start(1)])
         start = m.end(1)
     out.append(line[start:])
-    return [s.strip() for s in out if has_text(s)]
+    return [trim(s) for s in out if has_text(s)]
 
 
 def split_sentences(line: str, language: str = "en") -> list[str]:
-    """The sentences of one line (no line breaks inside) by pysbd, each stripped of surrounding
-    whitespace; segments without visible text are left out (they stay in the glue, see ``split_text``).
+    """The sentences of one line (no line breaks inside) by pysbd, each trimmed of surrounding glue
+    (``trim``: whitespace, control and format characters); segments without visible text are left
+    out (they stay in the glue, see ``split_text``).
     Raises what pysbd raises (``split_text`` falls back to ``simple_split``)."""
     raw = [s for s in _segmenter(language).segment(line) if has_text(s)]
     out: list[str] = []
@@ -136,7 +158,7 @@ def split_sentences(line: str, language: str = "en") -> list[str]:
             if not has_text(s):
                 continue
         out.append(s)
-    return [s.strip() for s in out]   # every one has visible text (filtered above)
+    return [trim(s) for s in out]   # every one has visible text (filtered above)
 
 
 def _line_sentences(line: str, language: str, started: float, fallbacks: list[str]) -> list[str]:
@@ -173,14 +195,14 @@ def split_text(text: str, language: str = "en") -> Split:
         for sentence in _line_sentences(part, language, started, fallbacks):
             at = part.find(sentence, pos)
             if at < 0:  # the segmenter changed characters: fall back to the rest of the line as one piece
-                sentence = part[pos:].strip()
+                sentence = trim(part[pos:])
                 at = part.find(sentence, pos)
             pending += part[pos:at]
             glue.append(pending)
             pieces.append(sentence)
             pending = ""
             pos = at + len(sentence)
-            if pos >= len(part.rstrip()):
+            if not has_text(part[pos:]):     # the rest of the line is glue
                 break
         pending += part[pos:]
         cursor = line_start + len(part)
