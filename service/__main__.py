@@ -5,7 +5,7 @@ Starts a local Ray instance with fixed ports (or joins one with --address), depl
 blocks until Ctrl-C, then shuts down what it started.
 
     python -m service [--host 127.0.0.1] [--port 8000] [--config app.yaml] [--checkpoint DIR]
-                      [--num-cpus N] [--metrics-export-port 8080] [--address auto]
+                      [--num-cpus N] [--metrics-export-port 8080] [--address auto] [--api-keys-file FILE]
 
 --config takes a YAML (or JSON) file with ``build_app`` arguments (see service/app.py AppArgs),
 e.g.  ``{engine: {max_num_seqs: 32}, translator: {num_replicas: 2}}``; a Serve config file
@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     ap.add_argument("--config", help="YAML/JSON file with build_app arguments (or a Serve config file)")
     ap.add_argument("--checkpoint", help="serve this checkpoint directory as the default model")
+    ap.add_argument("--api-keys-file", help="require API keys: one per line, re-read when it changes "
+                                            "(MT_API_KEYS adds comma-separated keys; docs/api.md#limits)")
     ap.add_argument("--num-cpus", type=float, default=None, help="CPUs of the local Ray instance (default: all)")
     ap.add_argument("--metrics-export-port", type=int, default=8080,
                     help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default 8080)")
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
         models = config.get("models") or [{}]
         models[0] = {**models[0], "checkpoint": args.checkpoint}
         config["models"] = models
+    if args.api_keys_file:
+        config["api_keys_file"] = args.api_keys_file
     app_args = AppArgs.model_validate(config)
 
     # A loaded small machine can take more than Serve's default 5 s to start the HTTP proxy.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Optional, Union
 
 import ray
@@ -27,8 +28,10 @@ from ray import serve
 
 from model.checkpoint import DEFAULT_CHECKPOINT
 
+from .api.deadline import run_within, stream_within
 from .api.errors import RETRY_AFTER_S, ErrorRecord, to_service_error
 from .api.gateway import Gateway
+from .api.guard import GuardSettings, RateLimit
 from .api.schemas import StreamItem, TranslateJob, TranslateResponse
 from .engine import EngineConfig
 from .translator import Translator, TranslatorInfo, model_card
@@ -55,8 +58,14 @@ class AppArgs(BaseModel):
     ingress: Literal["separate", "translator"] = "separate"
     num_cpus: float = 0.8                                 # per translator replica (fractional: 2 fit on 2 cores)
     num_gpus: Optional[float] = None                      # per translator replica; None = 1 if the cluster has GPUs
+    # hardening (docs/api.md#limits): all off by default
+    api_keys_file: Optional[str] = None                   # keys one per line (MT_API_KEYS adds more); None = keys off
+    protect_metrics: bool = False                         # with keys on, /metrics needs a key too
+    protect_docs: bool = False                            # with keys on, /docs and /openapi.json need a key too
+    rate_limit: Optional[RateLimit] = None                # token bucket per key (or client address); None = off
+    max_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)   # every request's deadline; the largest timeout_s
 
-    @field_validator("models", "engine", "translator", "gateway", mode="before")
+    @field_validator("models", "engine", "translator", "gateway", "rate_limit", mode="before")
     @classmethod
     def _json_text(cls, v: Any) -> Any:
         # `serve run service.app:build_app engine='{"max_num_seqs": 32}'` passes strings
@@ -109,6 +118,19 @@ def gateway_options(args: AppArgs) -> dict:
     return opts
 
 
+def guard_settings(args: AppArgs, ingress: dict) -> dict:
+    """GuardSettings of the ingress: each of its replicas enforces 1/n of the rate limits (n = its
+    num_replicas, or max_replicas when it autoscales)."""
+    auto = ingress.get("autoscaling_config")
+    n = (auto.get("max_replicas", 1) if isinstance(auto, dict) else 1) if auto else ingress.get("num_replicas", 1)
+    keys_file = args.api_keys_file
+    if keys_file is not None:    # replicas may run elsewhere: an absolute path, checked now
+        keys_file = str(Path(keys_file).resolve(strict=True))
+    return GuardSettings(api_keys_file=keys_file, protect_metrics=args.protect_metrics,
+                         protect_docs=args.protect_docs, rate_limit=args.rate_limit,
+                         gateway_replicas=n if isinstance(n, int) and n > 0 else 1).model_dump()
+
+
 class TranslatorReplica:
     """A Serve replica around one model's Translator: torch threads = its CPU share, GPU when assigned one.
 
@@ -129,13 +151,13 @@ class TranslatorReplica:
 
     async def translate(self, job: TranslateJob) -> Union[TranslateResponse, ErrorRecord]:
         try:
-            return await self.translator.translate(job)
+            return await run_within(self.translator.translate(job), job.deadline, job.timeout_s)
         except Exception as e:  # noqa: BLE001 - an answer if it maps to one, else a failure
             return self._record(e)
 
     async def stream(self, job: TranslateJob) -> AsyncIterator[Union[StreamItem, ErrorRecord]]:
         try:
-            async for item in self.translator.stream(job):
+            async for item in stream_within(self.translator.stream(job), job.deadline, job.timeout_s):
                 yield item
         except Exception as e:  # noqa: BLE001
             yield self._record(e)
@@ -176,7 +198,10 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
         opts["name"] = "Gateway"
         opts["user_config"] = {"engine": args.engine, "per_model": {s.name: s.engine for s in args.models}}
         threads = max(1, round(opts["ray_actor_options"].get("num_cpus", 1)))
-        return serve.deployment(Gateway, **opts).bind(cards, None, args.engine, threads)
+        return serve.deployment(Gateway, **opts).bind(cards, None, args.engine, threads, guard_settings(args, opts),
+                                                      args.max_timeout_s)
     handles = {s.name: serve.deployment(TranslatorReplica, **translator_options(args, s)).bind(card)
                for s, card in zip(args.models, cards)}
-    return serve.deployment(Gateway, **gateway_options(args)).bind(cards, handles, args.engine)
+    opts = gateway_options(args)
+    return serve.deployment(Gateway, **opts).bind(cards, handles, args.engine, 1, guard_settings(args, opts),
+                                                  args.max_timeout_s)

@@ -33,6 +33,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                           ("model", "endpoint", "status")),
     "mt_request_duration_seconds": ("histogram", "HTTP request latency until the last byte, seconds",
                                     ("model", "endpoint")),
+    "mt_guard_requests_total": ("counter", "requests the access guard decided on, by key id (a short hash; "
+                                "anonymous when keys are off; missing or invalid) and decision (allowed, "
+                                "unauthorized, rate_limited)", ("key", "decision")),
     # engine (recorded by the translator replica that ran the work)
     "mt_queue_wait_seconds": ("histogram", "time a sentence waited in the engine queue before prefill, seconds",
                               ("model",)),
@@ -101,6 +104,16 @@ class HttpMetrics:
     def record(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self.requests.inc(1, tags={"model": model, "endpoint": endpoint, "status": str(status)})
         self.duration.observe(seconds, tags={"model": model, "endpoint": endpoint})
+
+
+class GuardMetrics:
+    """The access guard's decisions (``service.api.guard``); one per ingress replica."""
+
+    def __init__(self):
+        self.requests = _make("mt_guard_requests_total")
+
+    def record(self, key: str, decision: str) -> None:
+        self.requests.inc(1, tags={"key": key, "decision": decision})
 
 
 class EngineMetrics:

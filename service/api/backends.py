@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 
 from service.translator import ModelCard, TranslatorInfo
 
+from .deadline import run_within, stream_within
 from .errors import ErrorRecord, ServiceError, mapped_errors
 from .schemas import StreamItem, TranslateJob, TranslateResponse
 
@@ -70,11 +71,12 @@ class LocalBackend:
 
     async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
         with mapped_errors(model):
-            return await self.translators[model].translate(job)
+            return await run_within(self.translators[model].translate(job), job.deadline, job.timeout_s)
 
     async def stream(self, model: str, job: TranslateJob) -> AsyncIterator[StreamItem]:
         with mapped_errors(model):
-            async with contextlib.aclosing(self.translators[model].stream(job)) as items:
+            async with contextlib.aclosing(stream_within(self.translators[model].stream(job), job.deadline,
+                                                         job.timeout_s)) as items:
                 async for item in items:
                     yield item
 

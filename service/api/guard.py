@@ -1,0 +1,271 @@
+"""Access control and rate limits of the ingress: API keys and a token bucket per key (or per client
+address when keys are off). Both are off by default (``GuardSettings()``).
+
+    request -> GuardMiddleware (pure ASGI, in front of the routes)
+        open path (/healthz, /readyz)            -> passed on
+        /metrics, /docs (+ /openapi.json)         -> a key is needed only with protect_metrics / protect_docs
+        any other path                            -> Guard.admit(key, client): 401, 429, or passed on with
+                                                     RateLimit-* headers added to the answer
+    POST /translate without an Authorization header while keys are on: the route checks
+    LibreTranslate's ``api_key`` body field itself (``Guard.admit`` again, see libretranslate.py).
+
+Keys come from ``MT_API_KEYS`` (comma-separated) and ``api_keys_file`` (one per line, ``#`` comments,
+optional per-key limits ``KEY rate=2 burst=5``); the file is re-read when its mtime changes (checked at
+most every ``RELOAD_CHECK_S``) and on ``Guard.reload()``. Keys are compared with
+``hmac.compare_digest`` and never logged, counted or echoed: metrics and logs see a key id (``key_id``:
+the first 8 hex digits of its SHA-256).
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+from .errors import ServiceError
+
+ENV_KEYS = "MT_API_KEYS"
+RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
+MAX_BUCKETS = 65_536               # token buckets kept (least recently used evicted): bounded memory
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc", "/"})
+METRICS_PATHS = frozenset({"/metrics"})
+ANONYMOUS = "anonymous"            # the metrics' key label when keys are off
+
+
+class RateLimit(BaseModel):
+    """A token bucket: ``rate_per_s`` requests per second sustained, bursts of up to ``burst``."""
+    model_config = ConfigDict(extra="forbid")
+    rate_per_s: float = Field(..., gt=0, allow_inf_nan=False)
+    burst: int = Field(..., ge=1)
+
+
+class GuardSettings(BaseModel):
+    """AppArgs.guard: access control and rate limits of the ingress (all off by default)."""
+    model_config = ConfigDict(extra="forbid")
+    api_keys_file: Optional[str] = None       # one key per line (see module docstring); MT_API_KEYS adds keys
+    protect_metrics: bool = False             # /metrics needs a key too (when keys are on)
+    protect_docs: bool = False                # /docs and /openapi.json need a key too (when keys are on)
+    rate_limit: Optional[RateLimit] = None    # per key (or client address); None = no limit
+    gateway_replicas: int = Field(1, ge=1)    # set by build_app: each replica enforces 1/n of the limits
+
+
+def key_id(key: str) -> str:
+    """A short, stable, non-reversible id of a key for metrics and logs."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:8]
+
+
+def parse_keys(text: str, source: str) -> dict[str, Optional[RateLimit]]:
+    """key -> its own limit (or None) from a keys file's text. Raises ValueError naming the line, not the key."""
+    keys: dict[str, Optional[RateLimit]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        opts = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        if len(opts) != len(parts) - 1 or not set(opts) <= {"rate", "burst"} or len(opts) == 1:
+            raise ValueError(f"{source}:{n}: expected 'KEY' or 'KEY rate=R burst=B'")
+        try:
+            keys[parts[0]] = RateLimit(rate_per_s=float(opts["rate"]), burst=int(opts["burst"])) if opts else None
+        except ValueError:
+            raise ValueError(f"{source}:{n}: rate must be > 0 and burst an integer >= 1") from None
+    return keys
+
+
+@dataclass
+class Bucket:
+    tokens: float       # requests that may start now (fractional while refilling)
+    t: float            # time.monotonic() of the last update
+
+
+@dataclass
+class Decision:
+    """What the guard says about one request."""
+    error: Optional[ServiceError]             # 401 / 429, or None: let it through
+    headers: dict[str, str]                   # RateLimit-* (and Retry-After, WWW-Authenticate) to send
+    key: str                                  # the metrics label: a key id, ANONYMOUS, or missing/invalid
+
+
+class Guard:
+    """API keys and token buckets of one ingress replica (see the module docstring)."""
+
+    def __init__(self, settings: Optional[GuardSettings] = None, env: Optional[str] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.settings = settings or GuardSettings()
+        self.env = os.environ.get(ENV_KEYS, "") if env is None else env
+        self.clock = clock
+        self.keys: dict[str, Optional[RateLimit]] = {}
+        self._mtime: Optional[float] = None
+        self._checked = -math.inf
+        self._buckets: collections.OrderedDict[str, Bucket] = collections.OrderedDict()
+        self.metrics = None        # service.metrics.GuardMetrics, set inside the replica
+        self.reload()
+
+    # ---- keys ------------------------------------------------------------------------------------
+    def reload(self) -> None:
+        """Read MT_API_KEYS and the keys file again. Raises ValueError for a malformed file."""
+        keys: dict[str, Optional[RateLimit]] = {k.strip(): None for k in self.env.split(",") if k.strip()}
+        path = self.settings.api_keys_file
+        if path:
+            self._mtime = os.stat(path).st_mtime_ns
+            with open(path, encoding="utf-8") as f:
+                keys.update(parse_keys(f.read(), path))
+        self.keys = keys
+        self._checked = self.clock()
+
+    def _maybe_reload(self) -> None:
+        path = self.settings.api_keys_file
+        if not path or self.clock() - self._checked < RELOAD_CHECK_S:
+            return
+        self._checked = self.clock()
+        try:
+            if os.stat(path).st_mtime_ns != self._mtime:
+                self.reload()
+        except (OSError, ValueError):   # a file being rewritten or broken: keep the keys we have
+            pass
+
+    @property
+    def keys_on(self) -> bool:
+        self._maybe_reload()
+        return bool(self.keys) or bool(self.settings.api_keys_file)
+
+    def lookup(self, key: Optional[str]) -> Optional[str]:
+        """The stored key equal to ``key`` (constant-time per candidate), or None."""
+        if not key:
+            return None
+        found = None
+        given = key.encode("utf-8", "surrogatepass")
+        for k in self.keys:
+            if hmac.compare_digest(given, k.encode("utf-8")):
+                found = k
+        return found
+
+    # ---- the decision ------------------------------------------------------------------------------
+    def needs_key(self, path: str) -> bool:
+        """Whether ``path`` (without the route prefix) is behind the keys, when they are on."""
+        if path in OPEN_PATHS:
+            return False
+        if path in DOCS_PATHS:
+            return self.settings.protect_docs
+        if path in METRICS_PATHS:
+            return self.settings.protect_metrics
+        return True
+
+    @staticmethod
+    def limited(path: str) -> bool:
+        """Whether requests to ``path`` draw from the rate limit (everything but health, docs, metrics)."""
+        return path not in OPEN_PATHS | DOCS_PATHS | METRICS_PATHS
+
+    def admit(self, key: Optional[str], client: str, field: str = "Authorization") -> Decision:
+        """Check the key (when keys are on) and take one token. ``field`` is named in a 401's message."""
+        if self.keys_on:
+            stored = self.lookup(key)
+            if stored is None:
+                label = "missing" if not key else "invalid"
+                what = "no API key" if not key else "the API key is not valid"
+                return self._count(Decision(ServiceError(
+                    401, f"{field}: {what}; send 'Authorization: Bearer <key>'" +
+                    (" or the api_key field" if field == "api_key" else ""), field, type="unauthorized"),
+                    {"WWW-Authenticate": "Bearer"}, label), "unauthorized")
+            label, bucket_id, limit = key_id(stored), "k:" + stored, self.keys[stored] or self.settings.rate_limit
+        else:
+            label, bucket_id, limit = ANONYMOUS, "c:" + client, self.settings.rate_limit
+        if limit is None:
+            return self._count(Decision(None, {}, label), "allowed")
+        return self._take(bucket_id, limit, label)
+
+    def _take(self, bucket_id: str, limit: RateLimit, label: str) -> Decision:
+        n = self.settings.gateway_replicas
+        rate, burst = limit.rate_per_s / n, max(1.0, limit.burst / n)
+        now = self.clock()
+        b = self._buckets.pop(bucket_id, None) or Bucket(burst, now)
+        b.tokens = min(burst, b.tokens + (now - b.t) * rate)
+        b.t = now
+        self._buckets[bucket_id] = b              # most recently used last
+        while len(self._buckets) > MAX_BUCKETS:
+            self._buckets.popitem(last=False)
+        ok = b.tokens >= 1
+        if ok:
+            b.tokens -= 1
+        headers = {"RateLimit-Limit": str(int(burst)), "RateLimit-Remaining": str(int(b.tokens)),
+                   "RateLimit-Reset": str(math.ceil((burst - b.tokens) / rate))}
+        if ok:
+            return self._count(Decision(None, headers, label), "allowed")
+        wait = (1 - b.tokens) / rate
+        return self._count(Decision(ServiceError(
+            429, f"rate limit: at most {limit.rate_per_s:g} requests/s (bursts of {limit.burst}) for this "
+                 f"{'key' if label != ANONYMOUS else 'client'}; retry after {math.ceil(wait)} s",
+            retry_after=wait, type="rate_limited"), headers, label), "rate_limited")
+
+    def _count(self, d: Decision, decision: str) -> Decision:
+        if self.metrics is not None:
+            self.metrics.record(d.key, decision)
+        return d
+
+
+def bearer(headers: dict[str, str]) -> Optional[str]:
+    """The key of an ``Authorization: Bearer <key>`` header, else None."""
+    scheme, _, value = headers.get("authorization", "").strip().partition(" ")
+    return value.strip() or None if scheme.lower() == "bearer" else None
+
+
+class GuardMiddleware:
+    """Applies ``get_guard()`` (None: nothing to do) to every HTTP request; see the module docstring.
+
+    Rejections are answered here, in the error shape of the route (LibreTranslate's on ``libre_paths``);
+    the rate-limit headers of a request the guard let through are added to its answer, and a route may
+    set more in ``scope["state"]["guard_headers"]``.
+    """
+
+    def __init__(self, app, get_guard: Callable[[], Optional[Guard]], libre_paths: tuple[str, ...] = ()):
+        self.app, self.get_guard, self.libre_paths = app, get_guard, libre_paths
+
+    async def __call__(self, scope, receive, send):
+        guard = self.get_guard() if scope["type"] == "http" else None
+        if guard is None:
+            return await self.app(scope, receive, send)
+        from .errors import error_response, libre_error_response
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):] or "/"
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        state = scope.setdefault("state", {})
+        key = bearer(headers)
+        client = (scope.get("client") or ("unknown",))[0]
+        state["guard"], state["guard_client"] = guard, client
+        if key is None and path == "/translate" and guard.keys_on:
+            pass        # LibreTranslate's api_key body field: the route checks it (libretranslate.py)
+        elif (guard.needs_key(path) and guard.keys_on) or guard.limited(path):
+            d = guard.admit(key, client)
+            if d.error is not None:
+                render = libre_error_response if path in self.libre_paths else error_response
+                resp: JSONResponse = render(d.error, headers=d.headers)
+                return await resp(scope, receive, send)
+            state["guard_headers"] = d.headers
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start" and state.get("guard_headers"):
+                message = {**message, "headers": list(message.get("headers", [])) + [
+                    (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in state["guard_headers"].items()]}
+            await send(message)
+        await self.app(scope, receive, send_with_headers)
+
+
+def check_body_key(state: dict, api_key: object) -> Optional[Decision]:
+    """For POST /translate without an Authorization header while keys are on: admit by the body's
+    ``api_key`` field. Returns the rejection, or None (headers stored for the middleware)."""
+    guard: Optional[Guard] = state.get("guard")
+    if guard is None or "guard_headers" in state or not guard.keys_on:
+        return None
+    d = guard.admit(api_key if isinstance(api_key, str) else None, state.get("guard_client", "unknown"), "api_key")
+    if d.error is not None:
+        return d
+    state["guard_headers"] = d.headers
+    return None
