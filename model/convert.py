@@ -303,9 +303,18 @@ def load_marian(directory: str | Path) -> tuple[Transformer, VocabTokenizer, dic
         tok = VocabTokenizer(d / "source.spm", d / "target.spm", source, target, decoder_start_id=cfg.bos_id, **pieces)
     except (OSError, RuntimeError, ValueError) as e:
         raise MarianImportError(f"{d}: cannot load source.spm / target.spm ({e})") from None
+    return model.eval(), tok, marian_metadata(d, tok_cfg)
+
+
+def marian_metadata(directory: Path, tok_cfg: Optional[dict] = None) -> dict:
+    """Our metadata of a MarianMT directory: its languages (``tokenizer_config.json``), where it came
+    from, the float32 dtype it loads in. Reads JSON only (``service/translator/card.py`` uses it)."""
+    d = Path(directory)
+    if tok_cfg is None:
+        tok_cfg = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").exists() else {}
     meta = {"source_lang": tok_cfg.get("source_lang"), "target_lang": tok_cfg.get("target_lang"),
             "imported_from": f"MarianMT directory {d.name}", "dtype": "float32"}
-    return model.eval(), tok, {k: v for k, v in meta.items() if v is not None}
+    return {k: v for k, v in meta.items() if v is not None}
 
 
 def convert_marian(directory: str | Path, out: str | Path, dtype: str = "float32") -> Path:

@@ -95,6 +95,7 @@ class BeamSearch:
             out["cross"] = torch.stack(beam.cross[:n], dim=2) if n else torch.zeros(0)
         if "decoder" in self.attention_kinds and beam.decoder:
             rows = beam.decoder[:n]
+            out["decoder"] = torch.zeros(0)     # no tokens (EOS first): empty, as cross
             if n:
                 L, H = rows[0].shape[:2]
                 mat = rows[0].new_zeros(L, H, n, n)

@@ -76,6 +76,12 @@ class Tokenizer:
         return Tokenizer(f"{model_prefix}.model")
 
 
+def target_language_codes(vocab) -> tuple[str, ...]:
+    """The codes ``xx`` of the target-language tokens ``>>xx<<`` of a multilingual MarianMT vocabulary
+    (pieces; sorted), () for a model with one target language."""
+    return tuple(sorted(p[2:-2] for p in vocab if p.startswith(">>") and p.endswith("<<") and len(p) > 4))
+
+
 class VocabTokenizer:
     """MarianMT's tokenization: SentencePiece models for the source and the target, whose pieces are
     mapped to model ids through ``vocab.json`` (piece -> id; the ids of ``</s>``, ``<unk>`` and
@@ -103,7 +109,7 @@ class VocabTokenizer:
         self.bos_id = self.pad_id if decoder_start_id is None else decoder_start_id
         self.id_to_piece = {i: p for p, i in self.target_vocab.items()}
         # multilingual models: the source starts with a target-language token >>xx<<
-        self.target_languages = tuple(sorted(p[2:-2] for p in self.vocab if p.startswith(">>") and p.endswith("<<")))
+        self.target_languages = target_language_codes(self.vocab)
         self.special = {self.eos_id, self.target_vocab[unk], self.pad_id, self.bos_id}
 
     @property

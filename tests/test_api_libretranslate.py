@@ -118,3 +118,14 @@ def test_a_lone_surrogate_in_q_is_invalid_unicode():
         checked_job(req, req.texts, limits)
     assert (e.value.status, e.value.field) == (422, "q"), e.value.message
     assert "Unicode" in e.value.message and "q" in e.value.message
+
+
+def test_html_alternatives_are_the_rebuilt_html_of_each_hypothesis(service_url):
+    """format=html with alternatives: each alternative is the fragment rebuilt around hypothesis i of
+    every segment, markup kept (it was [] before)."""
+    q = '<p>Ein <b>großer</b> Hund läuft im <a href="/p">Park</a>.</p>'
+    r = post(service_url, {"q": q, "source": "de", "target": "en", "format": "html", "alternatives": 2},
+             path="/translate").json()
+    tags = lambda h: re.findall(r"<[^>]+>", h)  # noqa: E731
+    assert 1 <= len(r["alternatives"]) <= 2 and r["translatedText"] not in r["alternatives"], r
+    assert all(tags(a) == tags(q) for a in r["alternatives"]), r

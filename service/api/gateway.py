@@ -10,6 +10,7 @@ a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Ev
 # No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
 # must see the request model classes themselves, not their names.
 import asyncio
+import time
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -18,14 +19,15 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from service.engine import EngineConfig
-from service.metrics import scrape_metrics
+from service.metrics import GuardMetrics, scrape_metrics
 from service.translator import ModelCard
 
 from . import libretranslate, sse
 from .access_log import AccessLogMiddleware
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware
-from .errors import RETRY_AFTER_S, ServiceError, add_exception_handlers
+from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers
+from .guard import Guard, GuardMiddleware, GuardSettings
 from .schemas import (ErrorResponse, LibreLanguage, ModelInfo, ModelLimits, ModelsResponse, TranslateRequest,
                       TranslateResponse)
 
@@ -43,15 +45,22 @@ def _errors(model, statuses: dict[int, str]) -> dict:
 
 NATIVE_ERRORS = _errors(ErrorResponse, {
     404: "unknown model, or no model for source_lang/target_lang",
+    401: "API keys are on and the request has no valid Authorization: Bearer key",
     413: "a text, list, sentence or body over its limit (the message names it)",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
-    422: "invalid fields (wrong types, out of range, unknown) or an undecodable body",
-    503: "overloaded, queue full, or the model is loading"})
+    422: "invalid fields (wrong types, out of range, unknown), an undecodable body, or a multilingual model's "
+         "target_lang missing or unknown (the message names the choices)",
+    429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)",
+    503: "overloaded, queue full, or the model is loading",
+    504: "timeout_s (or the server's max_timeout_s) passed; the request's sentences were cancelled"})
 LIBRE_ERRORS = _errors(libretranslate.LibreError, {
     400: "invalid request: a field missing or invalid, an unsupported language pair, a text over its limit",
     413: "a body over MAX_BODY_BYTES (service/api/body.py)",
+    401: "API keys are on and neither Authorization: Bearer nor api_key holds a valid key",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
-    503: "overloaded or the model is loading"})
+    429: "over the rate limit of this key or client",
+    503: "overloaded or the model is loading",
+    504: "the server's max_timeout_s passed"})
 READY_SCHEMA = {"type": "object", "required": ["status", "models"], "properties": {
     "status": {"type": "string", "enum": ["ready", "loading"]},
     "models": {"type": "object", "additionalProperties": {"type": "string", "enum": ["ready", "loading"]}}}}
@@ -71,8 +80,18 @@ api = FastAPI(
                 "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
 )
 api.add_middleware(BodyMiddleware)        # inner: decodes bodies before the routes read them
+api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
 api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
 add_exception_handlers(api)
+
+
+def _checked_target(card: ModelCard, target_lang: Optional[str]) -> ModelCard:
+    """The card, once a multilingual model's target_lang is one it knows. Raises ServiceError 422."""
+    try:
+        card.check_target(target_lang)
+    except ValueError as e:
+        raise ServiceError(422, f"target_lang: model {card.id!r}: {e}", "target_lang") from None
+    return card
 
 
 @serve.ingress(api)
@@ -84,14 +103,21 @@ class Gateway:
         handles: model id -> its translator deployment; None: run the translators in this process.
         engine: EngineConfig fields for every model (a card's ``engine`` overrides them).
         num_threads: torch threads of the in-process translators.
+        guard: ``GuardSettings`` fields (API keys, rate limits; service/api/guard.py).
+        max_timeout_s: the longest ``timeout_s`` a request may ask for, and every request's deadline.
     """
 
     def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
-                 engine: Optional[dict] = None, num_threads: int = 1):
+                 engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
+                 max_timeout_s: float = 60.0):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
         self.backend: Backend = RemoteBackend(handles) if handles is not None else LocalBackend(cards, num_threads)
         self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
+        self.max_timeout_s = max_timeout_s
+        self.guard = Guard(GuardSettings.model_validate(guard or {}))
+        self.guard.metrics = GuardMetrics()
+        api.state.guard = self.guard          # read by GuardMiddleware (one Gateway per replica process)
         self._configure(engine or {})
 
     def _configure(self, engine: dict) -> None:
@@ -104,30 +130,47 @@ class Gateway:
         ({"engine": fields for every model, "per_model": {model: overrides}})."""
         await self.backend.reconfigure(user_config)
         self._configure(user_config.get("engine", {}))
+        self.guard.reload()
 
     # ---- routing ----
     def resolve(self, model: Optional[str], source_lang: Optional[str], target_lang: Optional[str]) -> ModelCard:
-        """The card of the model that serves this request. Raises ServiceError 404."""
-        pairs = ", ".join(f"{c.source_lang}->{c.target_lang} ({c.id})" for c in self.cards.values())
+        """The card of the model that serves this request: the named model, else the first that
+        translates source_lang -> target_lang (models of one target before multilingual ones, which
+        match every target their vocabulary knows), else the default. Raises ServiceError: 404 for an
+        unknown model or pair, 422 when a multilingual model's target_lang is missing or unknown (the
+        message names its choices)."""
+        pairs = ", ".join(f"{c.pair} ({c.id})" for c in self.cards.values())
         if model is not None:
             card = self.cards.get(model)
             if card is None:
                 raise ServiceError(404, f"model: unknown model {model!r}; available: {sorted(self.cards)}", "model")
-            for field, want, have in (("source_lang", source_lang, card.source_lang),
-                                      ("target_lang", target_lang, card.target_lang)):
-                if want is not None and want != have:
-                    raise ServiceError(404, f"{field}: model {model!r} translates {card.source_lang}->"
-                                            f"{card.target_lang}, not {want!r}", field)
-            return card
+            for field, want, have in (("source_lang", source_lang, (card.source_lang,)),
+                                      ("target_lang", target_lang, () if card.target_languages else card.targets)):
+                if want is not None and have and want not in have:
+                    raise ServiceError(404, f"{field}: model {model!r} translates {card.pair}, not {want!r}", field)
+            return _checked_target(card, target_lang)
         if source_lang is None and target_lang is None:
-            return self.cards[self.default]
-        for card in self.cards.values():
-            if source_lang in (None, card.source_lang) and target_lang in (None, card.target_lang):
-                return card
+            return _checked_target(self.cards[self.default], None)
+        matches = [c for c in self.cards.values()
+                   if source_lang in (None, c.source_lang) and (target_lang is None or target_lang in c.targets)]
+        if matches:
+            return _checked_target(min(matches, key=lambda c: bool(c.target_languages)), target_lang)
         field = "source_lang" if source_lang is not None and not any(
             c.source_lang == source_lang for c in self.cards.values()) else "target_lang"
         raise ServiceError(404, f"{field}: no model for {source_lang or '*'}->{target_lang or '*'}; available "
                                 f"pairs: {pairs}", field)
+
+    def _deadline(self, job, timeout_s: Optional[float] = None):
+        """Set the job's deadline: ``timeout_s`` (<= max_timeout_s, else 422) or max_timeout_s."""
+        if timeout_s is not None and timeout_s > self.max_timeout_s:
+            raise ServiceError(422, f"timeout_s: must be <= {self.max_timeout_s:g} (the server's max_timeout_s), "
+                                    f"got {timeout_s:g}", "timeout_s")
+        job.timeout_s = timeout_s or self.max_timeout_s
+        job.deadline = time.time() + job.timeout_s
+        return job
+
+    async def _translate(self, model: str, job):
+        return await self.backend.translate(model, self._deadline(job, job.timeout_s))
 
     # ---- native API ----
     @api.post("/v1/translate", response_model=TranslateResponse,
@@ -141,7 +184,7 @@ class Gateway:
         """
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
-        job = body.job()
+        job = self._deadline(body.job(), body.timeout_s)
         self.limits[card.id].check(job)
         if not body.stream:
             result = await self.backend.translate(card.id, job)
@@ -167,7 +210,8 @@ class Gateway:
                 engine = (await asyncio.wait_for(self.backend.info(c.id), timeout=5)).engine
             except Exception:  # noqa: BLE001 - still loading: the configured settings
                 engine = {**self.engine, **c.engine}
-            return ModelInfo(id=c.id, source_lang=c.source_lang, target_lang=c.target_lang, config=c.config,
+            return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config,
+                             target_lang=None if c.target_languages else c.target_lang, target_langs=list(c.targets),
                              test_bleu=c.test_bleu, metadata=c.metadata, engine=engine)
         return ModelsResponse(data=list(await asyncio.gather(*(one(c) for c in self.cards.values()))))
 
@@ -226,5 +270,4 @@ class Gateway:
         ``alternatives``, ``api_key`` as JSON, form-urlencoded or multipart form. Answers
         ``{"translatedText": ...}`` (plus ``alternatives`` when asked); errors ``{"error": message}``.
         """
-        return await libretranslate.translate(request, list(self.cards.values()), self.limits,
-                                              self.backend.translate)
+        return await libretranslate.translate(request, list(self.cards.values()), self.limits, self._translate)

@@ -19,7 +19,8 @@ from pydantic import BaseModel, Field
 from service.engine import GenerationOptions
 from service.translator import ModelCard
 
-from .errors import ServiceError, libre_error_response
+from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response
+from .guard import check_body_key
 from .html import HtmlText
 from .schemas import MAX_BEAM_SIZE, LibreLanguage, ModelLimits, TranslateJob, TranslateResponse, check_unicode
 
@@ -27,6 +28,7 @@ LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanis
                   "nl": "Dutch", "pt": "Portuguese", "cs": "Czech", "ru": "Russian", "zh": "Chinese",
                   "ja": "Japanese", "pl": "Polish", "sv": "Swedish", "tr": "Turkish", "ar": "Arabic"}
 
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 Fields = dict[str, object]      # a JSON body's members, or form fields (str, or list[str] for a repeated q)
 
 
@@ -39,7 +41,8 @@ class LibreTranslateBody(BaseModel):
     target: str = Field(..., min_length=1, description="language code (GET /languages)")
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, ge=0, le=MAX_BEAM_SIZE - 1, description="alternative translations to return")
-    api_key: Optional[str] = Field(None, description="accepted, not checked")
+    api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
+                                                     "header is sent")
 
 
 class LibreTranslateAnswer(BaseModel):
@@ -69,19 +72,21 @@ class LibreRequest:
     alternatives: int           # alternatives asked for, 0..MAX_BEAM_SIZE - 1
     html: bool                  # format=html
     auto: bool                  # source=auto (resolved to the model's source language)
+    target: Optional[str] = None    # the target language (a multilingual model's >>target<< token)
 
     def job(self, texts: list[str]) -> TranslateJob:
         n_best = self.alternatives + 1
         return TranslateJob(texts, GenerationOptions(beam_size=max(4, n_best), n_best=n_best, length_penalty=1.0),
-                            field="q", is_list=self.batch)
+                            field="q", is_list=self.batch, target_lang=self.target)
 
 
 def languages(cards: Iterable[ModelCard]) -> list[LibreLanguage]:
-    """Every language with the codes it translates into."""
+    """Every language with the codes it translates into (a multilingual model's: every >>xx<< code)."""
     codes: dict[str, set] = {}
     for c in cards:
-        codes.setdefault(c.source_lang, set()).add(c.target_lang)
-        codes.setdefault(c.target_lang, set())
+        codes.setdefault(c.source_lang, set()).update(c.targets)
+        for t in c.targets:
+            codes.setdefault(t, set())
     return [LibreLanguage(code=code, name=LANGUAGE_NAMES.get(code, code), targets=sorted(t))
             for code, t in codes.items()]
 
@@ -90,7 +95,11 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
                     run: Callable) -> JSONResponse:
     """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``)."""
     try:
-        req = parse(await read_fields(request), cards)
+        fields = await read_fields(request)
+        denied = check_body_key(request.scope.setdefault("state", {}), fields.get("api_key"))
+        if denied is not None:    # API keys on, no Authorization header, no valid api_key field
+            return libre_error_response(denied.error, headers=denied.headers)
+        req = parse(fields, cards)
     except ServiceError as e:
         return libre_error_response(e)
     request.state.model = req.card.id
@@ -103,12 +112,13 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
         return libre_error_response(e)
     request.state.usage = result.usage
     if req.html:
-        out, k = [], 0
-        for h in htmls:
-            n = len(h.segments)
-            out.append(h.rebuild([t.text for t in result.translations[k:k + n]]))
-            k += n
-        alts: list[list[str]] = [[] for _ in req.texts]
+        out, alts, k = [], [], 0
+        for h in htmls:     # alternative i: each segment's hypothesis i + 2 (its best where it has fewer)
+            segs = result.translations[k:k + len(h.segments)]
+            out.append(h.rebuild([t.text for t in segs]))
+            alts.append(_unique([h.rebuild([(t.alternatives[i] if i < len(t.alternatives) else t).text for t in segs])
+                                 for i in range(req.alternatives)], out[-1]))
+            k += len(h.segments)
     else:
         out = [t.text for t in result.translations]
         alts = [_unique([a.text for a in t.alternatives], t.text)[:req.alternatives] for t in result.translations]
@@ -148,33 +158,34 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     fmt = f.get("format") or "text"
     if fmt not in ("text", "html"):
         raise ServiceError(400, f"{fmt} format is not supported", "format")
-    try:
-        n_alt = int(f.get("alternatives") or 0)
-    except (TypeError, ValueError):
-        raise ServiceError(400, "Invalid request: alternatives parameter is not a number", "alternatives")
+    n_alt = _whole_number(f.get("alternatives"))
     if n_alt < 0:
         raise ServiceError(400, "Invalid request: alternatives parameter must be >= 0", "alternatives")
     if n_alt > MAX_BEAM_SIZE - 1:
         raise ServiceError(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM_SIZE - 1}",
                            "alternatives")
     sources = {c.source_lang for c in cards}
-    targets = {c.target_lang for c in cards}
+    targets = {t for c in cards for t in c.targets}
     auto = source == "auto"
     if auto:
-        candidates = [c for c in cards if c.target_lang == target]
+        candidates = [c for c in cards if target in c.targets]
         if len({c.source_lang for c in candidates}) != 1:
             raise ServiceError(400, "auto is not supported: give the source language "
                                     f"(one of {sorted(sources)})", "source")
         source = candidates[0].source_lang
     if source not in sources:
         raise ServiceError(400, f"{source} is not supported", "source")
+    choices = sorted({t for c in cards if c.source_lang == source for t in c.targets})
     if target not in targets and target not in sources:
-        raise ServiceError(400, f"{target} is not supported", "target")
-    card = next((c for c in cards if c.source_lang == source and c.target_lang == target), None)
+        raise ServiceError(400, f"{target} is not supported (targets from {source}: {', '.join(choices)})", "target")
+    # models of one target before multilingual ones (GET /v1/models: target_langs)
+    card = min((c for c in cards if c.source_lang == source and target in c.targets),
+               key=lambda c: bool(c.target_languages), default=None)
     if card is None:
         raise ServiceError(400, f"{LANGUAGE_NAMES.get(target, target)} ({target}) is not available as a target "
-                                f"language from {LANGUAGE_NAMES.get(source, source)} ({source})", "target")
-    return LibreRequest(list(q) if batch else [q], batch, card, n_alt, fmt == "html", auto)
+                                f"language from {LANGUAGE_NAMES.get(source, source)} ({source}); choose from "
+                                f"{', '.join(choices)}", "target")
+    return LibreRequest(list(q) if batch else [q], batch, card, n_alt, fmt == "html", auto, target)
 
 
 async def read_fields(request: Request) -> Fields:
@@ -183,13 +194,18 @@ async def read_fields(request: Request) -> Fields:
     if ctype == "application/json" or ctype.endswith("+json"):
         try:
             body = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):   # RecursionError: absurd nesting
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise ServiceError(400, "Invalid JSON format")
+        except RecursionError:
+            raise ServiceError(400, f"Invalid JSON format: {JSON_TOO_DEEP}", "body")
         if not isinstance(body, dict):
             raise ServiceError(400, "Invalid JSON format")
         return body
     fields: Fields = dict(request.query_params)
-    if ctype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+    if ctype not in FORM_TYPES and await request.body():
+        raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {ctype or 'missing'}; "
+                                f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
+    if ctype in FORM_TYPES:
         if ctype == "multipart/form-data":
             form = await request.form()
             pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
@@ -213,6 +229,19 @@ async def read_fields(request: Request) -> Fields:
                 values = ["\n".join(v.splitlines()) if key == "q" else v for v in values]
                 fields[key] = values if key == "q" and len(values) > 1 else values[0]
     return fields
+
+
+def _whole_number(value: object) -> int:
+    """``alternatives`` as an int: a JSON integer (2 or 2.0), a form's digits, or 0 when absent.
+    Raises ServiceError 400 for anything else (1.5, true, "two")."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    raise ServiceError(400, f"Invalid request: alternatives parameter must be a whole number, got {value!r:.40}",
+                       "alternatives")
 
 
 def _unique(seq: list[str], exclude: str) -> list[str]:

@@ -61,6 +61,9 @@ class TranslateRequest(_Strict):
     return_attention: bool = False
     attention: AttentionOptions = Field(default_factory=AttentionOptions)
     stream: bool = Field(False, description="answer with Server-Sent Events, one per new target token")
+    timeout_s: Optional[float] = Field(
+        None, gt=0, allow_inf_nan=False, description="seconds until the request is cancelled and answered 504 "
+                                                     "(at most the server's max_timeout_s; null = that maximum)")
 
     @field_validator("text", mode="before")
     @classmethod
@@ -101,7 +104,8 @@ class TranslateRequest(_Strict):
         att = self.attention
         selection = AttentionSelection(tuple(att.layers) if att.layers else None,
                                        tuple(att.heads) if att.heads else None)
-        return TranslateJob(self.texts, options, selection, "text", isinstance(self.text, list))
+        return TranslateJob(self.texts, options, selection, "text", isinstance(self.text, list),
+                            target_lang=self.target_lang)
 
 
 class Alternative(BaseModel):
@@ -166,7 +170,9 @@ class ErrorResponse(BaseModel):
 class ModelInfo(BaseModel):
     id: str
     source_lang: str
-    target_lang: str
+    target_lang: Optional[str] = Field(..., description="the target language; null for a multilingual model")
+    target_langs: list[str] = Field(..., description="the target languages a request may name: a multilingual "
+                                                     "model's >>xx<< codes, else [target_lang]")
     config: dict
     test_bleu: Optional[float] = Field(None, description="BLEU on Multi30k test_2016_flickr, from the checkpoint")
     metadata: dict = Field(default_factory=dict)
@@ -192,7 +198,8 @@ def check_unicode(texts: list[str], field: str) -> None:
             t.encode("utf-8")
         except UnicodeEncodeError as e:
             where = f"{field}[{i}]" if len(texts) > 1 else field
-            raise ValueError(f"{where} is not valid Unicode (a lone surrogate at character {e.start})") from None
+            raise ValueError(f"{where}: not valid Unicode: a lone surrogate (U+{ord(t[e.start]):04X}) "
+                             f"at character {e.start}") from None
 
 
 # ---- the gateway -> translator hand-off --------------------------------------------------------------
@@ -210,6 +217,9 @@ class TranslateJob:
     attention: AttentionSelection = AttentionSelection()
     field: str = "text"                        # the request field the texts came from, for error messages
     is_list: bool = False                      # the texts came as a list: errors name field[i]
+    deadline: Optional[float] = None           # time.time() seconds when it is cancelled (504); None = never
+    timeout_s: Optional[float] = None          # the timeout that set the deadline, named in the 504's message
+    target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
 
 
 @dataclass(frozen=True)

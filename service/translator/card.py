@@ -1,11 +1,21 @@
 """A model's card: what the gateway needs to know about a model without loading it, read from the
-checkpoint's JSON files (``config.json``, ``metadata.json``; see ``model/checkpoint.py``)."""
+checkpoint's JSON files (``config.json``, ``metadata.json``, ``vocab.json``; see ``model/checkpoint.py``).
+A MarianMT (OPUS-MT) directory served as it is has the same card: its ``config.json`` read as our
+``ModelConfig`` (``model.convert.marian_config``), its languages from ``tokenizer_config.json``.
+
+Multilingual MarianMT models (a vocabulary with ``>>xx<<`` target-language tokens, ``vocab.json`` of
+the directory or of its converted checkpoint) list those codes as ``target_languages``; a request
+names one of them (``model.translate.check_target_lang`` reads the card as it reads the tokenizer)."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from model.convert import is_marian_dir, marian_config, marian_metadata
+from model.tokenizer import target_language_codes
+from model.translate import check_target_lang
 
 
 @dataclass(frozen=True)
@@ -18,25 +28,50 @@ class ModelCard:
     metadata: dict = field(default_factory=dict)      # the checkpoint's metadata.json
     test_bleu: Optional[float] = None                 # BLEU on the test set, from the metadata
     engine: dict = field(default_factory=dict)        # EngineConfig overrides for this model
+    target_languages: tuple = ()                      # multilingual: the >>xx<< codes (else one target_lang)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The target languages a request may name: the multilingual codes, or the one target_lang."""
+        return self.target_languages or (self.target_lang,)
+
+    @property
+    def pair(self) -> str:
+        """``source->target`` for messages (``de->fra|ita`` for a multilingual model)."""
+        return f"{self.source_lang}->{'|'.join(self.targets)}"
+
+    def check_target(self, target_lang: Optional[str]) -> None:
+        """A multilingual model: raise ValueError naming the choices unless target_lang is one of its
+        codes (``model.translate.check_target_lang``). A model of one target checks nothing here."""
+        if self.target_languages:
+            check_target_lang(self, target_lang)
 
 
 def model_card(name: str, checkpoint: str | Path, source_lang: Optional[str] = None,
                target_lang: Optional[str] = None) -> ModelCard:
-    """The card of the checkpoint in directory ``checkpoint``, served as ``name``.
+    """The card of the checkpoint (or MarianMT directory) ``checkpoint``, served as ``name``. A
+    multilingual model's ``target_lang`` is the label its metadata gives (``mul`` without one).
 
     Raises FileNotFoundError when the checkpoint lacks config.json, ValueError when the languages
-    are neither given nor in metadata.json.
+    are neither given nor in metadata.json / tokenizer_config.json, or (``MarianImportError``) when a
+    MarianMT config.json is not one this project imports.
     """
     d = Path(checkpoint)
     if not (d / "config.json").exists():
         raise FileNotFoundError(f"model {name!r}: checkpoint {d} has no config.json")
     config = json.loads((d / "config.json").read_text())
-    meta = json.loads((d / "metadata.json").read_text()) if (d / "metadata.json").exists() else {}
+    if is_marian_dir(d):
+        config, meta = marian_config(config, str(d / "config.json")).to_dict(), marian_metadata(d)
+    else:
+        meta = json.loads((d / "metadata.json").read_text()) if (d / "metadata.json").exists() else {}
+    codes = target_language_codes(json.loads((d / "vocab.json").read_text(encoding="utf-8"))) \
+        if (d / "vocab.json").exists() else ()
     src = source_lang or meta.get("source_lang")
-    tgt = target_lang or meta.get("target_lang")
+    tgt = target_lang or meta.get("target_lang") or ("mul" if codes else None)
     if not src or not tgt:
-        raise ValueError(f"model {name!r}: source_lang/target_lang are not in {d / 'metadata.json'}; pass them")
-    return ModelCard(name, str(d), src, tgt, config, meta, _test_bleu(meta))
+        where = d / ("tokenizer_config.json" if is_marian_dir(d) else "metadata.json")
+        raise ValueError(f"model {name!r}: source_lang/target_lang are not in {where}; pass them")
+    return ModelCard(name, str(d), src, tgt, config, meta, _test_bleu(meta), target_languages=codes)
 
 
 def _test_bleu(meta: dict) -> Optional[float]:

@@ -86,7 +86,7 @@ def block_diagonal(kind: str, hyps: list, sources: list[list[int]], layers: Opti
     row still sums to 1. ``layers`` / ``heads`` select indices (None = all). Returned as nested lists
     [len(layers)][len(heads)][rows][cols] rounded to 5 decimals ([] when no sentence has weights).
     """
-    mats = [h.attention[kind] for h in hyps]
+    mats = [(h.attention or {}).get(kind) for h in hyps]     # none for a sentence never decoded
     rows = [len(h.tokens) if kind != "encoder" else len(s) for h, s in zip(hyps, sources)]
     cols = [len(s) if kind != "decoder" else len(h.tokens) for h, s in zip(hyps, sources)]
     ref = next((m for m in mats if m is not None and m.dim() == 4), None)

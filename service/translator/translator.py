@@ -7,8 +7,10 @@ together (so they join the engine's prefill and decode batches with everyone els
 translated sentences are rejoined with the original whitespace (``output.build_response``).
 
 The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); the
-translator checks what needs tokenization: tokens per sentence and sentences per request. Engine
-errors propagate as they are; ``service.api.errors.to_service_error`` maps them to HTTP statuses.
+translator checks what needs tokenization: tokens per sentence and sentences per request. A
+multilingual MarianMT model's sources start with the job's target-language token
+(``target_prefix``). Engine errors propagate as they are; ``service.api.errors.to_service_error``
+maps them to HTTP statuses.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import AsyncIterator, Optional
 import torch
 
 from model.checkpoint import load_checkpoint
+from model.translate import check_target_lang
 from service.api.errors import RETRY_AFTER_S, ServiceError
 from service.api.schemas import MAX_SENTENCES, StreamItem, StreamStart, TranslateJob, TranslateResponse
 from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
@@ -135,6 +138,7 @@ class Translator:
         if self.engine is None:
             raise ServiceError(503, f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
         field, max_src = job.field, self.engine.max_src_len
+        prefix = self.target_prefix(job.target_lang)
         splits: list[Optional[Split]] = []
         pieces: list[Piece] = []
         prepared: list[Protected] = []
@@ -150,7 +154,7 @@ class Translator:
             splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
             for j, sentence in enumerate(split.pieces):
                 prepared.append(seen.get(sentence) or self.protector.prepare(sentence))
-                ids = self.protector.encode(prepared[-1])
+                ids = prefix + self.protector.encode(prepared[-1])
                 if len(ids) > max_src:
                     where = f"{field}[{i}]" if job.is_list else field
                     raise ServiceError(
@@ -161,6 +165,19 @@ class Translator:
         if len(pieces) > limit:
             raise ServiceError(413, f"{field}: at most {limit} sentences per request, got {len(pieces)}", field)
         return splits, pieces, prepared
+
+    def target_prefix(self, target_lang: Optional[str]) -> list[int]:
+        """The ids every source starts with: a multilingual model's ``>>target_lang<<`` token, as
+        ``model.translate.encode_source`` puts it; [] for a model of one target (the gateway has
+        matched target_lang to it). Raises ServiceError 422 naming the choices for a multilingual
+        model's missing or unknown target_lang."""
+        if not self.tok.target_languages:
+            return []
+        try:
+            check_target_lang(self.tok, target_lang)
+        except ValueError as e:
+            raise ServiceError(422, f"target_lang: model {self.name!r}: {e}", "target_lang") from None
+        return self.tok.encode(f">>{target_lang}<<")
 
     def _options(self, prepared: Protected, options: GenerationOptions) -> GenerationOptions:
         """A sentence with inner protected spans also tracks cross-attention (to place them)."""
