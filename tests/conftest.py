@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -180,6 +181,23 @@ def pytest_unconfigure(config):
 
 
 # ---- helpers for tests that call the HTTP API --------------------------------------------------------
+@pytest.fixture(scope="session")
+def tok():
+    """The shipped model's SentencePiece tokenizer."""
+    from model.checkpoint import DEFAULT_CHECKPOINT
+    from model.tokenizer import Tokenizer
+    return Tokenizer(DEFAULT_CHECKPOINT / "tokenizer.model")
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    """(event, data) of each Server-Sent Event in a response body."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
 def post(url: str, body, path: str = "/v1/translate", **kw) -> httpx.Response:
     return httpx.post(url + path, json=body, timeout=120, **kw)
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from conftest import DATA, SECOND_ENGINE, SECOND_MODEL, post, translate
+from conftest import DATA, SECOND_ENGINE, SECOND_MODEL, post, sse_events, translate
 from model.tokenizer import read_lines
 from service.api.schemas import MAX_BEAM_SIZE, MAX_TEXT_CHARS, MAX_TEXTS
 
@@ -24,14 +24,6 @@ def same_json(a, b, tol: float = 1e-4) -> bool:
     if isinstance(a, list):
         return isinstance(b, list) and len(a) == len(b) and all(same_json(x, y, tol) for x, y in zip(a, b))
     return a == b
-
-
-def sse_events(text: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
 
 
 # ---- service endpoints -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 pytest.importorskip("transformers")
-from conftest import post, translate  # noqa: E402
+from conftest import post, sse_events, translate  # noqa: E402
 from model.checkpoint import load_checkpoint  # noqa: E402
 from model.convert import convert_marian, marian_config  # noqa: E402
 from model.decoding import generate  # noqa: E402
@@ -136,8 +136,7 @@ def test_streaming_deltas_equal_the_final_text(url):
     with httpx.stream("POST", url + "/v1/translate", json=body, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         text = "".join(r.iter_text())
-    events = [(e["event"], json.loads(e["data"])) for e in
-              (dict(line.split(": ", 1) for line in block.splitlines()) for block in text.strip().split("\n\n"))]
+    events = sse_events(text)
     assert events[-1][0] == "response"
     final = events[-1][1]["translations"]
     deltas = ["", ""]

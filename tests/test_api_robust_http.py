@@ -9,18 +9,10 @@ import zlib
 
 import httpx
 
-from conftest import metric_sum, scrape, wait_for_metric
+from conftest import metric_sum, scrape, sse_events, wait_for_metric
 from service.api.body import MAX_BODY_BYTES
 
 BREAKS_PYSBD = "Sie hat einen B.A. in Sport. Dazu eine Trainer B(asic) Lizenz."
-
-
-def sse_events(text: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
 
 
 def test_splitter_failure_is_translated_and_counted(service_url):

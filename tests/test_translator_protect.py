@@ -16,7 +16,7 @@ import torch
 
 from conftest import DATA
 from model.checkpoint import DEFAULT_CHECKPOINT
-from model.tokenizer import Tokenizer, read_lines
+from model.tokenizer import read_lines
 from service.api.html import HtmlText
 from service.api.schemas import TranslateRequest
 from service.translator.protect import Protected, Protector
@@ -30,14 +30,6 @@ URLS = ["https://example.com/path?x=1", "http://www.beispiel.de/a/b.html?q=Hund&
 EMAILS = ["max.mustermann@example.de", "info+news@firma-x.com"]
 NUMBERS = ["3,50", "1.000", "12:30", "2024-01-05", "10%", "5km", "1.234,56", "+49", "3/4"]
 CODE = ["get_value", "camelCaseName", "/usr/local/bin/python3", "my_function()", "os.path.join()", "C:\\Temp\\x.txt"]
-
-
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    path = DEFAULT_CHECKPOINT / "tokenizer.model"
-    if not path.exists():
-        pytest.skip("the shipped tokenizer is not in this checkout")
-    return Tokenizer(path)
 
 
 @pytest.fixture(scope="module")

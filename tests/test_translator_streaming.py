@@ -6,18 +6,8 @@ import asyncio
 
 import pytest
 
-from model.checkpoint import DEFAULT_CHECKPOINT
-from model.tokenizer import Tokenizer
 from service.translator.streaming import StreamState, merge_streams
 from service.translator.text import Piece, Split
-
-
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    path = DEFAULT_CHECKPOINT / "tokenizer.model"
-    if not path.exists():
-        pytest.skip("the shipped tokenizer model/checkpoints/de-en/tokenizer.model is not in this checkout")
-    return Tokenizer(path)
 
 
 # text 0: two sentences with whitespace around; text 1: no visible text; text 2: one sentence with an
