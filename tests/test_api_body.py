@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from service.api import libretranslate
-from service.api.body import MAX_BODY_BYTES, BodyMiddleware, decode_body, inflate
+from service.api.body import MAX_BODY_BYTES, BodyMiddleware, HeadMiddleware, decode_body, inflate
 from service.api.errors import ServiceError, add_exception_handlers
 
 TEXT = "Ein Mann fährt Fahrrad. Zwei Hunde spielen im Schnee – „schön“ 🐶"
@@ -158,7 +158,8 @@ def test_charset_and_encoding_together(client):
     assert r.status_code == 200 and r.json() == {"text": "Grüße"}
 
 
-@pytest.mark.parametrize("charset", ["klingon-8", "rot13", "base64"])
+@pytest.mark.parametrize("charset", ["klingon-8", "rot13", "base64", "unicode_escape", "raw_unicode_escape", "idna",
+                                     "punycode", "undefined", "utf-7"])
 def test_unknown_or_non_text_charsets_are_415(client, charset):
     r = client.post("/v1/translate", content=JSON_BODY,
                     headers={"Content-Type": f"application/json; charset={charset}"})
@@ -168,6 +169,72 @@ def test_unknown_or_non_text_charsets_are_415(client, charset):
     r = client.post("/translate", content=FORM_BODY,
                     headers={"Content-Type": f"application/x-www-form-urlencoded; charset={charset}"})
     assert r.status_code == 415 and charset in r.json()["error"]
+
+
+@pytest.mark.parametrize("charset", ["KOI8-R", "windows-1251", "iso-8859-5", "mac-cyrillic", "gb18030", "big5",
+                                     "shift_jis", "euc-kr", "iso-2022-jp", "utf-32-be", "ascii"])
+def test_character_encodings_of_the_positive_list_are_honoured(client, charset):
+    text = {"ascii": "Ein Hund", "gb18030": "一只狗", "big5": "一隻狗", "shift_jis": "犬が走る",
+            "euc-kr": "개가 달린다", "iso-2022-jp": "犬が走る"}.get(charset, "Собака бежит")
+    r = client.post("/v1/translate", content=json.dumps({"text": text}, ensure_ascii=False).encode(charset),
+                    headers={"Content-Type": f"application/json; charset={charset}"})
+    assert r.status_code == 200 and r.json() == {"text": text}, r.text
+
+
+def test_a_repeated_charset_is_415(client):
+    for ctype in ("application/json; charset=utf-8; charset=latin-1",
+                  "application/json; Charset=latin-1;charset=utf-8"):
+        r = client.post("/v1/translate", content=JSON_BODY, headers={"Content-Type": ctype})
+        assert r.status_code == 415 and "more than once" in r.json()["error"]["message"], r.text
+        r = client.post("/translate", content=FORM_BODY, headers={"Content-Type": ctype.replace(
+            "application/json", "application/x-www-form-urlencoded")})
+        assert r.status_code == 415 and "more than once" in r.json()["error"]
+
+
+def test_an_empty_compressed_body_is_named(client):
+    for coding in ("gzip", "deflate"):
+        r = client.post("/v1/translate", content=b"", headers={"Content-Type": "application/json",
+                                                               "Content-Encoding": coding})
+        assert r.status_code == 422 and f"Content-Encoding: {coding}" in r.json()["error"]["message"]
+        assert r.json()["error"]["field"] == "body"
+        r = client.post("/translate", content=b"", headers={"Content-Type": "application/json",
+                                                            "Content-Encoding": coding})
+        assert r.status_code == 400 and "empty" in r.json()["error"]
+
+
+def test_a_multipart_body_without_its_closing_boundary_is_400(client):
+    whole = (b'--xyz\r\nContent-Disposition: form-data; name="q"\r\n\r\nHallo\r\n'
+             b'--xyz\r\nContent-Disposition: form-data; name="source"\r\n\r\nde\r\n--xyz--\r\n')
+    ok = client.post("/translate", content=whole, headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+    assert ok.status_code == 200 and ok.json() == {"q": "Hallo", "source": "de"}
+    for body in (whole[:-len(b"--xyz--\r\n")], whole[:40]):
+        r = client.post("/translate", content=body, headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+        assert r.status_code == 400 and "malformed" in r.json()["error"] and "--xyz--" in r.json()["error"], r.text
+    r = client.post("/translate", content=whole, headers={"Content-Type": "multipart/form-data"})
+    assert r.status_code == 400 and "no boundary" in r.json()["error"]
+
+
+def test_head_answers_like_get_without_a_body():
+    app = FastAPI()
+    app.add_middleware(HeadMiddleware)
+    add_exception_handlers(app)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "padding": "x" * 100}
+
+    @app.post("/v1/translate")
+    async def native():
+        return {}
+    c = TestClient(app)
+    get, head = c.get("/healthz"), c.head("/healthz")
+    assert head.status_code == get.status_code == 200 and head.content == b"" and len(get.content) > 100
+    assert head.headers["content-length"] == get.headers["content-length"] == str(len(get.content))
+    assert head.headers["content-type"] == get.headers["content-type"]
+    r = c.head("/v1/translate")          # a POST route: 405, still without a body
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.content == b""
+    assert c.post("/healthz").headers["allow"] == "GET, HEAD"
+    assert c.head("/nowhere").status_code == 404
 
 
 def test_bytes_invalid_in_the_declared_charset_are_refused_not_misread(client):

@@ -3,6 +3,7 @@ and its middleware in front of a small FastAPI app with the service's error hand
 LibreTranslate route's body-key check."""
 from __future__ import annotations
 
+import gzip
 import os
 import time
 
@@ -11,11 +12,13 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from service.api import guard as guard_mod
+from service.api.body import BodyMiddleware
 from service.api.errors import LIBRE_PATHS, ServiceError, add_exception_handlers, libre_error_response
-from service.api.guard import Guard, GuardMiddleware, GuardSettings, RateLimit, check_body_key, key_id, parse_keys
-from service.api.libretranslate import read_fields
+from service.api.guard import Guard, GuardMiddleware, GuardSettings, RateLimit, key_id, parse_keys
+from service.api.libretranslate import read_admitted
 
 KEY, OTHER = "k-3f9a1c7e5d", "k-other-77b2"
+CAP = 16 * 1024
 
 
 class Clock:
@@ -36,6 +39,7 @@ class Recorder:
 
 def make_client(guard: Guard) -> TestClient:
     app = FastAPI()
+    app.add_middleware(BodyMiddleware, max_body_bytes=CAP)    # as in the gateway: inside the guard
     app.add_middleware(GuardMiddleware, get_guard=lambda: guard, libre_paths=LIBRE_PATHS)
     add_exception_handlers(app)
 
@@ -54,13 +58,10 @@ def make_client(guard: Guard) -> TestClient:
     @app.post("/translate")
     async def libre(request: Request):
         try:
-            fields = await read_fields(request)
+            fields, denied = await read_admitted(request)
         except ServiceError as e:
             return libre_error_response(e)
-        denied = check_body_key(request.scope["state"], fields.get("api_key"))
-        if denied is not None:
-            return libre_error_response(denied.error, headers=denied.headers)
-        return {"translatedText": fields.get("q")}
+        return denied or {"translatedText": fields.get("q")}
     return TestClient(app)
 
 
@@ -94,6 +95,54 @@ def test_keys_401_without_or_with_a_wrong_key_200_with_a_right_one_on_both_route
     assert key_id(KEY) in labels and key_id(OTHER) in labels and {"missing", "invalid"} <= labels
     assert not any(KEY in k or OTHER in k for k in labels)
     assert len(key_id(KEY)) == 8
+
+
+def test_anonymous_libretranslate_bodies_get_401_before_any_body_error():
+    g = Guard(GuardSettings(), env=KEY)
+    c = make_client(g)
+    body = {"q": "Hallo", "source": "de", "target": "en"}
+    bomb = gzip.compress(b"{" + b" " * (4 * CAP) + b"}")
+    anonymous = [dict(content=b"{not json", headers={"Content-Type": "application/json"}),       # 400
+                 dict(content=b"<q>Hallo</q>", headers={"Content-Type": "text/xml"}),             # 415
+                 dict(content=b"x" * (CAP + 1), headers={"Content-Type": "application/json"}),    # 413
+                 dict(content=bomb, headers={"Content-Type": "application/json",                  # 413 inflated
+                                             "Content-Encoding": "gzip"}),
+                 dict(content=b"{}", headers={"Content-Type": "application/json; charset=idna"}),  # 415
+                 dict(content=b"[1]", headers={"Content-Type": "application/json"})]              # 400
+    for request in anonymous:
+        r = c.post("/translate", **request)
+        assert r.status_code == 401 and "api_key" in r.json()["error"], (request["headers"], r.text)
+        assert r.headers["www-authenticate"] == "Bearer"
+    # with a key, the body's own errors again
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert c.post("/translate", content=b"{not json", headers={**auth, "Content-Type": "application/json"}
+                  ).status_code == 400
+    assert c.post("/translate", content=b"<q/>", headers={**auth, "Content-Type": "text/xml"}).status_code == 415
+    assert c.post("/translate", content=b"x" * (CAP + 1), headers=auth).status_code == 413
+    # the body's api_key still admits, as JSON, urlencoded and multipart
+    assert c.post("/translate", json={**body, "api_key": KEY}).json() == {"translatedText": "Hallo"}
+    assert c.post("/translate", data={**body, "api_key": KEY}).json() == {"translatedText": "Hallo"}
+    assert c.post("/translate", files={k: (None, v) for k, v in {**body, "api_key": KEY}.items()}
+                  ).json() == {"translatedText": "Hallo"}
+    # keys off: the body's errors as before
+    g_off = make_client(Guard(GuardSettings(), env=""))
+    assert g_off.post("/translate", content=b"{not json", headers={"Content-Type": "application/json"}
+                      ).status_code == 400
+
+
+def test_other_authorization_schemes_are_401_naming_bearer():
+    g = Guard(GuardSettings(), env=KEY)
+    c = make_client(g)
+    body = {"q": "Hallo", "source": "de", "target": "en", "api_key": KEY}
+    for path, kwargs in (("/translate", {"json": body}), ("/v1/translate", {"json": {}})):
+        r = c.post(path, headers={"Authorization": "Basic abc"}, **kwargs)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+        message = r.json()["error"] if path == "/translate" else r.json()["error"]["message"]
+        assert "'Basic'" in message and "Bearer <key>" in message
+    assert c.get("/healthz", headers={"Authorization": "Basic abc"}).status_code == 200   # open paths stay open
+    # keys off: the header is not looked at
+    assert make_client(Guard(GuardSettings(), env="")).post(
+        "/translate", json=body, headers={"Authorization": "Basic abc"}).status_code == 200
 
 
 def test_keys_off_by_default_let_everything_through():

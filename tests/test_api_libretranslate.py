@@ -129,3 +129,28 @@ def test_html_alternatives_are_the_rebuilt_html_of_each_hypothesis(service_url):
     tags = lambda h: re.findall(r"<[^>]+>", h)  # noqa: E731
     assert 1 <= len(r["alternatives"]) <= 2 and r["translatedText"] not in r["alternatives"], r
     assert all(tags(a) == tags(q) for a in r["alternatives"]), r
+
+
+def test_html_blocks_count_as_sentences_not_as_texts(service_url):
+    """The 64-texts limit counts q items; an HTML text's blocks count against sentences per request."""
+    def html(n: int) -> str:
+        return "<ul>" + "<li>Ein Hund</li>" * n + "</ul>"
+    r = post(service_url, {"q": html(65), "source": "de", "target": "en", "format": "html"}, path="/translate")
+    assert r.status_code == 200, r.text
+    out = r.json()["translatedText"]
+    assert out.startswith("<ul><li>") and out.count("<li>") == out.count("</li>") == 65, out
+    r = post(service_url, {"q": html(300), "source": "de", "target": "en", "format": "html"}, path="/translate")
+    # a limit LibreTranslate answers with 400 (libre_error_response), naming sentences, not texts
+    assert r.status_code == 400 and "sentences per request, got 300" in r.json()["error"], r.text
+    r = post(service_url, {"q": ["<p>Hund</p>"] * 65, "source": "de", "target": "en", "format": "html"},
+             path="/translate")
+    assert r.status_code == 400 and "at most 64 texts per request, got 65" in r.json()["error"], r.text
+
+
+def test_html_text_limit_counts_q_items_in_process():
+    limits = ModelLimits.of("de-en", TINY, EngineConfig(max_num_seqs=4, max_waiting=512))
+    req = LibreRequest(["<ul>" + "<li>Ein Hund</li>" * 100 + "</ul>"], False, CARDS[0], 0, True, False)
+    job = checked_job(req, ["Ein Hund"] * 100, limits, n_texts=1)
+    assert len(job.texts) == 100 and job.n_texts == 1
+    with pytest.raises(ServiceError, match="at most 64 texts per request, got 65"):
+        checked_job(req, ["Ein Hund"] * 65, limits)    # without n_texts the segments are the texts

@@ -73,6 +73,19 @@ def test_declared_statuses_and_content(service_url):
 
 def test_405_carries_allow(service_url):
     for method, path, allow in (("GET", "/v1/translate", "POST"), ("DELETE", "/translate", "POST"),
-                                ("POST", "/healthz", "GET")):
+                                ("POST", "/healthz", "GET, HEAD")):
         r = httpx.request(method, service_url + path, timeout=30)
         assert r.status_code == 405 and r.headers["allow"] == allow, (path, r.status_code, r.headers)
+
+
+def test_head_answers_every_get_route_like_get_without_a_body(service_url):
+    """Load balancers probe with HEAD: the status and headers of GET, no body (body.HeadMiddleware)."""
+    from service.api.gateway import api
+    paths = [p for p, ops in api.openapi()["paths"].items() if "get" in ops] + ["/docs", "/openapi.json"]
+    assert {"/healthz", "/readyz", "/metrics", "/v1/models", "/languages"} <= set(paths)
+    for path in paths:
+        get, head = (httpx.request(m, service_url + path, timeout=30) for m in ("GET", "HEAD"))
+        assert head.status_code == get.status_code == 200 and head.content == b"", (path, head.status_code)
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        if path not in ("/metrics", "/readyz", "/v1/models"):    # their bodies change between two calls
+            assert head.headers["content-length"] == get.headers["content-length"], path

@@ -283,3 +283,28 @@ def test_nested_inline_elements_are_one_sentence_without_repeated_text(translate
         assert tags(out) == tags(html), (html, out)
         assert re.sub(r"<[^>]+>", "", out) == whole.text, (html, out)
 
+
+
+# ---- nothing is dropped: U+FFFD, private use, entities; numbers keep their units ------------------
+ODD = ["\ufffd", "\ufffd\ufffd\ufffd", "\ue000", "\U000f0001", "&unknown;", "&#0;", "&#x110000;", "&nbsp;"]
+UNITS = ["25°C", "30 °F", "5km", "10%", "3,50 €", "5 €/kg", "-4 °C"]
+
+
+def test_characters_the_tokenizer_drops_or_cannot_encode_are_unknown(protector):
+    for c in ["\ufffd", "\ue000", "\U000f0001", "\ud800"]:      # dropped by SentencePiece, byte pieces, a surrogate
+        assert not protector.known(c), repr(c)
+
+
+@pytest.mark.parametrize("span", ODD + UNITS)
+def test_odd_characters_entities_and_numbers_with_units_are_spans_found_whole(protector, span):
+    for sentence in [f"Ein Hund läuft bei {span} heute.", f"Bei {span}, sagt er.", f"{span} Ein Hund läuft."]:
+        spans = [sentence[s.start:s.end] for s in protector.find_spans(sentence)]
+        assert span in spans, (sentence, spans)
+
+
+def test_odd_characters_entities_and_units_come_back_verbatim_once(translate):
+    texts = [f"Ein Hund läuft bei {span} schnell." for span in ODD + UNITS] + \
+            [f"{span} Ein Hund läuft." for span in ODD] + ["Es ist warm bei 25°C."]
+    for text, tr in zip(texts, translate(texts)):
+        span = next(s for s in sorted(ODD + UNITS, key=len, reverse=True) if s in text)
+        assert tr.text.count(span) == 1, (text, tr.text)

@@ -6,10 +6,14 @@ a ``charset`` honoured; one ASGI middleware for every route (``BodyMiddleware``)
                       Any other coding: 415 naming the accepted ones.
     Content-Type      per route (MEDIA_TYPES): another media type gets 415 naming the accepted ones;
                       no Content-Type is left to the route (FastAPI reads JSON, /translate the query).
-    charset           utf-8 passes as it is; another charset Python decodes (latin-1, utf-16,
-                      cp1252, ...) is transcoded to UTF-8 (urlencoded forms: their percent-escapes
-                      too); an unknown charset, or one on multipart/form-data, gets 415. Bytes invalid
-                      in the declared charset: 422 (400 on LibreTranslate routes).
+    charset           utf-8 passes as it is; another character encoding (CHARSETS: utf-16/32,
+                      latin-1, iso-8859-*, cp125x, koi8-*, mac-*, gb*, big5, shift_jis, euc-*,
+                      iso-2022-*) is transcoded to UTF-8 (urlencoded forms: their percent-escapes
+                      too); any other codec (unicode_escape, idna, undefined, ...), an unknown or a
+                      repeated charset, or one on multipart/form-data, gets 415. Bytes invalid in the
+                      declared charset: 422 (400 on LibreTranslate routes); so is an empty body
+                      with a Content-Encoding.
+    HEAD              answered like GET without a body (``HeadMiddleware``).
 
 Errors come in the route's shape: ``{"error": {...}}`` natively, ``{"error": message}`` on
 LibreTranslate's routes (``errors.LIBRE_PATHS``).
@@ -17,11 +21,15 @@ LibreTranslate's routes (``errors.LIBRE_PATHS``).
 from __future__ import annotations
 
 import codecs
+import re
 import urllib.parse
 import zlib
+from typing import Optional
+
 from fastapi.responses import JSONResponse
 
 from .errors import LIBRE_PATHS, ServiceError, error_response
+from .guard import check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
                                    # 5,000 characters fit with room for JSON escapes)
@@ -31,6 +39,10 @@ FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART)}   # "+json" types count as JSON
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# The charsets honoured, as codecs.lookup() names them: character encodings only, never Python's
+# transform codecs (unicode_escape, idna, punycode, undefined, utf-7, ...).
+CHARSETS = re.compile(r"utf-(8|8-sig|16|32)(-[lb]e)?|ascii|iso8859-\d+|cp125\d|koi8-[a-z]+|mac-[a-z-]+|gb2312|gbk"
+                      r"|gb18030|big5(hkscs)?|shift_jis(_2004|x0213)?|cp932|euc_[a-z0-9_]+|iso2022_[a-z0-9_]+")
 
 
 def parse_content_type(value: str) -> tuple[str, dict[str, str]]:
@@ -53,6 +65,8 @@ def inflate(data: bytes, coding: str, cap: int = MAX_BODY_BYTES) -> bytes:
     inflating further), 422 for data that is not in that coding, 415 for a coding not in ENCODINGS."""
     if coding in ("identity", ""):
         return data
+    if not data and coding in ("gzip", "x-gzip", "deflate"):
+        raise ServiceError(422, f"body: empty, but Content-Encoding: {coding} needs compressed data", "body")
     if coding in ("gzip", "x-gzip"):
         wbits = 31
     elif coding == "deflate":   # RFC 9110: zlib format; some clients send raw deflate
@@ -78,15 +92,15 @@ def inflate(data: bytes, coding: str, cap: int = MAX_BODY_BYTES) -> bytes:
 
 
 def transcode(body: bytes, media: str, charset: str) -> bytes:
-    """The body in UTF-8. Raises ServiceError 415 for a charset Python does not know (or on
-    multipart, whose parts carry their own), 422 for bytes that are invalid in it."""
+    """The body in UTF-8. Raises ServiceError 415 for a charset that is not a character encoding in
+    CHARSETS (or on multipart, whose parts carry their own), 422 for bytes that are invalid in it."""
     try:
         info = codecs.lookup(charset)
     except LookupError:
         info = None
-    if info is None or not getattr(info, "_is_text_encoding", True):
+    if info is None or not CHARSETS.fullmatch(info.name):
         raise ServiceError(415, f"Content-Type: charset {charset!r} is not supported; send utf-8 (or another "
-                                "text encoding such as latin-1 or utf-16)", "Content-Type")
+                                "character encoding such as latin-1, cp1252 or utf-16)", "Content-Type")
     if info.name == "utf-8":
         return body
     if media == MULTIPART:
@@ -123,6 +137,8 @@ def decode_body(path: str, headers: dict[str, str], body: bytes, cap: int = MAX_
     for coding in reversed(codings):
         body = inflate(body, coding, cap)
     charset = params.get("charset")
+    if sum(p.split("=")[0].strip().lower() == "charset" for p in ctype.split(";")[1:]) > 1:
+        raise ServiceError(415, f"Content-Type: charset given more than once ({ctype!r}); send one", "Content-Type")
     if charset:
         transcoded = transcode(body, media, charset)
         if transcoded is not body:
@@ -130,11 +146,12 @@ def decode_body(path: str, headers: dict[str, str], body: bytes, cap: int = MAX_
     return body, ctype
 
 
-def render(path: str, err: ServiceError) -> JSONResponse:
+def render(path: str, err: ServiceError, headers: Optional[dict] = None) -> JSONResponse:
     """The error in the route's shape (LibreTranslate: ``{"error": message}``, invalid bytes as 400)."""
     if path in LIBRE_PATHS:
-        return JSONResponse({"error": err.message}, status_code=400 if err.status == 422 else err.status)
-    return error_response(err)
+        return JSONResponse({"error": err.message}, status_code=400 if err.status == 422 else err.status,
+                            headers=headers)
+    return error_response(err, headers=headers)
 
 
 class BodyMiddleware:
@@ -160,7 +177,10 @@ class BodyMiddleware:
             body = await self._read(receive)
             body, ctype = decode_body(path, headers, body, self.cap)
         except ServiceError as e:
-            return await render(path, e)(scope, receive, send)
+            # API keys on, no Authorization header, /translate: no readable api_key field -> 401 first
+            denied = check_body_key(scope.get("state", {}), None) if path == "/translate" else None
+            resp = render(path, e) if denied is None else render(path, denied.error, denied.headers)
+            return await resp(scope, receive, send)
         drop = {b"content-encoding", b"content-length", b"content-type", b"transfer-encoding"}
         new_headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in drop]
         new_headers.append((b"content-length", str(len(body)).encode()))
@@ -191,3 +211,23 @@ class BodyMiddleware:
                 break
         return b"".join(chunks)
 
+
+
+class HeadMiddleware:
+    """HEAD answered like GET (status and headers, Content-Length included) without a body, for every
+    GET route: load balancers probe with HEAD. The OpenAPI document lists GET only (HEAD is implicit)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def send_head(message):
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+        await self.app({**scope, "method": "GET"}, receive, send_head)

@@ -181,6 +181,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     message = exc.detail if isinstance(exc.detail, str) else "invalid request"
     # A 405 names the methods the path takes (Allow, RFC 9110 15.5.6); nothing else is passed on.
     allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"} or None
+    if allow:   # GET routes answer HEAD too (body.HeadMiddleware)
+        allow = {k: v + ", HEAD" if "GET" in v.split(", ") and "HEAD" not in v else v for k, v in allow.items()}
     if allow:
         message = f"{message}; allowed: {next(iter(allow.values()))}"
     if _is_libre(request):

@@ -4,6 +4,7 @@ a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Ev
     POST /v1/translate        native API (TranslateRequest -> TranslateResponse, or SSE)
     GET  /v1/models           served models, their languages, config, engine settings, test BLEU
     GET  /healthz, /readyz    liveness; readiness of every model
+    (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
     GET  /metrics             Prometheus text of the whole cluster (service/metrics.py)
     POST /translate, GET /languages   LibreTranslate-compatible (libretranslate.py)
 """
@@ -25,7 +26,7 @@ from service.translator import ModelCard
 from . import libretranslate, sse
 from .access_log import AccessLogMiddleware
 from .backends import Backend, LocalBackend, RemoteBackend
-from .body import BodyMiddleware
+from .body import BodyMiddleware, HeadMiddleware
 from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers
 from .guard import Guard, GuardMiddleware, GuardSettings
 from .schemas import (ErrorResponse, LibreLanguage, ModelInfo, ModelLimits, ModelsResponse, TranslateRequest,
@@ -79,7 +80,8 @@ api = FastAPI(
     description="Machine translation with the original Transformer, continuous batching on Ray Serve. "
                 "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
 )
-api.add_middleware(BodyMiddleware)        # inner: decodes bodies before the routes read them
+api.add_middleware(HeadMiddleware)        # innermost: HEAD on every GET route, answered without a body
+api.add_middleware(BodyMiddleware)        # decodes bodies before the routes read them
 api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
 api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
 add_exception_handlers(api)

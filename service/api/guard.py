@@ -7,7 +7,9 @@ address when keys are off). Both are off by default (``GuardSettings()``).
         any other path                            -> Guard.admit(key, client): 401, 429, or passed on with
                                                      RateLimit-* headers added to the answer
     POST /translate without an Authorization header while keys are on: the route checks
-    LibreTranslate's ``api_key`` body field itself (``Guard.admit`` again, see libretranslate.py).
+    LibreTranslate's ``api_key`` body field itself (``Guard.admit`` again, see libretranslate.py); a
+    body that cannot be read (415, 413, unparsable) is a 401 there, before any other error.
+    An Authorization header of another scheme than Bearer (Basic, ...) is a 401 on every keyed path.
 
 Keys come from ``MT_API_KEYS`` (comma-separated) and ``api_keys_file`` (one per line, ``#`` comments,
 optional per-key limits ``KEY rate=2 burst=5``); the file is re-read when its mtime changes (checked at
@@ -168,18 +170,21 @@ class Guard:
         if self.keys_on:
             stored = self.lookup(key)
             if stored is None:
-                label = "missing" if not key else "invalid"
                 what = "no API key" if not key else "the API key is not valid"
-                return self._count(Decision(ServiceError(
-                    401, f"{field}: {what}; send 'Authorization: Bearer <key>'" +
-                    (" or the api_key field" if field == "api_key" else ""), field, type="unauthorized"),
-                    {"WWW-Authenticate": "Bearer"}, label), "unauthorized")
+                return self.unauthorized(f"{field}: {what}; send 'Authorization: Bearer <key>'" +
+                                         (" or the api_key field" if field == "api_key" else ""),
+                                         field, "missing" if not key else "invalid")
             label, bucket_id, limit = key_id(stored), "k:" + stored, self.keys[stored] or self.settings.rate_limit
         else:
             label, bucket_id, limit = ANONYMOUS, "c:" + client, self.settings.rate_limit
         if limit is None:
             return self._count(Decision(None, {}, label), "allowed")
         return self._take(bucket_id, limit, label)
+
+    def unauthorized(self, message: str, field: str, label: str) -> Decision:
+        """A counted 401 (``WWW-Authenticate: Bearer``) naming ``field``; ``label``: missing or invalid."""
+        return self._count(Decision(ServiceError(401, message, field, type="unauthorized"),
+                                    {"WWW-Authenticate": "Bearer"}, label), "unauthorized")
 
     def _take(self, bucket_id: str, limit: RateLimit, label: str) -> Decision:
         n = self.settings.gateway_replicas
@@ -237,13 +242,18 @@ class GuardMiddleware:
             path = path[len(root):] or "/"
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         state = scope.setdefault("state", {})
-        key = bearer(headers)
+        key, auth = bearer(headers), headers.get("authorization", "").strip()
         client = (scope.get("client") or ("unknown",))[0]
         state["guard"], state["guard_client"] = guard, client
-        if key is None and path == "/translate" and guard.keys_on:
+        if not auth and path == "/translate" and guard.keys_on:
             pass        # LibreTranslate's api_key body field: the route checks it (libretranslate.py)
         elif (guard.needs_key(path) and guard.keys_on) or guard.limited(path):
-            d = guard.admit(key, client)
+            scheme = auth.split()[0] if auth else ""
+            if guard.keys_on and guard.needs_key(path) and scheme and scheme.lower() != "bearer":
+                d = guard.unauthorized(f"Authorization: the {scheme[:20]!r} scheme is not accepted; send "
+                                       "'Authorization: Bearer <key>'", "Authorization", "invalid")
+            else:
+                d = guard.admit(key, client)
             if d.error is not None:
                 render = libre_error_response if path in self.libre_paths else error_response
                 resp: JSONResponse = render(d.error, headers=d.headers)

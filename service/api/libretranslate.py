@@ -95,10 +95,9 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
                     run: Callable) -> JSONResponse:
     """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``)."""
     try:
-        fields = await read_fields(request)
-        denied = check_body_key(request.scope.setdefault("state", {}), fields.get("api_key"))
-        if denied is not None:    # API keys on, no Authorization header, no valid api_key field
-            return libre_error_response(denied.error, headers=denied.headers)
+        fields, denied = await read_admitted(request)
+        if denied is not None:
+            return denied
         req = parse(fields, cards)
     except ServiceError as e:
         return libre_error_response(e)
@@ -106,7 +105,7 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
     try:
         htmls = [HtmlText(t) for t in req.texts] if req.html else []
         job = checked_job(req, [s for h in htmls for s in h.segments] if req.html else req.texts,
-                          limits[req.card.id])
+                          limits[req.card.id], n_texts=len(req.texts))
         result: TranslateResponse = await run(req.card.id, job)
     except ServiceError as e:
         return libre_error_response(e)
@@ -131,10 +130,29 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
     return JSONResponse(body)
 
 
-def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits) -> TranslateJob:
+async def read_admitted(request: Request) -> tuple[Fields, Optional[JSONResponse]]:
+    """(fields, None), or ({}, the 401) when API keys are on, no Authorization header was sent and
+    the body holds no valid ``api_key``: a body that cannot be read is that 401 too, before its own
+    error. Raises ServiceError (400, 415) for an unreadable body otherwise."""
+    try:
+        fields, unreadable = await read_fields(request), None
+    except ServiceError as e:
+        fields, unreadable = {}, e
+    denied = check_body_key(request.scope.setdefault("state", {}), fields.get("api_key"))
+    if denied is not None:
+        return {}, libre_error_response(denied.error, headers=denied.headers)
+    if unreadable is not None:
+        raise unreadable
+    return fields, None
+
+
+def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits,
+                n_texts: Optional[int] = None) -> TranslateJob:
     """The job for these texts (``q``, or the segments of format=html), checked against the model's
-    limits. Raises ServiceError 413 or 422 (answered as 400)."""
+    limits; ``n_texts``: the client's texts (q items) the texts-per-request limit counts (segments
+    count as sentences, by the translator). Raises ServiceError 413 or 422 (answered as 400)."""
     job = req.job(texts)
+    job.n_texts = n_texts
     try:
         check_unicode(job.texts, job.field)
     except ValueError as e:
@@ -207,6 +225,7 @@ async def read_fields(request: Request) -> Fields:
                                 f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
     if ctype in FORM_TYPES:
         if ctype == "multipart/form-data":
+            await _check_multipart(request)
             form = await request.form()
             pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
         else:
@@ -229,6 +248,19 @@ async def read_fields(request: Request) -> Fields:
                 values = ["\n".join(v.splitlines()) if key == "q" else v for v in values]
                 fields[key] = values if key == "q" and len(values) > 1 else values[0]
     return fields
+
+
+async def _check_multipart(request: Request) -> None:
+    """Raises ServiceError 400 for a multipart body without a boundary parameter or its closing
+    delimiter (``--boundary--``): a truncated body is not read as an empty form."""
+    params = dict(p.strip().partition("=")[::2] for p in request.headers.get("content-type", "").split(";")[1:])
+    boundary = params.get("boundary", "").strip('"')
+    if not boundary:
+        raise ServiceError(400, "Invalid request: the multipart/form-data body is malformed: its Content-Type has "
+                                "no boundary parameter", "body")
+    if b"--" + boundary.encode("latin-1", "replace") + b"--" not in await request.body():
+        raise ServiceError(400, f"Invalid request: the multipart/form-data body is malformed: no closing boundary "
+                                f"'--{boundary[:70]}--' (truncated?)", "body")
 
 
 def _whole_number(value: object) -> int:

@@ -220,6 +220,7 @@ class TranslateJob:
     deadline: Optional[float] = None           # time.time() seconds when it is cancelled (504); None = never
     timeout_s: Optional[float] = None          # the timeout that set the deadline, named in the 504's message
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
+    n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
 
 
 @dataclass(frozen=True)
@@ -248,8 +249,9 @@ class ModelLimits:
     def check(self, job: TranslateJob) -> None:
         """Raise ServiceError: 413 for too many or too long texts, 422 for an option beyond this model."""
         f, o = job.field, job.options
-        if len(job.texts) > MAX_TEXTS:
-            raise ServiceError(413, f"{f}: at most {MAX_TEXTS} texts per request, got {len(job.texts)}", f)
+        n_texts = len(job.texts) if job.n_texts is None else job.n_texts
+        if n_texts > MAX_TEXTS:
+            raise ServiceError(413, f"{f}: at most {MAX_TEXTS} texts per request, got {n_texts}", f)
         if o.attention_kinds:
             self._check_attention(job.attention, o.attention_kinds)
         if 2 * o.beam_size > self.vocab_size:

@@ -5,10 +5,10 @@ edges they stay in the glue, see ``text.is_glue``) are left out of the model's i
 back: they mark places in the source words (a hyphenation point, a word break) that the translation
 does not have; inside a protected span they stay, verbatim with it (an emoji's joiners).
 A sentence's spans the model cannot know (``find_spans``: URLs, e-mail addresses, numbers with
-their separators, code-like tokens, runs of characters outside the model's alphabet such as emoji)
-are kept out of its input. A span at the edge of the sentence (after its final punctuation, or
-symbols before its first word) is cut off and put back at the same edge. Every other span is
-replaced by a placeholder of one vocabulary piece (``PLACEHOLDERS``: a number for spans that start
+their separators and units, code-like tokens, HTML entities, runs of characters outside the model's
+alphabet such as emoji, U+FFFD or private-use characters) are kept out of its input. A span at the
+edge of the sentence (after its final punctuation, or symbols before its first word) is cut off and
+put back at the same edge. Every other span is replaced by a placeholder of one vocabulary piece (``PLACEHOLDERS``: a number for spans that start
 with a digit, a name for the rest), which the model copies through or leaves out; afterwards each
 span goes back where its placeholder landed, found with the decoder's cross-attention
 (``restore``). The sentence may also be recased for the model (``truecase.py``); the translation
@@ -55,7 +55,10 @@ _NUMBER = r"(?<![\w.,])[+-]?\d+(?:[.,:/'-]\d+)*(?:%|[A-Za-z]{1,3}\b)?"
 # snake_case, camelCase (a lowercase letter then a capital), paths, dotted calls.
 _CODE = (r"\b(?:\w*[A-Za-z0-9]_\w+|[a-z]+[A-Z]\w*)\b(?:\(\))?|(?<!\w)(?:~|\.{1,2})?/[\w.-]+(?:/[\w.-]*)+"
          r"|\b[A-Za-z]:\\[\w\\.-]+|\b\w+(?:\.\w+)+\(\)")
-SPAN_PATTERNS = {"url": _URL, "email": _EMAIL, "code": _CODE, "number": _NUMBER}
+_ENTITY = r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]{1,31});"    # "&nbsp;", "&#0;", "&unknown;"
+# A unit glued to a number's symbol ("25°C", "30 °F", "5 €/kg"): letters after the symbol.
+_UNIT = re.compile(r"/?[^\W\d_]{1,3}(?!\w)")
+SPAN_PATTERNS = {"url": _URL, "email": _EMAIL, "code": _CODE, "entity": _ENTITY, "number": _NUMBER}
 _TRAILING = ".,;:!?)]}\"'»”’"   # taken off the end of a URL unless the URL opened the bracket
 _FINAL = ".!?…:;\"'»”’)]"       # what ends a sentence before a trailing span
 
@@ -64,7 +67,7 @@ _FINAL = ".!?…:;\"'»”’)]"       # what ends a sentence before a trailing 
 class Span:
     start: int    # character offsets in the sentence
     end: int
-    kind: str     # url, email, code, number, symbol
+    kind: str     # url, email, code, entity, number, symbol
 
     def merge(self, other: "Span") -> "Span":
         return Span(self.start, other.end, self.kind if self.kind == other.kind else "mixed")
@@ -108,13 +111,15 @@ class Protector:
 
     @functools.lru_cache(maxsize=4096)
     def known(self, c: str) -> bool:
-        """Whether the model's vocabulary covers character c (no byte-fallback piece, no <unk>)."""
+        """Whether the model's vocabulary covers character c: it encodes to ordinary pieces (no
+        byte-fallback piece, no <unk>) that decode to something (the tokenizer drops U+FFFD)."""
         if c.isspace():
             return True
-        if not c.isalpha() and unicodedata.normalize("NFKC", c) != c:
-            return False    # "™" -> "TM", "½" -> "1⁄2": the model would see (and write) something else
+        if unicodedata.category(c) == "Cs" or (not c.isalpha() and unicodedata.normalize("NFKC", c) != c):
+            return False    # a lone surrogate cannot be encoded; "™" -> "TM", "½" -> "1⁄2"
         ids = self.tok.encode(c)
-        return all(i != self.tok.unk_id and not _is_byte(p) for i, p in zip(ids, self.tok.pieces(ids)))
+        return bool(self.tok.decode(ids).strip()) and \
+            all(i != self.tok.unk_id and not _is_byte(p) for i, p in zip(ids, self.tok.pieces(ids)))
 
     def find_spans(self, text: str, merge: bool = True) -> list[Span]:
         """Protected spans of text, in order, non-overlapping; with ``merge`` spans separated only by
@@ -146,6 +151,11 @@ class Protector:
                 spans[-1] = spans[-1].merge(s)
             else:
                 spans.append(s)
+        for k, s in enumerate(spans):     # a unit after a number's symbol: "25°" + "C"
+            unit = _UNIT.match(text, s.end)
+            if unit and not text[s.end - 1].isalnum() and any(c.isdigit() for c in text[s.start:s.end]) \
+                    and (k + 1 == len(spans) or spans[k + 1].start >= unit.end()):
+                s.end = unit.end()
         return spans
 
     def rejoin(self, split: Split) -> Split:
@@ -319,7 +329,9 @@ def _is_byte(piece: str) -> bool:
 
 
 def _invisible(c: str) -> bool:
-    return unicodedata.category(c) in ("Cc", "Cf", "Mn", "Me", "Zs", "Cs", "Co", "Cn")
+    """Whether c alone is no span: a control or format character (left out of the model's input),
+    a combining mark or a space. Private-use, unassigned and surrogate code points are spans."""
+    return unicodedata.category(c) in ("Cc", "Cf", "Mn", "Me", "Zs")
 
 
 def _unformatted(text: str) -> str:

@@ -92,8 +92,9 @@ def _segmenter(language: str) -> pysbd.Segmenter:
 
 def has_text(s: str) -> bool:
     """Whether s has a visible character: not only whitespace, control or format characters (such
-    as U+200B zero-width space), which the model would see as an empty sentence."""
-    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn") for c in s)
+    as U+200B zero-width space), which the model would see as an empty sentence. Private-use,
+    unassigned and surrogate code points count as visible (they come back verbatim)."""
+    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in s)
 
 
 def is_glue(c: str) -> bool:
