@@ -2,6 +2,8 @@
 translations; no model (the "translations" here are upper-cased segments)."""
 from __future__ import annotations
 
+import re
+
 from service.api.html import HtmlText
 
 
@@ -109,3 +111,41 @@ def test_nested_inline_markup_keeps_every_tag_in_order():
         tags = lambda h: re.findall(r"<[^>]+>", h)  # noqa: E731
         assert tags(out) == tags(html)
         assert re.sub(r"<[^>]+>", "", out) == re.sub(r"<[^>]+>", "", html).upper()
+
+
+def model_like(text: str) -> str:
+    """A stand-in for the model: words upper-cased, character references copied as they are."""
+    return re.sub(r"(&[^;\s]+;)|[^\W\d_]+", lambda m: m.group(1) or m.group().upper(), text)
+
+
+def test_character_references_the_model_cannot_translate_come_back_as_written():
+    """Invalid (surrogate, NUL, out of range), control and unknown references are sent as written and
+    put back byte for byte; valid ones are decoded for the model and escaped again."""
+    refs = "&#xD800; Hund &#0; &#x110000; &#1; &bogus;"
+    segments, out = roundtrip(f"<p>Ein {refs} läuft &amp; rennt.</p>", translate=model_like)
+    assert segments == [f"Ein {refs} läuft & rennt."]
+    assert out == f"<p>EIN {refs.replace('Hund', 'HUND')} LÄUFT &amp; RENNT.</p>"
+    assert "\ufffd" not in out
+
+
+def test_non_breaking_spaces_around_the_text_stay_as_written():
+    segments, out = roundtrip("<p>&nbsp;Ein&nbsp;Hund läuft.&#160;</p>")
+    assert segments == ["Ein Hund läuft."]
+    assert out == "<p>&nbsp;EIN HUND LÄUFT.&#160;</p>"
+
+
+def test_markup_the_parser_leaves_unfinished_stays_verbatim_and_untranslated():
+    assert roundtrip("<p") == ([], "<p")
+    assert roundtrip("<p>Ein Mann ruht. <p") == (["Ein Mann ruht."], "<p>EIN MANN RUHT. <p")
+    assert roundtrip("Ein Hund <!-- Ein Mann") == (["Ein Hund"], "EIN HUND <!-- Ein Mann")
+
+
+def test_an_element_without_text_stays_next_to_its_word():
+    """Before the word that followed it where the translation has that word, else at the word start
+    (or end, when it was glued to the word before) at its relative place."""
+    h = HtmlText("<p>Ein <span></span>Hund läuft.</p>")
+    assert h.rebuild(["A dog runs."]) == "<p>A <span></span>dog runs.</p>"
+    h = HtmlText('<p>Er sieht <a id="m"></a>Maria.</p>')
+    assert h.rebuild(["Maria sees him."]) == '<p><a id="m"></a>Maria sees him.</p>'
+    h = HtmlText("<p>Ein großer Hund<span class='k'></span> läuft schnell.</p>")
+    assert h.rebuild(["A big dog runs fast."]) == "<p>A big dog<span class='k'></span> runs fast.</p>"

@@ -308,3 +308,24 @@ def test_odd_characters_entities_and_units_come_back_verbatim_once(translate):
     for text, tr in zip(texts, translate(texts)):
         span = next(s for s in sorted(ODD + UNITS, key=len, reverse=True) if s in text)
         assert tr.text.count(span) == 1, (text, tr.text)
+
+
+def test_a_span_glued_to_a_word_stays_glued(tok, protector):
+    """A span with a letter or digit right before / after it in the source gets no space on that side
+    in the translation; a span between spaces keeps them."""
+    p = protector.prepare("Der Wert <schnell> ist gut.")
+    assert p.spans == ["<", ">"] and p.glued == [(False, True), (True, False)]
+    seattle = tok.encode("Seattle")
+    assert len(seattle) == 1 and seattle[0] in protector.placeholder_ids["other"]
+    tokens = tok.encode("The value") + seattle + tok.encode("quick") + seattle + tok.encode("is good.")
+    assert protector.restore(p, protector.encode(p), tokens, None) == "The value <quick> is good."
+    p = protector.prepare("Der Wert < schnell > ist gut.")
+    assert p.glued == [(False, False)] * len(p.spans)
+    assert protector.restore(p, protector.encode(p), tokens, None) == "The value < quick > is good."
+
+
+def test_html_references_and_glued_spans_on_the_model(translate):
+    h = HtmlText("<p>Ein &#xD800; Hund &#0; &#x110000; läuft.</p><p>Der Wert &lt;schnell&gt; ist gut.</p>")
+    out = h.rebuild([t.text for t in translate(h.segments)])
+    assert [out.count(r) for r in ("&#xD800;", "&#0;", "&#x110000;")] == [1, 1, 1] and "\ufffd" not in out
+    assert re.search(r"&lt;\w", out) and re.search(r"\w&gt;", out), out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from html import escape, unescape
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -15,6 +16,14 @@ _INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small spa
 _VERBATIM_TAGS = frozenset("script style noscript template textarea pre code kbd samp var".split())
 
 Part = tuple[str, str, str]             # (kind, raw, tag): kind is start/end/text/markup
+# A character reference, as html.unescape finds them ("&amp;", "&#0;", "&#x110000;", "&notin", "&x;").
+_REF = re.compile(r"&(?:#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
+
+
+class Text(str):
+    """A text node: its text with entities decoded (a reference the model cannot translate as a
+    sentinel character, see ``_decode``), and ``raw``, its source text byte for byte."""
+    raw: str
 
 
 @dataclass(eq=False)
@@ -65,24 +74,49 @@ class _Parts(HTMLParser):
     handle_comment = handle_decl = handle_pi = unknown_decl
 
 
-def _parse(html: str) -> list[Part]:
-    """Parts of html: (kind, raw, tag) for markup, (\"text\", decoded text, \"\") for text nodes;
-    the raw texts of all parts, in order, are the input."""
+def _parse(html: str, refs: dict[str, str]) -> list[Part]:
+    """Parts of html: (kind, raw, tag) for markup, (\"text\", Text, \"\") for text nodes; the raw
+    texts of all parts, in order, are the input. Markup the parser leaves unfinished at the end
+    (``<p``, an unclosed comment) is one markup part. ``refs``: see ``_decode``."""
     p = _Parts()
     p.line_starts = [0] + [m.end() for m in re.finditer("\n", html)]
     p.feed(html)
+    cut = len(html) - (len(p.rawdata) if p.rawdata.startswith("<") else 0)
     p.close()
+    events = [e for e in p.events if e[3] < cut]
     parts: list[Part] = []
-    ends = [e[3] for e in p.events[1:]] + [len(html)]
-    for (kind, data, tag, start), end in zip(p.events, ends):
+    ends = [e[3] for e in events[1:]] + [cut]
+    for (kind, data, tag, start), end in zip(events, ends):
         raw = html[start:end]
         if kind == "text" and parts and parts[-1][0] == "text":    # one text node the parser cut in two
-            parts[-1] = ("text", parts[-1][1] + data, "")
-            continue
-        parts.append((kind, data if kind == "text" else raw, tag))
-    if p.events and p.events[0][3] > 0:
-        parts.insert(0, ("markup", html[:p.events[0][3]], ""))
+            raw = parts.pop()[1].raw + raw
+        parts.append((kind, _decode(raw, refs, html) if kind == "text" else raw, tag))
+    if events and events[0][3] > 0:
+        parts.insert(0, ("markup", html[:events[0][3]], ""))
+    if cut < len(html):
+        parts.append(("markup", html[cut:], ""))
     return parts
+
+
+def _decode(raw: str, refs: dict[str, str], html: str) -> Text:
+    """The text node of source text ``raw``, references decoded as html.unescape does; one that
+    decodes to nothing visible the model could translate (``&#0;``, ``&#xD800;``, ``&#1;``, an
+    unknown name) becomes a sentinel (a private-use character not in ``html``), recorded in
+    ``refs`` (raw reference -> sentinel) to be sent and put back as written."""
+    def ref(m: re.Match) -> str:
+        text = unescape(m.group())
+        if text and text != m.group() and "\ufffd" not in text and all(
+                c.isspace() or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn") for c in text):
+            return text
+        if m.group() not in refs:
+            code = 0xF0000 + len(refs)
+            while chr(code) in html:
+                code += 1
+            refs[m.group()] = chr(code)
+        return refs[m.group()]
+    node = Text(_REF.sub(ref, raw))
+    node.raw = raw
+    return node
 
 
 class HtmlText:
@@ -96,17 +130,19 @@ class HtmlText:
     (case-insensitive; the approach of Argos Translate's tag handling), else around the words of it
     that occur there; else its tags are dropped (its text stays translated in the sentence) and its
     children are looked for in the parent's words instead. Text is never repeated. An inline element
-    without visible text (``<a id=x></a>``) stays where its siblings' words end (at the run's edges
-    where it is one). Other text nodes are translated one by one. Whitespace inside a text (the line
-    breaks and tabs of indented HTML) is collapsed to single spaces for the translator, so a sentence
-    broken over lines stays one sentence; the whitespace before and after it is kept. Tags (their
-    attribute values included), comments, declarations and the content of script, style, code, pre
-    and similar elements are copied byte for byte from the input; entities in the model's output
-    (Multi30k's text has ``&amp;``) are decoded before escaping.
+    without visible text (``<a id=x></a>``) stays at the run's edges where it is one, next to a placed
+    sibling it follows, else goes next to its word (``_empty_at``). Other text nodes are translated one by
+    one. Whitespace inside a text (the line breaks and tabs of indented HTML) is collapsed to single
+    spaces for the translator, so a sentence broken over lines stays one sentence; the whitespace before
+    and after it is kept. Tags (their attribute values included), comments, declarations and the content
+    of script, style, code, pre and similar elements, unfinished markup at the end, the whitespace
+    around a text and character references the model cannot translate are copied byte for byte from the
+    input; entities in the model's output (Multi30k's text has ``&amp;``) are decoded before escaping.
     """
 
     def __init__(self, html: str):
-        parts = _parse(html)
+        self._refs: dict[str, str] = {}     # character reference kept as written -> its sentinel
+        parts = _parse(html, self._refs)
         self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])
         i = 0
         while i < len(parts):
@@ -122,7 +158,7 @@ class HtmlText:
         for kind, unit in self.units:
             if kind == "run" and _visible(unit):
                 self._seg[id(unit)] = len(self.segments)
-                self.segments.append(_collapse(_text(unit)))
+                self.segments.append(self._written(_collapse(_text(unit))))
                 self._add_segments(unit)
 
     def _add_segments(self, nodes: list[Node]) -> None:
@@ -132,14 +168,14 @@ class HtmlText:
             if isinstance(n, Element):
                 if _visible(n.children) and shown != [n]:
                     self._seg[id(n)] = len(self.segments)
-                    self.segments.append(_collapse(_text(n.children)))
+                    self.segments.append(self._written(_collapse(_text(n.children))))
                 self._add_segments(n.children)
 
     def rebuild(self, translations: list[str]) -> str:
         """The fragment with ``translations`` (one per segment, in order) in place of its text."""
         if len(translations) != len(self.segments):
             raise ValueError(f"expected {len(self.segments)} translations, got {len(translations)}")
-        tr = [unescape(t).strip() for t in translations]
+        tr = [unescape(self._sentinels(t)).strip() for t in translations]
         out = []
         for kind, unit in self.units:
             if kind == "markup":
@@ -148,29 +184,45 @@ class HtmlText:
                 out.append(self._render(unit, tr[self._seg[id(unit)]], tr))
             else:
                 out.append(_raw(unit))
-        return "".join(out)
+        return self._written("".join(out))
+
+    def _written(self, text: str) -> str:
+        """text with each sentinel replaced by its character reference, as written in the source."""
+        for ref, mark in self._refs.items():
+            text = text.replace(mark, ref)
+        return text
+
+    def _sentinels(self, text: str) -> str:
+        """A translation with the kept references (the model copies them) as their sentinels."""
+        for ref in sorted(self._refs, key=len, reverse=True):
+            text = text.replace(ref, self._refs[ref])
+        return text
 
     def _render(self, nodes: list[Node], whole: str, tr: list[str]) -> str:
         """``nodes`` with ``whole`` (their translation, unescaped) in place of their text; see the class."""
         shown = [k for k, n in enumerate(nodes) if _visible([n])]
         first, last = shown[0], shown[-1]
-        lead = _space_around(nodes[first])[0] if isinstance(nodes[first], str) else ""
-        trail = _space_around(nodes[last])[1] if isinstance(nodes[last], str) else ""
+        lead = _space_around(nodes[first].raw)[0] if isinstance(nodes[first], str) else ""
+        trail = _space_around(nodes[last].raw)[1] if isinstance(nodes[last], str) else ""
         out = [_raw(nodes[:first]), lead]
         if first == last and isinstance(nodes[first], Element):      # one element holds all the words
             n = nodes[first]
             out.append(n.start + self._render(n.children, whole, tr) + n.end)
         else:
             low, pos, done, total = whole.lower(), 0, 0, len(_text(nodes))
-            todo = list(nodes[first:last + 1])
+            todo, prev = list(nodes[first:last + 1]), None
             while todo:
                 n = todo.pop(0)
                 size = len(_text([n]))
                 done += size                                 # source characters up to the end of n
                 if isinstance(n, str):
+                    prev = n
                     continue                                 # its words are in the gaps
                 if not _visible(n.children):
-                    out.append(_raw([n]))
+                    at = pos if isinstance(prev, Element) and not _text(todo)[:1].strip() \
+                        else _empty_at(whole, pos, _text(todo), done / total)
+                    out += [escape(whole[pos:at], quote=False), _raw([n])]
+                    pos, prev = at, n
                     continue
                 span = _find(low, tr[self._seg[id(n)]], pos) if id(n) in self._seg else None
                 span = span or _words_at(whole, pos, (done - size) / total, done / total)
@@ -180,7 +232,7 @@ class HtmlText:
                     continue
                 out += [escape(whole[pos:span[0]], quote=False),
                         n.start + self._render(n.children, whole[span[0]:span[1]], tr) + n.end]
-                pos = span[1]
+                pos, prev = span[1], n
             out.append(escape(whole[pos:], quote=False))
         out += [trail, _raw(nodes[last + 1:])]
         return "".join(out)
@@ -232,8 +284,7 @@ def _visible(nodes: list[Node]) -> bool:
 
 def _raw(nodes: list[Node]) -> str:
     """Nodes as HTML again (text without visible characters, tags byte for byte)."""
-    return "".join(escape(n, quote=False) if isinstance(n, str) else n.start + _raw(n.children) + n.end
-                   for n in nodes)
+    return "".join(n.raw if isinstance(n, str) else n.start + _raw(n.children) + n.end for n in nodes)
 
 
 def _collapse(text: str) -> str:
@@ -243,8 +294,29 @@ def _collapse(text: str) -> str:
 
 
 def _space_around(raw: str) -> tuple[str, str]:
-    """The whitespace before and after the text of ``raw`` (kept around its translation)."""
-    return raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
+    """The whitespace before and after the text of ``raw`` (a text node's source, kept around its
+    translation as written: ``&nbsp;`` stays ``&nbsp;``); raw must have a visible character."""
+    pieces = re.findall(_REF.pattern + r"|[\s\S]", raw)         # references and single characters
+    space = [unescape(q).isspace() for q in pieces]
+    lead = space.index(False)
+    trail = space[::-1].index(False)
+    return "".join(pieces[:lead]), "".join(pieces[len(pieces) - trail:])
+
+
+def _empty_at(whole: str, pos: int, after: str, frac: float) -> int:
+    """Where an element without text goes in ``whole`` (at or after ``pos``): before the word that
+    follows it in the source (``after``, its text) where that word is there, else at the word start
+    (glued to the next word) or word end (else) nearest to ``frac`` of its length."""
+    word = re.match(r"\w+", after)
+    if word:
+        m = re.compile(rf"\b{re.escape(word.group())}\b", re.I).search(whole, pos)
+        if m:
+            return m.start()
+    glued, n = bool(after[:1].strip()), len(whole)
+    starts = [i for i in range(pos, n) if whole[i].isalnum() and (i == 0 or not whole[i - 1].isalnum())]
+    ends = [i for i in range(max(pos, 1), n + 1) if whole[i - 1].isalnum() and (i == n or not whole[i].isalnum())]
+    at = starts if glued else ends
+    return min(at, key=lambda i: abs(i - frac * len(whole)), default=pos)
 
 
 def _find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:

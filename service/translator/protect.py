@@ -84,6 +84,7 @@ class Protected:
     suffix: str = ""             # edge spans (and the whitespace before them) after it
     style: Optional[str] = None  # case style of the source: "upper", "title" or None
     needs_model: bool = True     # whether a letter is left for the model besides the placeholders
+    glued: list[tuple[bool, bool]] = field(default_factory=list)  # each span: a letter or digit right before, after
 
 
 class Protector:
@@ -208,8 +209,9 @@ class Protector:
         if self.truecaser is not None:
             style = self.truecaser.style(bare)
             text = self.truecaser.recase(text, style)
+        glued = [(sentence[s.start - 1:s.start].isalnum(), sentence[s.end:s.end + 1].isalnum()) for s in spans]
         return Protected(sentence, text, [sentence[s.start:s.end] for s in spans], kinds, prefix, suffix, style,
-                         any(c.isalpha() for c in bare))
+                         any(c.isalpha() for c in bare), glued)
 
     def encode(self, p: Protected) -> list[int]:
         """Source ids of the model text, EOS included."""
@@ -290,21 +292,27 @@ class Protector:
     def _assemble(self, p: Protected, tokens: list[int], at_copy: dict[int, int], before: dict[int, list[int]],
                   copies: list[int]) -> str:
         """Decode ``tokens`` in chunks between span positions; spans verbatim, chunks in the case style.
-        A chunk or copied placeholder whose first piece starts a word ("▁") keeps the space before it."""
+        A chunk or copied placeholder whose first piece starts a word ("▁") keeps the space before it,
+        except next to a span that was glued to a word on that side in the source ("<schnell>")."""
         pieces = self.tok.pieces(tokens)
         out: list[str] = []
         chunk: list[int] = []
+        glue = [False]                    # whether the last span was glued to the word after it
 
         def flush():
             if chunk:
                 text = apply_style(p.style, self.tok.decode(chunk))
+                text = text.lstrip() if glue[0] else text
                 spaced = out and text and not text[0].isspace() and self.tok.pieces(chunk[:1])[0].startswith("▁")
-                out.append((" " if spaced else "") + text)
+                out.append((" " if spaced and not glue[0] else "") + text)
                 chunk.clear()
+                glue[0] = False
 
         def span(j: int, spaced: bool):
             flush()
-            out.append((" " if out and spaced else "") + p.spans[j])
+            glued = p.glued[j] if j < len(p.glued) else (False, False)
+            out.append((" " if out and spaced and not (glued[0] or glue[0]) else "") + p.spans[j])
+            glue[0] = glued[1]
 
         for t in range(len(tokens) + 1):
             for j in before.get(t, []):
