@@ -147,13 +147,18 @@ def read_marian_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
     raise MarianImportError(f"{directory}: no model.safetensors or pytorch_model.bin")
 
 
+def attention_blocks(kind: str) -> list[tuple[str, str]]:
+    """(our attention module, transformers' Marian module) of an encoder or decoder layer."""
+    return [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if kind == "decoder" else [])
+
+
 def _layer_map(kind: str, i: int) -> dict[str, str]:
     """Our parameter names -> transformers' for layer i of the encoder or decoder (q/k/v separate
     there, K and V fused in our ``w_kv``: handled by the caller)."""
     src, dst = f"model.{kind}.layers.{i}.", f"{kind}.{i}."
     attn = {"w_q": "q_proj", "w_o": "out_proj"}
     out = {}
-    blocks = [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if kind == "decoder" else [])
+    blocks = attention_blocks(kind)
     for ours, theirs in blocks:
         for a, b in attn.items():
             for p in ("weight", "bias"):
@@ -198,7 +203,7 @@ def marian_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig, where: str,
         for i in range(n):
             for ours, theirs in _layer_map(kind, i).items():
                 out[ours] = get(theirs)
-            blocks = [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if kind == "decoder" else [])
+            blocks = attention_blocks(kind)
             for ours, theirs in blocks:
                 for p in ("weight", "bias"):
                     k, v = (get(f"model.{kind}.layers.{i}.{theirs}.{x}_proj.{p}") for x in "kv")

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_checkpoint, load_metadata, unique_state_dict
+from .checkpoint import _DTYPES, load_checkpoint, load_metadata, unique_state_dict
 from .config import ModelConfig
-from .convert import _layer_map, permute_residual, split_order
+from .convert import _layer_map, attention_blocks, permute_residual, split_order
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
@@ -111,7 +111,7 @@ def marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
         for i in range(n):
             for mine, theirs in _layer_map(kind, i).items():
                 out[theirs] = ours.pop(mine)
-            blocks = [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if kind == "decoder" else [])
+            blocks = attention_blocks(kind)
             for mine, theirs in blocks:
                 for p in ("weight", "bias"):
                     k, v = ours.pop(f"{kind}.{i}.{mine}.w_kv.{p}").chunk(2)
@@ -159,7 +159,7 @@ def export_marian(checkpoint: str | Path, out: str | Path, dtype: str = "float32
     for name, data in files.items():
         (out / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     from safetensors.torch import save_file
-    torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    torch_dtype = _DTYPES[dtype]
     save_file({k: v.to(torch_dtype) for k, v in weights.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o644)        # safetensors writes 0600; the other files are 0644

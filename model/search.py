@@ -80,9 +80,9 @@ class BeamSearch:
             n = self.src_len
             self.encoder_attention = torch.stack([w[row, :, :n, :n] for w in encoder])   # [L, H, n, n]
 
-    def _final(self, beam: PartialHypothesis, reason: str, extra_lp: float = 0.0) -> Hypothesis:
+    def _final(self, beam: PartialHypothesis, reason: str) -> Hypothesis:
         length = len(beam.tokens) + (reason == "eos")
-        lp = beam.log_prob + extra_lp
+        lp = beam.log_prob
         return Hypothesis(list(beam.tokens), lp, lp / max(length, 1) ** self.length_penalty, reason,
                           self._attention(beam) if self.attention_kinds else None)
 
@@ -104,12 +104,11 @@ class BeamSearch:
                 out["decoder"] = mat
         return out
 
-    def step(self, log_probs: Tensor, top_v: list, top_i: list,
+    def step(self, top_v: list, top_i: list,
              cross: Optional[list] = None, decoder: Optional[list] = None) -> tuple[list[int], list[int]]:
         """Advance by one token.
 
         Args:
-            log_probs: [A, V] rows of the A alive hypotheses (only used for shapes).
             top_v, top_i: per row, the 2k best log-probs and their token ids (python lists).
             cross / decoder: per row, [L, H, S] / [L, H, T] attention, when tracked.
         Returns (parents, tokens): per new alive hypothesis, its parent row and next input token;
@@ -233,7 +232,7 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
                 kinds = s.search.attention_kinds
                 c = _attention_rows(out, "cross", stacked, r, n) if "cross" in kinds else None
                 d = _attention_rows(out, "decoder", stacked, r, n) if "decoder" in kinds else None
-                parents, tokens = s.search.step(lp[a: a + n], tv, ti, c, d)
+                parents, tokens = s.search.step(tv, ti, c, d)
                 if not s.search.done:
                     t = len(s.search.alive[0].tokens)  # every alive hypothesis has the same length
                     if parents != list(range(len(parents))):

@@ -30,7 +30,7 @@ def encode_source(tok: Tokenizer, text: str, max_len: int, target_lang: Optional
 def check_target_lang(tok: Tokenizer, target_lang: Optional[str]) -> None:
     """Raise ValueError unless target_lang fits the model: one of ``tok.target_languages`` for a
     multilingual model (required there), None otherwise."""
-    langs = getattr(tok, "target_languages", ())
+    langs = tok.target_languages
     if target_lang is None and langs:
         raise ValueError(f"the model is multilingual: name a target language, one of {', '.join(langs)}")
     if target_lang is not None and target_lang not in langs:

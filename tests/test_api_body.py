@@ -264,3 +264,14 @@ def test_405_names_the_allowed_methods(client):
         assert r.headers["allow"] == methods
         msg = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
         assert "POST" in msg
+
+
+def test_an_app_under_a_route_prefix_checks_its_own_paths():
+    """Ray Serve keeps a route prefix in ``path`` (``root_path`` names it): the checks of each route
+    and LibreTranslate's error shape still apply to the route within the app."""
+    prefixed = TestClient(make_app(), root_path="/embedded")
+    r = prefixed.post("/embedded/v1/translate", content=JSON_BODY, headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["field"] == "Content-Type"
+    assert "application/json" in r.json()["error"]["message"]
+    r = prefixed.get("/embedded/translate")
+    assert r.status_code == 405 and isinstance(r.json()["error"], str)      # LibreTranslate's shape

@@ -40,12 +40,11 @@ def state(s: ActiveSearch):
 
 def test_beam_search_ranks_candidates_and_finishes_eos_within_the_top_k():
     search = BeamSearch(beam_size=2, eos_id=EOS, max_new_tokens=5)
-    lp = torch.zeros(1, 12)
-    parents, tokens = search.step(lp, [[-0.1, -0.5, -1.0, -2.0]], [[7, EOS, 9, 5]])
+    parents, tokens = search.step([[-0.1, -0.5, -1.0, -2.0]], [[7, EOS, 9, 5]])
     assert (parents, tokens) == ([0, 0], [7, 9])                     # EOS ranked 2nd (< k): finished
     assert [(h.tokens, h.log_prob, h.finish_reason) for h in search.finished] == [([], -0.5, "eos")]
     assert [(b.tokens, b.log_prob) for b in search.alive] == [((7,), -0.1), ((9,), -1.0)]
-    parents, tokens = search.step(torch.zeros(2, 12), [[-0.2, -0.3], [-0.01, -0.02]], [[EOS, 8], [4, 5]])
+    parents, tokens = search.step([[-0.2, -0.3], [-0.01, -0.02]], [[EOS, 8], [4, 5]])
     assert (parents, tokens) == ([], []) and search.done and search.alive == []   # k finished
     best = search.results()
     assert len(best) == 1 and best[0].tokens == [7] and best[0].score == pytest.approx(-0.3 / 2)
@@ -53,7 +52,7 @@ def test_beam_search_ranks_candidates_and_finishes_eos_within_the_top_k():
 
 def test_beam_search_stops_at_max_new_tokens_with_reason_length():
     search = BeamSearch(beam_size=1, eos_id=EOS, max_new_tokens=1, length_penalty=0.0)
-    assert search.step(torch.zeros(1, 12), [[-0.25, -1.0]], [[6, EOS]]) == ([], [])
+    assert search.step([[-0.25, -1.0]], [[6, EOS]]) == ([], [])
     (h,) = search.results()
     assert (h.tokens, h.log_prob, h.score, h.finish_reason) == ([6], -0.25, -0.25, "length")
     assert BeamSearch(2, EOS, 0).done and BeamSearch(2, EOS, 0).results()[0].finish_reason == "length"
@@ -88,7 +87,7 @@ def test_one_step_over_mixed_beams_equals_each_search_stepped_alone():
         for twin in twins:
             n = len(twin.tokens)
             v, i = top_candidates(lp[row: row + n], twin.search.beam_size)
-            parents, tokens = twin.search.step(lp[row: row + n], v, i)
+            parents, tokens = twin.search.step(v, i)
             row += n
             if twin.search.done:
                 continue

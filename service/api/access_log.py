@@ -9,6 +9,8 @@ from ray import serve
 
 from service.metrics import HttpMetrics
 
+from .errors import route_path
+
 logger = logging.getLogger("ray.serve")
 
 # Paths recorded under their own name in the metrics' endpoint label; any other is "other".
@@ -47,8 +49,8 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             seconds = time.perf_counter() - t0
-            path = scope.get("path", "")
-            endpoint = path if path in ENDPOINTS else "other"
+            path, route = scope.get("path", ""), route_path(scope)
+            endpoint = route if route in ENDPOINTS else "other"
             model = state.get("model") or "none"
             usage = state.get("usage")
             self.metrics.record(model, endpoint, status["code"], seconds)

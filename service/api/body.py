@@ -28,7 +28,7 @@ from typing import Optional
 
 from fastapi.responses import JSONResponse
 
-from .errors import LIBRE_PATHS, ServiceError, error_response
+from .errors import LIBRE_PATHS, ServiceError, error_response, route_path
 from .guard import check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
@@ -165,7 +165,7 @@ class BodyMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
             return await self.app(scope, receive, send)
-        path = scope.get("path", "")
+        path = route_path(scope)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
             length = int(headers.get("content-length") or 0)

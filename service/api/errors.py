@@ -157,8 +157,15 @@ def format_validation_error(err: dict) -> tuple[str, str]:
     return field, f"{field}: {msg}" if field and not msg.startswith(field) else msg
 
 
+def route_path(scope) -> str:
+    """The request's path within the app: Ray Serve keeps the route prefix in ``path`` and names it
+    in ``root_path`` (an app served under ``/embedded`` sees ``/embedded/translate``)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
+
+
 def _is_libre(request: Request) -> bool:
-    return request.url.path in LIBRE_PATHS
+    return route_path(request.scope) in LIBRE_PATHS
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -141,7 +141,6 @@ class Gateway:
         match every target their vocabulary knows), else the default. Raises ServiceError: 404 for an
         unknown model or pair, 422 when a multilingual model's target_lang is missing or unknown (the
         message names its choices)."""
-        pairs = ", ".join(f"{c.pair} ({c.id})" for c in self.cards.values())
         if model is not None:
             card = self.cards.get(model)
             if card is None:
@@ -160,7 +159,7 @@ class Gateway:
         field = "source_lang" if source_lang is not None and not any(
             c.source_lang == source_lang for c in self.cards.values()) else "target_lang"
         raise ServiceError(404, f"{field}: no model for {source_lang or '*'}->{target_lang or '*'}; available "
-                                f"pairs: {pairs}", field)
+                                f"pairs: {', '.join(f'{c.pair} ({c.id})' for c in self.cards.values())}", field)
 
     def _deadline(self, job, timeout_s: Optional[float] = None):
         """Set the job's deadline: ``timeout_s`` (<= max_timeout_s, else 422) or max_timeout_s."""

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from .errors import ServiceError
+from .errors import ServiceError, error_response, libre_error_response, route_path
 
 ENV_KEYS = "MT_API_KEYS"
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
@@ -236,10 +236,7 @@ class GuardMiddleware:
         guard = self.get_guard() if scope["type"] == "http" else None
         if guard is None:
             return await self.app(scope, receive, send)
-        from .errors import error_response, libre_error_response
-        path, root = scope.get("path", ""), scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):] or "/"
+        path = route_path(scope)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         state = scope.setdefault("state", {})
         key, auth = bearer(headers), headers.get("authorization", "").strip()

@@ -241,9 +241,8 @@ class ModelLimits:
     @classmethod
     def of(cls, model: str, config: dict, engine: EngineConfig) -> "ModelLimits":
         max_len = config["max_len"]
-        max_tgt_len = min(engine.max_tgt_len or max_len, max_len)
         target_vocab = config.get("tgt_vocab_size") or config["vocab_size"]   # separate vocabularies: the target's
-        return cls(model, min(max_tgt_len, max_len - 1), engine.max_num_seqs, target_vocab,
+        return cls(model, min(engine.max_tgt_len or max_len, max_len - 1), engine.max_num_seqs, target_vocab,
                    config["n_heads"], config["n_encoder_layers"], config["n_decoder_layers"])
 
     def check(self, job: TranslateJob) -> None:

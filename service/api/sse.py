@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import AsyncIterator, Callable
 
@@ -28,8 +27,6 @@ async def events(items: AsyncIterator[StreamItem], on_usage: Callable[[Usage], N
                 yield format_event("response", item.body())
             else:
                 yield format_event("token", item.model_dump())
-    except asyncio.CancelledError:
-        raise
     except Exception as e:  # noqa: BLE001 - the status line is sent: report in-band
         err = e if isinstance(e, ServiceError) else ServiceError(500, f"internal error: {type(e).__name__}")
         yield format_event("error", {"error": {"type": err.type, "message": err.message, "field": err.field}})

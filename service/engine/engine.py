@@ -224,7 +224,7 @@ class Engine:
     # ---- requests ------------------------------------------------------------------------------
     def validate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> None:
         """Raise EngineValidationError(field, message) if the request can never be served."""
-        resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
+        self._resolve(src_ids, options)
 
     async def translate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None
                         ) -> TranslationResult:
@@ -250,12 +250,15 @@ class Engine:
                  policy=self.config.policy, state=self._state)
         return s
 
+    def _resolve(self, src_ids, options) -> GenerationOptions:
+        return resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
+
     def _submit(self, src_ids, options, stream: bool) -> _Request:
         if self._state == "new":
             self._start_now()
         if self._state != "running" or self._task.done():
             raise EngineStoppedError("engine is stopped")
-        opts = resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
+        opts = self._resolve(src_ids, options)
         rid = next(self._ids)
         req = _Request(rid, [int(t) for t in src_ids], opts, self._loop.create_future(), stream,
                        asyncio.Queue() if stream else None, time.perf_counter())
@@ -388,10 +391,10 @@ class Engine:
         if self.on_step is not None:
             s = self.scheduler
             stats = StepStats(plan.step, len(plan.prefill), plan.num_prefill_tokens, plan.num_prefill_padded,
-                              len(plan.decode), result.num_decode_seqs, result.num_scored_rows, finished,
+                              len(plan.decode), result.num_decode_seqs, result.num_decode_seqs, finished,
                               result.prefill_s, result.decode_s, result.update_s, time.perf_counter() - t0,
                               s.num_running, s.num_running_seqs, s.num_waiting,
-                              s.num_running_seqs / s.slots.num_slots)
+                              s.slots.usage)
             self._callback(self.on_step, stats)
 
     def _finish(self, req: _Request, hypotheses: Optional[list[Hypothesis]] = None,

@@ -76,7 +76,6 @@ class StepResult:
     """What the runner did in one step (plain numbers for StepStats, plus per-request outputs)."""
     outputs: list[SequenceOutput]
     num_decode_seqs: int = 0                 # rows of the decode forward (hypotheses)
-    num_scored_rows: int = 0                 # rows scored this step (prefill + decode): one token each, beams count every row
     prefill_s: float = 0.0                   # wall time of the prefill call(s)
     decode_s: float = 0.0                    # wall time of the decode_step call(s)
     update_s: float = 0.0                    # top-k, searches, cache reorder

@@ -96,7 +96,6 @@ class ModelRunner:
             result.num_decode_seqs = sum(out.log_probs.size(0) for out, _ in parts)
         t2 = time.perf_counter()
         if parts:
-            result.num_scored_rows = result.num_decode_seqs  # every row of the forward is scored
             self._update(parts, outputs)
         result.prefill_s, result.decode_s, result.update_s = t1 - t0, t2 - t1, time.perf_counter() - t2
         result.outputs = list(outputs.values())

@@ -38,6 +38,8 @@ class SlotAllocator(Protocol):
 
     @property
     def num_free(self) -> int: ...
+    @property
+    def usage(self) -> float: ...
     def allocate(self, n: int) -> list[int]: ...
     def free(self, slots: Sequence[int]) -> None: ...
 
@@ -168,8 +170,6 @@ class Scheduler:
 
     def stats(self) -> dict:
         """Queue and slot figures (plain numbers, for metrics)."""
-        n = self.slots.num_slots
-        used = n - self.slots.num_free
-        return {"running_requests": len(self.running), "running_sequences": used,
-                "waiting_requests": len(self.waiting), "free_slots": n - used, "num_slots": n,
-                "kv_cache_usage": used / n if n else 0.0, "steps": self.step_count}
+        return {"running_requests": len(self.running), "running_sequences": self.num_running_seqs,
+                "waiting_requests": len(self.waiting), "free_slots": self.slots.num_free,
+                "num_slots": self.slots.num_slots, "kv_cache_usage": self.slots.usage, "steps": self.step_count}

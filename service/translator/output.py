@@ -20,13 +20,12 @@ TextOf = Callable[[Piece, Hypothesis], str]   # a sentence's text from one of it
 
 def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional[Split]],
                    pieces: Sequence[Piece], results: Sequence[TranslationResult],
-                   text_of: Optional[TextOf] = None) -> TranslateResponse:
+                   text_of: TextOf) -> TranslateResponse:
     """One Translation per text of ``job`` (``results[k]`` is the engine's result for ``pieces[k]``).
 
     ``text_of`` turns a hypothesis into its sentence's text (the translator's: protected spans and
-    case restored, ``protect.py``); default: the decoded tokens.
+    case restored, ``protect.py``).
     """
-    text_of = text_of or (lambda p, h: tok.decode(h.tokens))
     by_text: dict[int, list[tuple[Piece, TranslationResult]]] = {}
     for p, r in zip(pieces, results):
         by_text.setdefault(p.text_index, []).append((p, r))

@@ -95,11 +95,10 @@ class Protector:
     vocabulary piece each; with a tokenizer that lacks them it is off.
     """
 
-    def __init__(self, tok, truecaser: Optional[Truecaser] = None, protect: bool = True, recase: bool = True,
-                 placeholders: Optional[dict[str, str]] = None):
+    def __init__(self, tok, truecaser: Optional[Truecaser] = None, protect: bool = True, recase: bool = True):
         self.tok = tok
         self.truecaser = truecaser if recase else None
-        self.placeholders = dict(placeholders or PLACEHOLDERS)
+        self.placeholders = dict(PLACEHOLDERS)
         self.placeholder_ids: dict[str, frozenset[int]] = {}   # kind -> its piece ids ("▁5", and "5" glued)
         for kind, w in self.placeholders.items():
             ids, glued, opener = tok.encode(w), tok.encode("(" + w), tok.encode("(")

@@ -94,7 +94,7 @@ def has_text(s: str) -> bool:
     """Whether s has a visible character: not only whitespace, control or format characters (such
     as U+200B zero-width space), which the model would see as an empty sentence. Private-use,
     unassigned and surrogate code points count as visible (they come back verbatim)."""
-    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in s)
+    return any(not is_glue(c) for c in s)
 
 
 def is_glue(c: str) -> bool:
@@ -183,15 +183,12 @@ def split_text(text: str, language: str = "en") -> Split:
     fallbacks: list[str] = []
     started = time.perf_counter()
     pending = ""            # whitespace seen since the last piece
-    cursor = 0
     for part in _LINE_BREAK.split(text):
         if not part:
             continue
         if _LINE_BREAK.fullmatch(part):
             pending += part
-            cursor += len(part)
             continue
-        line_start = cursor
         pos = 0
         for sentence in _line_sentences(part, language, started, fallbacks):
             at = part.find(sentence, pos)
@@ -206,7 +203,6 @@ def split_text(text: str, language: str = "en") -> Split:
             if not has_text(part[pos:]):     # the rest of the line is glue
                 break
         pending += part[pos:]
-        cursor = line_start + len(part)
     glue.append(pending)
     split = Split(pieces, glue, fallbacks)
     assert split.join(pieces) == text, "split_text lost characters"

@@ -67,11 +67,12 @@ class Translator:
         with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
             self.model, self.tok, _ = load_checkpoint(card.checkpoint, device=self.device)
         tune_process()
-        on = {"protect": protect_spans, "recase": truecase}
-        for key, env in (("protect", "MT_PROTECT_SPANS"), ("recase", "MT_TRUECASE")):
-            if on[key] is None:
-                on[key] = os.environ.get(env, "1") != "0"
-        self.protector = Protector(self.tok, Truecaser.load(card.checkpoint, card.source_lang, self.tok), **on)
+        if protect_spans is None:
+            protect_spans = os.environ.get("MT_PROTECT_SPANS", "1") != "0"
+        if truecase is None:
+            truecase = os.environ.get("MT_TRUECASE", "1") != "0"
+        self.protector = Protector(self.tok, Truecaser.load(card.checkpoint, card.source_lang, self.tok),
+                                   protect=protect_spans, recase=truecase)
         self.metrics = EngineMetrics(self.name)
         self.engine: Optional[Engine] = None
         self.engine_config: Optional[EngineConfig] = None
@@ -153,7 +154,7 @@ class Translator:
             split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s)).needs_model)
             splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
             for j, sentence in enumerate(split.pieces):
-                prepared.append(seen.get(sentence) or self.protector.prepare(sentence))
+                prepared.append(seen[sentence])   # translatable() prepared every piece it kept
                 ids = prefix + self.protector.encode(prepared[-1])
                 if len(ids) > max_src:
                     where = f"{field}[{i}]" if job.is_list else field

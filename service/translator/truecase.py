@@ -9,7 +9,7 @@ the form it takes most often when not sentence-initial; built by ``python -m
 service.translator.truecase``). Without a table the model's vocabulary decides: a word whose
 lowercase form is a whole vocabulary piece is lowercase, else it is capitalized.
 
-Styles (``case_style``), judged on the letters of a sentence (protected spans left out):
+Styles (``Truecaser.style``), judged on the letters of a sentence (protected spans left out):
     "upper"  every cased letter is a capital and some known word of 2+ letters is not a capital word
              in its usual form (so "USA." or an unknown "NASA" alone is not a style; capitals spell ß
              as SS, and "STRASSE" finds "Straße"): each word is recased to its
