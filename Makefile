@@ -27,6 +27,7 @@ bench: setup
 	$(BIN)/python -m service.bench_engine --parts a,b,c,d --rounds 3
 
 test: setup
+	bash deploy/install_browser.sh   # chromium + chromedriver for tests/test_explorer.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 clean:

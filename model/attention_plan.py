@@ -35,6 +35,23 @@ def read_positions(buf: Tensor, rows: Tensor | slice, T: int) -> Tensor:
     return x.transpose(1, 2)
 
 
+def shared_sources(owners: Tensor) -> tuple[Tensor, Optional[tuple[int, int, Tensor]]]:
+    """Cross-attention reads each source once: for rows whose cross K/V are held by ``owners`` [N]
+    (the hypotheses of a beam share one), returns (the distinct owners [U], None) when all differ,
+    else (owners [U], share = (U, most rows per owner k, flat index [N] of each row in [U x k]))."""
+    uniq, inverse = torch.unique(owners, return_inverse=True)
+    if uniq.numel() == owners.numel():
+        return owners, None
+    seen: dict[int, int] = {}
+    within = []
+    for u in inverse.tolist():
+        within.append(seen.get(u, 0))
+        seen[u] = within[-1] + 1
+    k_max = max(seen.values())
+    flat = inverse * k_max + torch.as_tensor(within, device=owners.device)
+    return uniq, (uniq.numel(), k_max, flat)
+
+
 class AttentionPlan:
     """Which cached keys each row of a decode step attends to, shared by every layer.
 
@@ -49,13 +66,17 @@ class AttentionPlan:
     With ``kernel`` the compiled kernel (``model.kernels``) reads the keys in place; otherwise they are
     gathered into one [NK, H, Dh] block and ``row_of_key`` [NK] and ``pad_index`` [NK]
     (= row * T + position) map each key to its row and to a padded [R, T] score grid.
+    A paged cache (``PagedKVCache``) passes ``table`` [N_slots, blocks per slot] and ``block_size``:
+    the key of position p of slot s is row table[s, p // block_size] * block_size + p % block_size of
+    a layer's block pool viewed as rows; its plans are always packed.
     """
 
     def __init__(self, slots: Tensor, lengths: Tensor, stride: int, packed: bool = False,
-                 home: Optional[Tensor] = None, kernel: bool = False):
+                 home: Optional[Tensor] = None, kernel: bool = False, table: Optional[Tensor] = None,
+                 block_size: int = 0):
         self.max_len = T = int(lengths.max())
         self.kernel = kernel
-        self.packed = kernel or home is not None or (packed and int(lengths.min()) < T)
+        self.packed = kernel or home is not None or table is not None or (packed and int(lengths.min()) < T)
         if self.packed:
             self.row_of_key, pos = packed_positions(lengths)                   # [NK] row of each key, its position
             self.starts = torch.zeros(slots.numel() + 1, dtype=torch.long, device=slots.device)
@@ -63,7 +84,12 @@ class AttentionPlan:
             slot = slots.index_select(0, self.row_of_key)
             if home is not None:  # the slot that holds each key (an indirect cache)
                 slot = home.view(-1).index_select(0, slot * stride + pos)
-            self.key_index = slot * stride + pos
+            if table is None:
+                self.key_index = slot * stride + pos
+            else:  # a paged cache: the block of each key, then its place in the block
+                block = table.view(-1).index_select(0, slot * table.size(1) + torch.div(pos, block_size,
+                                                                                          rounding_mode="floor"))
+                self.key_index = block * block_size + pos.remainder(block_size)
             self._pos = pos
             self._pad_index: Optional[Tensor] = None
         else:

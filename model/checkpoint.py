@@ -17,8 +17,9 @@ from .config import ModelConfig
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
-# The shipped German->English model.
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "de-en"
+# The shipped models, by name: German->English (the default) and English->German.
+SHIPPED_CHECKPOINTS = {name: Path(__file__).resolve().parent / "checkpoints" / name for name in ("de-en", "en-de")}
+DEFAULT_CHECKPOINT = SHIPPED_CHECKPOINTS["de-en"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 

@@ -3,6 +3,7 @@ export of ours as MarianMT directories (``model/marian_export.py``).
 
     python -m model.convert --from-marian DIR --out CHECKPOINT_DIR [--dtype float32]
     python -m model.convert --to-marian CHECKPOINT_DIR --out DIR [--dtype float32]
+    python -m model.convert --to-ct2 CHECKPOINT_DIR --out DIR [--quantization int8]   (model/ct2.py)
 
 A MarianMT directory (as ``transformers``' ``save_pretrained`` writes it, and as the OPUS-MT models
 are published) holds ``config.json`` (``model_type: marian``), ``model.safetensors`` or
@@ -111,7 +112,9 @@ def marian_config(hf: dict, where: str = "config.json") -> ModelConfig:
                    "add_final_layer_norm": True}
     for name, bad in unsupported.items():
         if hf.get(name) is bad:
-            raise MarianImportError(f"{where}: {name}={json.dumps(bad)} is not supported")
+            why = (" (transformers' MarianMTModel ignores it and runs post-LN: no reference to import against)"
+                   if name == "normalize_before" else "")
+            raise MarianImportError(f"{where}: {name}={json.dumps(bad)} is not supported{why}")
     vocab, shared = field("vocab_size"), hf.get("share_encoder_decoder_embeddings", True)
     if shared and hf.get("decoder_vocab_size") not in (None, vocab):
         raise MarianImportError(f"{where}: decoder_vocab_size ({hf['decoder_vocab_size']}) differs from vocab_size "
@@ -343,21 +346,28 @@ def main(argv=None) -> int:
     way = ap.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-marian", metavar="DIR", help="import a local MarianMT (OPUS-MT) directory")
     way.add_argument("--to-marian", metavar="CHECKPOINT_DIR", help="export our checkpoint as a MarianMT directory")
+    way.add_argument("--to-ct2", metavar="DIR", help="convert our checkpoint, or a MarianMT export of one, to "
+                     "CTranslate2 (model/ct2.py; needs the ctranslate2 package)")
     ap.add_argument("--out", required=True, metavar="DIR", help="where to write the checkpoint / MarianMT directory")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                     help="stored weight dtype (float32 keeps the weights exactly)")
+    ap.add_argument("--quantization", default=None, help="--to-ct2: CTranslate2 weight type (e.g. int8)")
     args = ap.parse_args(argv)
     try:
-        if args.to_marian:
+        if args.to_ct2:
+            from .ct2 import convert_to_ct2
+            out = convert_to_ct2(args.to_ct2, args.out, args.quantization)
+        elif args.to_marian:
             from .marian_export import export_marian
             out = export_marian(args.to_marian, args.out, args.dtype)
         else:
             out = convert_marian(args.from_marian, args.out, args.dtype)
-    except (ValueError, FileNotFoundError) as e:     # MarianImportError, MarianExportError, a missing file
+    except (ValueError, FileNotFoundError, ImportError) as e:   # Marian{Import,Export}Error, a missing file/package
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

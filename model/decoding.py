@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .dense_step import dense_forward, plan_dense, step_log_probs
 from .kv_cache import KVCache
+from .paged_cache import PagedKVCache
 from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, search_step
 from .transformer import Transformer, padding_mask
 
@@ -31,12 +33,15 @@ class StepOutput:
 
 @torch.no_grad()
 def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tensor, positions: Tensor,
-                need_weights: bool = False) -> StepOutput:
+                need_weights: bool = False, dense: Optional[bool] = None) -> StepOutput:
     """One incremental decoder step for any set of slots, each at its own position.
 
     Every row attends to its own cached keys only (its own target history and its own source), so
     a row's result does not depend on the other rows. On CPU, rows of different lengths are
-    attended packed, each over its own keys only (see ``AttentionPlan``); on CUDA in one padded call.
+    attended packed, each over its own keys only (see ``AttentionPlan``); on CUDA in one padded call
+    (except on a paged cache, which is always read packed, through its block tables). With ``dense``
+    (default: a paged cache on CUDA) and no weights asked for, keys are gathered into a padded block
+    and attended with the fused ``scaled_dot_product_attention`` (``model/dense_step.py``).
 
     Args:
         slots: [N] cache slots; tokens: [N] input token of each (the last generated, or BOS);
@@ -45,12 +50,13 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     decoder [N, H, T] per layer, zero-padded to the longest row).
     Raises ValueError when a position reaches the cache's max_tgt_len.
     """
+    if dense is None:
+        dense = slots.device.type == "cuda" and isinstance(cache, PagedKVCache)
+    if dense and not need_weights:  # fixed shapes, fused attention (model/dense_step.py)
+        return StepOutput(dense_forward(model, cache, plan_dense(cache, slots, tokens, positions)))
     attend = cache.plan_step(slots, positions, packed=slots.device.type == "cpu")
     logits, w = model.decode(tokens[:, None], None, None, None, positions[:, None], attend, need_weights)
-    logits = logits[:, -1]
-    logits[:, model.cfg.pad_id] = float("-inf")  # never generated: padding and BOS
-    logits[:, model.cfg.bos_id] = float("-inf")
-    log_probs = torch.log_softmax(logits, dim=-1)
+    log_probs = step_log_probs(model, logits[:, -1])
     if not need_weights:
         return StepOutput(log_probs)
     return StepOutput(log_probs, cross=[x[:, :, 0] for x in w["cross"]], decoder=[x[:, :, 0] for x in w["self"]])

@@ -2,8 +2,9 @@
 
 One slot holds one hypothesis: its decoder self-attention keys/values (one position written per step,
 in place) and its encoder-decoder (cross) attention keys/values (written once at prefill). Slots are
-independent, so sequences of different requests at different positions share one cache; the serving
-engine and offline decoding both use it.
+independent, so sequences of different requests at different positions share one cache. Offline
+decoding uses it (sized for its batch); the serving engine uses its paged subclass
+(``model/paged_cache.py``), whose memory follows the tokens actually held.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch import Tensor
 
 from . import kernels
 from .attention import packed_positions
-from .attention_plan import AttentionPlan, CacheAttention
+from .attention_plan import AttentionPlan, CacheAttention, shared_sources
 from .slots import CacheFullError, SlotPool
 
 __all__ = ["CacheFullError", "KVCache"]
@@ -57,6 +58,7 @@ class KVCache:
         self.redirected = torch.zeros(num_slots, dtype=torch.bool, device=device) if indirect else None
         self.slots = SlotPool(num_slots)  # which slots are free: the one allocator (offline and engine)
         self._kernel: Optional[bool] = None  # compiled decode attention usable (see kernel_ok)
+        self.num_layers = n_layers
 
     @classmethod
     def for_model(cls, model, num_slots: int, max_tgt_len: Optional[int] = None,
@@ -126,32 +128,27 @@ class KVCache:
         if int(positions.max()) + 1 > self.max_tgt_len:
             raise ValueError(f"target length {int(positions.max()) + 1} exceeds the cache's max_tgt_len "
                              f"{self.max_tgt_len}")
-        # cross-attention: one query row per hypothesis, one read of K/V per source (owner)
-        owners = self.owner.index_select(0, slots)
-        uniq, inverse = torch.unique(owners, return_inverse=True)
-        share = None
-        if uniq.numel() < owners.numel():
-            seen: dict[int, int] = {}
-            within = []
-            for u in inverse.tolist():
-                within.append(seen.get(u, 0))
-                seen[u] = within[-1] + 1
-            k_max = max(seen.values())
-            flat = inverse * k_max + torch.as_tensor(within, device=slots.device)
-            share = (uniq.numel(), k_max, flat)
-            owners = uniq
-        write_at = slots * self.max_tgt_len + positions   # each row's own position in a layer's [N*T_max] view
+        owners, share = shared_sources(self.owner.index_select(0, slots))
+        write_at = self._write_rows(slots, positions)   # each row's own position in a layer's row view
         home = None
         if self.home is not None:  # this step's K/V are written in the rows' own slots
-            self.home.view(-1).index_copy_(0, write_at, slots)
+            self.home.view(-1).index_copy_(0, slots * self.max_tgt_len + positions, slots)
             self.redirected.index_fill_(0, slots[positions == 0], False)  # a new history starts
             if bool(self.redirected.index_select(0, slots).any()):
                 home = self.home
-        kernel = packed and self.kernel_ok()
-        plans = (AttentionPlan(slots, positions + 1, self.max_tgt_len, packed, home, kernel),
-                 AttentionPlan(owners, self.src_len.index_select(0, owners), self.max_src_len, packed, kernel=kernel))
+        plans = self._plans(slots, positions + 1, owners, packed, home, packed and self.kernel_ok())
         return [(CacheAttention(self, layer, slots, write_at, plans[0]),
-                 CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.self_k.size(0))]
+                 CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.num_layers)]
+
+    def _write_rows(self, slots: Tensor, positions: Tensor) -> Tensor:
+        """[N] the row (in a layer's [N_slots * T_max, H, Dh] view) where each row's K/V of its position go."""
+        return slots * self.max_tgt_len + positions
+
+    def _plans(self, slots: Tensor, lengths: Tensor, owners: Tensor, packed: bool, home: Optional[Tensor],
+               kernel: bool) -> tuple[AttentionPlan, AttentionPlan]:
+        """The (self, cross) plans: rows ``slots`` over ``lengths`` target keys, sources ``owners``."""
+        return (AttentionPlan(slots, lengths, self.max_tgt_len, packed, home, kernel),
+                AttentionPlan(owners, self.src_len.index_select(0, owners), self.max_src_len, packed, kernel=kernel))
 
     def reorder(self, slots: Sequence[int], index: Sequence[int], length: Optional[int] = None) -> None:
         """Beam reorder: slot slots[i] takes the self-attention K/V that slot slots[index[i]] held.

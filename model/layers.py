@@ -31,6 +31,12 @@ def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") ->
     return table.float()
 
 
+def _capturing(x: Tensor) -> bool:
+    """Inside a CUDA-graph capture, where reading a value back to the host is not allowed (callers
+    check positions before capturing: ``model/dense_step.py``)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 class Embeddings(nn.Module):
     """Token embedding × √d_model (× 1 without ``scale_embedding``) plus positional encoding, then
     dropout (sections 3.4, 3.5)."""
@@ -54,7 +60,7 @@ class Embeddings(nn.Module):
             if tokens.size(1) > self.max_len:
                 raise ValueError(f"sequence length {tokens.size(1)} exceeds max_len {self.max_len}")
             positions = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
-        elif positions.numel() and int(positions.max()) >= self.max_len:
+        elif positions.numel() and not _capturing(positions) and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} exceeds max_len {self.max_len}")
         pos = self.pos(positions) if self.learned else self.pe[positions]
         return self.drop(self.tok(tokens) * self.scale + pos.to(self.tok.weight.dtype))

@@ -6,6 +6,10 @@ blocks until Ctrl-C, then shuts down what it started.
 
     python -m service [--host 127.0.0.1] [--port 8000] [--config app.yaml] [--checkpoint DIR]
                       [--num-cpus N] [--metrics-export-port 8080] [--address auto] [--api-keys-file FILE]
+                      [--proxy haproxy|ray]
+
+--proxy haproxy (default): Ray Serve's throughput mode, HAProxy in front of the ingress replicas
+(``service/ray_env.py``, docs/deploy.md#ingress-proxy); --proxy ray: Ray Serve's own HTTP proxy.
 
 --config takes a YAML (or JSON) file with ``build_app`` arguments (see service/app.py AppArgs),
 e.g.  ``{engine: {max_num_seqs: 32}, translator: {num_replicas: 2}}``; a Serve config file
@@ -15,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
 from pathlib import Path
+
+from .ray_env import PROXIES, apply_serve_env
 
 
 def load_config(path: str | None) -> dict:
@@ -64,6 +69,8 @@ def main(argv=None) -> int:
                     help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default 8080)")
     ap.add_argument("--address", default="local",
                     help="Ray address: 'local' starts a new instance (default); 'auto' or HOST:PORT joins one")
+    ap.add_argument("--proxy", choices=PROXIES, default="haproxy",
+                    help="HTTP ingress: 'haproxy' (Ray Serve's throughput mode, default) or 'ray' (its Python proxy)")
     args = ap.parse_args(argv)
     from model.linear import default_dtype
     try:
@@ -71,6 +78,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
 
+    # Ray Serve reads its data-plane settings when imported, in every process: into os.environ before
+    # ray is imported here and before ray.init starts the processes that inherit them.
+    serve_env = apply_serve_env(args.proxy)
     import ray
     from ray import serve
 
@@ -85,18 +95,24 @@ def main(argv=None) -> int:
         config["api_keys_file"] = args.api_keys_file
     app_args = AppArgs.model_validate(config)
 
-    # A loaded small machine can take more than Serve's default 5 s to start the HTTP proxy.
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     started_ray = args.address == "local"
-    init = dict(address=args.address, namespace="serve")
+    # A cluster that runs already: its raylets' environment decides for the processes they have
+    # started; the job's env_vars reach the Serve controller, proxies and replicas this run creates.
+    init = dict(address=args.address, namespace="serve",
+                **({} if started_ray else {"runtime_env": {"env_vars": serve_env}}))
     if started_ray:
         init.update(include_dashboard=False, num_cpus=int(args.num_cpus) if args.num_cpus else None,
                     _metrics_export_port=args.metrics_export_port,
                     _system_config={"metrics_report_interval_ms": 2000})
     ray.init(**init)
     stop = threading.Event()
+
+    def on_signal(*_):
+        if stop.is_set():           # a second Ctrl-C / SIGTERM: stop now, without draining
+            raise KeyboardInterrupt
+        stop.set()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(build_app(app_args), name="mt", route_prefix="/", blocking=False)
@@ -104,7 +120,12 @@ def main(argv=None) -> int:
         print(f"service ready on {url}  (docs {url}/docs, metrics {url}/metrics); Ctrl-C to stop", flush=True)
         while not stop.is_set():
             stop.wait(1.0)
-        print("shutting down", flush=True)
+        # Graceful: the app's replicas leave the routing, finish what they accepted (up to
+        # drain_timeout_s, docs/deploy.md#graceful-shutdown-and-redeploys) and exit, while the HTTP
+        # proxy stays up to deliver their answers; only then do the proxy and Ray stop.
+        print("shutting down: draining accepted requests", flush=True)
+        serve.delete("mt")
+        print("drained", flush=True)
     finally:
         try:
             serve.shutdown()

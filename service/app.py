@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Optional, Union
 
@@ -26,7 +27,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 
-from model.checkpoint import DEFAULT_CHECKPOINT
+from model.checkpoint import DEFAULT_CHECKPOINT, SHIPPED_CHECKPOINTS
 
 from .api.deadline import run_within, stream_within
 from .api.errors import RETRY_AFTER_S, ErrorRecord, to_service_error
@@ -35,6 +36,8 @@ from .api.guard import GuardSettings, RateLimit
 from .api.schemas import StreamItem, TranslateJob, TranslateResponse
 from .engine import EngineConfig
 from .translator import Translator, TranslatorInfo, model_card
+
+logger = logging.getLogger("ray.serve")
 
 
 class ModelSpec(BaseModel):
@@ -48,10 +51,16 @@ class ModelSpec(BaseModel):
     deployment: dict = Field(default_factory=dict)        # Serve deployment option overrides for this model
 
 
+def shipped_models() -> list[ModelSpec]:
+    """The models served when none are named: every shipped checkpoint that is present, de-en first."""
+    return [ModelSpec(name=name, checkpoint=str(path)) for name, path in SHIPPED_CHECKPOINTS.items()
+            if name == "de-en" or (path / "config.json").exists()]
+
+
 class AppArgs(BaseModel):
     """``build_app`` arguments (``serve run ... key=value`` or a serve config's ``args:``)."""
     model_config = ConfigDict(extra="forbid")
-    models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec()])   # the first is the default
+    models: list[ModelSpec] = Field(default_factory=lambda: shipped_models())   # the first is the default
     engine: dict = Field(default_factory=dict)            # EngineConfig fields for every model (user_config)
     translator: dict = Field(default_factory=dict)        # Serve options of translator deployments
     gateway: dict = Field(default_factory=dict)           # Serve options of the ingress deployment
@@ -62,8 +71,13 @@ class AppArgs(BaseModel):
     api_keys_file: Optional[str] = None                   # keys one per line (MT_API_KEYS adds more); None = keys off
     protect_metrics: bool = False                         # with keys on, /metrics needs a key too
     protect_docs: bool = False                            # with keys on, /docs and /openapi.json need a key too
+    protect_explorer: bool = False                        # with keys on, the explorer page (/) needs a key too
     rate_limit: Optional[RateLimit] = None                # token bucket per key (or client address); None = off
     max_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)   # every request's deadline; the largest timeout_s
+    max_streams_per_key: Optional[int] = Field(None, ge=1)  # open SSE streams per key (or client address); None = off
+    # graceful shutdown (docs/deploy.md#graceful-shutdown-and-redeploys): how long a stopping replica
+    # may finish what it accepted; None = max_timeout_s + 5 s, so every accepted request's deadline fits
+    drain_timeout_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
 
     @field_validator("models", "engine", "translator", "gateway", "rate_limit", mode="before")
     @classmethod
@@ -79,7 +93,13 @@ def _cluster_has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-_LIFECYCLE = {"health_check_period_s": 5, "graceful_shutdown_timeout_s": 10, "graceful_shutdown_wait_loop_s": 0.5}
+def lifecycle(args: AppArgs) -> dict:
+    """Serve's health-check and graceful-shutdown options of every deployment: a stopping replica
+    (SIGTERM, a redeploy, a scale-down) leaves the routing, Serve waits (polling every 0.2 s) for its
+    ongoing requests up to ``drain_timeout_s``, then runs its ``__del__`` (the translator's waits for
+    the engine to empty) and kills it."""
+    drain = args.drain_timeout_s if args.drain_timeout_s is not None else args.max_timeout_s + 5
+    return {"health_check_period_s": 5, "graceful_shutdown_timeout_s": drain, "graceful_shutdown_wait_loop_s": 0.2}
 
 
 def translator_options(args: AppArgs, spec: ModelSpec) -> dict:
@@ -95,7 +115,7 @@ def translator_options(args: AppArgs, spec: ModelSpec) -> dict:
         "max_ongoing_requests": 2 * seqs,
         "max_queued_requests": 4 * seqs,
         "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
-        "user_config": engine, **_LIFECYCLE,
+        "user_config": engine, **lifecycle(args),
     }
     opts.update(args.translator)
     opts.update(spec.deployment)
@@ -112,7 +132,7 @@ def gateway_options(args: AppArgs) -> dict:
         "max_ongoing_requests": 1024,
         "max_queued_requests": 1024,
         "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
-        **_LIFECYCLE,
+        **lifecycle(args),
     }
     opts.update(args.gateway)
     return opts
@@ -127,7 +147,9 @@ def guard_settings(args: AppArgs, ingress: dict) -> dict:
     if keys_file is not None:    # replicas may run elsewhere: an absolute path, checked now
         keys_file = str(Path(keys_file).resolve(strict=True))
     return GuardSettings(api_keys_file=keys_file, protect_metrics=args.protect_metrics,
-                         protect_docs=args.protect_docs, rate_limit=args.rate_limit,
+                         protect_docs=args.protect_docs, protect_explorer=args.protect_explorer,
+                         rate_limit=args.rate_limit,
+                         max_streams_per_key=args.max_streams_per_key,
                          gateway_replicas=n if isinstance(n, int) and n > 0 else 1).model_dump()
 
 
@@ -138,8 +160,9 @@ class TranslatorReplica:
     one) is returned (or yielded) as an ``ErrorRecord``, not raised: it is an answer, not a replica failure.
     """
 
-    async def __init__(self, card):
+    async def __init__(self, card, drain_timeout_s: float = 10.0):
         import torch
+        self.drain_timeout_s = drain_timeout_s
         resources = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
         threads = max(1, round(resources.get("CPU", 1)))
         device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
@@ -178,6 +201,11 @@ class TranslatorReplica:
         return self.translator.stats()
 
     async def __del__(self):
+        """Serve's shutdown hook, after its drain of ongoing calls: wait for the engine to empty too
+        (sentences of cancelled calls leave at its next step), then stop it."""
+        left = await self.translator.drain(self.drain_timeout_s)
+        if left:
+            logger.warning("translator %s stopping with %d requests unfinished", self.translator.name, left)
         await self.translator.stop()
 
 
@@ -200,7 +228,8 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
         threads = max(1, round(opts["ray_actor_options"].get("num_cpus", 1)))
         return serve.deployment(Gateway, **opts).bind(cards, None, args.engine, threads, guard_settings(args, opts),
                                                       args.max_timeout_s)
-    handles = {s.name: serve.deployment(TranslatorReplica, **translator_options(args, s)).bind(card)
+    handles = {s.name: serve.deployment(TranslatorReplica, **(o := translator_options(args, s))).bind(
+                   card, o["graceful_shutdown_timeout_s"])
                for s, card in zip(args.models, cards)}
     opts = gateway_options(args)
     return serve.deployment(Gateway, **opts).bind(cards, handles, args.engine, 1, guard_settings(args, opts),

@@ -58,7 +58,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                            ("model", "finish_reason")),
     "mt_running_sequences": ("gauge", "sequences (hypotheses) in the running batch", ("model",)),
     "mt_waiting_requests": ("gauge", "sentences waiting in the engine queue", ("model",)),
-    "mt_kv_cache_usage_ratio": ("gauge", "fraction of KV-cache slots in use, 0..1", ("model",)),
+    "mt_kv_cache_usage_ratio": ("gauge", "fraction of KV-cache blocks in use, 0..1", ("model",)),
     "mt_replicas_ready": ("gauge", "1 per translator replica whose model is loaded and engine running",
                           ("model",)),
     # text preparation (recorded by the translator replica)

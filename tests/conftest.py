@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from service.loadtest.serve_app import free_port
+from service.ray_env import apply_serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "model" / "data" / "multi30k"
@@ -78,8 +79,9 @@ class SharedService:
         second = str(build_tiny_checkpoint(workdir / "en-de", "en", "de", seed=1, max_len=64))
         self.models = {"de-en": first, SECOND_MODEL: second}
         self.metrics_port, http_port = free_port(), free_port()
-        # A loaded 2-core machine can take more than Serve's default 5 s to start the HTTP proxy.
-        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        # The default data plane of `python -m service` (HAProxy ingress, throughput mode) unless
+        # MT_TEST_PROXY=ray; it also raises Serve's proxy start-up timeout for a loaded 2-core machine.
+        apply_serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"), stats_port=free_port(), metrics_port=free_port())
         ray.init(address="local", num_cpus=2, include_dashboard=False, _metrics_export_port=self.metrics_port,
                  object_store_memory=100 * 1024 ** 2, log_to_driver=bool(os.environ.get("MT_TEST_RAY_LOGS")),
                  _system_config={"metrics_report_interval_ms": 1000}, namespace="mt-tests")
@@ -139,6 +141,16 @@ def service_info(tmp_path_factory) -> SharedService:
 def service_url(service_info) -> str:
     """Base URL of the running service (see module docstring)."""
     return service_info.url
+
+
+@pytest.fixture(autouse=True)
+def grad_mode_restored():
+    """A command's main() run in-process (benchmarks, evaluate) may turn autograd off for its
+    process; the next test gets the mode it had before."""
+    import torch
+    enabled = torch.is_grad_enabled()
+    yield
+    torch.set_grad_enabled(enabled)
 
 
 @pytest.fixture

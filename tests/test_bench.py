@@ -49,3 +49,36 @@ def test_cli_flags():
     with pytest.raises(SystemExit) as e:
         main(["--parts", "x"])
     assert e.value.code == 2
+
+
+def test_same_weights_table_ratios_bleu_and_json(tmp_path, capsys):
+    """Part (f)'s report: ratios to CTranslate2 of the same layout and beam, BLEU of each run's outputs,
+    the JSON rows with the documented keys (runs made up here; the workers are exercised by the command)."""
+    import json
+    from service.bench.same_weights import report
+    refs = ["a man rides a bike .", "two dogs play in the snow ."]
+    words = sorted({w for r in refs for w in r.split()})
+    exact = [[words.index(w) for w in r.split()] for r in refs]
+    runs = [Run("(f)", system, beam, 2, tokens, wall, [], layout, outputs=outputs)
+            for system, layout, beam, tokens, wall, outputs in [
+                ("engine", "2x1", 1, 300, 1.0, exact),
+                ("CTranslate2 float32", "2x1", 1, 200, 1.0, exact),
+                ("CTranslate2 int8", "2x1", 1, 600, 2.0, exact[:1] + [exact[1][:3]]),
+                ("engine", "1x2", 4, 100, 2.0, exact)]]
+    out = tmp_path / "f.json"
+    rows = report(runs, lambda ids: " ".join(words[i] for i in ids), refs, out)
+    assert json.loads(out.read_text()) == rows
+    assert {"system", "layout", "beam_size", "tokens_per_s", "sentences_per_s", "bleu"} <= set(rows[0])
+    engine = rows[0]
+    assert (engine["tokens_per_s"], engine["sentences_per_s"], engine["bleu"]) == (300.0, 2.0, 100.0)
+    assert engine["ratio_to_CTranslate2_float32"] == 1.5 and engine["ratio_to_CTranslate2_int8"] == 1.0
+    assert 0 < rows[2]["bleu"] < 100
+    assert rows[3]["ratio_to_CTranslate2_float32"] is None          # no CTranslate2 run at beam 4
+    printed = capsys.readouterr().out
+    assert "1.50x" in printed and f"wrote {out}" in printed
+
+
+def test_same_weights_unknown_system_is_refused(capsys):
+    assert main(["--parts", "f", "--f-systems", "engine,bogus", "--limit", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err or "need the shipped model" in err

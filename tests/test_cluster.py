@@ -14,6 +14,7 @@ the end (never ``ray stop``).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -24,6 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import build_tiny_checkpoint, free_port
+from service.ray_env import serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deploy" / "serve_config.yaml"
@@ -97,6 +99,11 @@ def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, mon
     # the Serve proxy more than the default 5 s to come up. The nodes' processes inherit this.
     for var in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
         monkeypatch.setenv(var, "30")
+    # The data plane of `python -m service` (HAProxy + throughput mode; MT_TEST_PROXY=ray: Serve's proxy).
+    for var, value in serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"), stats_port=free_port(),
+                                metrics_port=free_port()).items():
+        if var != "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S":
+            monkeypatch.setenv(var, value)
     head_metrics, worker_metrics, http_port = free_port(), free_port(), free_port()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False,

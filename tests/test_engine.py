@@ -55,6 +55,7 @@ def assert_no_leak(engine: Engine):
     s = engine.stats()
     assert s["running_requests"] == 0 and s["waiting_requests"] == 0 and s["running_sequences"] == 0
     assert s["free_slots"] == s["num_slots"] == engine.runner.cache.slots.num_free
+    assert s["free_kv_blocks"] == s["kv_blocks"] and s["kv_cache_usage"] == 0.0   # no block leaked
     assert engine.runner.seqs == {} and engine._requests == {}
 
 

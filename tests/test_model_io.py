@@ -126,3 +126,18 @@ def test_shipped_model_translates_val_sentences():
     bleu = sacrebleu.corpus_bleu(hyps, [ref]).score
     floor = max(25.0, MEASURED_VAL100 - 3.0)
     assert bleu >= floor, f"BLEU {bleu:.1f} below floor {floor:.1f}"
+
+
+def test_shipped_en_de_model_translates_val_sentences_and_is_served_by_default():
+    from model.checkpoint import SHIPPED_CHECKPOINTS
+    from service.app import AppArgs
+    model, tok, meta = load_checkpoint(SHIPPED_CHECKPOINTS["en-de"])
+    assert (meta["source_lang"], meta["target_lang"]) == ("en", "de")
+    src = read_lines(DATA / "val.en.gz")[:100]
+    ref = read_lines(DATA / "val.de.gz")[:100]
+    hyps = translate_lines(model, tok, src, beam_size=1)
+    bleu = sacrebleu.corpus_bleu(hyps, [ref]).score
+    assert bleu >= max(25.0, meta["val"]["bleu_greedy"] - 5.0), f"BLEU {bleu:.1f}"
+    assert [(m.name, m.checkpoint) for m in AppArgs().models] == [
+        ("de-en", str(DEFAULT_CHECKPOINT)), ("en-de", str(SHIPPED_CHECKPOINTS["en-de"]))]
+    assert Path(SHIPPED_CHECKPOINTS["en-de"], "model.safetensors").stat().st_size <= 25 * 1024 ** 2

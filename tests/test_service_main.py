@@ -1,5 +1,6 @@
 """`python -m service` (the README's main command) starts its own Ray instance, serves, and stops
-cleanly on Ctrl-C. It starts a Ray instance of its own, so it runs after the shared service is shut
+cleanly on SIGTERM (and Ctrl-C, the same handler): under load, every request it had accepted is
+answered 200 before it exits (the app drains first, service/__main__.py). It starts a Ray instance of its own, so it runs after the shared service is shut
 down (``cluster`` marker, ``no_shared_service``)."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -54,6 +56,7 @@ def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path
         assert metric_sum(text, "ray_mt_requests_total", model="de-en", status="200") >= 1
         direct = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
         assert "ray_mt_requests_total" in direct
+        sigterm_under_load(proc, url)
     finally:
         proc.send_signal(signal.SIGINT)        # Ctrl-C
         try:
@@ -64,3 +67,39 @@ def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path
     assert code == 0
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/healthz", timeout=2)
+
+
+def sigterm_under_load(proc: subprocess.Popen, url: str) -> None:
+    """4 clients send requests of ~1 s back to back; SIGTERM; every request sent at least 0.5 s
+    before it (accepted by then) gets its 200, some of them were still running when it came, and
+    the process exits 0. The clients send nothing after the signal (with clients still sending, the
+    drain can last up to drain_timeout_s)."""
+    body = {"text": " ".join(["Ein Mann fährt mit dem Fahrrad."] * 16), "max_new_tokens": 40}
+    results: list[tuple[float, float, object]] = []        # (sent, answered, status or error)
+    stop = threading.Event()
+
+    def client():
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    out = c.post("/v1/translate", json=body).status_code
+                except httpx.HTTPError as e:
+                    out = type(e).__name__
+                results.append((t0, time.monotonic(), out))
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(4)
+    t_term = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    stop.set()          # no new requests after the signal: the drain waits for the accepted ones
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        for t in threads:
+            t.join(timeout=70)
+    accepted = [(t0, t1, out) for t0, t1, out in results if t0 < t_term - 0.5]
+    assert accepted and all(out == 200 for _, _, out in accepted), accepted
+    assert any(t1 > t_term for _, t1, _ in accepted), "no request was in flight at SIGTERM"
+    assert code == 0, proc.stdout.read()[-3000:]

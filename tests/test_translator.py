@@ -43,6 +43,9 @@ def test_reconfigure_applies_user_config_in_place(card):
         from model.linear import default_dtype, onednn_available   # the CPU default is int8 (MT_LINEAR_DTYPE)
         want = str(default_dtype()).removeprefix("torch.") if onednn_available() else "float32"
         assert t.info().engine["linear_dtype"] == want
+        kv = t.info().engine["kv_cache"]          # GET /v1/models: the paged cache's block usage
+        assert kv["kv_blocks"] == engine.runner.cache.slots.num_blocks and kv["free_kv_blocks"] == kv["kv_blocks"]
+        assert kv["kv_cache_usage"] == 0.0 and kv["kv_cache_bytes"] == engine.runner.cache.nbytes
         again = await t.translate(request(["Ein Hund läuft.", "Zwei Männer."]))
         assert again.translations == first.translations
         with pytest.raises(EngineValidationError, match="policy"):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -204,3 +205,21 @@ def test_control_and_format_characters_at_sentence_edges_are_glue(c):
     assert split.pieces == ["Ein Hund rennt.", f"Zwei{c} Katzen schlafen."]
     assert split.glue == [c, f"{c} ", f"{c}\n{c}"] and split.join(split.pieces) == text
     assert simple_split(f"{c}Ein Hund rennt.{c} Eine Katze.{c}") == ["Ein Hund rennt.", "Eine Katze."]
+
+
+def test_one_sentence_fast_path_agrees_with_pysbd():
+    """A line of words with at most one final ".", "!" or "?" skips pysbd (``_ONE_SENTENCE``): for
+    every such line (Multi30k lines and random ones) pysbd would have returned it whole too."""
+    from model.tokenizer import read_lines
+    from service.translator.text import _ONE_SENTENCE, _segmenter
+    data = Path(__file__).resolve().parent.parent / "model" / "data" / "multi30k"
+    lines = read_lines(data / "val.de.gz")[:300] + read_lines(data / "val.en.gz")[:300]
+    rng = random.Random(0)
+    alphabet = list("abcXYZ äöüß 12 ,;:-()\"'„“»«•/&%€'’–+_.!?") + ["Dr", "z", "B", "ii", "1)", "a)", " - ", "\u200b"]
+    lines += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
+    fast = [line for line in lines if _ONE_SENTENCE.fullmatch(line)]
+    assert len(fast) > 700     # most Multi30k lines and a few hundred random ones take the fast path
+    for language in ("de", "en"):
+        for line in fast:
+            assert [s.strip() for s in _segmenter(language).segment(line) if s.strip()] == [line.strip()], line
+            assert split_sentences(line, language) == [line.strip()]

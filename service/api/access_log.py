@@ -37,8 +37,9 @@ class AccessLogMiddleware:
         t0 = time.perf_counter()
         state = scope.setdefault("state", {})
         status = {"code": 500}
-        headers = dict((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", []))
-        rid = headers.get("x-request-id") or serve.context._get_serve_request_context().request_id
+        # ASGI servers send header names lower-cased; only this one is needed
+        rid = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), None) \
+            or serve.context._get_serve_request_context().request_id
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":

@@ -1,19 +1,33 @@
 """How the gateway reaches a model's translator: through a Ray Serve handle (one deployment per
 model), or in its own process (``ingress: translator``). Both backends have the same typed methods,
 and both raise what goes wrong as ``ServiceError`` (``errors.to_service_error``, the one mapping).
+
+A translation is idempotent, so ``RemoteBackend`` retries a call once when the translator replica
+that held it died or became unreachable before answering (``replica_lost``: Ray's ``ActorDiedError``
+/ ``ActorUnavailableError``, also as a ``RayTaskError``'s cause): a non-streaming request, or a stream
+that has yielded nothing past its ``StreamStart``. Serve's router has by then taken the dead replica
+out of rotation, so the retry goes to another one (or waits for the replacement). Errors the replica
+answered (``ErrorRecord``: 4xx, a full queue, a deadline) are never retried, and neither is a call
+whose deadline has passed.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from typing import AsyncIterator, Protocol, Union
 
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from service.translator import ModelCard, TranslatorInfo
 
 from .deadline import run_within, stream_within
 from .errors import ErrorRecord, ServiceError, mapped_errors
-from .schemas import StreamItem, TranslateJob, TranslateResponse
+from .schemas import StreamItem, StreamStart, TranslateJob, TranslateResponse
+
+logger = logging.getLogger("ray.serve")
+LOST = (ActorDiedError, ActorUnavailableError)   # the replica died or cannot be reached: no answer came
 
 
 class Backend(Protocol):
@@ -35,6 +49,20 @@ def _unwrap(out: Union[TranslateResponse, StreamItem, ErrorRecord]):
     return out
 
 
+def replica_lost(e: BaseException) -> bool:
+    """Whether ``e`` says the replica serving the call died or is unreachable (itself, or as the
+    cause a ``RayTaskError`` carries), i.e. the call got no answer."""
+    return isinstance(e, LOST) or isinstance(getattr(e, "cause", None), LOST)
+
+
+def _may_retry(e: BaseException, job: TranslateJob, model: str) -> bool:
+    if not replica_lost(e) or (job.deadline is not None and time.time() >= job.deadline):
+        return False
+    logger.warning("model %s: translator replica lost (%s); retrying once on another replica", model,
+                   type(e).__name__)
+    return True
+
+
 class RemoteBackend:
     """Translators in their own Serve deployments (``service.app.TranslatorReplica``), one per model."""
 
@@ -43,12 +71,31 @@ class RemoteBackend:
 
     async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
         with mapped_errors(model):
+            try:
+                return _unwrap(await self.handles[model].translate.remote(job))
+            except Exception as e:  # noqa: BLE001 - only a lost replica is retried
+                if not _may_retry(e, job, model):
+                    raise
             return _unwrap(await self.handles[model].translate.remote(job))
 
     async def stream(self, model: str, job: TranslateJob) -> AsyncIterator[StreamItem]:
+        started = sent = False      # StreamStart passed on; anything after it passed on
         with mapped_errors(model):
-            async for item in self.handles[model].options(stream=True).stream.remote(job):
-                yield _unwrap(item)
+            for attempt in range(2):
+                try:
+                    async for item in self.handles[model].options(stream=True).stream.remote(job):
+                        item = _unwrap(item)
+                        if isinstance(item, StreamStart):
+                            if started:
+                                continue        # the retry's own start: the caller has one
+                            started = True
+                        else:
+                            sent = True
+                        yield item
+                    return
+                except Exception as e:  # noqa: BLE001 - only a lost replica before any token is retried
+                    if attempt or sent or not _may_retry(e, job, model):
+                        raise
 
     async def ready(self, model: str) -> bool:
         with mapped_errors(model):

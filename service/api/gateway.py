@@ -7,6 +7,7 @@ a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Ev
     (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
     GET  /metrics             Prometheus text of the whole cluster (service/metrics.py)
     POST /translate, GET /languages   LibreTranslate-compatible (libretranslate.py)
+    GET  /, /explorer/{name}  the attention explorer page and its files (explorer.py)
 """
 # No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
 # must see the request model classes themselves, not their names.
@@ -15,7 +16,7 @@ import time
 from typing import Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -23,7 +24,7 @@ from service.engine import EngineConfig
 from service.metrics import GuardMetrics, scrape_metrics
 from service.translator import ModelCard
 
-from . import libretranslate, sse
+from . import explorer, libretranslate, sse
 from .access_log import AccessLogMiddleware
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
@@ -190,18 +191,24 @@ class Gateway:
         if not body.stream:
             result = await self.backend.translate(card.id, job)
             request.state.usage = result.usage
-            return JSONResponse(result.body())
+            return Response(result.body_bytes(), media_type="application/json")
         request.state.stream = True
+        decision = request.scope.get("state", {}).get("guard_decision")
+        release = self.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)   # or 429
         items = self.backend.stream(card.id, job)
         try:
             await anext(items)     # StreamStart: validation and admission errors become HTTP errors
         except StopAsyncIteration:
+            release()
             raise ServiceError(500, "stream ended before it started") from None
+        except BaseException:
+            release()
+            raise
 
         def on_usage(usage) -> None:
             request.state.usage = usage
-        return StreamingResponse(sse.events(items, on_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return sse.ClosingStreamingResponse(sse.events(items, on_usage), release, media_type="text/event-stream",
+                                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @api.get("/v1/models", response_model=ModelsResponse)
     async def models(self):
@@ -255,8 +262,14 @@ class Gateway:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @api.get("/", include_in_schema=False)
-    async def root(self):
-        return RedirectResponse("/docs")
+    async def root(self, request: Request):
+        """The attention explorer (service/api/static/explorer.html; docs/explorer.md)."""
+        return explorer.page(request)
+
+    @api.get("/explorer/{name}", include_in_schema=False)
+    async def explorer_file(self, name: str):
+        """The explorer's script and style sheet; 404 for any other name."""
+        return explorer.static_file(name)
 
     # ---- LibreTranslate-compatible API ----
     @api.get("/languages", response_model=list[LibreLanguage])

@@ -4,6 +4,7 @@ address when keys are off). Both are off by default (``GuardSettings()``).
     request -> GuardMiddleware (pure ASGI, in front of the routes)
         open path (/healthz, /readyz)            -> passed on
         /metrics, /docs (+ /openapi.json)         -> a key is needed only with protect_metrics / protect_docs
+        / and /explorer/* (explorer.py)           -> a key (header or the page's cookie) only with protect_explorer
         any other path                            -> Guard.admit(key, client): 401, 429, or passed on with
                                                      RateLimit-* headers added to the answer
     POST /translate without an Authorization header while keys are on: the route checks
@@ -32,12 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from .errors import ServiceError, error_response, libre_error_response, route_path
+from .explorer import cookie_key, is_explorer_path, key_page
 
 ENV_KEYS = "MT_API_KEYS"
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
 MAX_BUCKETS = 65_536               # token buckets kept (least recently used evicted): bounded memory
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc", "/"})
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
 METRICS_PATHS = frozenset({"/metrics"})
 ANONYMOUS = "anonymous"            # the metrics' key label when keys are off
 
@@ -55,7 +57,9 @@ class GuardSettings(BaseModel):
     api_keys_file: Optional[str] = None       # one key per line (see module docstring); MT_API_KEYS adds keys
     protect_metrics: bool = False             # /metrics needs a key too (when keys are on)
     protect_docs: bool = False                # /docs and /openapi.json need a key too (when keys are on)
+    protect_explorer: bool = False            # the explorer page / and its files need a key too (when keys are on)
     rate_limit: Optional[RateLimit] = None    # per key (or client address); None = no limit
+    max_streams_per_key: Optional[int] = Field(None, ge=1)   # open SSE streams per key (or client); None = no limit
     gateway_replicas: int = Field(1, ge=1)    # set by build_app: each replica enforces 1/n of the limits
 
 
@@ -93,6 +97,7 @@ class Decision:
     error: Optional[ServiceError]             # 401 / 429, or None: let it through
     headers: dict[str, str]                   # RateLimit-* (and Retry-After, WWW-Authenticate) to send
     key: str                                  # the metrics label: a key id, ANONYMOUS, or missing/invalid
+    who: str = ""                             # whose streams it counts: "k:<key id>" or "c:<client address>"
 
 
 class Guard:
@@ -107,6 +112,7 @@ class Guard:
         self._mtime: Optional[float] = None
         self._checked = -math.inf
         self._buckets: collections.OrderedDict[str, Bucket] = collections.OrderedDict()
+        self.streams: collections.Counter[str] = collections.Counter()   # open streams by Decision.who
         self.metrics = None        # service.metrics.GuardMetrics, set inside the replica
         self.reload()
 
@@ -158,12 +164,14 @@ class Guard:
             return self.settings.protect_docs
         if path in METRICS_PATHS:
             return self.settings.protect_metrics
+        if is_explorer_path(path):
+            return self.settings.protect_explorer
         return True
 
     @staticmethod
     def limited(path: str) -> bool:
-        """Whether requests to ``path`` draw from the rate limit (everything but health, docs, metrics)."""
-        return path not in OPEN_PATHS | DOCS_PATHS | METRICS_PATHS
+        """Whether requests to ``path`` draw from the rate limit (everything but health, docs, metrics, explorer)."""
+        return path not in OPEN_PATHS | DOCS_PATHS | METRICS_PATHS and not is_explorer_path(path)
 
     def admit(self, key: Optional[str], client: str, field: str = "Authorization") -> Decision:
         """Check the key (when keys are on) and take one token. ``field`` is named in a 401's message."""
@@ -175,11 +183,43 @@ class Guard:
                                          (" or the api_key field" if field == "api_key" else ""),
                                          field, "missing" if not key else "invalid")
             label, bucket_id, limit = key_id(stored), "k:" + stored, self.keys[stored] or self.settings.rate_limit
+            who = "k:" + label
         else:
             label, bucket_id, limit = ANONYMOUS, "c:" + client, self.settings.rate_limit
+            who = bucket_id
         if limit is None:
-            return self._count(Decision(None, {}, label), "allowed")
-        return self._take(bucket_id, limit, label)
+            return self._count(Decision(None, {}, label, who), "allowed")
+        d = self._take(bucket_id, limit, label)
+        d.who = who
+        return d
+
+    # ---- concurrent streams ------------------------------------------------------------------------
+    def open_stream(self, who: str, label: str = ANONYMOUS) -> Callable[[], None]:
+        """Count one more open stream of ``who`` (``Decision.who``; ``label``: its metrics label,
+        ``Decision.key``); returns its release (idempotent: call it when the stream ends, fails or its
+        client goes away). Raises ServiceError 429 when ``who`` already has ``max_streams_per_key``
+        open (ceil(1/n) of it on each of n gateway replicas)."""
+        limit = self.settings.max_streams_per_key
+        if limit is not None:
+            here = math.ceil(limit / self.settings.gateway_replicas)
+            if self.streams[who] >= here:
+                self._count(Decision(None, {}, label), "too_many_streams")
+                what = "key" if who.startswith("k:") else "client"
+                raise ServiceError(429, f"stream: at most {limit} concurrent streams per {what}"
+                                        f"{f' ({here} on this gateway replica)' if here != limit else ''}; "
+                                        f"{self.streams[who]} are open: retry when one ends",
+                                   "stream", retry_after=1, type="too_many_streams")
+        self.streams[who] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.streams[who] -= 1
+                if self.streams[who] <= 0:
+                    del self.streams[who]
+        return release
 
     def unauthorized(self, message: str, field: str, label: str) -> Decision:
         """A counted 401 (``WWW-Authenticate: Bearer``) naming ``field``; ``label``: missing or invalid."""
@@ -240,6 +280,8 @@ class GuardMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         state = scope.setdefault("state", {})
         key, auth = bearer(headers), headers.get("authorization", "").strip()
+        if key is None and not auth and is_explorer_path(path):
+            key = cookie_key(headers)      # a browser opening the page sends its key as a cookie
         client = (scope.get("client") or ("unknown",))[0]
         state["guard"], state["guard_client"] = guard, client
         if not auth and path == "/translate" and guard.keys_on:
@@ -252,10 +294,11 @@ class GuardMiddleware:
             else:
                 d = guard.admit(key, client)
             if d.error is not None:
-                render = libre_error_response if path in self.libre_paths else error_response
+                render = (libre_error_response if path in self.libre_paths else
+                          key_page if is_explorer_path(path) else error_response)
                 resp: JSONResponse = render(d.error, headers=d.headers)
                 return await resp(scope, receive, send)
-            state["guard_headers"] = d.headers
+            state["guard_headers"], state["guard_decision"] = d.headers, d
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start" and state.get("guard_headers"):

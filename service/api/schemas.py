@@ -141,6 +141,11 @@ class TranslateResponse(BaseModel):
         """The JSON body: ``attention`` only where it was asked for."""
         return self.model_dump(exclude_none=True)
 
+    def body_bytes(self) -> bytes:
+        """``body()`` encoded as JSON by pydantic's serializer in one step (the same bytes as
+        ``JSONResponse(body())``, without the intermediate dicts)."""
+        return self.__pydantic_serializer__.to_json(self, exclude_none=True)
+
 
 class StreamStart(BaseModel):
     """First item of a translator's stream: the request was admitted (errors before it are HTTP errors)."""

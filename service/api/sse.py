@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import AsyncIterator, Callable
 
+from starlette.responses import StreamingResponse
+
 from .errors import ServiceError
 from .schemas import StreamItem, TranslateResponse, Usage
 
@@ -30,3 +32,18 @@ async def events(items: AsyncIterator[StreamItem], on_usage: Callable[[Usage], N
     except Exception as e:  # noqa: BLE001 - the status line is sent: report in-band
         err = e if isinstance(e, ServiceError) else ServiceError(500, f"internal error: {type(e).__name__}")
         yield format_event("error", {"error": {"type": err.type, "message": err.message, "field": err.field}})
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that calls ``on_close()`` once it has ended in any way: sent in full,
+    failed, or cancelled because the client went away (the guard's open-stream count is released)."""
+
+    def __init__(self, content, on_close: Callable[[], None], **kw):
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()

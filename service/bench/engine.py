@@ -3,6 +3,7 @@
     python -m service.bench_engine                          # every part, 1,000 sentences, greedy and beam 4
     python -m service.bench_engine --parts a,b,c --limit 200 --beams 1
     python -m service.bench_engine --parts e --layouts 1x2,2x1 --rounds 5
+    python -m service.bench_engine --parts f --rounds 3 --json same_weights.json
     python -m service.bench_engine --parts a,b,c --rounds 3     # (b) and (c) alternate, medians shown
 
 Parts (German test_2016_flickr sentences; tokenization is done before any clock starts):
@@ -11,8 +12,10 @@ Parts (German test_2016_flickr sentences; tokenization is done before any clock 
   (c) the continuous engine with every sentence submitted at once (corpus order);
   (d) the engine with Poisson arrivals at 50% and 90% of (c)'s sentences/s;
   (e) the protocol of ``../shared/BENCHMARKS.md`` (random weights of the shipped shape, exactly 20
-      generated tokens per sentence, layouts of processes x threads), see ``service/bench/protocol.py``.
-(a)-(d) need the shipped model (``--checkpoint``); (e) needs only its 8k tokenizer (``--tokenizer``).
+      generated tokens per sentence, layouts of processes x threads), see ``service/bench/protocol.py``;
+  (f) same weights, one run: the shipped model exported, in this engine, transformers' generate() and
+      CTranslate2 float32 / int8, with ratios and BLEU (``--json FILE``), see ``service/bench/same_weights.py``.
+(a)-(d) and (f) need the shipped model (``--checkpoint``); (e) needs only its 8k tokenizer (``--tokenizer``).
 Latency: from submission (everything at t=0 except in (d)) to the sentence's result. Generated
 tokens: the best hypothesis' tokens, EOS included when it was generated. Figures, not a test.
 """
@@ -46,6 +49,7 @@ class Run:
     latencies: list[float]
     layout: str = ""
     profile: dict = field(default_factory=dict)
+    outputs: list = field(default_factory=list)   # best hypotheses' target ids, in input order (part (f))
 
     @property
     def sentences_per_s(self) -> float:
@@ -128,7 +132,7 @@ class StepProfile:
 async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[list[float]] = None,
                      fixed_len: Optional[int] = None, policy: str = "decode_first", part: str = "(c)",
                      system: str = "continuous engine, all at once", warmup: bool = True,
-                     prefill_every: int = 4) -> Run:
+                     prefill_every: int = 4, dtype: str = "auto") -> Run:
     """Submit every sentence (at once, or at the given arrival offsets in seconds) and await all;
     with warmup, first push a few batches through a throw-away engine (outside the clock)."""
     from service.engine import Engine, EngineConfig, GenerationOptions
@@ -136,7 +140,7 @@ async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[l
     if fixed_len is not None:
         opts = GenerationOptions(beam_size=beam, max_new_tokens=fixed_len, min_new_tokens=fixed_len)
     config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy,
-                          prefill_every=prefill_every)
+                          prefill_every=prefill_every, dtype=dtype)
     if warmup:
         warm = Engine(model, config)
         await asyncio.gather(*[warm.translate(s, opts) for s in srcs[: min(len(srcs), 2 * E_BATCH)]])
@@ -160,7 +164,7 @@ async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[l
     await engine.stop()
     tokens = sum(r.timings.generated_tokens for r in results)
     return Run(part, system, beam, len(srcs), tokens, wall, [r.timings.total_s for r in results],
-               profile=prof.as_dict(wall))
+               profile=prof.as_dict(wall), outputs=[r.hypotheses[0].tokens for r in results])
 
 
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
@@ -181,15 +185,14 @@ def _engine_parts_worker(spec: dict, barrier, queue) -> None:
     parent's main thread, which is equally alone."""
     try:
         import torch
-        from model.checkpoint import load_checkpoint
         from service.engine import torch_threads, tune_process
         torch.set_grad_enabled(False)
         torch.set_num_threads(spec["threads"])
         with torch_threads(1):
-            model, _, _ = load_checkpoint(spec["checkpoint"])
+            model, _, _, dtype = bench_model(spec)
         tune_process()
         srcs, beam, slots = spec["srcs"], spec["beam"], spec["slots"]
-        kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"]}
+        kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"], "dtype": dtype}
         out = []
         cont = asyncio.run(run_engine(model, srcs, beam, slots, **kw))
         out.append(cont)
@@ -202,6 +205,30 @@ def _engine_parts_worker(spec: dict, barrier, queue) -> None:
         queue.put({"ok": True, "runs": out})
     except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
         queue.put({"ok": False, "error": repr(e)})
+
+
+def bench_model(spec: dict):
+    """(model, tokenizer, metadata, dtype name) of a run: random weights of ``spec["preset"]`` (a
+    ``ModelConfig`` preset, the checkpoint's tokenizer, seed ``spec["seed"]``) when given, else the
+    checkpoint; on ``spec["device"]`` (default cpu) in ``spec["dtype"]`` (default auto: bfloat16 on
+    CUDA, float32 on CPU; ``service.engine.config.resolve_dtype``)."""
+    import torch
+    from model.checkpoint import load_checkpoint
+    from service.engine.config import resolve_dtype
+    device = torch.device(spec.get("device") or "cpu")
+    dtype = resolve_dtype(spec.get("dtype") or "auto", device.type)
+    if spec.get("preset"):
+        from model.config import ModelConfig
+        from model.tokenizer import Tokenizer
+        from model.transformer import Transformer
+        tok = Tokenizer(Path(spec["checkpoint"]) / "tokenizer.model")
+        torch.manual_seed(spec.get("seed", 0))
+        model = Transformer(ModelConfig.from_name(spec["preset"], vocab_size=tok.vocab_size)).eval()
+        model.pack_for_inference()
+        meta = {"note": f"random weights, {spec['preset']} preset"}
+    else:
+        model, tok, meta = load_checkpoint(spec["checkpoint"], device=device)
+    return model.to(device=device, dtype=getattr(torch, dtype)), tok, meta, dtype
 
 
 def in_children(target, specs: list[dict], what: str, omp_threads: Optional[int] = None) -> list[dict]:
@@ -270,22 +297,24 @@ def median_run(runs: list[Run]) -> Run:
 def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: list[str]) -> None:
     """Parts (a)-(d) on the shipped model: (b) and (c) alternate for --rounds rounds, medians shown."""
     import torch
-    from model.checkpoint import load_checkpoint
     from model.decoding import generate
     from model.translate import encode_source
     from service.engine import tune_process
     torch.set_num_threads(args.threads)
-    model, tok, meta = load_checkpoint(ckpt)
+    where = {"checkpoint": str(ckpt), "preset": args.preset, "device": args.device, "dtype": args.dtype,
+             "seed": args.seed}
+    model, tok, meta, dtype = bench_model(where)
     srcs = [encode_source(tok, line, model.cfg.max_len) for line in lines]
     tune_process()  # as in every process of this benchmark, static and engine alike
     print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
           f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
-          f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} slots; linear layers "
-          f"{model.linear_dtype}")
+          f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} sentences in flight "
+          f"({args.engine_slots} x beam slots); linear layers "
+          f"{model.linear_dtype}; {next(model.parameters()).device}, {dtype}")
     generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
     runs, per_round = [], []
     for beam in beams:
-        slots = args.engine_slots
+        slots = args.engine_slots * beam   # the paged cache makes slots cheap: as many sentences for beams
         if "a" in parts:
             runs.append(run_sequential(model, srcs, beam))
         # (b) and (c) alternate for --rounds rounds and the medians are shown: this machine is noisy
@@ -295,7 +324,7 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
                 statics.append(run_static(model, srcs, beam))
             if "c" in parts or ("d" in parts and r == args.rounds - 1):
                 todo = {"c"} | ({"d"} & parts if r == args.rounds - 1 else set())
-                got = run_engine_parts({"checkpoint": str(ckpt), "threads": args.threads, "srcs": srcs,
+                got = run_engine_parts({**where, "threads": args.threads, "srcs": srcs,
                                         "beam": beam, "slots": slots, "policy": args.policy,
                                         "prefill_every": args.prefill_every, "seed": args.seed,
                                         "parts": sorted(todo)})
@@ -306,7 +335,7 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
             pairs = [f"{b.sentences_per_s:.1f}/{c.sentences_per_s:.1f}={c.tokens_per_s / b.tokens_per_s:.2f}x"
                      for b, c in zip(statics, conts)]
             per_round.append(f"  {beam_name(beam)} rounds, (b)/(c) sent/s = ratio: " + ", ".join(pairs))
-    print_table(runs, "(a)-(d) shipped model")
+    print_table(runs, f"(a)-(d) {'random ' + args.preset if args.preset else 'shipped model'} on {args.device}")
     for beam in beams:
         by = {r.part: r for r in runs if r.beam == beam and r.part != "(d)"}
         ratios = []
@@ -328,21 +357,31 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m service.bench_engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e")
+    ap.add_argument("--parts", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e,f")
     ap.add_argument("--limit", type=int, default=None, help="use the first N sentences (default: all 1,000)")
     ap.add_argument("--beams", default="1,4", help="beam sizes to run (1 = greedy)")
     ap.add_argument("--checkpoint", default=None, help="model for (a)-(d) (default: model/checkpoints/de-en)")
     ap.add_argument("--tokenizer", default=None, help="8k SentencePiece model for (e) (default: the checkpoint's)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for (a)-(d)")
     ap.add_argument("--engine-slots", type=int, default=256,
-                    help="(c)/(d): the engine's max_num_seqs (KV-cache slots; a beam-4 sentence holds 4)")
+                    help="(c)/(d): sentences in flight; the engine's max_num_seqs (KV-cache slots, one per "
+                         "hypothesis) is this x beam; (f): max_num_seqs")
     ap.add_argument("--policy", default="decode_first", help="engine scheduling policy for (c)/(d)")
     ap.add_argument("--prefill-every", type=int, default=4, help="engine prefill_every (k) for (c)/(d)")
-    ap.add_argument("--layouts", default="1x2,2x1", help="(e): processes x threads per process")
+    ap.add_argument("--layouts", default="1x2,2x1", help="(e), (f): processes x threads per process")
     ap.add_argument("--e-systems", default="engine,static", help="(e): engine and/or static")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="(b)/(c) and (e): interleaved rounds; the median is printed")
+                    help="(b)/(c), (e) and (f): interleaved rounds; the median is printed")
+    ap.add_argument("--f-systems", default="engine,engine int8,transformers,CTranslate2 float32,CTranslate2 int8",
+                    help="(f): systems to run, comma-separated")
+    ap.add_argument("--json", default=None, metavar="FILE", help="(f): write the table's rows as JSON")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: where (a)-(e) run")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="weights and KV cache, every part (auto: bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--preset", default=None, choices=["tiny", "small", "base", "big"],
+                    help="(a)-(e): random weights of this ModelConfig preset instead of the checkpoint "
+                         "((e) default: small), with the checkpoint's tokenizer")
     ap.add_argument("--linear-dtype", choices=["float32", "bfloat16", "int8"], default=None,
                     help="linear layers' arithmetic, for every part (sets MT_LINEAR_DTYPE; default: "
                          "MT_LINEAR_DTYPE, else int8)")
@@ -356,8 +395,8 @@ def main(argv=None) -> int:
         os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype   # read at load time, here and in child processes
 
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    if not parts <= set("abcde"):
-        ap.error(f"--parts must be a subset of a,b,c,d,e, got {args.parts!r}")
+    if not parts <= set("abcdef"):
+        ap.error(f"--parts must be a subset of a,b,c,d,e,f, got {args.parts!r}")
     beams = [int(b) for b in args.beams.split(",")]
 
     import torch
@@ -365,16 +404,20 @@ def main(argv=None) -> int:
     torch.set_grad_enabled(False)
     ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
     lines = load_sentences(DEFAULT_SENTENCES)[: args.limit]
-    need_model = bool(parts & set("abcd"))
-    if need_model and not (ckpt / "model.safetensors").exists():
-        print(f"parts (a)-(d) need the shipped model, and {ckpt} has none (training may still be running).\n"
+    need_model = bool(parts & set("abcdf"))
+    if need_model and not args.preset and not (ckpt / "model.safetensors").exists():
+        print(f"parts (a)-(d) and (f) need the shipped model, and {ckpt} has none (training may still be running).\n"
               f"Pass --checkpoint DIR, or run only part (e): --parts e --tokenizer PATH.", file=sys.stderr)
         return 2
 
-    if need_model:
+    if parts & set("abcd"):
         run_model_parts(args, parts, beams, ckpt, lines)
 
+    status = 0
     if "e" in parts:
         from .protocol import run_protocol   # protocol.py builds on this module's runs
-        return run_protocol(args, lines, beams, ckpt)
-    return 0
+        status = run_protocol(args, lines, beams, ckpt)
+    if "f" in parts and status == 0:
+        from .same_weights import run_same_weights
+        status = run_same_weights(args, beams, ckpt)
+    return status

@@ -1,9 +1,10 @@
-"""Part (e) of the engine benchmark: the protocol of ``../shared/BENCHMARKS.md``, run beside that
-table's figures. Random weights of the shipped shape (small preset, the shipped 8k vocabulary),
-exactly E_TOKENS generated tokens per sentence (EOS masked via ``min_new_tokens``), length-sorted
-batches of E_BATCH sentences (engine: E_BATCH x beam_size slots). Each layout runs in fresh
-processes: "1x2" = one process with 2 torch threads, "2x1" = two processes with 1 thread each,
-splitting the sentences.
+"""Part (e) of the engine benchmark: the protocol of ``../shared/BENCHMARKS.md``. That table's figures
+were measured on other days, on machines that differ by up to 2x, so they are no yardstick here: part
+(f) (``service/bench/same_weights.py``) runs transformers and CTranslate2 beside the engine.
+Random weights of the shipped shape (small preset, the shipped 8k vocabulary), exactly E_TOKENS
+generated tokens per sentence (EOS masked via ``min_new_tokens``), length-sorted batches of E_BATCH
+sentences (engine: E_BATCH x beam_size slots). Each layout runs in fresh processes: "1x2" = one
+process with 2 torch threads, "2x1" = two processes with 1 thread each, splitting the sentences.
 """
 from __future__ import annotations
 
@@ -11,19 +12,11 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
-from .engine import E_BATCH, Run, beam_name, in_children, median_run, print_profile, print_table, run_engine, run_static
+from .engine import E_BATCH, Run, in_children, median_run, print_profile, print_table, run_engine, run_static
 
 E_TOKENS = 20                 # generated tokens per sentence
-REFERENCE = [                 # ../shared/BENCHMARKS.md, same protocol, same machine kind
-    ("transformers generate() fp32", "1x2", 1, 207, 4130),
-    ("CTranslate2 fp32", "1x2", 1, 148, 2967),
-    ("CTranslate2 fp32", "2x1", 1, 616, 12315),
-    ("CTranslate2 int8", "2x1", 1, 1241, 24810),
-    ("transformers generate() fp32", "1x2", 4, 70, 1402),
-    ("CTranslate2 fp32", "2x1", 4, 205, 4098),
-    ("CTranslate2 int8", "2x1", 4, 340, 6798),
-]
 
 
 # ---- (e) workers: one process per worker, so that threads and OpenMP pools are the layout's --------
@@ -37,8 +30,9 @@ def _e_worker(spec: dict, barrier, queue) -> None:
     from service.engine import torch_threads, tune_process
     torch.manual_seed(spec["seed"])
     with torch_threads(1 if spec["system"] == "engine" else spec["threads"]):  # see engine._engine_parts_worker
-        model = Transformer(ModelConfig.from_name("small", vocab_size=spec["vocab_size"])).eval()
+        model = Transformer(ModelConfig.from_name(spec.get("preset") or "small", vocab_size=spec["vocab_size"])).eval()
         model.pack_for_inference()
+        model.to(device=spec.get("device") or "cpu", dtype=getattr(torch, spec.get("dtype") or "float32"))
     tune_process()
     srcs, beam = spec["srcs"], spec["beam"]
     try:
@@ -46,14 +40,15 @@ def _e_worker(spec: dict, barrier, queue) -> None:
         if spec["system"] == "static":
             run_static(model, srcs[:2 * E_BATCH], beam, E_BATCH, E_TOKENS, "(e)")
         else:
-            asyncio.run(run_engine(model, srcs[:2 * E_BATCH], beam, E_BATCH * beam, fixed_len=E_TOKENS, warmup=False))
+            asyncio.run(run_engine(model, srcs[:2 * E_BATCH], beam, E_BATCH * beam, fixed_len=E_TOKENS, warmup=False,
+                                   dtype=spec.get("dtype") or "auto"))
         barrier.wait()
         t_start = time.time()
         if spec["system"] == "static":
             run = run_static(model, srcs, beam, E_BATCH, E_TOKENS, "(e)")
         else:
             run = asyncio.run(run_engine(model, srcs, beam, E_BATCH * beam, fixed_len=E_TOKENS, part="(e)",
-                                         warmup=False))
+                                         warmup=False, dtype=spec.get("dtype") or "auto"))
         queue.put({"ok": True, "start": t_start, "end": time.time(), "tokens": run.tokens,
                    "sentences": run.sentences, "latencies": run.latencies, "profile": run.profile})
     except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
@@ -64,12 +59,13 @@ def _e_worker(spec: dict, barrier, queue) -> None:
             pass
 
 
-def run_layout(srcs, beam: int, layout: str, system: str, vocab_size: int, seed: int = 0) -> Run:
+def run_layout(srcs, beam: int, layout: str, system: str, vocab_size: int, seed: int = 0,
+               where: Optional[dict] = None) -> Run:
     """Run (e) with `processes x threads` = layout; sentences are length-sorted and dealt round-robin."""
     procs_n, threads = (int(x) for x in layout.split("x"))
     ordered = sorted(srcs, key=len)
     specs = [{"threads": threads, "seed": seed, "vocab_size": vocab_size, "srcs": ordered[i::procs_n], "beam": beam,
-              "system": system} for i in range(procs_n)]
+              "system": system, **(where or {})} for i in range(procs_n)]
     outs = in_children(_e_worker, specs, "(e) worker", omp_threads=threads)
     wall = max(o["end"] for o in outs) - min(o["start"] for o in outs)
     name = "continuous engine" if system == "engine" else f"static generate(), batches of {E_BATCH}"
@@ -91,7 +87,11 @@ def run_protocol(args, lines: list[str], beams: list[int], ckpt: Path) -> int:
     srcs = [encode_source(tok, line, 256) for line in lines]
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     systems = [x.strip() for x in args.e_systems.split(",") if x.strip()]
-    print(f"\n(e) protocol of BENCHMARKS.md: random weights, small preset, vocab {tok.vocab_size}; "
+    from service.engine.config import resolve_dtype
+    where = {"device": args.device, "preset": args.preset,
+             "dtype": resolve_dtype(args.dtype, "cuda" if args.device.startswith("cuda") else "cpu")}
+    print(f"\n(e) protocol of BENCHMARKS.md: random weights, {args.preset or 'small'} preset on {args.device} "
+          f"in {where['dtype']}, vocab {tok.vocab_size}; "
           f"{len(srcs)} sentences, exactly {E_TOKENS} generated tokens each, length-sorted batches of {E_BATCH}; "
           f"{args.rounds} round(s), median shown")
     runs = []
@@ -100,13 +100,8 @@ def run_protocol(args, lines: list[str], beams: list[int], ckpt: Path) -> int:
             for layout in layouts:
                 rounds = []
                 for _ in range(args.rounds):
-                    rounds.append(run_layout(srcs, beam, layout, system, tok.vocab_size, args.seed))
+                    rounds.append(run_layout(srcs, beam, layout, system, tok.vocab_size, args.seed, where))
                 runs.append(median_run(rounds))
-    print(f"\n{'reference (BENCHMARKS.md, 1,000 sentences)':50} {'layout':6} {'decoding':8} "
-          f"{'sent/s':>8} {'tok/s':>9}")
-    for name, layout, beam, sps, tps in REFERENCE:
-        if beam in beams:
-            print(f"{name:50} {layout:6} {beam_name(beam):8} {sps:8d} {tps:9d}")
     print_table(runs, "(e) this repository")
     for r in runs:
         if r.system.startswith("continuous"):

@@ -10,6 +10,23 @@ from typing import Optional
 from .errors import EngineValidationError
 
 POLICIES = ("decode_first", "prefill_first", "static")   # see scheduler.py
+DTYPES = ("auto", "float32", "bfloat16", "float16")       # the model's weights and KV cache in the engine
+
+
+def resolve_dtype(name: str, device_type: str, loaded: str = "float32") -> str:
+    """The weight/KV-cache dtype an engine on ``device_type`` ("cpu", "cuda", ...) runs for the
+    ``dtype`` setting ``name``, for a model loaded in ``loaded`` (a torch dtype name): "auto" is
+    bfloat16 on CUDA and the loaded dtype elsewhere (float32 for checkpoints, see load_checkpoint);
+    an explicit name is kept, except float16 off CUDA, which raises EngineValidationError (CPU
+    float16 matmuls are slow and unsupported in places: use bfloat16 or float32 there)."""
+    if name not in DTYPES:
+        raise EngineValidationError("dtype", f"must be one of {DTYPES}, got {name!r}")
+    if name == "auto":
+        return "bfloat16" if device_type == "cuda" else loaded
+    if name == "float16" and device_type != "cuda":
+        raise EngineValidationError("dtype", f"float16 needs a CUDA device, this engine runs on {device_type}; "
+                                             "use bfloat16 or float32")
+    return name
 
 
 @dataclass
@@ -23,17 +40,30 @@ class EngineConfig:
     waiting_ratio: float = 1.0                # ... or when (waiting requests that fit now) / running exceeds this
     max_src_len: Optional[int] = None         # cache bound on source ids (default: model max_len)
     max_tgt_len: Optional[int] = None         # cache bound on target positions (default: model max_len)
+    kv_block_size: int = 16                   # positions per KV-cache block (paged cache)
+    kv_blocks: Optional[int] = None           # KV-cache blocks (default: 64 positions per slot, see paged_cache.py)
+    dtype: str = "auto"                       # weights and KV cache: one of DTYPES (see resolve_dtype)
+    cuda_graphs: bool = True                  # CUDA: replay the decode step from captured graphs (cuda_graphs.py)
 
     def __post_init__(self) -> None:
         def bad(name, msg):
             raise EngineValidationError(name, msg)
-        for name in ("max_num_seqs", "max_prefill_tokens", "max_waiting", "prefill_every"):
+        for name in ("max_num_seqs", "max_prefill_tokens", "max_waiting", "prefill_every", "kv_block_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, f"must be a positive integer, got {v!r}")
         if self.max_running_requests is not None and (not isinstance(self.max_running_requests, int)
                                                       or self.max_running_requests < 1):
             bad("max_running_requests", f"must be None or an integer >= 1, got {self.max_running_requests!r}")
+        if self.kv_block_size < 2:
+            bad("kv_block_size", f"must be an integer >= 2, got {self.kv_block_size!r}")
+        if self.kv_blocks is not None and (isinstance(self.kv_blocks, bool) or not isinstance(self.kv_blocks, int)
+                                           or self.kv_blocks < 1):
+            bad("kv_blocks", f"must be None or a positive integer, got {self.kv_blocks!r}")
+        if self.dtype not in DTYPES:
+            bad("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            bad("cuda_graphs", f"must be true or false, got {self.cuda_graphs!r}")
         if self.policy not in POLICIES:
             bad("policy", f"must be one of {POLICIES}, got {self.policy!r}")
         if not isinstance(self.waiting_ratio, (int, float)) or not self.waiting_ratio >= 0:

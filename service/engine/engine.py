@@ -11,7 +11,7 @@ loop keeps accepting, streaming and cancelling requests while a step computes:
                                              # running hypothesis (greedy and beam), searches advance
         update(plan, result)                 # stream tokens, resolve futures, free finished slots
 
-Invariant (between steps): every KV-cache slot is free or held by exactly one running request, whose
+Invariant (between steps): every KV-cache slot (and block) is free or held by exactly one running request, whose
 search state lives in the runner; every request is waiting, running or resolved (exactly one), and
 its future is resolved exactly once. Only the loop task mutates the scheduler and only the worker
 thread runs the model, never at the same time. A request's output does not depend on what shares its
@@ -25,94 +25,23 @@ import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from model.search import BeamSearch, Hypothesis
 
-from .config import EngineConfig
+from .config import EngineConfig, resolve_dtype
 from .errors import EngineError, EngineStoppedError, EngineValidationError
 from .process import torch_threads
 from .records import (GenerationOptions, RequestStats, ScheduledRequest, SequenceOutput, StepResult, StepStats,
                       TranslationResult)
 from .runner import ModelRunner
+from .streams import TokenStream, _Request
 from .scheduler import Scheduler
 from .validation import resolve_options
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Request:
-    request_id: int
-    src_ids: list[int]
-    options: GenerationOptions                # validated, max_new_tokens resolved
-    future: asyncio.Future
-    stream: bool = False
-    queue: Optional[asyncio.Queue] = None     # streamed items (token ids, then the result or an error)
-    t_submit: float = 0.0
-    t_prefill_start: float = math.nan
-    t_first_token: float = math.nan
-    prefill_s: float = 0.0
-    num_steps: int = 0
-    cancelled: bool = False
-    done: bool = False
-
-
-class TokenStream:
-    """Async iterator over a request's new token ids, then its ``TranslationResult``.
-
-    Greedy requests yield each token as it is decoded; beam requests yield the best hypothesis'
-    tokens when the search ends. Closing it (``aclose``, ``async with``, or dropping it) cancels the
-    request. Errors raised by the engine (EngineError) are raised from iteration.
-    """
-
-    def __init__(self, engine: "Engine", req: _Request):
-        self._engine, self._req, self._finished = engine, req, False
-
-    @property
-    def request_id(self) -> int:
-        return self._req.request_id
-
-    def __aiter__(self) -> "TokenStream":
-        return self
-
-    async def __anext__(self) -> Union[int, TranslationResult]:
-        if self._finished:
-            raise StopAsyncIteration
-        try:
-            item = await self._req.queue.get()
-        except asyncio.CancelledError:
-            self.cancel()
-            raise
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        if isinstance(item, TranslationResult):
-            self._finished = True
-        return item
-
-    def cancel(self) -> None:
-        self._finished = True
-        self._engine._cancel(self._req)
-
-    async def aclose(self) -> None:
-        self.cancel()
-
-    async def __aenter__(self) -> "TokenStream":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.cancel()
-
-    def __del__(self) -> None:
-        try:
-            if not self._req.done:
-                self._engine._cancel_threadsafe(self._req)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 Callback = Optional[Callable[[object], None]]
@@ -149,8 +78,14 @@ class Engine:
         cfg = self.model.cfg
         self.max_src_len = min(config.max_src_len or cfg.max_len, cfg.max_len)
         self.max_tgt_len = min(config.max_tgt_len or cfg.max_len, cfg.max_len)
+        if not hasattr(self, "loaded_dtype"):  # "auto" off CUDA keeps the dtype the model came in
+            self.loaded_dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        device = next(self.model.parameters()).device
+        self.dtype = resolve_dtype(config.dtype, device.type, self.loaded_dtype)   # float16 on CPU: an error
         with torch_threads(1):  # allocation only: keep the calling thread's OpenMP team small (see torch_threads)
-            self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_src_len, self.max_tgt_len)
+            self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_src_len, self.max_tgt_len,
+                                      config.kv_blocks, config.kv_block_size, getattr(torch, self.dtype),
+                                      config.cuda_graphs)
         if getattr(self, "scheduler", None) is None:
             self.scheduler = Scheduler(config, self.runner.cache.slots)
         else:
@@ -199,7 +134,11 @@ class Engine:
         beam no longer fits fail with EngineValidationError."""
         if not isinstance(config, EngineConfig):
             config = EngineConfig.from_dict(config)
-        shape = ("max_num_seqs", "max_src_len", "max_tgt_len")
+        device = next(self.model.parameters()).device
+        if resolve_dtype(config.dtype, device.type, self.loaded_dtype) != self.dtype:  # a cast back up would not restore the weights
+            raise EngineValidationError("dtype", f"the engine runs in {self.dtype}; a new dtype needs a new engine "
+                                                 "(restart the replica)")
+        shape = ("max_num_seqs", "max_src_len", "max_tgt_len", "kv_blocks", "kv_block_size", "cuda_graphs")
         if all(getattr(config, k) == getattr(self.config, k) for k in shape):
             self.config = self.scheduler.config = config
             return
@@ -216,10 +155,15 @@ class Engine:
         await fut
 
     def _fail_unfit(self) -> None:
-        for sreq in list(self.scheduler.waiting):
+        sched = self.scheduler
+        for sreq in list(sched.waiting):
             if sreq.num_slots > self.config.max_num_seqs:
                 self._finish(self._requests[sreq.request_id], error=EngineValidationError(
                     "beam_size", f"needs {sreq.num_slots} cache slots, the engine now has {self.config.max_num_seqs}"))
+            elif sched.max_blocks(sreq) > sched.slots.num_blocks:
+                self._finish(self._requests[sreq.request_id], error=EngineValidationError(
+                    "beam_size", f"needs up to {sched.max_blocks(sreq)} KV-cache blocks, the engine now has "
+                                 f"{sched.slots.num_blocks} (kv_blocks)"))
 
     # ---- requests ------------------------------------------------------------------------------
     def validate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> None:
@@ -243,15 +187,25 @@ class Engine:
         return TokenStream(self, self._submit(src_ids, options, stream=True))
 
     def stats(self) -> dict:
-        """running_sequences, running_requests, waiting_requests, kv_cache_usage, free_slots,
-        num_slots, steps, kv_cache_bytes, max_waiting, policy, state."""
+        """running_sequences, running_requests, waiting_requests, kv_cache_usage (fraction of KV blocks
+        in use), slot_usage, free_slots, num_slots, kv_blocks, free_kv_blocks, kv_block_size,
+        preemptions, steps, kv_cache_bytes, kv_cache_bytes_used, max_waiting, policy, state."""
         s = self.scheduler.stats()
-        s.update(kv_cache_bytes=self.runner.cache.nbytes, max_waiting=self.config.max_waiting,
+        cache = self.runner.cache
+        s.update(kv_cache_bytes=cache.nbytes, kv_cache_bytes_used=cache.bytes_per_block * (
+                     cache.slots.num_blocks - cache.slots.num_free_blocks), max_waiting=self.config.max_waiting,
                  policy=self.config.policy, state=self._state)
         return s
 
     def _resolve(self, src_ids, options) -> GenerationOptions:
-        return resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
+        opts = resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
+        sched = self.scheduler
+        need = sched.max_blocks(ScheduledRequest(0, len(src_ids), opts.beam_size, max_new_tokens=opts.max_new_tokens))
+        if sched.paged and need > sched.slots.num_blocks:
+            raise EngineValidationError("beam_size", f"beam_size {opts.beam_size} with {len(src_ids)} source tokens "
+                                                     f"and max_new_tokens {opts.max_new_tokens} needs up to {need} "
+                                                     f"KV-cache blocks, the engine has {sched.slots.num_blocks} (kv_blocks)")
+        return opts
 
     def _submit(self, src_ids, options, stream: bool) -> _Request:
         if self._state == "new":
@@ -268,7 +222,8 @@ class Engine:
                                 opts.attention_kinds, len(req.src_ids))
             self._finish(req, hypotheses=search.results())
             return req
-        self.scheduler.add(ScheduledRequest(rid, len(req.src_ids), opts.beam_size, tuple(req.src_ids), opts, stream))
+        self.scheduler.add(ScheduledRequest(rid, len(req.src_ids), opts.beam_size, tuple(req.src_ids), opts, stream,
+                                            max_new_tokens=opts.max_new_tokens))
         self._requests[rid] = req
         self._wakeup.set()
         return req
@@ -394,7 +349,7 @@ class Engine:
                               len(plan.decode), result.num_decode_seqs, result.num_decode_seqs, finished,
                               result.prefill_s, result.decode_s, result.update_s, time.perf_counter() - t0,
                               s.num_running, s.num_running_seqs, s.num_waiting,
-                              s.slots.usage)
+                              s.usage, len(plan.preempted))
             self._callback(self.on_step, stats)
 
     def _finish(self, req: _Request, hypotheses: Optional[list[Hypothesis]] = None,

@@ -37,6 +37,8 @@ class ScheduledRequest:
     arrival_step: int = -1                   # scheduler step count when it was added
     admitted_step: int = -1                  # step of its prefill
     slots: list[int] = field(default_factory=list)  # cache slots, assigned at admission
+    max_new_tokens: Optional[int] = None     # target positions per hypothesis at most (KV blocks it may need)
+    num_preemptions: int = 0                 # times its blocks were taken back and it was requeued
 
 
 @dataclass
@@ -47,6 +49,7 @@ class SchedulerOutput:
     decode: list[ScheduledRequest]           # admitted earlier: one decoder step each, all together
     num_prefill_tokens: int = 0              # real source ids in the prefill batch
     num_prefill_padded: int = 0              # batch size x longest source (the budgeted cost)
+    preempted: list[ScheduledRequest] = field(default_factory=list)  # requeued now: drop their state
 
     @property
     def is_empty(self) -> bool:
@@ -116,7 +119,8 @@ class StepStats:
     running_requests: int                     # after the step
     running_sequences: int
     waiting_requests: int
-    kv_cache_usage: float                     # fraction of slots in use, 0..1
+    kv_cache_usage: float                     # fraction of KV-cache blocks in use, 0..1 (slots without paging)
+    num_preempted: int = 0                    # requests preempted (requeued) by this step
 
 
 @dataclass

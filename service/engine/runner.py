@@ -1,4 +1,4 @@
-"""Model runner: owns the model, the slot-indexed KV cache and the batch tensors, and executes what
+"""Model runner: owns the model, the paged KV cache and the batch tensors, and executes what
 the scheduler decided for one step.
 
 All model math and search are ``model/``'s, the functions offline ``generate`` uses
@@ -24,9 +24,10 @@ import torch
 
 from model import decoding
 from model.decoding import StepOutput, length_groups, pad_batch
-from model.kv_cache import KVCache
+from model.paged_cache import PagedKVCache
 from model.search import ActiveSearch, BeamSearch, decode_inputs, search_step
 
+from .cuda_graphs import DecodeGraphs
 from .records import ScheduledRequest, SchedulerOutput, SequenceOutput, StepResult
 
 
@@ -43,22 +44,29 @@ _Part = tuple[StepOutput, list[_Sequence]]   # one decode forward and the sequen
 
 
 class ModelRunner:
-    """Executes ``SchedulerOutput``s on a model with a preallocated ``KVCache``.
+    """Executes ``SchedulerOutput``s on a model with a ``PagedKVCache`` (``num_blocks`` blocks of
+    ``block_size`` positions; default ``model.paged_cache.default_num_blocks``). ``dtype``: the model is
+    cast to it (in place) first; ``cuda_graphs``: on CUDA, replay decode steps from CUDA graphs.
 
     Each ``ScheduledRequest`` carries its ``src_ids`` (EOS-terminated) and ``options``
     (``GenerationOptions``, already validated by the engine, max_new_tokens resolved).
     """
 
-    def __init__(self, model, num_slots: int, max_src_len: Optional[int] = None, max_tgt_len: Optional[int] = None):
+    def __init__(self, model, num_slots: int, max_src_len: Optional[int] = None, max_tgt_len: Optional[int] = None,
+                 num_blocks: Optional[int] = None, block_size: int = 16, dtype: Optional[torch.dtype] = None,
+                 cuda_graphs: bool = True):
+        self.device = next(model.parameters()).device
+        if dtype is not None and next(model.parameters()).dtype != dtype:
+            model.to(dtype)   # in place: weights and buffers; the KV cache below follows the weights' dtype
         self.model = model.eval()
         self.cfg = model.cfg
-        self.device = next(model.parameters()).device
-        # On CPU attention gathers each row's keys anyway (packed), so beam reorders move slot ids
-        # instead of K/V (an indirect cache).
-        self.cache = KVCache.for_model(model, num_slots, max_tgt_len, max_src_len,
-                                       indirect=self.device.type == "cpu")
+        # A paged cache: K/V in blocks taken as sequences grow; beam reorders move slot ids, not K/V.
+        self.cache = PagedKVCache.for_model(model, num_slots, max_tgt_len, max_src_len, num_blocks, block_size)
         self.cache.kernel_ok()  # build/load the compiled decode attention now, not at the first request
+        # On CUDA, decode steps replay captured graphs where they fit (cuda_graphs.py); eager otherwise.
+        self.graphs = DecodeGraphs(model, self.cache, num_slots) if cuda_graphs and self.device.type == "cuda" else None
         self.seqs: dict[int, _Sequence] = {}
+        self._emitted: dict[int, int] = {}   # preempted streaming requests: tokens already reported
         # The fixed cost of one prefill call, in source tokens: prefill groups trade padding for calls.
         self.prefill_call_tokens = 96 if self.device.type == "cpu" else 1024
 
@@ -66,9 +74,18 @@ class ModelRunner:
     def release(self, request_id: int) -> None:
         """Forget a request's search state (its slots are freed by the scheduler)."""
         self.seqs.pop(request_id, None)
+        self._emitted.pop(request_id, None)
+
+    def preempt(self, request_id: int) -> None:
+        """Drop a preempted request's search state (the scheduler freed its slots and blocks); it is
+        decoded again from its prefill, and tokens it already streamed are not reported twice."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self._emitted[request_id] = max(seq.emitted, self._emitted.get(request_id, 0))
 
     def reset(self) -> None:
         self.seqs.clear()
+        self._emitted.clear()
 
     # ---- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -78,6 +95,8 @@ class ModelRunner:
         advance every search. A failure confined to one request fails only that request."""
         outputs: dict[int, SequenceOutput] = {}
         result = StepResult([])
+        for r in plan.preempted:
+            self.preempt(r.request_id)
         t0 = time.perf_counter()
         new: list[_Sequence] = []
         if plan.prefill:
@@ -113,7 +132,8 @@ class ModelRunner:
                 search = BeamSearch(o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty,
                                     kinds, len(r.src_ids))
                 seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=o.min_new_tokens,
-                                request_id=r.request_id, src_ids=list(r.src_ids), stream=r.stream)
+                                request_id=r.request_id, src_ids=list(r.src_ids), stream=r.stream,
+                                emitted=self._emitted.pop(r.request_id, 0))
                 self.seqs[r.request_id] = seq
                 seqs.append(seq)
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
@@ -156,6 +176,12 @@ class ModelRunner:
         slots, tokens, positions = decode_inputs(seqs)
         dev = self.device
         need = any(s.search.attention_kinds for s in seqs)
+        if self.graphs is not None:
+            log_probs = self.graphs.step(torch.tensor(slots, device=dev), torch.tensor(tokens, device=dev),
+                                         torch.tensor(positions, device=dev), need, max(positions) + 1,
+                                         max(len(s.src_ids) for s in seqs))
+            if log_probs is not None:
+                return StepOutput(log_probs), seqs
         out = decoding.decode_step(self.model, self.cache, torch.tensor(slots, device=dev),
                                    torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev), need)
         return out, seqs
@@ -171,8 +197,8 @@ class ModelRunner:
                     outputs[rid] = SequenceOutput(rid, error=update.failed[s])
                 elif s.search.done:
                     hyps = s.search.results()
-                    outputs[rid] = SequenceOutput(rid, hypotheses=hyps,
-                                                  new_tokens=list(hyps[0].tokens[s.emitted:]) if s.stream else [])
+                    new = list(hyps[0].tokens[s.emitted:]) if s.stream else []
+                    outputs[rid] = SequenceOutput(rid, hypotheses=hyps, new_tokens=new)
                 elif s.stream and s.search.beam_size == 1:  # greedy: its one prefix is final
                     new = list(s.search.alive[0].tokens[s.emitted:])
                     s.emitted += len(new)

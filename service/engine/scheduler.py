@@ -6,8 +6,18 @@ dataclass in ``records.py``) to the runner, so scheduling can be tested without 
 
 One slot is one hypothesis: a request with beam_size k holds k cache slots from its prefill until it
 finishes or is cancelled. Requests are admitted first-in, first-out; when the oldest waiting request
-does not fit (slots, token budget, running cap), nobody behind it is admitted either, so a large beam
-request cannot be starved by a stream of small ones.
+does not fit (slots, KV blocks, token budget, running cap), nobody behind it is admitted either, so a
+large beam request cannot be starved by a stream of small ones.
+
+KV blocks (a paged cache, ``model.slots.BlockPool``; an allocator without blocks, a plain
+``SlotPool``, is accounted in slots only): a request's source takes ceil(S / B) blocks at its
+prefill and each hypothesis one block per B target positions, taken as its position reaches a new
+block (``step_blocks``). Admission needs the source blocks plus one per hypothesis, leaving
+``reserve`` blocks free; before every step the scheduler counts the blocks the running requests
+will take and, when fewer are free, preempts the most recently admitted ones: their blocks and
+slots are freed and they go back to the head of the waiting queue, to be prefilled again (their
+output is the same: decoding is deterministic). The oldest running request is never preempted, and
+a request that could not fit alone at its longest is refused at ``add``.
 
 Policies (``EngineConfig.policy``):
 - ``decode_first``: steps only decode while requests run; a prefill is forced on the k-th step in a
@@ -32,8 +42,10 @@ from .records import ScheduledRequest, SchedulerOutput
 
 class SlotAllocator(Protocol):
     """What the scheduler needs from a slot allocator: ``model.slots.SlotPool`` (the engine hands it
-    the KV cache's own, ``KVCache.slots``). Raises from ``allocate`` when fewer than n are free, and
-    ValueError from ``free`` for a slot that is not allocated."""
+    the KV cache's own, ``KVCache.slots``: a ``BlockPool`` for the paged cache, which adds
+    ``num_blocks``, ``num_free_blocks``, ``block_size``, ``block_usage`` and ``blocks_for``; freeing a
+    slot frees its blocks). Raises from ``allocate`` when fewer than n are free, and ValueError from
+    ``free`` for a slot that is not allocated."""
     num_slots: int
 
     @property
@@ -62,6 +74,8 @@ class Scheduler:
         self._steps_without_prefill = 0                    # decode steps taken while requests waited
         self._by_id: dict[int, ScheduledRequest] = {}
         self.admitting = True                              # False pauses admission (engine reconfiguring)
+        self._growth = 0                                   # blocks the running requests take this step
+        self.num_preemptions = 0                           # requests requeued for blocks, in all
 
     # ---- queue ---------------------------------------------------------------------------------
     @property
@@ -76,12 +90,63 @@ class Scheduler:
     def num_running_seqs(self) -> int:
         return self.slots.num_slots - self.slots.num_free
 
+    # ---- KV blocks -----------------------------------------------------------------------------
+    @property
+    def paged(self) -> bool:
+        return hasattr(self.slots, "num_blocks")
+
+    @property
+    def reserve(self) -> int:
+        """Blocks admission leaves free for the running requests' growth: 1% of the pool."""
+        return -(-self.slots.num_blocks // 100) if self.paged else 0
+
+    def admit_blocks(self, req: ScheduledRequest) -> int:
+        """Blocks a request needs to be admitted: its source, and the first block of each hypothesis."""
+        return self.slots.blocks_for(req.num_src_tokens) + req.num_slots if self.paged else 0
+
+    def max_blocks(self, req: ScheduledRequest) -> int:
+        """Blocks a request holds at its longest (source, and max_new_tokens positions per hypothesis)."""
+        if not self.paged or req.max_new_tokens is None:
+            return 0
+        return self.slots.blocks_for(req.num_src_tokens) + req.num_slots * self.slots.blocks_for(max(req.max_new_tokens, 1))
+
+    def step_blocks(self, req: ScheduledRequest) -> int:
+        """Blocks a running request takes in the step about to run (exactly what the paged cache takes):
+        at position p = steps since its prefill, the other hypotheses of a beam their first block at
+        p = 1, every hypothesis a new one when p is a multiple of the block size."""
+        if not self.paged:
+            return 0
+        p = self.step_count - req.admitted_step
+        return (req.num_slots - 1) * (p == 1) + req.num_slots * (p > 0 and p % self.slots.block_size == 0)
+
+    def _preempt(self) -> list[ScheduledRequest]:
+        """Requeue the newest running requests until the blocks this step takes are free."""
+        need = sum(self.step_blocks(r) for r in self.running.values())
+        out: list[ScheduledRequest] = []
+        while need > self.slots.num_free_blocks and len(self.running) > 1:
+            rid = next(reversed(self.running))
+            req = self.running.pop(rid)
+            need -= self.step_blocks(req)
+            self.slots.free(req.slots)
+            req.slots, req.admitted_step = [], -1
+            req.num_preemptions += 1
+            self.waiting.appendleft(req)
+            out.append(req)
+        self.num_preemptions += len(out)
+        self._growth = need
+        return out
+
     def add(self, req: ScheduledRequest) -> None:
         """Append to the waiting queue. Raises QueueFullError when max_waiting requests wait, and
         EngineValidationError when the request could never be admitted (beam_size > max_num_seqs)."""
         if req.num_slots > self.slots.num_slots:
             raise EngineValidationError("beam_size", f"needs {req.num_slots} cache slots, the engine has "
                                                      f"{self.slots.num_slots} (max_num_seqs)")
+        if self.paged and self.max_blocks(req) > self.slots.num_blocks:
+            raise EngineValidationError("beam_size", f"beam_size {req.num_slots} with {req.num_src_tokens} source "
+                                                     f"tokens and max_new_tokens {req.max_new_tokens} needs up to "
+                                                     f"{self.max_blocks(req)} KV-cache blocks, the engine has "
+                                                     f"{self.slots.num_blocks} (kv_blocks)")
         if req.request_id in self._by_id:
             raise ValueError(f"request {req.request_id} is already scheduled")
         if len(self.waiting) >= self.config.max_waiting:
@@ -123,26 +188,35 @@ class Scheduler:
         rather than all waiting requests keeps an overloaded engine (long queue, full batch) from
         prefilling a sliver at every step."""
         free, n = self.slots.num_free, 0
+        blocks = self._free_blocks()
         cap = self.config.max_running_requests
         room = len(self.waiting) if cap is None else max(cap - len(self.running), 0)
         for req in self.waiting:
-            if n >= room or req.num_slots > free:
+            if n >= room or req.num_slots > free or self.admit_blocks(req) > blocks:
                 break
             free -= req.num_slots
+            blocks -= self.admit_blocks(req)
             n += 1
         return n
+
+    def _free_blocks(self) -> int:
+        """Blocks admission may hand out now: free ones less this step's growth and the reserve."""
+        return self.slots.num_free_blocks - self._growth - self.reserve if self.paged else 0
 
     def _admit(self) -> list[ScheduledRequest]:
         """Take waiting requests in FIFO order while slots, the token budget and the running cap allow."""
         cfg = self.config
         batch: list[ScheduledRequest] = []
         free = self.slots.num_free
+        blocks = self._free_blocks()
         longest = 0
         cap = cfg.max_running_requests
         while self.waiting:
             req = self.waiting[0]
             if req.num_slots > free or (cap is not None and len(self.running) + len(batch) >= cap):
                 break
+            if self.admit_blocks(req) > blocks and (self.running or batch):
+                break  # alone, a request admitted at add() always fits
             longest_new = max(longest, req.num_src_tokens)
             if batch and (len(batch) + 1) * longest_new > cfg.max_prefill_tokens:
                 break  # a lone request longer than the budget still goes (it would never fit otherwise)
@@ -150,6 +224,7 @@ class Scheduler:
             req.slots = self.slots.allocate(req.num_slots)
             req.admitted_step = self.step_count
             free -= req.num_slots
+            blocks -= self.admit_blocks(req)
             longest = longest_new
             batch.append(req)
         return batch
@@ -157,8 +232,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Decide the next step: which waiting requests to prefill, and decode every running one."""
         self.step_count += 1
+        preempted = self._preempt() if self.paged else []
         decode = list(self.running.values())
-        prefill = self._admit() if self._wants_prefill() else []
+        prefill = self._admit() if not preempted and self._wants_prefill() else []
         # Steps in a row that left requests waiting; reset by a prefill or an empty queue.
         self._steps_without_prefill = 0 if prefill or not self.waiting else self._steps_without_prefill + 1
         for req in prefill:
@@ -166,10 +242,20 @@ class Scheduler:
         longest = max((r.num_src_tokens for r in prefill), default=0)
         return SchedulerOutput(self.step_count, prefill, decode,
                                num_prefill_tokens=sum(r.num_src_tokens for r in prefill),
-                               num_prefill_padded=longest * len(prefill))
+                               num_prefill_padded=longest * len(prefill), preempted=preempted)
 
     def stats(self) -> dict:
         """Queue and slot figures (plain numbers, for metrics)."""
-        return {"running_requests": len(self.running), "running_sequences": self.num_running_seqs,
-                "waiting_requests": len(self.waiting), "free_slots": self.slots.num_free,
-                "num_slots": self.slots.num_slots, "kv_cache_usage": self.slots.usage, "steps": self.step_count}
+        s = {"running_requests": len(self.running), "running_sequences": self.num_running_seqs,
+             "waiting_requests": len(self.waiting), "free_slots": self.slots.num_free,
+             "num_slots": self.slots.num_slots, "kv_cache_usage": self.usage, "slot_usage": self.slots.usage,
+             "steps": self.step_count, "preemptions": self.num_preemptions}
+        if self.paged:
+            s.update(kv_blocks=self.slots.num_blocks, free_kv_blocks=self.slots.num_free_blocks,
+                     kv_block_size=self.slots.block_size)
+        return s
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the KV cache in use, 0..1: of its blocks (paged), else of its slots."""
+        return self.slots.block_usage if self.paged else self.slots.usage

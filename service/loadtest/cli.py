@@ -6,6 +6,8 @@
     python -m service.loadtest --sweep rate=1,2,4,8 -d 20 --plot sweep.png   # latency/throughput plot
     python -m service.loadtest --engine model/checkpoints/de-en -c 4 -d 10   # the engine alone, no HTTP
     python -m service.loadtest report --out deploy/performance               # docs/performance.md figures
+    python -m service.loadtest --compare-echo -c 32 -d 15 --beam-size 1      # service / echo app ratio
+    python -m service.loadtest soak                                          # 10,000 mixed requests, a replica killed
 
 Closed loop: N users, each sending its next request when its previous one is answered. Open loop:
 Poisson arrivals of rate R, latency measured from the scheduled arrival (no coordinated omission).
@@ -79,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine-config", default="{}", help="EngineConfig fields as JSON, with --engine")
     ap.add_argument("--threads", type=int, help="torch threads for --engine")
     ap.add_argument("--allow-remote", action="store_true", help="permit a non-loopback --url")
+    ap.add_argument("--compare-echo", action="store_true",
+                    help="start Ray here, run the load against the service and then a trivial echo app of the same "
+                         "layout and Serve options (service/loadtest/echo.py), print the ratio; --url is not used")
+    ap.add_argument("--proxy", choices=("haproxy", "ray"), default="haproxy",
+                    help="--compare-echo: Ray Serve data plane (default %(default)s, as python -m service)")
+    ap.add_argument("--app-config", metavar="FILE", help="--compare-echo: build_app arguments (as python -m service --config)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     return ap
 
@@ -172,6 +180,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:
         return report_main(argv[1:])
+    if argv[:1] == ["soak"]:
+        from .soak import soak_main     # docs/deploy.md#soak-test
+        return soak_main(argv[1:])
     ap = build_parser()
     args = ap.parse_args(argv)
     cfg = config_from_args(args)
@@ -181,7 +192,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg.validate()
     except ValueError as e:
         ap.error(str(e))
-    out = asyncio.run(_amain(args, cfg))
+    if args.compare_echo:
+        if args.engine or args.sweep or cfg.loop != "closed" or cfg.stream:
+            ap.error("--compare-echo runs one closed loop (-c) over HTTP without --stream, --sweep or --engine")
+        from service.__main__ import load_config
+
+        from .echo import compare_echo
+        out = compare_echo(cfg, load_config(args.app_config), args.proxy, args.quiet)
+    else:
+        out = asyncio.run(_amain(args, cfg))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -21,11 +21,15 @@ def free_port() -> int:
 class ServeApp:
     """A Ray instance and the service's Serve app, started on free 127.0.0.1 ports.
 
-    ``close()`` shuts down only what this started (serve.shutdown + ray.shutdown; never `ray stop`)."""
+    ``proxy``: the Ray Serve data plane (``service.ray_env``: "haproxy", the default of ``python -m
+    service``, or "ray"). ``close()`` shuts down only what this started (serve.shutdown +
+    ray.shutdown; never `ray stop`)."""
 
     name = "mt"   # the Serve application's name
 
-    def __init__(self, num_cpus: Optional[int] = None, namespace: str = "mt-loadtest-report"):
+    def __init__(self, num_cpus: Optional[int] = None, namespace: str = "mt-loadtest-report", proxy: str = "haproxy"):
+        from service.ray_env import apply_serve_env
+        apply_serve_env(proxy, stats_port=free_port(), metrics_port=free_port())   # before Ray starts
         import ray
         from ray import serve
         self.port = free_port()

@@ -35,6 +35,10 @@ _LINE_BREAK = re.compile(r"(\r\n|\n|\r|\u2028|\u2029)")
 _FORMAT = "\x00-\x08\x0e-\x1b\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff"
 _BOUNDARY = re.compile(r"[.!?…]+[" + re.escape(_CLOSERS + "“‘") + r"]*[" + _FORMAT + r"]*(\s+)")  # “‘: German
 _OPENERS = "\"'„“‘«»‹(["
+# A line of words, commas and dashes with at most one final ".", "!" or "?" (a short sentence as
+# clients mostly send them): pysbd would return it whole (checked on every Multi30k val/test line
+# and 60k random lines in de, en, fr) and never reaches it (docs/performance.md#per-request-costs).
+_ONE_SENTENCE = re.compile(r"\s*[^\W_][\w\s,'’\-–/&%€$+]*[.!?]?\s*")
 SEGMENTER_BUDGET_S = 0.5   # seconds of pysbd time per text; the lines after it use simple_split
 
 
@@ -149,6 +153,8 @@ def split_sentences(line: str, language: str = "en") -> list[str]:
     (``trim``: whitespace, control and format characters); segments without visible text are left
     out (they stay in the glue, see ``split_text``).
     Raises what pysbd raises (``split_text`` falls back to ``simple_split``)."""
+    if _ONE_SENTENCE.fullmatch(line):
+        return [trim(line)]
     raw = [s for s in _segmenter(language).segment(line) if has_text(s)]
     out: list[str] = []
     for s in raw:

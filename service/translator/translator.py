@@ -108,6 +108,18 @@ class Translator:
                 logger.exception("gauge refresh failed")
             await asyncio.sleep(period_s)
 
+    async def drain(self, timeout_s: float, poll_s: float = 0.05) -> int:
+        """Wait until the engine has no running or waiting request (at most ``timeout_s`` seconds);
+        returns how many are left (0 = drained). A replica's shutdown hook calls it before ``stop``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, timeout_s)
+        while True:
+            s = self.engine.stats() if self.engine is not None else {}
+            left = s.get("running_requests", 0) + s.get("waiting_requests", 0)
+            if not left or loop.time() >= end:
+                return left
+            await asyncio.sleep(poll_s)
+
     async def stop(self) -> None:
         self.metrics.set_ready(False)
         if self._gauges is not None:
@@ -123,7 +135,11 @@ class Translator:
 
     def info(self) -> TranslatorInfo:
         engine = dataclasses.asdict(self.engine_config) if self.engine_config else {}
-        return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": self.model.linear_dtype})
+        s = self.engine.stats() if self.engine is not None else {}
+        kv = {k: s[k] for k in ("kv_blocks", "free_kv_blocks", "kv_block_size", "kv_cache_bytes",
+                                "kv_cache_bytes_used", "kv_cache_usage", "preemptions") if k in s}
+        return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": self.model.linear_dtype,
+                                                       "kv_cache": kv})
 
     # ---- request preparation ------------------------------------------------------------------
     def prepare(self, job: TranslateJob) -> tuple[list[Optional[Split]], list[Piece], list[Protected]]:

@@ -1,0 +1,215 @@
+"""Part (f) of the engine benchmark: the same weights in four systems, side by side in one run.
+
+    python -m service.bench_engine --parts f --rounds 3 --json same_weights.json
+    python -m service.bench_engine --parts f --limit 100 --rounds 1 --beams 1 --layouts 2x1   # a quick look
+
+The shipped model (``--checkpoint``) is exported to MarianMT (``model/marian_export.py``, float32) and
+converted to CTranslate2 (``model/ct2.py``) in a temporary directory; then test_2016_flickr's sentences
+(``--limit N``: the first N) are translated by each system (``--f-systems``):
+
+  engine               this repository's continuous engine, float32 linear layers, all sentences
+                       submitted at once (``--engine-slots`` KV-cache slots)
+  engine int8          the same engine with int8 linear layers (the CPU default, ``model/linear.py``)
+  transformers         ``MarianMTModel.generate()`` on the export (its generation_config: our search)
+  CTranslate2 float32  the conversion, ``compute_type`` float32
+  CTranslate2 int8     the same weights, ``compute_type`` int8
+
+transformers and CTranslate2 get length-sorted batches of 32 with the budget of the batch's longest
+source (``default_max_new_tokens``, which the engine applies per sentence). Layouts (``--layouts``):
+``1x2`` = one process with 2 threads (CTranslate2: ``intra_threads`` 2), ``2x1`` = two processes with
+one thread each, the length-sorted sentences dealt round-robin. Every worker runs in its own spawned
+process (torch and CTranslate2 bundle different OpenMP runtimes), warms up outside the clock, and
+waits at a barrier; a run's wall time is first start to last end. Rounds (``--rounds``) interleave
+every (beam, layout, system), in a rotated order; the median run by tokens/s is reported.
+Generated tokens: the best hypothesis' tokens plus EOS when it was generated, for every system.
+BLEU: cased sacreBLEU (13a) of the median run's outputs, decoded by our tokenizer, against the
+English references. Tokenization is done before any clock starts. Figures, not a test.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .engine import E_BATCH, Run, beam_name, in_children, median_run, run_engine
+
+SYSTEMS = ("engine", "engine int8", "transformers", "CTranslate2 float32", "CTranslate2 int8")
+REFERENCES = ("CTranslate2 float32", "CTranslate2 int8")      # the ratios' denominators
+DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k"
+
+
+# ---- workers: one spawned process each -------------------------------------------------------------
+
+def _batches(srcs, budgets):
+    """Length-sorted srcs (as dealt) in batches of E_BATCH, with the budget of each batch's longest
+    (budgets: ``default_max_new_tokens`` of each source, computed by the parent: importing
+    model.translate would load torch into a CTranslate2 worker)."""
+    for start in range(0, len(srcs), E_BATCH):
+        yield srcs[start: start + E_BATCH], max(budgets[start: start + E_BATCH])
+
+
+def _translator(spec: dict):
+    """``translate(srcs) -> (outputs without EOS, generated tokens)`` for spec's system, loaded here."""
+    system, threads, beam, eos, budgets = spec["system"], spec["threads"], spec["beam"], spec["eos"], spec["budgets"]
+    if system.startswith("CTranslate2"):
+        from model.ct2 import CT2Model
+        ct2 = CT2Model(spec["ct2"], system.split()[1], inter_threads=1, intra_threads=threads)
+
+        def translate(srcs):
+            outs = []
+            for batch, budget in _batches(srcs, budgets):
+                outs += ct2.translate_ids(batch, beam, budget, E_BATCH, with_eos=True)
+            return [o[:-1] if o[-1:] == [eos] else o for o in outs], sum(map(len, outs))
+        return translate
+    import torch
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+    if system == "transformers":
+        from transformers import MarianMTModel
+        from model.decoding import pad_batch
+        hf = MarianMTModel.from_pretrained(spec["export"]).eval()
+
+        def translate(srcs):
+            outs, n = [], 0
+            for batch, budget in _batches(srcs, budgets):
+                ids = pad_batch(batch, spec["pad"])
+                rows = hf.generate(input_ids=ids, attention_mask=(ids != spec["pad"]).long(), num_beams=beam,
+                                   do_sample=False, max_length=budget + 1).tolist()   # + the start token
+                for r in rows:              # start token, then tokens, EOS, pad after EOS
+                    r = r[1:]
+                    ended = eos in r
+                    outs.append(r[: r.index(eos)] if ended else r)
+                    n += len(outs[-1]) + ended
+            return outs, n
+        return translate
+    from model.checkpoint import load_checkpoint
+    from service.engine import torch_threads, tune_process
+    os.environ["MT_LINEAR_DTYPE"] = "int8" if system == "engine int8" else "float32"   # read at load
+    with torch_threads(1):                 # see engine._engine_parts_worker
+        model, _, _ = load_checkpoint(spec["checkpoint"])
+    tune_process()
+
+    def translate(srcs):
+        run = asyncio.run(run_engine(model, srcs, beam, spec["slots"], part="(f)", warmup=False))
+        return run.outputs, run.tokens
+    return translate
+
+
+def _f_worker(spec: dict, barrier, queue) -> None:
+    try:
+        translate = _translator(spec)
+        translate(spec["srcs"][: 2 * E_BATCH])          # warm-up outside the clock
+        barrier.wait()
+        t_start = time.time()
+        outputs, tokens = translate(spec["srcs"])
+        queue.put({"ok": True, "start": t_start, "end": time.time(), "tokens": tokens, "outputs": outputs,
+                   "index": spec["index"]})
+    except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
+        queue.put({"ok": False, "error": f"{spec['system']}: {e!r}"})
+        try:
+            barrier.abort()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_f_layout(common: dict, srcs: list[list[int]], system: str, layout: str, beam: int) -> Run:
+    """One run of ``system`` over srcs in ``layout`` (processes x threads); outputs in srcs' order."""
+    from model.translate import default_max_new_tokens
+    procs_n, threads = (int(x) for x in layout.split("x"))
+    order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
+    specs = [common | {"system": system, "threads": threads, "beam": beam, "index": order[i::procs_n],
+                       "srcs": [srcs[j] for j in order[i::procs_n]],
+                       "budgets": [default_max_new_tokens(len(srcs[j]), common["max_len"]) for j in order[i::procs_n]]}
+             for i in range(procs_n)]
+    outs = in_children(_f_worker, specs, "(f) worker", omp_threads=threads)
+    outputs: list = [None] * len(srcs)
+    for o in outs:
+        for i, hyp in zip(o["index"], o["outputs"]):
+            outputs[i] = hyp
+    wall = max(o["end"] for o in outs) - min(o["start"] for o in outs)
+    return Run("(f)", system, beam, len(srcs), sum(o["tokens"] for o in outs), wall, [], layout, outputs=outputs)
+
+
+# ---- the table -------------------------------------------------------------------------------------
+
+def table_rows(runs: list[Run], bleu: dict[tuple[str, str, int], float]) -> list[dict]:
+    """One row per run (its system, layout and beam size): tokens/s, sentences/s, BLEU, and the ratio
+    of tokens/s to each CTranslate2 system of the same layout and beam size (None if not run)."""
+    by = {(r.system, r.layout, r.beam): r for r in runs}
+    rows = []
+    for r in runs:
+        row = {"system": r.system, "layout": r.layout, "beam_size": r.beam, "tokens_per_s": round(r.tokens_per_s, 1),
+               "sentences_per_s": round(r.sentences_per_s, 2), "bleu": round(bleu[(r.system, r.layout, r.beam)], 2),
+               "sentences": r.sentences, "generated_tokens": r.tokens}
+        for ref in REFERENCES:
+            other = by.get((ref, r.layout, r.beam))
+            row[f"ratio_to_{ref.replace(' ', '_')}"] = round(r.tokens_per_s / other.tokens_per_s, 3) if other else None
+        rows.append(row)
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    def ratio(x):
+        return f"{x:.2f}x" if x is not None else "-"
+    print(f"\n{'system':20} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>8} {'/CT2 f32':>9} {'/CT2 int8':>9} "
+          f"{'BLEU':>6}")
+    for r in rows:
+        print(f"{r['system']:20} {r['layout']:6} {beam_name(r['beam_size']):8} {r['sentences_per_s']:8.1f} "
+              f"{r['tokens_per_s']:8.0f} {ratio(r['ratio_to_CTranslate2_float32']):>9} "
+              f"{ratio(r['ratio_to_CTranslate2_int8']):>9} {r['bleu']:6.2f}")
+
+
+def report(runs: list[Run], decode, refs: list[str], json_path=None) -> list[dict]:
+    """BLEU of each run's outputs (``decode``: ids -> text) against refs, the table printed, and its
+    rows (``table_rows``) written to ``json_path`` as a JSON list when given; returns the rows."""
+    import sacrebleu
+    bleu = {(r.system, r.layout, r.beam): sacrebleu.corpus_bleu([decode(h) for h in r.outputs], [refs]).score
+            for r in runs}
+    rows = table_rows(runs, bleu)
+    print_rows(rows)
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {json_path}")
+    return rows
+
+
+def run_same_weights(args, beams: list[int], ckpt: Path) -> int:
+    """Part (f) for every beam, layout and system of args; prints the table and writes --json.
+    Returns the exit status (2: an unknown system)."""
+    systems = [x.strip() for x in args.f_systems.split(",") if x.strip()]
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    if unknown := set(systems) - set(SYSTEMS):
+        print(f"--f-systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}", file=sys.stderr)
+        return 2
+    from model.checkpoint import load_checkpoint
+    from model.ct2 import convert_export
+    from model.marian_export import export_marian
+    from model.tokenizer import read_lines
+    from model.translate import encode_source
+    _, tok, _ = load_checkpoint(ckpt, pack=False)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    lines = read_lines(DATA / "test_2016_flickr.de.gz")[: args.limit]
+    refs = read_lines(DATA / "test_2016_flickr.en.gz")[: args.limit]
+    srcs = [encode_source(tok, line, cfg["max_len"]) for line in lines]
+    with tempfile.TemporaryDirectory() as tmp:
+        export = export_marian(ckpt, Path(tmp) / "marian")
+        common = {"checkpoint": str(ckpt), "export": str(export), "ct2": str(convert_export(export, Path(tmp) / "ct2")),
+                  "slots": args.engine_slots, "eos": cfg["eos_id"], "pad": cfg["pad_id"], "max_len": cfg["max_len"]}
+        print(f"\n(f) same weights, one run: {ckpt} exported; {len(srcs)} sentences; systems {', '.join(systems)}; "
+              f"layouts {', '.join(layouts)}; {args.rounds} interleaved round(s), median by tokens/s")
+        rounds: dict[tuple[str, str, int], list[Run]] = {}
+        for k in range(args.rounds):
+            for beam in beams:
+                for layout in layouts:
+                    for system in systems[k % len(systems):] + systems[: k % len(systems)]:
+                        run = run_f_layout(common, srcs, system, layout, beam)
+                        rounds.setdefault((system, layout, beam), []).append(run)
+                        print(f"  round {k + 1}: {system:20} {layout} {beam_name(beam):7} {run.tokens_per_s:8.0f} tok/s",
+                              flush=True)
+    runs = [median_run(rounds[(s, lay, b)]) for b in beams for lay in layouts for s in systems]
+    report(runs, tok.decode, refs, args.json)
+    return 0

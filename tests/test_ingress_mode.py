@@ -1,0 +1,79 @@
+"""The data plane the service runs on by default (``service/ray_env.py``): Ray Serve's throughput
+mode with HAProxy in front of the ingress replicas. The shared test service runs in it (unless
+``MT_TEST_PROXY=ray``), so every service test covers it; these check what the mode itself changes:
+requests really pass HAProxy, a request id passes through it in both directions, a streaming
+client that disconnects still cancels its sentences in the engine (test_service_load), overload still
+answers 503 + Retry-After (test_service_load). The settings themselves are checked without Ray.
+"""
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from conftest import metric_sum, post, sse_events
+from service.ray_env import THROUGHPUT, apply_serve_env, serve_env
+
+
+def test_serve_env_modes(tmp_path):
+    env = serve_env("haproxy", stats_port=18404, metrics_port=19101, workdir=str(tmp_path))
+    assert {k: env[k] for k in THROUGHPUT} == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    assert env["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404" and env["RAY_SERVE_HAPROXY_METRICS_PORT"] == "19101"
+    assert env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] == str(tmp_path / "haproxy.cfg")
+    assert all(v.startswith(str(tmp_path)) for k, v in env.items() if k.endswith(("_LOC", "_PATH", "_BASE", "_FILE")))
+    # two instances on one machine never share HAProxy's files
+    assert serve_env()["RAY_SERVE_HAPROXY_SOCKET_PATH"] != serve_env()["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+    assert not set(THROUGHPUT) & set(serve_env("ray"))
+    with pytest.raises(ValueError, match="proxy: expected one of"):
+        serve_env("nginx")
+
+
+def test_apply_serve_env_ray_clears_throughput_settings(monkeypatch):
+    for k in THROUGHPUT:
+        monkeypatch.setenv(k, "1")
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "7")   # an operator's own value wins
+    applied = apply_serve_env("ray")
+    assert not set(THROUGHPUT) & set(os.environ)
+    assert applied == {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "7"}
+
+
+def _haproxy_requests(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return metric_sum(text, "haproxy_frontend_http_requests_total", proxy="http_frontend")
+
+
+@pytest.mark.slow
+def test_requests_pass_haproxy_and_keep_their_request_id(service_url):
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        pytest.skip("the shared service runs with MT_TEST_PROXY=ray")
+    port = int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
+    before = _haproxy_requests(port)
+    r = post(service_url, {"text": "Ein Hund läuft."}, headers={"X-Request-ID": "mode-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "mode-1"
+    assert r.json()["translations"][0]["text"]
+    s = post(service_url, {"text": "Ein Hund läuft.", "stream": True}, headers={"X-Request-ID": "mode-2"})
+    assert s.status_code == 200 and s.headers["x-request-id"] == "mode-2"
+    assert s.headers["content-type"].startswith("text/event-stream")
+    assert [e for e, _ in sse_events(s.text)][-1] == "response"
+    bad = post(service_url, {"text": "x", "model": "nope"}, headers={"X-Request-ID": "mode-3"})
+    assert bad.status_code == 404 and bad.headers["x-request-id"] == "mode-3"
+    assert _haproxy_requests(port) >= before + 3
+
+
+def test_echo_backend_answers_each_text():
+    import asyncio
+
+    from service.loadtest.echo import EchoBackend
+    out = asyncio.run(EchoBackend().translate({"text": ["Ein Hund.", "Zwei Katzen laufen."]}))
+    assert [t["text"] for t in out["translations"]] == ["Ein Hund.", "Zwei Katzen laufen."]
+    assert out["usage"]["generated_tokens"] == 5
+
+
+@pytest.mark.parametrize("extra", [["--stream"], ["-r", "5"], ["--engine", "model/checkpoints/de-en"]])
+def test_compare_echo_runs_one_closed_http_loop(extra, capsys):
+    from service.loadtest.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["--compare-echo", "-d", "5", *extra])
+    assert e.value.code == 2
+    assert "--compare-echo runs one closed loop" in capsys.readouterr().err
