@@ -189,9 +189,7 @@ class Guard:
             who = bucket_id
         if limit is None:
             return self._count(Decision(None, {}, label, who), "allowed")
-        d = self._take(bucket_id, limit, label)
-        d.who = who
-        return d
+        return self._take(bucket_id, limit, label, who)
 
     # ---- concurrent streams ------------------------------------------------------------------------
     def open_stream(self, who: str, label: str = ANONYMOUS) -> Callable[[], None]:
@@ -226,7 +224,7 @@ class Guard:
         return self._count(Decision(ServiceError(401, message, field, type="unauthorized"),
                                     {"WWW-Authenticate": "Bearer"}, label), "unauthorized")
 
-    def _take(self, bucket_id: str, limit: RateLimit, label: str) -> Decision:
+    def _take(self, bucket_id: str, limit: RateLimit, label: str, who: str) -> Decision:
         n = self.settings.gateway_replicas
         rate, burst = limit.rate_per_s / n, max(1.0, limit.burst / n)
         now = self.clock()
@@ -242,7 +240,7 @@ class Guard:
         headers = {"RateLimit-Limit": str(int(burst)), "RateLimit-Remaining": str(int(b.tokens)),
                    "RateLimit-Reset": str(math.ceil((burst - b.tokens) / rate))}
         if ok:
-            return self._count(Decision(None, headers, label), "allowed")
+            return self._count(Decision(None, headers, label, who), "allowed")
         wait = (1 - b.tokens) / rate
         return self._count(Decision(ServiceError(
             429, f"rate limit: at most {limit.rate_per_s:g} requests/s (bursts of {limit.burst}) for this "

@@ -176,15 +176,12 @@ class ModelRunner:
         slots, tokens, positions = decode_inputs(seqs)
         dev = self.device
         need = any(s.search.attention_kinds for s in seqs)
+        inputs = [torch.tensor(x, device=dev) for x in (slots, tokens, positions)]
         if self.graphs is not None:
-            log_probs = self.graphs.step(torch.tensor(slots, device=dev), torch.tensor(tokens, device=dev),
-                                         torch.tensor(positions, device=dev), need, max(positions) + 1,
-                                         max(len(s.src_ids) for s in seqs))
+            log_probs = self.graphs.step(*inputs, need, max(positions) + 1, max(len(s.src_ids) for s in seqs))
             if log_probs is not None:
                 return StepOutput(log_probs), seqs
-        out = decoding.decode_step(self.model, self.cache, torch.tensor(slots, device=dev),
-                                   torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev), need)
-        return out, seqs
+        return decoding.decode_step(self.model, self.cache, *inputs, need), seqs
 
     def _update(self, parts: list[_Part], outputs: dict) -> None:
         """``search_step`` over all rows, then each request's output: its hypotheses when done, its
