@@ -132,6 +132,9 @@ def gateway_options(args: AppArgs) -> dict:
         "max_ongoing_requests": 1024,
         "max_queued_requests": 1024,
         "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
+        # a replaced gateway keeps serving until its replacement is ready: without the surge, a
+        # one-replica gateway left the HAProxy ingress with no route for a moment (404s)
+        "max_surge_percent": 100,
         **lifecycle(args),
     }
     opts.update(args.gateway)

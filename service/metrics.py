@@ -36,6 +36,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mt_guard_requests_total": ("counter", "requests the access guard decided on, by key id (a short hash; "
                                 "anonymous when keys are off; missing or invalid) and decision (allowed, "
                                 "unauthorized, rate_limited)", ("key", "decision")),
+    "mt_replica_retries_total": ("counter", "calls the gateway sent again because the translator replica holding "
+                                 "them was lost, by model and call (translate; stream; stream_resumed: a stream "
+                                 "that had sent tokens) and outcome (ok, failed)", ("model", "call", "outcome")),
     # engine (recorded by the translator replica that ran the work)
     "mt_queue_wait_seconds": ("histogram", "time a sentence waited in the engine queue before prefill, seconds",
                               ("model",)),
@@ -114,6 +117,25 @@ class GuardMetrics:
 
     def record(self, key: str, decision: str) -> None:
         self.requests.inc(1, tags={"key": key, "decision": decision})
+
+
+class RetryMetrics:
+    """The gateway's retries after a lost translator replica (``service.api.backends``); one per ingress replica.
+
+    Every (model, call, outcome) series starts at 0, so a scrape shows the counter before the first
+    retry and ``increase()`` sees the first one (Ray's public ``inc`` refuses 0, hence ``_record``).
+    """
+    CALLS, OUTCOMES = ("translate", "stream", "stream_resumed"), ("ok", "failed")
+
+    def __init__(self, models: list[str]):
+        self.retries = _make("mt_replica_retries_total")
+        for model in models:
+            for call in self.CALLS:
+                for outcome in self.OUTCOMES:
+                    self.retries._record(0, tags={"model": model, "call": call, "outcome": outcome})
+
+    def record(self, model: str, call: str, ok: bool) -> None:
+        self.retries.inc(1, tags={"model": model, "call": call, "outcome": "ok" if ok else "failed"})
 
 
 class EngineMetrics:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
+import os
 import re
 import subprocess
 import warnings
@@ -186,6 +187,36 @@ def test_rayservice_embeds_the_gpu_serve_config():
     ports = {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
     assert load_yaml(SERVE_CONFIGS[1])["http_options"]["port"] in ports
     assert int(head["rayStartParams"]["metrics-export-port"]) in ports
+    # A worker pod being stopped drains first (deploy/drain_node.sh), within its grace period, which
+    # outlasts the replicas' own drain.
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["/app/deploy/drain_node.sh"]
+    script = (DEPLOY / "drain_node.sh").read_text()
+    wait_s = int(re.search(r"DRAIN_WAIT_S:-(\d+)", script).group(1))
+    drains = [d["graceful_shutdown_timeout_s"] for app in load_yaml(SERVE_CONFIGS[1])["applications"]
+              for d in app.get("deployments", []) if "graceful_shutdown_timeout_s" in d]
+    assert drains and max(drains) < wait_s < gpu_group["template"]["spec"]["terminationGracePeriodSeconds"]
+
+
+def test_drain_node_script_drains_then_waits_for_the_replicas_bounded(tmp_path):
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/ray-args\n")
+    fake_ray.chmod(0o755)
+    title = f"fake-replica-{os.getpid()}"
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "REPLICA_TITLE": title}
+    # a "replica" that ends after 1 s: the script returns after it, long before its 30 s bound
+    replica = subprocess.Popen(["bash", "-c", f"exec -a {title} sleep 1"])
+    subprocess.run([str(DEPLOY / "drain_node.sh")], env={**env, "DRAIN_WAIT_S": "30"}, check=True, timeout=25)
+    assert replica.poll() is not None
+    args = (tmp_path / "ray-args").read_text().split()
+    assert args[:3] == ["drain-node", "--reason", "DRAIN_NODE_REASON_PREEMPTION"] and "--deadline-remaining-seconds" in args
+    # one that never ends: the script gives up after DRAIN_WAIT_S
+    replica = subprocess.Popen(["bash", "-c", f"exec -a {title} sleep 60"])
+    try:
+        subprocess.run([str(DEPLOY / "drain_node.sh")], env={**env, "DRAIN_WAIT_S": "2"}, check=True, timeout=20)
+        assert replica.poll() is None
+    finally:
+        replica.kill()
+        replica.wait()
 
 
 # ---- docker-compose -------------------------------------------------------------------------------
@@ -326,11 +357,13 @@ def test_dockerfile_references_existing_files_and_is_hardened():
     [cmd] = [json.loads(a) for op, a in ins if op == "CMD"]
     assert cmd == ["/app/deploy/entrypoint.sh"]
     assert any(op == "COPY" and "deploy/entrypoint.sh" in a and "/app/deploy/" in a for op, a in ins)
+    assert any(op == "COPY" and "deploy/drain_node.sh" in a and "/app/deploy/" in a for op, a in ins)
 
 
 def test_shell_scripts_parse():
     for script, shell in ((DEPLOY / "entrypoint.sh", "sh"), (DEPLOY / "install_prometheus.sh", "bash"),
-                          (DEPLOY / "install_browser.sh", "bash"), (DEPLOY / "gpu_check.sh", "bash")):
+                          (DEPLOY / "install_browser.sh", "bash"), (DEPLOY / "gpu_check.sh", "bash"),
+                          (DEPLOY / "drain_node.sh", "bash")):
         assert script.stat().st_mode & 0o111, f"{script.name} is not executable"
         subprocess.run([shell, "-n", str(script)], check=True)
     entry = (DEPLOY / "entrypoint.sh").read_text()

@@ -4,22 +4,28 @@ prefix ``/hard``): two translator replicas of a tiny model, at most 4 open strea
 - a fifth concurrent stream gets 429 naming the limit; a stream's slot comes back when it ends,
   fails (deadline) or its client leaves;
 - one translator replica killed (``ray.kill`` of its actor) under load: every request answers 200
-  (the gateway retries what the dead replica held, service/api/backends.py);
-- a redeploy of a changed config under load (every translator replica replaced, old ones drain):
-  every request 200;
+  (the gateway retries what the dead replica held, service/api/backends.py), and the retries are
+  counted in ``mt_replica_retries_total`` with none failed;
+- the process of the replica decoding a long stream killed mid-stream: the client's stream is
+  resumed and its text is the same as the unbroken translation;
+- a redeploy of a changed config under load (every translator replica replaced, old ones drain), and
+  one that replaces the gateway: every request 200;
 - the soak script with a tiny count: its counts add up, no 5xx but the deadline kind's 504.
 """
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import SECOND_MODEL
+from conftest import SECOND_MODEL, sse_events, wait_for_metric
 from service.loadtest.soak import SoakConfig, kill_replica, replica_actors, replica_rss, run_soak, send_one
 
 APP, PREFIX, MODEL = "hard", "/hard", "tiny"
@@ -68,16 +74,20 @@ def hard(service_info):
     serve.delete(APP)
 
 
-async def load(url: str, n: int, concurrency: int, during=None, after: int = 0) -> list[str]:
+async def load(url: str, n: int, concurrency: int, during=None, after: int = 0, cover: bool = False) -> list[str]:
     """n requests (4 sentences, up to 40 tokens each) from ``concurrency`` clients, two of which
-    stream; ``during()`` runs in a thread once ``after`` have answered. The outcome of each."""
+    stream; ``during()`` runs in a thread once ``after`` have answered. With ``cover``, the clients
+    go on past n until ``during()`` has returned (at most 20 n), so the load spans all of it. The
+    outcome of each."""
     body = {"text": " ".join(["Two dogs play in the snow."] * 4), "model": MODEL, "max_new_tokens": 40}
     outcomes: list[str] = []
-    started = asyncio.Event()
-    todo = iter(range(n))
+    started, finished = asyncio.Event(), asyncio.Event()
+    todo = iter(range(20 * n if cover else n))
 
     async def client_loop(client, stream: bool):
-        for _ in todo:
+        for i in todo:
+            if cover and i >= n and finished.is_set():
+                return
             outcomes.append(await send_one(client, "streamed", {**body, "stream": stream}))
             if len(outcomes) >= after:
                 started.set()
@@ -88,11 +98,24 @@ async def load(url: str, n: int, concurrency: int, during=None, after: int = 0) 
             async def run_during():
                 await started.wait()
                 await asyncio.get_running_loop().run_in_executor(None, during)
+                finished.set()
             side = asyncio.create_task(run_during())
         await asyncio.gather(*(client_loop(client, k < 2) for k in range(concurrency)))
         if side is not None:
             await side
     return outcomes
+
+
+def replaced(before: set[str], prefix: str, timeout_s: float = 120) -> None:
+    """Wait until none of the replica actors ``before`` (of deployments named ``prefix``...) is left
+    and one of the same deployments runs."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        now = set(replica_actors(APP, prefix))
+        if now and not before & now:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{prefix} replicas {sorted(before)} not replaced: {replica_actors(APP, prefix)}")
 
 
 def open_streams(url: str, body: dict, n: int) -> tuple[list, list]:
@@ -109,22 +132,109 @@ def test_replica_killed_under_load_no_request_fails(hard):
     assert victim and victim[0] not in replica_actors(APP)
     assert outcomes.count("200") == 48, Counter(outcomes)
     wait_running(url, 2)           # Serve replaces the replica
+    # the retries are counted (every series starts at 0, so they are there even if none was needed)
+    text = wait_for_metric(url, lambda t: len(retry_series(t)) == 6)
+    retries = retry_series(text)
+    assert len(retries) == 6 and sum(v for (call, outcome), v in retries.items() if outcome == "failed") == 0, retries
+
+
+def retry_series(text: str) -> dict[tuple[str, str], float]:
+    """ray_mt_replica_retries_total of this app's model: (call, outcome) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sm in family.samples:
+            if sm.name == "ray_mt_replica_retries_total" and sm.labels.get("model") == MODEL \
+                    and sm.labels.get("application") == APP:
+                key = (sm.labels["call"], sm.labels["outcome"])
+                out[key] = out.get(key, 0.0) + sm.value
+    return out
+
+
+def live_replica_pids() -> list[int]:
+    """Process ids of this app's translator replicas, zombies left out."""
+    pids = []
+    for key in replica_rss(APP):
+        pid = int(key.split()[1])
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")      # utime + stime
+
+
+def test_stream_resumed_when_its_replica_dies_mid_stream(hard):
+    """The process of the replica decoding a long stream is killed (SIGKILL) after its first tokens:
+    the client's one stream goes on where it stopped and its text is the unbroken translation."""
+    url, _ = hard
+    body = {"text": LONG, "model": MODEL, "max_new_tokens": 63}
+    reference = httpx.post(url + "/v1/translate", json=body, timeout=120).json()["translations"]
+    deadline = time.time() + 30     # the processes of the translator replicas (a killed one may linger)
+    while len(pids := live_replica_pids()) != 2 and time.time() < deadline:
+        time.sleep(0.5)
+    assert len(pids) == 2, pids
+    resumed = wait_for_metric(url, lambda t: len(retry_series(t)) == 6)
+    resumed = retry_series(resumed)[("stream_resumed", "ok")]
+    killed, block, events = None, [], []
+    with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
+        with client.stream("POST", "/v1/translate", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line:
+                    block.append(line)
+                    continue
+                events += sse_events("\n".join(block))
+                block = []
+                if killed is None and sum(e == "token" for e, _ in events) == 3:
+                    before = {p: cpu_seconds(p) for p in pids}
+                    time.sleep(0.5)
+                    used = {p: cpu_seconds(p) - before[p] for p in pids}
+                    killed = max(pids, key=used.get)    # the one decoding
+                    os.kill(killed, signal.SIGKILL)
+    assert killed is not None and events[-1][0] == "response", (events[-1], used)
+    texts: dict[int, str] = {}
+    for e, data in events:
+        if e == "token":
+            texts[data["index"]] = texts.get(data["index"], "") + data["text"]
+    assert [texts.get(i, "") for i in range(len(reference))] == [t["text"] for t in reference]
+    assert [t["text"] for t in events[-1][1]["translations"]] == [t["text"] for t in reference]
+    text = wait_for_metric(url, lambda t: retry_series(t).get(("stream_resumed", "ok"), 0) > resumed)
+    assert retry_series(text)[("stream_resumed", "ok")] == resumed + 1, (retry_series(text), used)  # the stream's
+    wait_running(url, 2)
 
 
 def test_redeploy_under_load_no_request_fails(hard):
     url, ckpt = hard
     before = set(replica_actors(APP))
-    done = threading.Event()
 
     def redeploy():
         # a new resource request of the translators: each of their replicas is replaced (the gateway
-        # stays; with the HAProxy ingress a replaced gateway answered some requests 404, see issue 16)
+        # stays); the load goes on until the last old replica has left
         deploy(app_args(ckpt, num_cpus=0.03))
-        done.set()
-    outcomes = asyncio.run(load(url, 48, 8, during=redeploy, after=4))
-    assert done.is_set() and outcomes.count("200") == 48, Counter(outcomes)
+        replaced(before, "Translator-")
+    outcomes = asyncio.run(load(url, 48, 8, during=redeploy, after=4, cover=True))
+    assert len(outcomes) > 48 and outcomes.count("200") == len(outcomes), Counter(outcomes)
     wait_running(url, 2)
-    assert not before & set(replica_actors(APP))     # all replaced
+
+
+def test_redeploy_of_the_gateway_under_load_no_request_fails(hard):
+    url, ckpt = hard
+    before = set(replica_actors(APP, "Gateway"))
+
+    def redeploy():
+        # the gateway's resources change: its replica is replaced, the translators stay (max_surge_percent:
+        # the old gateway serves until the new one is ready, so the ingress never loses the route)
+        deploy(app_args(ckpt, num_cpus=0.03, gateway={"ray_actor_options": {"num_cpus": 0.03}}))
+        replaced(before, "Gateway")
+    outcomes = asyncio.run(load(url, 48, 8, during=redeploy, after=4, cover=True))
+    assert len(outcomes) > 48 and outcomes.count("200") == len(outcomes), Counter(outcomes)
+    wait_running(url, 2)
 
 
 def test_soak_tiny_counts_add_up(hard):

@@ -137,12 +137,15 @@ def test_replica_lost_matches_ray_actor_errors_only():
 
 
 def test_translate_retried_once_when_the_replica_died():
+    retries = []
     h = FakeHandle(translate=[died(), RESPONSE])
-    assert asyncio.run(RemoteBackend({"m": h}).translate("m", job())) == RESPONSE and h.translate.calls == 2
-    h = FakeHandle(translate=[died(), died(), RESPONSE])
+    backend = RemoteBackend({"m": h}, lambda *a: retries.append(a))
+    assert asyncio.run(backend.translate("m", job())) == RESPONSE and h.translate.calls == 2
+    backend.handles["m"] = h = FakeHandle(translate=[died(), died(), RESPONSE])
     with pytest.raises(ServiceError) as e:                  # once only: then 503
-        asyncio.run(RemoteBackend({"m": h}).translate("m", job()))
+        asyncio.run(backend.translate("m", job()))
     assert e.value.status == 503 and h.translate.calls == 2
+    assert retries == [("m", "translate", True), ("m", "translate", False)]
 
 
 def test_answers_and_passed_deadlines_are_not_retried():
@@ -160,20 +163,45 @@ async def collect(items):
     return [x async for x in items]
 
 
-def test_stream_retried_before_its_first_token_not_after():
-    tok = StreamToken(index=0, text="Hello")
-    h = FakeHandle(stream=[[StreamStart(), died()], [StreamStart(), tok, RESPONSE]])
+def test_stream_retried_once_and_resumed_after_the_tokens_already_sent():
+    a, b, c = (StreamToken(index=0, text=t, token=t) for t in ("Hello", " dear", " world"))
+    d = StreamToken(index=1, text="Hi", token="Hi")
+    retries = []
+    h = FakeHandle(stream=[[StreamStart(), died()], [StreamStart(), a, RESPONSE]])
+    out = asyncio.run(collect(RemoteBackend({"m": h}, lambda *a: retries.append(a)).stream("m", job())))
+    assert out == [StreamStart(), a, RESPONSE] and h.stream.calls == 2     # one StreamStart
+    # lost after two tokens of text 0 and one of text 1: the retry repeats them, only the rest is passed on
+    h = FakeHandle(stream=[[StreamStart(), a, d, b, died()], [StreamStart(), a, d, b, c, RESPONSE]])
+    out = asyncio.run(collect(RemoteBackend({"m": h}, lambda *a: retries.append(a)).stream("m", job())))
+    assert out == [StreamStart(), a, d, b, c, RESPONSE] and h.stream.calls == 2
+    assert retries == [("m", "stream", True), ("m", "stream_resumed", True)]
+    # the retry's pieces split differently: the sent part is dropped, the rest cut to its new text
+    h = FakeHandle(stream=[[StreamStart(), a, b, died()],
+                           [StreamStart(), StreamToken(index=0, text="Hello de"), StreamToken(index=0, text="ar wor"),
+                            StreamToken(index=0, text="ld"), RESPONSE]])
     out = asyncio.run(collect(RemoteBackend({"m": h}).stream("m", job())))
-    assert out == [StreamStart(), tok, RESPONSE] and h.stream.calls == 2     # one StreamStart
-    h = FakeHandle(stream=[[StreamStart(), tok, died()], [StreamStart(), tok, RESPONSE]])
-    seen = []
+    assert "".join(x.text for x in out if isinstance(x, StreamToken)) == "Hello dear world"
+    assert out[3] == StreamToken(index=0, text=" wor") and out[-1] == RESPONSE
 
-    async def consume():
-        async for x in RemoteBackend({"m": h}).stream("m", job()):
-            seen.append(x)
-    with pytest.raises(ServiceError) as e:
-        asyncio.run(consume())
-    assert e.value.status == 503 and seen == [StreamStart(), tok] and h.stream.calls == 1
+
+def test_stream_not_resumed_when_the_retry_differs_or_dies_too():
+    a, b = StreamToken(index=0, text="Hello"), StreamToken(index=0, text=" world")
+    for retry in ([StreamStart(), StreamToken(index=0, text="Howdy"), b, RESPONSE],   # decoded differently
+                  [StreamStart(), a, died()]):                                           # lost again
+        h = FakeHandle(stream=[[StreamStart(), a, died()], retry])
+        seen, retries = [], []
+
+        async def consume():
+            async for x in RemoteBackend({"m": h}, lambda *a: retries.append(a)).stream("m", job()):
+                seen.append(x)
+        with pytest.raises(ServiceError) as e:
+            asyncio.run(consume())
+        assert e.value.status == 503 and seen == [StreamStart(), a] and h.stream.calls == 2
+        assert retries == [("m", "stream_resumed", False)]
+    h = FakeHandle(stream=[[StreamStart(), a, died()], [StreamStart(), a, b, RESPONSE]])
+    with pytest.raises(ServiceError):                        # the deadline passed: no retry
+        asyncio.run(collect(RemoteBackend({"m": h}).stream("m", job(deadline_in=-1))))
+    assert h.stream.calls == 1
 
 
 # ---- the translator's drain -----------------------------------------------------------------------------

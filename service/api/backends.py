@@ -4,18 +4,20 @@ and both raise what goes wrong as ``ServiceError`` (``errors.to_service_error``,
 
 A translation is idempotent, so ``RemoteBackend`` retries a call once when the translator replica
 that held it died or became unreachable before answering (``replica_lost``: Ray's ``ActorDiedError``
-/ ``ActorUnavailableError``, also as a ``RayTaskError``'s cause): a non-streaming request, or a stream
-that has yielded nothing past its ``StreamStart``. Serve's router has by then taken the dead replica
-out of rotation, so the retry goes to another one (or waits for the replacement). Errors the replica
-answered (``ErrorRecord``: 4xx, a full queue, a deadline) are never retried, and neither is a call
-whose deadline has passed.
+/ ``ActorUnavailableError``, also as a ``RayTaskError``'s cause). Serve's router has by then taken the
+dead replica out of rotation, so the retry goes to another one (or waits for the replacement). A
+stream that already passed on tokens is resumed: decoding is deterministic, so the retry's stream
+repeats them; ``_Resume`` drops what the client already has and passes on the rest, and gives up
+(the original 503) if the retry's text differs from what was sent. Errors the replica answered
+(``ErrorRecord``: 4xx, a full queue, a deadline) are never retried, and neither is a call whose
+deadline has passed.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from typing import AsyncIterator, Protocol, Union
+from typing import AsyncIterator, Callable, Optional, Protocol, Union
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.handle import DeploymentHandle
@@ -24,7 +26,7 @@ from service.translator import ModelCard, TranslatorInfo
 
 from .deadline import run_within, stream_within
 from .errors import ErrorRecord, ServiceError, mapped_errors
-from .schemas import StreamItem, StreamStart, TranslateJob, TranslateResponse
+from .schemas import StreamItem, StreamStart, StreamToken, TranslateJob, TranslateResponse
 
 logger = logging.getLogger("ray.serve")
 LOST = (ActorDiedError, ActorUnavailableError)   # the replica died or cannot be reached: no answer came
@@ -63,11 +65,55 @@ def _may_retry(e: BaseException, job: TranslateJob, model: str) -> bool:
     return True
 
 
-class RemoteBackend:
-    """Translators in their own Serve deployments (``service.app.TranslatorReplica``), one per model."""
+class _Resume:
+    """What a stream passed on so far, so that a retry after a lost replica passes on only the rest.
 
-    def __init__(self, handles: dict[str, DeploymentHandle]):
+    ``sent[i]``: the text of translation ``i`` the client has; ``replay[i]``: the text the retry
+    has produced of it so far. A retry's token inside the sent text is dropped if it matches; one past
+    it is passed on (cut to its new part). A mismatch re-raises the lost replica's error.
+    """
+
+    def __init__(self):
+        self.started = False
+        self.sent: dict[int, str] = {}
+        self.replay: dict[int, str] | None = None     # None: no retry yet
+        self.lost: BaseException | None = None
+
+    def new_part(self, item: StreamItem):
+        """The item to pass on (``item`` itself, or cut to its unsent part), or None to drop it."""
+        if isinstance(item, StreamStart):
+            if self.started:
+                return None                 # the retry's own start: the caller has one
+            self.started = True
+            return item
+        if not isinstance(item, StreamToken):
+            return item                     # the final response: whole, as the client expects
+        have = self.sent.get(item.index, "")
+        if self.replay is not None:
+            before = self.replay.get(item.index, "")
+            now = self.replay[item.index] = before + item.text
+            if len(before) < len(have):     # still inside what the client has
+                if not (have.startswith(now) or now.startswith(have)):
+                    raise self.lost         # the retry decoded differently: give up
+                if len(now) <= len(have):
+                    return None
+                item = StreamToken(index=item.index, text=now[len(have):], token=None)   # part of a piece
+        self.sent[item.index] = have + item.text
+        return item
+
+
+class RemoteBackend:
+    """Translators in their own Serve deployments (``service.app.TranslatorReplica``), one per model.
+
+    ``on_retry(model, call, ok)``: told of each retry after a lost replica and how it ended (``call``:
+    translate, stream, or stream_resumed when the stream had sent tokens); the gateway counts them in
+    ``mt_replica_retries_total``.
+    """
+
+    def __init__(self, handles: dict[str, DeploymentHandle],
+                 on_retry: Optional[Callable[[str, str, bool], None]] = None):
         self.handles = handles
+        self.on_retry = on_retry or (lambda model, call, ok: None)
 
     async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
         with mapped_errors(model):
@@ -76,26 +122,34 @@ class RemoteBackend:
             except Exception as e:  # noqa: BLE001 - only a lost replica is retried
                 if not _may_retry(e, job, model):
                     raise
-            return _unwrap(await self.handles[model].translate.remote(job))
+            try:
+                out = _unwrap(await self.handles[model].translate.remote(job))
+            except BaseException:
+                self.on_retry(model, "translate", False)
+                raise
+            self.on_retry(model, "translate", True)
+            return out
 
     async def stream(self, model: str, job: TranslateJob) -> AsyncIterator[StreamItem]:
-        started = sent = False      # StreamStart passed on; anything after it passed on
+        resume, call = _Resume(), "stream"
         with mapped_errors(model):
             for attempt in range(2):
                 try:
                     async for item in self.handles[model].options(stream=True).stream.remote(job):
-                        item = _unwrap(item)
-                        if isinstance(item, StreamStart):
-                            if started:
-                                continue        # the retry's own start: the caller has one
-                            started = True
-                        else:
-                            sent = True
-                        yield item
+                        item = resume.new_part(_unwrap(item))
+                        if item is not None:
+                            yield item
+                    if attempt:
+                        self.on_retry(model, call, True)
                     return
-                except Exception as e:  # noqa: BLE001 - only a lost replica before any token is retried
-                    if attempt or sent or not _may_retry(e, job, model):
+                except Exception as e:  # noqa: BLE001 - only a lost replica is retried, once
+                    if attempt:
+                        self.on_retry(model, call, False)
+                    if attempt or not _may_retry(e, job, model):
                         raise
+                    resume.lost = e
+                    resume.replay = {}
+                    call = "stream_resumed" if resume.sent else "stream"
 
     async def ready(self, model: str) -> bool:
         with mapped_errors(model):

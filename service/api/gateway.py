@@ -21,7 +21,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from service.engine import EngineConfig
-from service.metrics import GuardMetrics, scrape_metrics
+from service.metrics import GuardMetrics, RetryMetrics, scrape_metrics
 from service.translator import ModelCard
 
 from . import explorer, libretranslate, sse
@@ -115,7 +115,8 @@ class Gateway:
                  max_timeout_s: float = 60.0):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
-        self.backend: Backend = RemoteBackend(handles) if handles is not None else LocalBackend(cards, num_threads)
+        self.backend: Backend = (RemoteBackend(handles, RetryMetrics(list(self.cards)).record) if handles is not None
+                                 else LocalBackend(cards, num_threads))
         self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
         self.max_timeout_s = max_timeout_s
         self.guard = Guard(GuardSettings.model_validate(guard or {}))
