@@ -73,7 +73,11 @@ class PackedWeight:
         self.dtype = dtype
         if dtype == torch.int8:  # one scale per output feature: the rows of w, quantized like inputs
             q, self.scale = kernels.quantize_rows_eager(w.float())                # [out, in], [out]
-            self.packed = q.t()                                                   # [in, out] view
+            # Two layouts of the same int8 values, [in, out] each: torch._int_mm is 2-3x faster on one
+            # row with the column-major view, and up to 1.9x faster on 2+ rows with the row-major copy
+            # (d_ff -> d_model most). Integer products are exact, so both give the same bits.
+            self.packed = q.t()                                                   # column-major view
+            self.packed_rows = self.packed.contiguous()                           # row-major copy
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(dtype))
         # Check the kernel once against the plain product on a small input; any mismatch -> not used.
@@ -101,7 +105,8 @@ class PackedWeight:
         quantize = kernels.quantize_rows_eager if ops is None else ops.quantize_rows
         dequantize = kernels.dequantize_eager if ops is None else ops.dequantize
         q, scale = quantize(rows)
-        out = dequantize(torch._int_mm(q, self.packed), scale, self.scale, bias)   # exact int32 products
+        w = self.packed if rows.size(0) == 1 else self.packed_rows
+        out = dequantize(torch._int_mm(q, w), scale, self.scale, bias)   # exact int32 products
         return out.view(*x.shape[:-1], out.size(-1))
 
     def valid_for(self, weight: Tensor) -> bool:

@@ -56,11 +56,12 @@ def test_int8_linear_quantizes_per_row_and_per_output_feature():
     assert out.shape == (2, 5, 40) and out.dtype == torch.float32
     # reference: the same quantization written out row by row in float64
     wq = torch.round(w.double() / p.scale.double()[:, None]).clamp(-127, 127)
-    for r in x.reshape(-1, 24):
+    for r, batched in zip(x.reshape(-1, 24), out.reshape(-1, 40)):
         s = float(r.abs().max()) / 127 or 1.0
         ref = (torch.round(r.double() / s) @ wq.t()) * s * p.scale.double() + b.double()
         got = p(r[None], b)[0]
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, batched)          # one row (the column-major layout) = the same row batched
     torch.testing.assert_close(out[1, 2], b)
     torch.testing.assert_close(out[:, :, 3], b[3].expand(2, 5))
     # per-row scales: each row is within ~1% of float32, however small or large it is
