@@ -209,29 +209,21 @@ def test_stream_resumed_when_its_replica_dies_mid_stream(hard):
     wait_running(url, 2)
 
 
-def test_redeploy_under_load_no_request_fails(hard):
+# A new resource request of the translators replaces each of their replicas (the gateway stays); one
+# of the gateway replaces its replica (the translators stay; max_surge_percent: the old gateway serves
+# until the new one is ready, so the ingress never loses the route). The load goes on until the last
+# old replica has left. Run in this order: the second keeps the first's translator change.
+@pytest.mark.parametrize("replaced_prefix, changes", [
+    ("Translator-", {"num_cpus": 0.03}),
+    ("Gateway", {"num_cpus": 0.03, "gateway": {"ray_actor_options": {"num_cpus": 0.03}}}),
+], ids=["translators", "gateway"])
+def test_redeploy_under_load_no_request_fails(hard, replaced_prefix, changes):
     url, ckpt = hard
-    before = set(replica_actors(APP))
+    before = set(replica_actors(APP, replaced_prefix))
 
     def redeploy():
-        # a new resource request of the translators: each of their replicas is replaced (the gateway
-        # stays); the load goes on until the last old replica has left
-        deploy(app_args(ckpt, num_cpus=0.03))
-        replaced(before, "Translator-")
-    outcomes = asyncio.run(load(url, 48, 8, during=redeploy, after=4, cover=True))
-    assert len(outcomes) > 48 and outcomes.count("200") == len(outcomes), Counter(outcomes)
-    wait_running(url, 2)
-
-
-def test_redeploy_of_the_gateway_under_load_no_request_fails(hard):
-    url, ckpt = hard
-    before = set(replica_actors(APP, "Gateway"))
-
-    def redeploy():
-        # the gateway's resources change: its replica is replaced, the translators stay (max_surge_percent:
-        # the old gateway serves until the new one is ready, so the ingress never loses the route)
-        deploy(app_args(ckpt, num_cpus=0.03, gateway={"ray_actor_options": {"num_cpus": 0.03}}))
-        replaced(before, "Gateway")
+        deploy(app_args(ckpt, **changes))
+        replaced(before, replaced_prefix)
     outcomes = asyncio.run(load(url, 48, 8, during=redeploy, after=4, cover=True))
     assert len(outcomes) > 48 and outcomes.count("200") == len(outcomes), Counter(outcomes)
     wait_running(url, 2)
