@@ -79,7 +79,8 @@ class FeedForward(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.drop(self.act(self.w1(x))))
+        h = self.act(self.w1(x))
+        return self.w2(self.drop(h) if self.training else h)    # (eval: no dropout call per step)
 
 
 class Residual(nn.Module):
@@ -96,7 +97,7 @@ class Residual(nn.Module):
         return self.norm(x) if self.norm_first else x
 
     def post(self, x: Tensor, y: Tensor) -> Tensor:
-        out = x + self.drop(y)
+        out = x + (self.drop(y) if self.training else y)
         return out if self.norm_first else self.norm(out)
 
 
