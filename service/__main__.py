@@ -24,7 +24,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .ray_env import PROXIES, apply_serve_env
+from .ray_env import PROXIES, apply_serve_env, haproxy_ports, remove_workdir
 
 
 def load_config(path: str | None) -> dict:
@@ -80,7 +80,10 @@ def main(argv=None) -> int:
 
     # Ray Serve reads its data-plane settings when imported, in every process: into os.environ before
     # ray is imported here and before ray.init starts the processes that inherit them.
-    serve_env = apply_serve_env(args.proxy)
+    ports = haproxy_ports() if args.proxy == "haproxy" else {}
+    if ports:
+        print(f"HAProxy's default stats/metrics port is taken (another instance?): using {ports}", flush=True)
+    serve_env = apply_serve_env(args.proxy, **ports)
     import ray
     from ray import serve
 
@@ -132,6 +135,7 @@ def main(argv=None) -> int:
         finally:
             if started_ray:
                 ray.shutdown()
+                remove_workdir(serve_env)
     return 0
 
 

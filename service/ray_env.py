@@ -14,11 +14,17 @@ the container / ``runtime_env`` of the cluster (``deploy/serve_config*.yaml``, `
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import tempfile
 from typing import Optional
 
 PROXIES = ("haproxy", "ray")
 THROUGHPUT = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# Deployment handles call over gRPC in that mode, and a replica accepts messages of at most 4 MiB by
+# default: a response with attention weights (up to schemas.MAX_ATTENTION_VALUES, ~10 bytes each when
+# pickled) needs more.
+GRPC_MESSAGE = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(64 * 1024 * 1024)}
 
 
 def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_port: Optional[int] = None,
@@ -37,7 +43,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     if proxy != "haproxy":
         raise ValueError(f"proxy: expected one of {PROXIES}, got {proxy!r}")
     workdir = workdir or tempfile.mkdtemp(prefix="mt-haproxy-")
-    env.update(THROUGHPUT,
+    env.update(THROUGHPUT, **GRPC_MESSAGE,
                # A stopping ingress replica stays reachable this long before it refuses new connections
                # (Serve's default 30 s is for external load balancers; its own HAProxy learns at once).
                RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S="2",
@@ -63,3 +69,36 @@ def apply_serve_env(proxy: str = "haproxy", **kw) -> dict[str, str]:
     for k, v in env.items():
         os.environ.setdefault(k, v)
     return {k: os.environ[k] for k in env}
+
+
+HAPROXY_DEFAULT_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
+
+
+def _in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def haproxy_ports() -> dict[str, int]:
+    """stats_port / metrics_port for ``serve_env``: a free port instead of Serve's default (8404,
+    9101) where that one is taken, e.g. by another instance's HAProxy on this machine (HAProxy would
+    not start); nothing for a port the environment sets."""
+    out = {}
+    for var, default in HAPROXY_DEFAULT_PORTS.items():
+        if var not in os.environ and _in_use(default):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                out["stats_port" if "STATS" in var else "metrics_port"] = sock.getsockname()[1]
+    return out
+
+
+def remove_workdir(env: dict[str, str]) -> None:
+    """Remove the HAProxy directory ``serve_env`` made (config, sockets, state), once Ray has stopped;
+    a directory the operator chose is left alone."""
+    d = env.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE")
+    if d and os.path.dirname(d) == tempfile.gettempdir() and os.path.basename(d).startswith("mt-haproxy-"):
+        shutil.rmtree(d, ignore_errors=True)

@@ -275,3 +275,27 @@ def test_an_app_under_a_route_prefix_checks_its_own_paths():
     assert "application/json" in r.json()["error"]["message"]
     r = prefixed.get("/embedded/translate")
     assert r.status_code == 405 and isinstance(r.json()["error"], str)      # LibreTranslate's shape
+
+
+def test_a_bug_is_a_json_500_and_a_huge_number_names_its_digits():
+    app = make_app()
+
+    @app.post("/v1/bug")
+    async def bug():
+        raise RuntimeError("boom")
+
+    @app.get("/languages")
+    async def libre_bug():
+        raise KeyError("x")
+    client = TestClient(app, raise_server_exceptions=False)
+    r = client.post("/v1/bug", json={})
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    err = r.json()["error"]
+    assert err["type"] == "internal_error" and "RuntimeError" in err["message"] and "boom" not in err["message"]
+    r = client.get("/languages")        # a LibreTranslate route: its shape, {"error": message}
+    assert r.status_code == 500 and "KeyError" in r.json()["error"]
+    digits = "9" * 5000     # more than Python's int parser takes (4300): not "error parsing the body"
+    r = client.post("/v1/translate", content=f'{{"text": "x", "beam_size": {digits}}}',
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "body"
+    assert "more than 4300 digits" in r.json()["error"]["message"]

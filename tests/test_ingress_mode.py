@@ -77,3 +77,29 @@ def test_compare_echo_runs_one_closed_http_loop(extra, capsys):
         main(["--compare-echo", "-d", "5", *extra])
     assert e.value.code == 2
     assert "--compare-echo runs one closed loop" in capsys.readouterr().err
+
+
+def test_haproxy_ports_move_off_a_taken_default_and_its_directory_is_removed(monkeypatch, tmp_path):
+    import socket
+    from service.ray_env import haproxy_ports, remove_workdir
+    for var in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    holder = socket.socket()
+    try:
+        holder.bind(("0.0.0.0", 8404))      # as another instance's HAProxy would (or it is taken already)
+    except OSError:
+        pass
+    try:
+        ports = haproxy_ports()
+        assert ports["stats_port"] not in (8404, 0)
+    finally:
+        holder.close()
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")      # the operator's choice stands
+    assert "stats_port" not in haproxy_ports()
+    env = serve_env("haproxy")
+    workdir = env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]
+    assert os.path.isdir(workdir)
+    remove_workdir(env)
+    assert not os.path.exists(workdir)
+    remove_workdir({"RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(tmp_path)})    # not one it made: kept
+    assert tmp_path.is_dir()

@@ -80,3 +80,30 @@ def test_limits_are_service_errors_naming_field_and_limit(card):
             assert words in err.message and field.split(".")[0] in err.message
         await t.stop()
     asyncio.run(main())
+
+
+def test_attention_over_the_response_limit_is_a_413_counting_the_weights(card, monkeypatch):
+    """The weights a response would hold (texts x kinds x layers x heads x rows x cols) are counted
+    before any matrix is built; over MAX_ATTENTION_VALUES the request is a 413 naming the count and
+    the limit. Just at the limit, the same request passes and holds exactly that many weights."""
+    from service.translator import output
+
+    async def main():
+        t = Translator(card)
+        await t.reconfigure({"max_num_seqs": 4})
+        req = request(["Ein Hund läuft. Zwei Männer.", "Hallo."], return_attention=True,
+                      attention={"kinds": ["cross", "encoder"], "layers": [0], "heads": [0, 1]})
+        res = await t.translate(req)
+        held = sum(len(m) * len(m[0]) * len(m[0][0]) * len(m[0][0][0])
+                   for tr in res.translations for m in tr.attention.values() if m)
+        assert held > 0
+        monkeypatch.setattr(output, "MAX_ATTENTION_VALUES", held)
+        assert (await t.translate(req)).translations == res.translations
+        monkeypatch.setattr(output, "MAX_ATTENTION_VALUES", held - 1)
+        with pytest.raises(ServiceError) as e:
+            await t.translate(req)
+        assert (e.value.status, e.value.field) == (413, "return_attention")
+        assert f"holds {held:,} weights" in e.value.message and f"at most {held - 1:,}" in e.value.message
+        assert (await t.translate(request(["Ein Hund läuft. Zwei Männer."]))).translations   # no attention: fine
+        await t.stop()
+    asyncio.run(main())

@@ -198,6 +198,9 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         cause = exc.__cause__
         if isinstance(cause, RecursionError):
             return error_response(ServiceError(422, f"body: {JSON_TOO_DEEP}", "body"))
+        if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+            return error_response(ServiceError(
+                422, f"body: a number with more than {sys.get_int_max_str_digits()} digits; no field takes one", "body"))
         if isinstance(cause, UnicodeDecodeError):
             return error_response(ServiceError(
                 422, f"body: not valid UTF-8 ({cause.reason} at byte {cause.start}); send UTF-8 JSON", "body"))
@@ -210,8 +213,16 @@ async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
     return libre_error_response(exc) if _is_libre(request) else error_response(exc)
 
 
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: a 500 in the route's error shape (Starlette logs the traceback after it is sent)."""
+    return await _service_error(request, ServiceError(500, f"internal error ({type(exc).__name__}); please "
+                                                           "report it with the request's X-Request-ID"))
+
+
 def add_exception_handlers(api: FastAPI) -> None:
-    """Render validation, framework and service errors in the service's error shapes."""
+    """Render validation, framework and service errors in the service's error shapes, and anything
+    else as a 500 in the same shapes (never Starlette's plain-text page)."""
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(StarletteHTTPException, _http_error)
     api.add_exception_handler(ServiceError, _service_error)
+    api.add_exception_handler(Exception, _unexpected_error)

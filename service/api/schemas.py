@@ -27,6 +27,7 @@ MAX_TEXTS = 64                 # texts in one request (a list `text` / LibreTran
 MAX_TEXT_CHARS = 5_000         # characters in one text (the per-text cap; each sentence has the model's cap)
 MAX_SENTENCES = 256            # sentences in one request after splitting every text
 MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds one KV-cache slot)
+MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)
 
 
 class _Strict(BaseModel):

@@ -8,8 +8,9 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from model.search import Hypothesis
-from service.api.schemas import (Alternative, AttentionSelection, TranslateJob, TranslateResponse, Translation,
-                                 Usage)
+from service.api.errors import ServiceError
+from service.api.schemas import (MAX_ATTENTION_VALUES, Alternative, AttentionSelection, TranslateJob,
+                                 TranslateResponse, Translation, Usage)
 from service.engine import TranslationResult
 
 from .text import Piece, Split
@@ -24,12 +25,22 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
     """One Translation per text of ``job`` (``results[k]`` is the engine's result for ``pieces[k]``).
 
     ``text_of`` turns a hypothesis into its sentence's text (the translator's: protected spans and
-    case restored, ``protect.py``).
+    case restored, ``protect.py``). Raises ServiceError 413 when the attention asked for would hold
+    more than MAX_ATTENTION_VALUES weights (checked before any matrix is built).
     """
     by_text: dict[int, list[tuple[Piece, TranslationResult]]] = {}
     for p, r in zip(pieces, results):
         by_text.setdefault(p.text_index, []).append((p, r))
     kinds = job.options.attention_kinds
+    if kinds:
+        n = sum(attention_values(kind, [r.hypotheses[0] for _, r in items], [p.src_ids for p, _ in items],
+                                 job.attention) for items in by_text.values() for kind in kinds)
+        if n > MAX_ATTENTION_VALUES:
+            raise ServiceError(413, f"return_attention: the attention asked for holds {n:,} weights, at most "
+                                    f"{MAX_ATTENTION_VALUES:,} per response (each text's matrix is layers x heads "
+                                    "x its tokens x its tokens, per kind): select fewer attention.kinds, "
+                                    "attention.layers or attention.heads, or send shorter texts",
+                               "return_attention")
     translations, src_total, gen_total = [], 0, 0
     for i, split in enumerate(splits):
         items = by_text.get(i, [])
@@ -76,6 +87,23 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else -1e9
 
 
+def _extent(kind: str, hyps: list, sources: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Rows and columns of each sentence's block (see ``block_diagonal``)."""
+    rows = [len(h.tokens) if kind != "encoder" else len(s) for h, s in zip(hyps, sources)]
+    cols = [len(s) if kind != "decoder" else len(h.tokens) for h, s in zip(hyps, sources)]
+    return rows, cols
+
+
+def attention_values(kind: str, hyps: list, sources: list[list[int]], selection: AttentionSelection) -> int:
+    """How many weights ``block_diagonal`` returns for one text: layers x heads x rows x cols."""
+    ref = next((m for m in ((h.attention or {}).get(kind) for h in hyps) if m is not None and m.dim() == 4), None)
+    if ref is None:
+        return 0
+    rows, cols = _extent(kind, hyps, sources)
+    return (len(selection.layers or range(ref.shape[0])) * len(selection.heads or range(ref.shape[1]))
+            * sum(rows) * sum(cols))
+
+
 def block_diagonal(kind: str, hyps: list, sources: list[list[int]], layers: Optional[Sequence[int]],
                    heads: Optional[Sequence[int]]) -> list:
     """Per-sentence attention [L, H, rows, cols] placed on the diagonal of one text-level matrix.
@@ -86,8 +114,7 @@ def block_diagonal(kind: str, hyps: list, sources: list[list[int]], layers: Opti
     [len(layers)][len(heads)][rows][cols] rounded to 5 decimals ([] when no sentence has weights).
     """
     mats = [(h.attention or {}).get(kind) for h in hyps]     # none for a sentence never decoded
-    rows = [len(h.tokens) if kind != "encoder" else len(s) for h, s in zip(hyps, sources)]
-    cols = [len(s) if kind != "decoder" else len(h.tokens) for h, s in zip(hyps, sources)]
+    rows, cols = _extent(kind, hyps, sources)
     ref = next((m for m in mats if m is not None and m.dim() == 4), None)
     if ref is None:
         return []
