@@ -126,6 +126,26 @@ def test_attention_shapes_match_tokens_and_rows_sum_to_one(service_url, service_
     assert "attention" not in translate(service_url, SENTENCES[0])["translations"][0]
 
 
+def test_long_attention_crosses_the_hop_and_too_much_is_a_413(service_url, service_info):
+    """Over 4 MiB of weights (gRPC's default message cap between deployments) come through; more
+    than MAX_ATTENTION_VALUES is a 413 naming the field, as JSON or as a stream's error event."""
+    from service.api.schemas import MAX_ATTENTION_VALUES
+    text = " ".join(SENTENCES)       # 12 sentences: ~800k cross weights
+    out = translate(service_url, text, return_attention=True)["translations"][0]     # cross only
+    T, S = len(out["tokens"]), len(out["source_tokens"])
+    layers = out["attention"]["cross"]
+    assert len(layers) * len(layers[0]) * T * S * 9 > 4 * 2**20, (T, S)    # > 4 MiB pickled (9 bytes a float)
+    _rows_sum_to_one(layers[-1][-1], T, S)
+    body = {"text": [text] * 2, "return_attention": True, "attention": {"kinds": ["cross", "encoder", "decoder"]}}
+    r = post(service_url, body)
+    assert r.status_code == 413, r.text[:300]
+    err = r.json()["error"]
+    assert err["field"] == "return_attention" and f"at most {MAX_ATTENTION_VALUES:,}" in err["message"]
+    r = post(service_url, {**body, "stream": True})
+    assert r.status_code == 200 and sse_events(r.text)[-1][0] == "error"
+    assert "return_attention" in sse_events(r.text)[-1][1]["error"]["message"]
+
+
 def test_n_best_alternatives(service_url):
     t = translate(service_url, SENTENCES[2], beam_size=4, n_best=3)["translations"][0]
     assert 1 <= len(t["alternatives"]) <= 2

@@ -269,6 +269,17 @@ def test_control_and_format_characters_are_glue_around_sentences_and_kept_out_of
         assert not any(p.startswith("<0x") for t in (lead, in_word, before_word) for p in t.source_tokens)
 
 
+def test_combining_marks_the_vocabulary_lacks_are_left_out_after_composition(tok, translate):
+    """A mark that composes with its letter stays ("Cafe" + U+0301 -> "Café"); marks left over after
+    composition (three diaereses on one "u") are left out of the model's input, not byte pieces."""
+    plain, marked, composed = translate(["Ein Hund rennt.", "Ein Hu\u0308\u0308\u0308nd rennt.", "Ein Hu\u0308nd rennt."])
+    assert not any(p.startswith("<0x") for p in marked.source_tokens), marked.source_tokens
+    assert marked.source_tokens == composed.source_tokens and marked.text == composed.text
+    assert "ü" in "".join(composed.source_tokens) and plain.source_tokens != composed.source_tokens
+    [cafe] = translate(["Ein Mann im Cafe\u0301."])
+    assert "é" in "".join(cafe.source_tokens) and not any(p.startswith("<0x") for p in cafe.source_tokens)
+
+
 def test_nested_inline_elements_are_one_sentence_without_repeated_text(translate):
     """Inline elements inside inline elements: the run is translated as one sentence (the text without
     tags is exactly its translation, nothing repeated) and every tag comes back byte for byte, in order."""

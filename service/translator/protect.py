@@ -121,6 +121,15 @@ class Protector:
         return bool(self.tok.decode(ids).strip()) and \
             all(i != self.tok.unk_id and not _is_byte(p) for i, p in zip(ids, self.tok.pieces(ids)))
 
+    def _model_text(self, text: str) -> str:
+        """Text (no spans in it) as the model gets it: composed (NFC), without control and format
+        characters (whitespace kept; a soft hyphen inside a word leaves the word whole, "Hu\u00adnd"
+        -> "Hund") and without combining marks the vocabulary lacks even after composition ("u" + three
+        U+0308 -> "ü"): the model cannot translate them (they would be byte pieces, and garble the sentence)."""
+        return "".join(c for c in unicodedata.normalize("NFC", text)
+                       if c.isspace() or not (is_glue(c) or (unicodedata.category(c) in ("Mn", "Me")
+                                                             and not self.known(c))))
+
     def find_spans(self, text: str, merge: bool = True) -> list[Span]:
         """Protected spans of text, in order, non-overlapping; with ``merge`` spans separated only by
         whitespace are one (the whitespace between them is kept verbatim)."""
@@ -195,14 +204,14 @@ class Protector:
         kinds = []
         for s in spans:
             kinds.append("number" if re.match(r"[+-]?\d", sentence[s.start:s.end]) else "other")
-            before, glued = _unformatted(sentence[pos:s.start]), len(self.placeholder_ids[kinds[-1]]) > 1
+            before, glued = self._model_text(sentence[pos:s.start]), len(self.placeholder_ids[kinds[-1]]) > 1
             space = before and (before[-1].isalnum() or not (glued or before[-1].isspace()))
             parts.append(before + (" " if space else "") + self.placeholders[kinds[-1]])
             after = sentence[s.end:s.end + 1]
             if after and (after.isalnum() or after in "([{"):
                 parts.append(" ")
             pos = s.end
-        parts.append(_unformatted(sentence[pos:hi]))
+        parts.append(self._model_text(sentence[pos:hi]))
         text = "".join(parts)
         style, bare = None, _without(text, {self.placeholders[k] for k in kinds})
         if self.truecaser is not None:
@@ -341,11 +350,6 @@ def _invisible(c: str) -> bool:
     return unicodedata.category(c) in ("Cc", "Cf", "Mn", "Me", "Zs")
 
 
-def _unformatted(text: str) -> str:
-    """Text without its control and format characters (whitespace kept): the model cannot translate
-    them (they would be byte pieces, and garble the sentence); a soft hyphen inside a word leaves
-    the word whole ("Hu\u00adnd" -> "Hund")."""
-    return "".join(c for c in text if c.isspace() or not is_glue(c))
 
 
 def _opened(url: str, closer: str) -> bool:
