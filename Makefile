@@ -1,5 +1,5 @@
 # One command sets up and runs each main job:
-#   make serve   - create .venv, install, start the HTTP service on 127.0.0.1:8000 (shipped de->en model)
+#   make serve   - create .venv, install, start the HTTP service on 127.0.0.1:8000 (shipped models; ARGS="--port N ...")
 #   make test    - create .venv, install, run the whole test suite (what .ci/run calls)
 #   make bench   - the engine benchmark on the shipped model (figures, not a test; docs/performance.md)
 PYTHON ?= python3
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 serve: setup
-	$(BIN)/python -m service
+	$(BIN)/python -m service $(ARGS)
 
 bench: setup
 	$(BIN)/python -m service.bench_engine --parts a,b,c,d --rounds 3

@@ -354,6 +354,15 @@ async def test_bad_inputs_raise_typed_validation_errors(model64, src, opts, fiel
     await engine.stop()
 
 
+def test_min_new_tokens_above_the_default_max_says_it_is_the_default(model64):
+    engine = Engine(model64, EngineConfig(max_num_seqs=16))
+    with pytest.raises(EngineValidationError, match=r"max_new_tokens \(\d+: the default max_new_tokens for this "
+                                                    r"sentence's length\), got 1000"):
+        engine.validate([5, 3], GenerationOptions(min_new_tokens=1000))
+    with pytest.raises(EngineValidationError, match=r"max_new_tokens \(4: max_new_tokens\), got 5"):
+        engine.validate([5, 3], GenerationOptions(max_new_tokens=4, min_new_tokens=5))
+
+
 @pytest.mark.parametrize("max_new", [0, 1])
 async def test_tiny_budgets_and_an_eos_only_source_are_served(model64, max_new):
     engine = Engine(model64, EngineConfig(max_num_seqs=16))

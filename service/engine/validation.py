@@ -55,13 +55,15 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
                                               f"got {o.n_best!r}")
     limit = min(max_tgt_len, cfg.max_len - 1)
     max_new = o.max_new_tokens
-    if max_new is None:
+    default = max_new is None
+    if default:
         max_new = min(default_max_new_tokens(len(src_ids), cfg.max_len), limit)
     elif not is_int(max_new) or not 0 <= max_new <= limit:
         raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limit}, got {max_new!r}")
     if not is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= max_new:
-        raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}), "
-                                                      f"got {o.min_new_tokens!r}")
+        which = "the default max_new_tokens for this sentence's length" if default else "max_new_tokens"
+        raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}: "
+                                                      f"{which}), got {o.min_new_tokens!r}")
     lp = o.length_penalty
     if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
         raise EngineValidationError("length_penalty", f"must be a finite number, got {lp!r}")
