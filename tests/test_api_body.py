@@ -299,3 +299,17 @@ def test_a_bug_is_a_json_500_and_a_huge_number_names_its_digits():
                     headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["error"]["field"] == "body"
     assert "more than 4300 digits" in r.json()["error"]["message"]
+
+
+def test_libre_form_fields_are_never_dropped(client):
+    """A repeated field other than q (a batch), or a field sent as a file upload, is a 400 naming it."""
+    r = client.post("/translate", content="q=Hallo&source=de&source=en",
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "'source' given 2 times" in r.json()["error"]
+    r = client.post("/translate?target=en&target=fr", data={"q": "Hallo"})
+    assert r.status_code == 400 and "query parameter 'target' given 2 times" in r.json()["error"]
+    r = client.post("/translate", data={"source": "de"}, files={"q": ("q.txt", b"Hallo Welt", "text/plain")})
+    assert r.status_code == 400 and "'q' was sent as a file (q.txt)" in r.json()["error"]
+    r = client.post("/translate", content="q=Ein%20Hund&q=Zwei\r\nKatzen&source=de",
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json() == {"q": ["Ein Hund", "Zwei\nKatzen"], "source": "de"}

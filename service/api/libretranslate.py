@@ -219,7 +219,7 @@ async def read_fields(request: Request) -> Fields:
         if not isinstance(body, dict):
             raise ServiceError(400, "Invalid JSON format")
         return body
-    fields: Fields = dict(request.query_params)
+    fields: Fields = _grouped(request.query_params.multi_items(), "query parameter")
     if ctype not in FORM_TYPES and await request.body():
         raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {ctype or 'missing'}; "
                                 f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
@@ -227,7 +227,11 @@ async def read_fields(request: Request) -> Fields:
         if ctype == "multipart/form-data":
             await _check_multipart(request)
             form = await request.form()
-            pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
+            pairs = form.multi_items()
+            for k, v in pairs:
+                if not isinstance(v, str):      # an uploaded file: never read as the field's text
+                    raise ServiceError(400, f"Invalid request: form field {k!r} was sent as a file "
+                                            f"({v.filename or 'no name'}); send it as a text field", k)
         else:
             # Decoded as UTF-8 ourselves: clients (curl -d) send raw UTF-8 bytes unescaped, and a
             # Latin-1 reading would garble them.
@@ -239,14 +243,25 @@ async def read_fields(request: Request) -> Fields:
                 pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
             except UnicodeDecodeError:
                 raise ServiceError(400, "Invalid request: a form field is not valid UTF-8 once percent-decoded")
-        grouped: dict[str, list[str]] = {}
-        for k, v in pairs:
-            grouped.setdefault(k, []).append(v)
-        for key, values in grouped.items():
-            if values:
-                # A repeated q is a batch; LibreTranslate normalises form line endings to \n.
-                values = ["\n".join(v.splitlines()) if key == "q" else v for v in values]
-                fields[key] = values if key == "q" and len(values) > 1 else values[0]
+        fields.update(_grouped(pairs, "form field"))
+    return fields
+
+
+def _grouped(pairs, what: str) -> Fields:
+    """Fields from (name, value) pairs: a repeated ``q`` is a batch (LibreTranslate normalises form
+    line endings to \\n); any other field given twice is a 400 (one value would be dropped)."""
+    grouped: dict[str, list[str]] = {}
+    for k, v in pairs:
+        grouped.setdefault(k, []).append(v)
+    fields: Fields = {}
+    for key, values in grouped.items():
+        if key == "q":
+            values = ["\n".join(v.splitlines()) for v in values]
+            fields[key] = values if len(values) > 1 else values[0]
+        elif len(values) > 1:
+            raise ServiceError(400, f"Invalid request: {what} {key!r} given {len(values)} times; send it once", key)
+        else:
+            fields[key] = values[0]
     return fields
 
 
