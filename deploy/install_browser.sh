@@ -12,17 +12,7 @@ if [ -x "$CHROMIUM" ] && [ -x "$CHROMEDRIVER" ]; then
     echo "chromium already installed: $("$CHROMIUM" --version 2>/dev/null | head -1)"
     exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "error: apt-get not found; install chromium and chromedriver by hand" >&2
-    exit 1
-fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO="sudo"
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver
+. "$(dirname "$0")/apt_install.sh"
+apt_install "chromium and chromedriver" chromium chromium-driver
 "$CHROMIUM" --version 2>/dev/null | head -1
 "$CHROMEDRIVER" --version | head -1

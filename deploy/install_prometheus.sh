@@ -12,10 +12,7 @@ if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1;
     echo "prometheus already installed: $(command -v prometheus)"
     exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "error: apt-get not found; install Prometheus (with promtool) by hand" >&2
-    exit 1
-fi
+. "$(dirname "$0")/apt_install.sh"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     SUDO="sudo"
@@ -32,9 +29,7 @@ fi
 cleanup() { if [ "$CREATED_POLICY" = 1 ]; then $SUDO rm -f "$POLICY"; fi; }
 trap cleanup EXIT
 
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends prometheus
+apt_install "Prometheus (with promtool)" prometheus
 
 # Debian's package may start the daemon where systemd is absent anyway; stop only that service.
 if command -v service >/dev/null 2>&1; then

@@ -363,7 +363,7 @@ def test_dockerfile_references_existing_files_and_is_hardened():
 def test_shell_scripts_parse():
     for script, shell in ((DEPLOY / "entrypoint.sh", "sh"), (DEPLOY / "install_prometheus.sh", "bash"),
                           (DEPLOY / "install_browser.sh", "bash"), (DEPLOY / "gpu_check.sh", "bash"),
-                          (DEPLOY / "drain_node.sh", "bash")):
+                          (DEPLOY / "drain_node.sh", "bash"), (DEPLOY / "apt_install.sh", "bash")):
         assert script.stat().st_mode & 0o111, f"{script.name} is not executable"
         subprocess.run([shell, "-n", str(script)], check=True)
     entry = (DEPLOY / "entrypoint.sh").read_text()
