@@ -71,7 +71,9 @@ def apply_serve_env(proxy: str = "haproxy", **kw) -> dict[str, str]:
     return {k: os.environ[k] for k in env}
 
 
-HAPROXY_DEFAULT_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
+# serve_env's argument -> (the variable it sets, Serve's default port)
+HAPROXY_DEFAULT_PORTS = {"stats_port": ("RAY_SERVE_HAPROXY_STATS_PORT", 8404),
+                         "metrics_port": ("RAY_SERVE_HAPROXY_METRICS_PORT", 9101)}
 
 
 def _in_use(port: int) -> bool:
@@ -88,11 +90,11 @@ def haproxy_ports() -> dict[str, int]:
     9101) where that one is taken, e.g. by another instance's HAProxy on this machine (HAProxy would
     not start); nothing for a port the environment sets."""
     out = {}
-    for var, default in HAPROXY_DEFAULT_PORTS.items():
+    for arg, (var, default) in HAPROXY_DEFAULT_PORTS.items():
         if var not in os.environ and _in_use(default):
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
-                out["stats_port" if "STATS" in var else "metrics_port"] = sock.getsockname()[1]
+                out[arg] = sock.getsockname()[1]
     return out
 
 

@@ -124,7 +124,7 @@ class RemoteBackend:
                     raise
             try:
                 out = _unwrap(await self.handles[model].translate.remote(job))
-            except BaseException:
+            except Exception:   # (a client that left is no failed retry)
                 self.on_retry(model, "translate", False)
                 raise
             self.on_retry(model, "translate", True)
