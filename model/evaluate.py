@@ -31,6 +31,13 @@ def score(hyps: list[str], refs: list[str]) -> dict:
             "bleu_signature": str(bleu_metric.get_signature())}
 
 
+def _limit(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all) or a number of sentences, got {n}")
+    return n
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,13 +46,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--src", required=True, help="source sentences (plain or .gz)")
     ap.add_argument("--ref", required=True, help="reference translations (plain or .gz)")
     add_common_args(ap)
-    ap.add_argument("--limit", type=int, default=0, help="only the first N sentences (0 = all)")
+    ap.add_argument("--limit", type=_limit, default=0, help="only the first N sentences (0 = all)")
     ap.add_argument("--output", help="also write the translations to this file")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     args = ap.parse_args(argv)
     torch.set_grad_enabled(False)
     model, tok, meta = load_for_cli(ap, args)
-    src, ref = read_lines(args.src), read_lines(args.ref)
+    try:
+        src, ref = read_lines(args.src), read_lines(args.ref)
+    except OSError as e:
+        ap.error(f"{e.filename}: {e.strerror}")
     if len(src) != len(ref):
         ap.error(f"--src has {len(src)} lines but --ref has {len(ref)}")
     if args.limit:
@@ -57,8 +67,11 @@ def main(argv=None) -> dict:
                                max_new_tokens=args.max_new_tokens, target_lang=args.target_lang)
     seconds = time.time() - t0
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.writelines(h + "\n" for h in hyps)
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.writelines(h + "\n" for h in hyps)
+        except OSError as e:
+            ap.error(f"--output {e.filename}: {e.strerror}")
     result = {**score(hyps, ref), "sentences": len(src), "seconds": round(seconds, 2),
               "beam_size": args.beam_size, "max_new_tokens": args.max_new_tokens, "linear_dtype": model.linear_dtype,
               "target_lang": args.target_lang, "checkpoint": args.checkpoint}

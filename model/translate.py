@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from typing import Optional, Sequence
 
@@ -95,11 +96,27 @@ def load_for_cli(ap: argparse.ArgumentParser, args: argparse.Namespace):
     return loaded
 
 
+def positive_int(value: str) -> int:
+    """argparse type: an integer >= 1."""
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {n}")
+    return n
+
+
+def finite_float(value: str) -> float:
+    """argparse type: a finite number."""
+    x = float(value)
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {value}")
+    return x
+
+
 def add_common_args(ap: argparse.ArgumentParser) -> None:
     """The options ``model.translate`` and ``model.evaluate`` share."""
     ap.add_argument("--beam-size", type=int, default=4)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--length-penalty", type=float, default=1.0)
+    ap.add_argument("--batch-size", type=positive_int, default=64)
+    ap.add_argument("--length-penalty", type=finite_float, default=1.0)
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="a fixed target budget per sentence, EOS included (default: 2 x source length + 10), "
                          "to compare outputs with other tools at one length")

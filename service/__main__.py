@@ -56,16 +56,31 @@ def load_config(path: str | None) -> dict:
     return data
 
 
+def _port(value: str) -> int:
+    port = int(value)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 1..65535, got {port}")
+    return port
+
+
+def _cpus(value: str) -> float:
+    n = float(value)
+    if not n > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
+    return n
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m service", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    ap.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
     ap.add_argument("--config", help="YAML/JSON file with build_app arguments (or a Serve config file)")
     ap.add_argument("--checkpoint", help="serve this checkpoint directory as the default model")
     ap.add_argument("--api-keys-file", help="require API keys: one per line, re-read when it changes "
                                             "(MT_API_KEYS adds comma-separated keys; docs/api.md#limits)")
-    ap.add_argument("--num-cpus", type=float, default=None, help="CPUs of the local Ray instance (default: all)")
-    ap.add_argument("--metrics-export-port", type=int, default=8080,
+    ap.add_argument("--num-cpus", type=_cpus, default=None, help="CPUs of the local Ray instance (default: all)")
+    ap.add_argument("--metrics-export-port", type=_port, default=8080,
                     help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default 8080)")
     ap.add_argument("--address", default="local",
                     help="Ray address: 'local' starts a new instance (default); 'auto' or HOST:PORT joins one")
@@ -85,18 +100,26 @@ def main(argv=None) -> int:
         print(f"HAProxy's default stats/metrics port is taken (another instance?): using {ports}", flush=True)
     serve_env = apply_serve_env(args.proxy, **ports)
     import ray
+    import yaml
     from ray import serve
 
     from .app import AppArgs, build_app
 
-    config = load_config(args.config)
-    if args.checkpoint:
-        models = config.get("models") or [{}]
-        models[0] = {**models[0], "checkpoint": args.checkpoint}
-        config["models"] = models
-    if args.api_keys_file:
-        config["api_keys_file"] = args.api_keys_file
-    app_args = AppArgs.model_validate(config)
+    # Everything a user can get wrong in the arguments is checked before Ray starts, as one line.
+    try:
+        config = load_config(args.config)
+        if not isinstance(config, dict):
+            raise ValueError(f"{args.config}: expected a mapping of build_app arguments, got {type(config).__name__}")
+        if args.checkpoint:
+            models = config.get("models") or [{}]
+            models[0] = {**models[0], "checkpoint": args.checkpoint}
+            config["models"] = models
+        if args.api_keys_file:
+            config["api_keys_file"] = args.api_keys_file
+        app_args = AppArgs.model_validate(config)
+        app = build_app(app_args)        # reads every checkpoint's config: a wrong directory fails here
+    except (OSError, ValueError, yaml.YAMLError) as e:   # (pydantic's ValidationError is a ValueError)
+        ap.error(" ".join(str(e).split()))
 
     started_ray = args.address == "local"
     # A cluster that runs already: its raylets' environment decides for the processes they have
@@ -118,7 +141,7 @@ def main(argv=None) -> int:
         signal.signal(sig, on_signal)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(build_app(app_args), name="mt", route_prefix="/", blocking=False)
+        serve.run(app, name="mt", route_prefix="/", blocking=False)
         url = f"http://{args.host}:{args.port}"
         print(f"service ready on {url}  (docs {url}/docs, metrics {url}/metrics); Ctrl-C to stop", flush=True)
         while not stop.is_set():

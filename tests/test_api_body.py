@@ -308,6 +308,12 @@ def test_libre_form_fields_are_never_dropped(client):
     assert r.status_code == 400 and "'source' given 2 times" in r.json()["error"]
     r = client.post("/translate?target=en&target=fr", data={"q": "Hallo"})
     assert r.status_code == 400 and "query parameter 'target' given 2 times" in r.json()["error"]
+    r = client.post("/translate?q=x", data={"q": "Ein Hund."})
+    assert r.status_code == 400 and "'q' given in both the query string and the body" in r.json()["error"]
+    r = client.post("/translate?format=html", json={"q": "<b>Hund</b>", "format": "text"})
+    assert r.status_code == 400 and "'format' given in both" in r.json()["error"]
+    r = client.post("/translate?format=html", json={"q": "<b>Hund</b>"})        # a JSON body takes the query's too
+    assert r.status_code == 200 and r.json() == {"q": "<b>Hund</b>", "format": "html"}
     r = client.post("/translate", data={"source": "de"}, files={"q": ("q.txt", b"Hallo Welt", "text/plain")})
     assert r.status_code == 400 and "'q' was sent as a file (q.txt)" in r.json()["error"]
     r = client.post("/translate", content="q=Ein%20Hund&q=Zwei\r\nKatzen&source=de",

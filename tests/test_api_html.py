@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from service.api.html import HtmlText
 
 
@@ -149,3 +151,16 @@ def test_an_element_without_text_stays_next_to_its_word():
     assert h.rebuild(["Maria sees him."]) == '<p><a id="m"></a>Maria sees him.</p>'
     h = HtmlText("<p>Ein großer Hund<span class='k'></span> läuft schnell.</p>")
     assert h.rebuild(["A big dog runs fast."]) == "<p>A big dog<span class='k'></span> runs fast.</p>"
+
+
+def test_inline_nesting_deeper_than_the_limit_is_a_413_not_a_recursion_error():
+    from service.api.errors import ServiceError
+    from service.api.html import MAX_INLINE_DEPTH
+    n = MAX_INLINE_DEPTH
+    h = HtmlText("<b>" * n + "Ein Hund läuft." + "</b>" * n)
+    assert h.segments == ["Ein Hund läuft."]
+    assert h.rebuild(["A dog runs."]) == "<b>" * n + "A dog runs." + "</b>" * n
+    for deep in ("<b>" * (n + 1) + "Ein Hund läuft." + "</b>" * (n + 1), "<i>" * 10_000 + "x" + "</i>" * 10_000):
+        with pytest.raises(ServiceError) as e:
+            HtmlText(deep)
+        assert (e.value.status, e.value.field) == (413, "q") and f"more than {n} levels" in e.value.message

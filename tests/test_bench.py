@@ -82,3 +82,16 @@ def test_same_weights_unknown_system_is_refused(capsys):
     assert main(["--parts", "f", "--f-systems", "engine,bogus", "--limit", "4"]) == 2
     err = capsys.readouterr().err
     assert "bogus" in err or "need the shipped model" in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--beams", "0"], "--beams: every value must be >= 1"),
+    (["--parts", "e", "--layouts", "9x"], "--layouts PROCESSESxTHREADS"),
+    (["--rounds", "0"], "--rounds: every value must be >= 1"),
+    (["--parts", ","], "--parts must be a non-empty subset"),
+    (["--device", "foo"], "--device foo: no such device here"),
+])
+def test_bench_engine_bad_arguments_are_one_line(capsys, args, words):
+    with pytest.raises(SystemExit) as e:
+        main(["--parts", "a", *args] if "--parts" not in args else args)
+    assert e.value.code == 2 and words in capsys.readouterr().err

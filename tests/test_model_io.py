@@ -103,6 +103,21 @@ def test_cli_rejects_an_unknown_linear_dtype(tiny_checkpoint):
         assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("extra, words", [
+    (["--batch-size", "0"], "--batch-size: must be an integer >= 1, got 0"),
+    (["--limit", "-5"], "--limit: must be 0 (all) or a number of sentences, got -5"),
+    (["--length-penalty", "nan"], "--length-penalty: must be a finite number, got nan"),
+    (["--src", "/no/such/file"], "/no/such/file: No such file or directory"),
+])
+def test_evaluate_cli_bad_arguments_are_one_line(tiny_checkpoint, tmp_path, extra, words):
+    src = tmp_path / "a.de"
+    src.write_text("Ein Hund.\n")
+    args = ["--src", str(src), "--ref", str(src), *extra]
+    out = subprocess.run([sys.executable, "-m", "model.evaluate", "--checkpoint", str(tiny_checkpoint), *args],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr[-1500:]
+
+
 def test_evaluate_cli_json(tiny_checkpoint, tmp_path):
     src, ref = tmp_path / "src.de", tmp_path / "ref.en"
     src.write_text("\n".join(read_lines(DATA / "val.de.gz")[:5]) + "\n")

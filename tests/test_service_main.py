@@ -19,6 +19,24 @@ from conftest import ROOT, build_tiny_checkpoint, free_port, metric_sum
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
+@pytest.mark.parametrize("args, config, words", [
+    (["--port", "99999"], None, "--port: must be a TCP port in 1..65535, got 99999"),
+    (["--checkpoint", "{tmp}"], None, "has no config.json"),
+    (["--config", "{cfg}"], "num_cpus: lots\n", "num_cpus Input should be a valid number"),
+    (["--config", "{cfg}"], "a: [\n", "expected the node content"),
+    (["--config", "{tmp}/missing.yaml"], None, "No such file or directory"),
+])
+def test_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, config, words):
+    cfg = tmp_path / "app.yaml"
+    if config is not None:
+        cfg.write_text(config)
+    args = [a.format(tmp=tmp_path, cfg=cfg) for a in args]
+    r = subprocess.run([sys.executable, "-m", "service", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and words in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "Started a local Ray instance" not in r.stderr + r.stdout
+
+
 def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path):
     ckpt = build_tiny_checkpoint(tmp_path / "m", "de", "en", max_len=64)
     port, metrics_port = free_port(), free_port()

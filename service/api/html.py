@@ -10,6 +10,10 @@ from typing import Optional, Union
 
 from service.translator.text import has_text
 
+from .errors import ServiceError
+
+MAX_INLINE_DEPTH = 100     # inline elements inside one another around a sentence (deeper: 413)
+
 # Elements that sit inside a sentence (HTML's phrasing content); text around them is one sentence.
 _INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small span strong sub sup time u".split())
 # Elements whose text is not prose: kept as it is.
@@ -257,13 +261,17 @@ def _run_end(parts: list[Part], i: int) -> int:
 
 
 def _tree(parts: list[Part]) -> list[Node]:
-    """The nodes of a run (balanced, see ``_run_end``): text as str, inline elements as Element."""
+    """The nodes of a run (balanced, see ``_run_end``): text as str, inline elements as Element.
+    Raises ServiceError 413 for inline elements nested deeper than MAX_INLINE_DEPTH."""
     top: list[Node] = []
     stack = [top]
     for kind, raw, _ in parts:
         if kind == "text":
             stack[-1].append(raw)
         elif kind == "start":
+            if len(stack) > MAX_INLINE_DEPTH:
+                raise ServiceError(413, f"q: inline HTML elements nested more than {MAX_INLINE_DEPTH} levels "
+                                        f"deep around one sentence ({raw[:40]!r}...)", "q")
             element = Element(raw, [], "")
             stack[-1].append(element)
             stack.append(element.children)

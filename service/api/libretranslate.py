@@ -218,7 +218,7 @@ async def read_fields(request: Request) -> Fields:
             raise ServiceError(400, f"Invalid JSON format: {JSON_TOO_DEEP}", "body")
         if not isinstance(body, dict):
             raise ServiceError(400, "Invalid JSON format")
-        return body
+        return _merged(_grouped(request.query_params.multi_items(), "query parameter"), body)
     fields: Fields = _grouped(request.query_params.multi_items(), "query parameter")
     if ctype not in FORM_TYPES and await request.body():
         raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {ctype or 'missing'}; "
@@ -243,8 +243,17 @@ async def read_fields(request: Request) -> Fields:
                 pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
             except UnicodeDecodeError:
                 raise ServiceError(400, "Invalid request: a form field is not valid UTF-8 once percent-decoded")
-        fields.update(_grouped(pairs, "form field"))
+        fields = _merged(fields, _grouped(pairs, "form field"))
     return fields
+
+
+def _merged(query: Fields, body: Fields) -> Fields:
+    """The body's fields and the query string's: a field in both is a 400 (one would be dropped)."""
+    both = sorted(set(query) & set(body))
+    if both:
+        raise ServiceError(400, f"Invalid request: {both[0]!r} given in both the query string and the body; "
+                                "send it once", both[0])
+    return {**query, **body}
 
 
 def _grouped(pairs, what: str) -> Fields:

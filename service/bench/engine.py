@@ -395,9 +395,28 @@ def main(argv=None) -> int:
         os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype   # read at load time, here and in child processes
 
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    if not parts <= set("abcdef"):
-        ap.error(f"--parts must be a subset of a,b,c,d,e,f, got {args.parts!r}")
-    beams = [int(b) for b in args.beams.split(",")]
+    if not parts or not parts <= set("abcdef"):
+        ap.error(f"--parts must be a non-empty subset of a,b,c,d,e,f, got {args.parts!r}")
+    try:
+        beams = [int(b) for b in args.beams.split(",")]
+        layouts = [tuple(int(n) for n in x.split("x")) for x in args.layouts.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--beams takes integers (1,4) and --layouts PROCESSESxTHREADS (1x2,2x1), got {args.beams!r} "
+                 f"and {args.layouts!r}")
+    for name, ok in (("--beams", all(b >= 1 for b in beams)), ("--threads", args.threads >= 1),
+                     ("--layouts", all(len(x) == 2 and min(x) >= 1 for x in layouts)),
+                     ("--limit", args.limit is None or args.limit >= 1), ("--rounds", args.rounds >= 1),
+                     ("--engine-slots", args.engine_slots >= 1)):
+        if not ok:
+            ap.error(f"{name}: every value must be >= 1 (see --help)")
+    if args.device != "cpu":
+        import torch
+        try:
+            cuda = torch.device(args.device).type == "cuda" and torch.cuda.is_available()
+        except RuntimeError:
+            cuda = False
+        if not cuda:
+            ap.error(f"--device {args.device}: no such device here (cpu, or cuda where PyTorch sees a GPU)")
 
     import torch
     from model.checkpoint import DEFAULT_CHECKPOINT
