@@ -28,10 +28,14 @@ def test_a_sentence_split_by_inline_tags_is_one_unit_with_each_tag_around_its_wo
 
 def test_an_inline_element_whose_words_are_not_found_goes_around_the_words_at_its_place():
     """Its own translation ("tiny") is not in the sentence's: it goes around the whole words at the
-    same relative place; with no words there its tags are dropped, its text is never repeated."""
+    same relative place; with no words there its tags stay, empty, where it was (no tag is dropped),
+    and its text is never repeated."""
     h = HtmlText("<p>Ein <i>kleiner</i> Hund.</p>")
     assert h.rebuild(["A small dog.", "tiny"]) == "<p>A <i>small</i> dog.</p>"
-    assert h.rebuild(["...", "tiny"]) == "<p>...</p>"
+    assert h.rebuild(["...", "tiny"]) == "<p><i></i>...</p>"
+    h = HtmlText('<p>Ein <b>Hund</b> <a href="x">liest</a>.</p>')     # the model merged the words away
+    out = h.rebuild(["A.", "dog", "reads"])
+    assert out.count("<b>") == out.count("</b>") == 1 and out.count('<a href="x">') == out.count("</a>") == 1, out
 
 
 def test_nested_inline_elements_are_one_unit_and_each_goes_around_its_own_words():

@@ -230,7 +230,8 @@ class HtmlText:
                     continue
                 span = _find(low, tr[self._seg[id(n)]], pos) if id(n) in self._seg else None
                 span = span or _words_at(whole, pos, (done - size) / total, done / total)
-                if span is None:                             # tags dropped; its children looked for here
+                if span is None:     # no words for it: its tags stay, empty, here; its children looked for here
+                    out.append(n.start + n.end)
                     todo[:0] = n.children
                     done -= size
                     continue
