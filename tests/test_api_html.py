@@ -168,3 +168,12 @@ def test_inline_nesting_deeper_than_the_limit_is_a_413_not_a_recursion_error():
         with pytest.raises(ServiceError) as e:
             HtmlText(deep)
         assert (e.value.status, e.value.field) == (413, "q") and f"more than {n} levels" in e.value.message
+
+
+def test_a_comment_inside_a_sentence_is_kept_and_does_not_split_it():
+    for html in ("<p>Ein Mann <!-- x --> fährt Fahrrad.</p>", "Ein <b>Hund <!--c--> läuft</b>.",
+                 "<!-- top --><p>Ein Hund.</p>"):
+        segments, out = roundtrip(html)
+        comment = re.search(r"<!--.*?-->", html).group()
+        assert segments[0] == re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html)).strip(), segments
+        assert out.count(comment) == 1 and re.sub(r"<[^>]+>", "", out).split() == segments[0].upper().split(), out

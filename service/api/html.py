@@ -19,7 +19,7 @@ _INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small spa
 # Elements whose text is not prose: kept as it is.
 _VERBATIM_TAGS = frozenset("script style noscript template textarea pre code kbd samp var".split())
 
-Part = tuple[str, str, str]             # (kind, raw, tag): kind is start/end/text/markup
+Part = tuple[str, str, str]             # (kind, raw, tag): kind is start/end/text/comment/markup
 # A character reference, as html.unescape finds them ("&amp;", "&#0;", "&#x110000;", "&notin", "&x;").
 _REF = re.compile(r"&(?:#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
 
@@ -75,7 +75,10 @@ class _Parts(HTMLParser):
     def unknown_decl(self, data):
         self.events.append(("markup", "", "", self._at()))
 
-    handle_comment = handle_decl = handle_pi = unknown_decl
+    def handle_comment(self, data):     # inside a sentence it is part of the run, like an empty element
+        self.events.append(("markup" if self.verbatim else "comment", "", "", self._at()))
+
+    handle_decl = handle_pi = unknown_decl
 
 
 def _parse(html: str, refs: dict[str, str]) -> list[Part]:
@@ -132,10 +135,11 @@ class HtmlText:
     words of its parent: an element holding all the text of its parent gets all of it; any other is
     translated on its own too, and goes around that translation where it occurs in the parent's
     (case-insensitive; the approach of Argos Translate's tag handling), else around the words of it
-    that occur there; else its tags are dropped (its text stays translated in the sentence) and its
-    children are looked for in the parent's words instead. Text is never repeated. An inline element
-    without visible text (``<a id=x></a>``) stays at the run's edges where it is one, next to a placed
-    sibling it follows, else goes next to its word (``_empty_at``). Other text nodes are translated one by
+    that occur there; else its tags stay, empty, at its place (its text stays translated in the
+    sentence) and its children are looked for in the parent's words instead. Text is never repeated.
+    An inline element without visible text (``<a id=x></a>``), or a comment inside the run, stays at
+    the run's edges where it is one, next to a placed sibling it follows, else goes next to its word
+    (``_empty_at``). Other text nodes are translated one by
     one. Whitespace inside a text (the line breaks and tabs of indented HTML) is collapsed to single
     spaces for the translator, so a sentence broken over lines stays one sentence; the whitespace before
     and after it is kept. Tags (their attribute values included), comments, declarations and the content
@@ -254,7 +258,7 @@ def _run_end(parts: list[Part], i: int) -> int:
             open_tags.append(tag)
         elif kind == "end" and open_tags and open_tags[-1] == tag:
             open_tags.pop()
-        elif kind != "text":
+        elif kind not in ("text", "comment"):
             break
         if not open_tags:
             end = j + 1
@@ -269,6 +273,8 @@ def _tree(parts: list[Part]) -> list[Node]:
     for kind, raw, _ in parts:
         if kind == "text":
             stack[-1].append(raw)
+        elif kind == "comment":         # kept byte for byte where it was, like an element without text
+            stack[-1].append(Element(raw, [], ""))
         elif kind == "start":
             if len(stack) > MAX_INLINE_DEPTH:
                 raise ServiceError(413, f"q: inline HTML elements nested more than {MAX_INLINE_DEPTH} levels "
