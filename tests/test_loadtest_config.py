@@ -46,3 +46,11 @@ def test_request_maker_is_reproducible_and_builds_the_body():
     assert isinstance(body["text"], list) and len(body["text"]) == 3
     assert (body["max_new_tokens"], body["model"], body["source_lang"], body["target_lang"]) == (7, "de-en", "de", "en")
     assert isinstance(next(s for s in a if len(s.texts) == 1).body(cfg)["text"], str)
+
+
+def test_a_run_where_no_request_succeeds_exits_1_naming_the_errors(capsys):
+    from service.loadtest.cli import main
+    from service.loadtest.serve_app import free_port
+    port = free_port()          # nothing listens there
+    assert main(["--url", f"http://127.0.0.1:{port}", "-c", "1", "-d", "0.5", "-q"]) == 1
+    assert "no request succeeded (errors: {'connection':" in capsys.readouterr().err

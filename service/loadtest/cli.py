@@ -204,6 +204,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    summaries = [out["summary"]] if "summary" in out else [p for p in out.get("points", []) if isinstance(p, dict)]
+    if summaries and all(x.get("requests") and not x.get("ok") for x in summaries):
+        errors = {k: v for x in summaries for k, v in x.get("errors", {}).items()}
+        print(f"no request succeeded (errors: {errors}): check --url, --path and the request options", file=sys.stderr)
+        return 1
     return 0
 
 
