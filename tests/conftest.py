@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from service.loadtest.serve_app import free_port
-from service.ray_env import apply_serve_env
+from service.ray_env import apply_serve_env, remove_workdir
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "model" / "data" / "multi30k"
@@ -113,6 +113,7 @@ class SharedService:
             serve.shutdown()
         finally:
             ray.shutdown()
+            remove_workdir(dict(os.environ))    # HAProxy's files (Ray makes the directory again if needed)
             self.stopped = True
 
 

@@ -73,7 +73,10 @@ class ServeApp:
     def close(self) -> None:
         import ray
         from ray import serve
+
+        from service.ray_env import remove_workdir
         try:
             serve.shutdown()
         finally:
             ray.shutdown()
+            remove_workdir(dict(os.environ))   # HAProxy's files (Ray makes the directory again if needed)
