@@ -62,6 +62,8 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
 def apply_serve_env(proxy: str = "haproxy", **kw) -> dict[str, str]:
     """Put ``serve_env(proxy, **kw)`` into os.environ, keeping values already set there (an operator's
     own choice wins); call before ``ray.init``. Returns what the environment now holds for them."""
+    if proxy == "haproxy" and "workdir" not in kw and "RAY_SERVE_HAPROXY_SERVER_STATE_BASE" in os.environ:
+        kw["workdir"] = os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]   # kept: no second directory
     env = serve_env(proxy, **kw)
     if proxy == "ray":   # the Ray proxy even when the shell exported the throughput settings
         for k in THROUGHPUT:

@@ -101,7 +101,7 @@ def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, mon
         monkeypatch.setenv(var, "30")
     # The data plane of `python -m service` (HAProxy + throughput mode; MT_TEST_PROXY=ray: Serve's proxy).
     for var, value in serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"), stats_port=free_port(),
-                                metrics_port=free_port()).items():
+                                metrics_port=free_port(), workdir=str(tmp_path / "haproxy")).items():
         if var != "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S":
             monkeypatch.setenv(var, value)
     head_metrics, worker_metrics, http_port = free_port(), free_port(), free_port()

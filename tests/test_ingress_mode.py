@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import metric_sum, post, sse_events
-from service.ray_env import THROUGHPUT, apply_serve_env, serve_env
+from service.ray_env import THROUGHPUT, apply_serve_env, remove_workdir, serve_env
 
 
 def test_serve_env_modes(tmp_path):
@@ -23,7 +23,10 @@ def test_serve_env_modes(tmp_path):
     assert env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] == str(tmp_path / "haproxy.cfg")
     assert all(v.startswith(str(tmp_path)) for k, v in env.items() if k.endswith(("_LOC", "_PATH", "_BASE", "_FILE")))
     # two instances on one machine never share HAProxy's files
-    assert serve_env()["RAY_SERVE_HAPROXY_SOCKET_PATH"] != serve_env()["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+    first, second = serve_env(), serve_env()
+    assert first["RAY_SERVE_HAPROXY_SOCKET_PATH"] != second["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+    for env in (first, second):
+        remove_workdir(env)
     assert not set(THROUGHPUT) & set(serve_env("ray"))
     with pytest.raises(ValueError, match="proxy: expected one of"):
         serve_env("nginx")
@@ -81,7 +84,7 @@ def test_compare_echo_runs_one_closed_http_loop(extra, capsys):
 
 def test_haproxy_ports_move_off_a_taken_default_and_its_directory_is_removed(monkeypatch, tmp_path):
     import socket
-    from service.ray_env import haproxy_ports, remove_workdir
+    from service.ray_env import haproxy_ports
     for var in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
         monkeypatch.delenv(var, raising=False)
     holder = socket.socket()
