@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import build_tiny_checkpoint, free_port
-from service.ray_env import serve_env
+from service.ray_env import remove_workdir, serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deploy" / "serve_config.yaml"
@@ -87,7 +87,7 @@ async def translate_many(url: str, n: int, max_new_tokens: int, timeout_s: float
         return await asyncio.gather(*(one() for _ in range(n)))
 
 
-def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, monkeypatch):
+def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, monkeypatch, request):
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
@@ -100,8 +100,10 @@ def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, mon
     for var in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
         monkeypatch.setenv(var, "30")
     # The data plane of `python -m service` (HAProxy + throughput mode; MT_TEST_PROXY=ray: Serve's proxy).
-    for var, value in serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"), stats_port=free_port(),
-                                metrics_port=free_port(), workdir=str(tmp_path / "haproxy")).items():
+    # (HAProxy's directory: a short path under /tmp, its socket paths must stay under 98 characters)
+    env = serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"), stats_port=free_port(), metrics_port=free_port())
+    request.addfinalizer(lambda: remove_workdir(env))
+    for var, value in env.items():
         if var != "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S":
             monkeypatch.setenv(var, value)
     head_metrics, worker_metrics, http_port = free_port(), free_port(), free_port()
