@@ -6,7 +6,9 @@ the indirect cache of beam search). In eager PyTorch the same computation gather
 new tensor and multiplies it elementwise several times; the kernel reads each key once
 (``python -m service.bench_engine`` shows the effect end to end).
 ``quantize_rows`` and ``dequantize`` (``csrc/int8_linear.cpp``) are the two elementwise halves of
-the int8 linear layers (``model/linear.py``), one pass each instead of five or six. ``row_topk``
+the int8 linear layers (``model/linear.py``), one pass each instead of five or six;
+``int8_linear_small`` is a whole int8 layer for a few rows in one call (AVX-512 VNNI CPUs only; the
+same bits as the three-call path). ``row_topk``
 (``csrc/row_topk.cpp``) is the per-row top-k of beam search's candidates in one pass over each row.
 
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
@@ -32,7 +34,8 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp",
                                                                     "row_topk.cpp")]
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+# -ffp-contract=off: no fused multiply-add, so the compiled float arithmetic rounds as eager PyTorch does
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional[Callable]] = {}
@@ -115,8 +118,20 @@ def dequantize_eager(acc: Tensor, row_scale: Tensor, col_scale: Tensor, bias: Op
     return out if bias is None else out.add_(bias)
 
 
+def vnni_weight(q: Tensor) -> tuple[Tensor, Tensor]:
+    """An int8 weight [N, K] (out, in) in the layout of the compiled ``int8_linear_small``: ([ceil(N/16),
+    ceil(K/4), 16, 4] int8, zero-padded: 16 output features x 4 inputs per 64-byte vector; [16 *
+    ceil(N/16)] int32: 128 x each feature's weight sum, what the kernel's unsigned inputs (q + 128) add)."""
+    N, K = q.shape
+    n16, k4 = -(-N // 16) * 16, -(-K // 4) * 4
+    padded = torch.zeros(n16, k4, dtype=torch.int8)
+    padded[:N, :K] = q
+    offset = padded.sum(1, dtype=torch.int32) * 128
+    return padded.view(n16 // 16, 16, k4 // 4, 4).permute(0, 2, 1, 3).contiguous(), offset
+
+
 def _self_check_int8(module) -> None:
-    """quantize_rows must equal the eager arithmetic exactly, dequantize to float rounding."""
+    """quantize_rows, dequantize and int8_linear_small must equal the eager arithmetic exactly."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 37, generator=g) * torch.tensor([1e-3, 1.0, 0.0, 50.0, 3.0])[:, None]
     q, scale = module.quantize_rows(x)
@@ -126,9 +141,15 @@ def _self_check_int8(module) -> None:
     acc = torch.randint(-2 ** 20, 2 ** 20, (5, 11), generator=g, dtype=torch.int32)
     cols, bias = torch.rand(11, generator=g), torch.randn(11, generator=g)
     for b in (bias, None):
-        if not torch.allclose(module.dequantize(acc, scale, cols, b), dequantize_eager(acc, scale, cols, b),
-                              rtol=1e-6, atol=1e-6):
+        if not torch.equal(module.dequantize(acc, scale, cols, b), dequantize_eager(acc, scale, cols, b)):
             raise RuntimeError("compiled int8 dequantization disagrees with eager PyTorch")
+    if module.has_int8_linear_small:   # 37 inputs, 70 features: padding on both sides of the weight
+        w, cols = torch.randint(-127, 128, (70, 37), generator=g, dtype=torch.int8), torch.rand(70, generator=g)
+        vw, offset = vnni_weight(w)
+        for b in (torch.randn(70, generator=g), None):
+            got = module.int8_linear_small(x, vw, offset, cols, b, 70)
+            if not torch.equal(got, dequantize_eager(torch._int_mm(ref_q, w.t().contiguous()), ref_scale, cols, b)):
+                raise RuntimeError("compiled int8_linear_small disagrees with eager PyTorch")
 
 
 def _self_check_topk(module) -> None:
@@ -189,6 +210,14 @@ def int8_ops():
     """The compiled ``quantize_rows`` / ``dequantize`` (as attributes of the returned object), or None
     (see ``_module``); same arithmetic as ``quantize_rows_eager`` / ``dequantize_eager``."""
     return _op("int8", None)
+
+
+def int8_linear_small() -> Optional[Callable]:
+    """The compiled ``int8_linear_small(x [M, K] float32, w, offset, col_scale [N], bias [N] or None, N)
+    -> [M, N] float32`` (``w``, ``offset`` from ``vnni_weight``), or None: no AVX-512 VNNI, or the
+    kernels are unavailable. The same bits as ``quantize_rows`` -> ``torch._int_mm`` -> ``dequantize``."""
+    ops = int8_ops()
+    return ops.int8_linear_small if ops is not None and getattr(ops, "has_int8_linear_small", False) else None
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:

@@ -9,7 +9,8 @@ float32 path takes over). Training, float64 and CUDA always use the plain path. 
 
 **int8** (default): the weights are int8 with one scale per output feature (absmax / 127), and each
 input row is quantized to int8 with its own scale at every call (dynamic, per row, like
-CTranslate2's int8 mode): an exact int32 product (``torch._int_mm``), then
+CTranslate2's int8 mode): an exact int32 product (``torch._int_mm``; for up to ``SMALL_ROWS`` rows on
+AVX-512 VNNI CPUs the whole layer is one compiled call, ``kernels.int8_linear_small``), then
 ``acc * row_scale * weight_scale + bias`` in float32. Every step is per row and exact or
 elementwise, so a row's result does not depend at all on the rows it is batched with (bit for bit;
 the float32 products below differ in the last digits with the batch). A layer's output is within
@@ -58,6 +59,10 @@ def default_dtype() -> torch.dtype:
 
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
+# int8 layers of at most this many rows use the one-call compiled kernel (kernels.int8_linear_small):
+# 2-4x faster than quantize + torch._int_mm + dequantize for 1-4 rows, about even at 32-64, slower
+# beyond (docs/performance.md "Kernels and layers timed in isolation").
+SMALL_ROWS = 32
 
 
 class PackedWeight:
@@ -71,6 +76,7 @@ class PackedWeight:
         w = weight.detach()
         self.key = (w.data_ptr(), w._version)
         self.dtype = dtype
+        self.small: Optional[tuple[Tensor, Tensor]] = None
         if dtype == torch.int8:  # one scale per output feature: the rows of w, quantized like inputs
             q, self.scale = kernels.quantize_rows_eager(w.float())                # [out, in], [out]
             # Two layouts of the same int8 values, [in, out] each: torch._int_mm is 2-3x faster on one
@@ -78,6 +84,9 @@ class PackedWeight:
             # (d_ff -> d_model most). Integer products are exact, so both give the same bits.
             self.packed = q.t()                                                   # column-major view
             self.packed_rows = self.packed.contiguous()                           # row-major copy
+            # Up to SMALL_ROWS rows, one compiled call does the whole layer (AVX-512 VNNI; a third
+            # copy of the int8 values in its own layout); the same bits as the path above.
+            self.small = kernels.vnni_weight(q) if kernels.int8_linear_small() is not None else None
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(dtype))
         # Check the kernel once against the plain product on a small input; any mismatch -> not used.
@@ -87,13 +96,19 @@ class PackedWeight:
         tol = 1e-4 if dtype == torch.float32 else 5e-2 * float(ref.abs().max()) + 1e-2
         if not torch.allclose(got, ref, rtol=1e-4 if dtype == torch.float32 else 2e-2, atol=tol):
             raise RuntimeError("prepacked linear disagrees with F.linear")
+        if self.small is not None and not torch.equal(self._int8(x, None), got):   # many rows: the other path
+            raise RuntimeError("the int8 kernels for few and for many rows disagree")
 
     def __call__(self, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         """x [..., in] (float32) @ weight.T + bias -> [..., out] float32."""
+        if self.dtype == torch.int8:
+            if self.small is not None and x.numel() <= SMALL_ROWS * x.size(-1):
+                small = kernels.int8_linear_small()
+                if small is not None:
+                    return small(x, *self.small, self.scale, bias, self.scale.numel())
+            return self._int8(x, bias)
         if self.dtype == torch.float32:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
-        if self.dtype == torch.int8:
-            return self._int8(x, bias)
         b = None if bias is None else bias.to(self.dtype)
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, b, "none", [], "").float()
 
@@ -112,6 +127,12 @@ class PackedWeight:
     def valid_for(self, weight: Tensor) -> bool:
         return self.key == (weight.data_ptr(), weight._version)
 
+    def applies(self, x: Tensor, weight: Tensor) -> bool:
+        """Whether ``x @ weight.T`` may use this copy: inference (no gradients) on fp32 CPU inputs, and
+        ``weight`` still the tensor that was prepared."""
+        return (x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0
+                and not torch.is_grad_enabled() and self.key == (weight.data_ptr(), weight._version))
+
     @staticmethod
     def usable(weight: Tensor) -> bool:
         return weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
@@ -119,8 +140,7 @@ class PackedWeight:
 
 def packed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], packed: Optional[PackedWeight]) -> Tensor:
     """x @ weight.T + bias: [..., in] -> [..., out]; through ``packed`` when it applies (see module doc)."""
-    if (packed is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel()
-            and not torch.is_grad_enabled() and packed.valid_for(weight)):
+    if packed is not None and packed.applies(x, weight):
         return packed(x, bias)
     return F.linear(x, weight, bias)
 
@@ -144,4 +164,7 @@ class Linear(nn.Linear):
         self.packed = None
 
     def forward(self, x: Tensor) -> Tensor:
-        return packed_linear(x, self.weight, self.bias, self.packed)
+        packed, weight = self.packed, self.weight
+        if packed is not None and packed.applies(x, weight):   # packed_linear, one call fewer per layer
+            return packed(x, self.bias)
+        return F.linear(x, weight, self.bias)

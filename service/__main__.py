@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     import yaml
     from ray import serve
 
-    from .app import AppArgs, build_app
+    from .app import LOGGING_CONFIG, AppArgs, build_app
 
     # Everything a user can get wrong in the arguments is checked before Ray starts, as one line.
     try:
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         signal.signal(sig, on_signal)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(app, name="mt", route_prefix="/", blocking=False)
+        serve.run(app, name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         url = f"http://{args.host}:{args.port}"
         print(f"service ready on {url}  (docs {url}/docs, metrics {url}/metrics); Ctrl-C to stop", flush=True)
         while not stop.is_set():

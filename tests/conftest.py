@@ -73,7 +73,7 @@ class SharedService:
         from ray import serve
 
         from model.checkpoint import DEFAULT_CHECKPOINT
-        from service.app import build_app
+        from service.app import LOGGING_CONFIG, build_app
         self.shipped = shipped_model_available()
         first = str(DEFAULT_CHECKPOINT) if self.shipped else str(build_tiny_checkpoint(workdir / "de-en", "de", "en"))
         second = str(build_tiny_checkpoint(workdir / "en-de", "en", "de", seed=1, max_len=64))
@@ -92,7 +92,7 @@ class SharedService:
                             "deployment": SECOND_DEPLOYMENT}],
                 "num_cpus": 0.8}
         self.args = args
-        serve.run(build_app(args), name="mt", route_prefix="/", blocking=False)
+        serve.run(build_app(args), name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         self.url = f"http://127.0.0.1:{http_port}"
         deadline = time.time() + 300
         while time.time() < deadline:

@@ -59,3 +59,33 @@ def test_int8_compiled_and_eager_halves_agree(monkeypatch):
         torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-5)
     with pytest.raises(RuntimeError):
         kernels._module().dequantize(torch.zeros(2, 3, dtype=torch.int32), torch.ones(2), torch.ones(4), None)
+
+
+@pytest.mark.parametrize("n_in,n_out", [(64, 300), (37, 70), (256, 16), (1024, 33)])
+def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out):
+    """int8_linear_small (a whole int8 layer for <= SMALL_ROWS rows) against quantize_rows ->
+    torch._int_mm -> dequantize: the same bits for every row count, with and without bias, on shapes
+    that pad the weight on both sides, and for a [B, T, in] input; and the layer switches between the
+    two at SMALL_ROWS without a row's result changing."""
+    from model import kernels
+    from model.linear import SMALL_ROWS, PackedWeight, onednn_available
+    if not onednn_available() or kernels.int8_linear_small() is None:
+        pytest.skip("no AVX-512 VNNI kernel here")
+    g = torch.Generator().manual_seed(n_in + n_out)
+    w, b = torch.randn(n_out, n_in, generator=g), torch.randn(n_out, generator=g)
+    p = PackedWeight(w, torch.int8)
+    assert p.small is not None
+    x = torch.randn(SMALL_ROWS + 9, n_in, generator=g) * torch.logspace(-3, 3, SMALL_ROWS + 9)[:, None]
+    x[3] = 0.0
+    three_call = p._int8(x, b)                                   # SMALL_ROWS + 9 rows: _int_mm path
+    assert torch.equal(three_call, p(x, b))
+    for rows in (1, 2, 3, 4, 5, 8, 17, SMALL_ROWS):
+        for bias in (b, None):
+            one_call = kernels.int8_linear_small()(x[:rows], *p.small, p.scale, bias, n_out)
+            assert one_call.shape == (rows, n_out)
+            assert torch.equal(one_call, p._int8(x[:rows], bias)), (rows, bias is None)
+        assert torch.equal(p(x[:rows], b), three_call[:rows])
+    assert torch.equal(p(x[:6].view(2, 3, n_in), b), three_call[:6].view(2, 3, n_out))
+    assert not p(x[3:4], b).sub(b).any()                         # an all-zero row gives the bias exactly
+    monkeypatch.setitem(kernels._loaded, "int8", None)           # eager halves: the same arithmetic
+    torch.testing.assert_close(p(x[:5], b), three_call[:5], rtol=1e-6, atol=1e-5)

@@ -172,3 +172,18 @@ def test_reports_503_when_overloaded(service_url, tmp_path):
     now = wait_for(service_url, SECOND_MODEL,
                    lambda c: c["503"] - before["503"] == s["rejected"] and c["200"] - before["200"] == s["ok"])
     assert (now["503"] - before["503"], now["200"] - before["200"]) == (s["rejected"], s["ok"])
+
+
+def test_compare_echo_measures_from_a_process_of_its_own(service_url, capsys):
+    """--compare-echo's client runs in a spawned process (not the Ray driver's): its summary comes back
+    whole, and a load that cannot run is an error naming it, not a hang."""
+    import os
+
+    from service.loadtest.echo import _measure
+    s = _measure(LoadConfig(url="http://127.0.0.1:1", concurrency=2, requests=4, sentences=GERMAN, beam_size="1"),
+                 service_url, "service", quiet=True)
+    assert (s["requests"], s["ok"], s["stopped_by"]) == (4, 4, "requests") and s["generated_tokens"] > 0
+    assert "--- service" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="the echo app load failed"):
+        _measure(LoadConfig(url=service_url, concurrency=1, requests=1, sentences=os.devnull + ".missing"),
+                 service_url, "echo app", quiet=True)

@@ -5,16 +5,45 @@
 // product itself at decoding sizes; here each is one pass. Every element is computed by itself, so a
 // row's result does not depend on the other rows of the call.
 //
+// For a few rows (a decode step of a handful of sentences) ``int8_linear_small`` does the whole layer
+// in one call: quantize, the int8 products with AVX-512 VNNI, and the same dequantization; the three
+// calls and torch._int_mm's fixed cost are most of a small layer's time otherwise. Integer products
+// are exact and the float arithmetic is the same, element by element and in the same order
+// (``-ffp-contract=off``: no fused multiply-add), so both paths give the same bits.
+//
 // Built with decode_attention.cpp into one extension by model/kernels.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define MT_HAVE_VNNI 1
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <vector>
 
 namespace {
+
+// One row: scale = max|x| / 127 (1 for an all-zero row), q = round-half-even(x / scale) + Offset, the same
+// arithmetic as the eager path in model/linear.py (Offset 128 gives the unsigned form VNNI multiplies).
+template <typename T, int Offset>
+inline float quantize_row(const float* __restrict xr, T* __restrict qr, const int64_t n) {
+  float amax = 0.f;
+#pragma omp simd reduction(max : amax)
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xr[i]));
+  float s = amax / 127.0f;
+  if (!(s > 0.f)) s = 1.0f;
+  // rint: round half to even in the default rounding mode, like torch.round (and, unlike nearbyint,
+  // inlined and vectorized); restrict: an int8 store may alias anything otherwise
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = std::rint(xr[i] / s);
+    qr[i] = static_cast<T>(static_cast<int>(std::min(127.f, std::max(-127.f, v))) + Offset);
+  }
+  return s;
+}
 
 // x [M, K] float32 -> (q [M, K] int8, scale [M] float32): scale = max|x_row| / 127 (1 for an all-zero
 // row), q = round-half-even(x / scale), the same arithmetic as the eager path in model/linear.py.
@@ -32,22 +61,7 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
     // a local copy: int8 stores may alias anything, so a K read from the closure would be reloaded
     // at every element (and the loop not vectorized)
     const int64_t n = K;
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* __restrict xr = X + r * K;
-      float amax = 0.f;
-#pragma omp simd reduction(max : amax)
-      for (int64_t i = 0; i < K; ++i) amax = std::max(amax, std::fabs(xr[i]));
-      float s = amax / 127.0f;
-      if (!(s > 0.f)) s = 1.0f;
-      S[r] = s;
-      int8_t* __restrict qr = Q + r * K;  // restrict: an int8_t store may alias anything otherwise
-      // rint: round half to even in the default rounding mode, like torch.round (and, unlike
-      // nearbyint, inlined and vectorized)
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = std::rint(xr[i] / s);
-        qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
-      }
-    }
+    for (int64_t r = r0; r < r1; ++r) S[r] = quantize_row<int8_t, 0>(X + r * K, Q + r * K, n);
   });
   return {q, scale};
 }
@@ -90,9 +104,120 @@ torch::Tensor dequantize(torch::Tensor acc, torch::Tensor row_scale, torch::Tens
   return out;
 }
 
+
+#ifdef MT_HAVE_VNNI
+// The operands of one int8_linear_small call.
+struct SmallCall {
+  const uint8_t* xq;       // [M, K4] quantized rows + 128 (K4 = K rounded up to 4; padding 128, i.e. 0)
+  const float* row_scale;  // [M]
+  const int8_t* w;         // [NB, K4 / 4, 16, 4]: 16 output features x 4 inputs per 64-byte vector
+  const int32_t* offset;   // [NB * 16] 128 * sum of each feature's weights (what the +128 added)
+  const float* col_scale;  // [N]
+  const float* bias;       // [N] or nullptr
+  float* out;              // [M, N]
+  int64_t k4, n;
+};
+
+// MR rows x NR blocks of 16 output features: MR * NR int32 accumulators in registers; each step
+// adds 4 inputs of every feature (vpdpbusd: u8 x s8, groups of 4 summed into int32, exact).
+template <int MR, int NR>
+inline void small_tile(const SmallCall& c, int64_t m0, int64_t nb0) {
+  __m512i acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_si512();
+  const int64_t steps = c.k4 / 4;
+  const int8_t* wb = c.w + nb0 * steps * 64;
+  for (int64_t k = 0; k < steps; ++k) {
+    __m512i wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(wb + (j * steps + k) * 64);
+    for (int r = 0; r < MR; ++r) {
+      int32_t four;
+      std::memcpy(&four, c.xq + (m0 + r) * c.k4 + 4 * k, 4);
+      const __m512i xb = _mm512_set1_epi32(four);
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xb, wv[j]);
+    }
+  }
+  for (int j = 0; j < NR; ++j) {
+    const int64_t f0 = (nb0 + j) * 16, left = c.n - f0;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const __m512i off = _mm512_loadu_si512(c.offset + f0);
+    const __m512 cs = _mm512_maskz_loadu_ps(mask, c.col_scale + f0);
+    const __m512 b = c.bias ? _mm512_maskz_loadu_ps(mask, c.bias + f0) : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      // as dequantize(): acc * row_scale * col_scale (+ bias), two products then the sum, no FMA
+      __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], off));
+      a = _mm512_mul_ps(_mm512_mul_ps(a, _mm512_set1_ps(c.row_scale[m0 + r])), cs);
+      if (c.bias) a = _mm512_add_ps(a, b);
+      _mm512_mask_storeu_ps(c.out + (m0 + r) * c.n + f0, mask, a);
+    }
+  }
+}
+#endif
+
+// x [..., K] float32 (M rows) @ an int8 weight -> [..., N] float32, the same bits as quantize_rows, torch._int_mm
+// and dequantize. w: [NB, K4 / 4, 16, 4] int8 and offset [NB * 16] int32 from kernels.vnni_weight().
+torch::Tensor int8_linear_small(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
+                                std::optional<torch::Tensor> bias_opt, int64_t n) {
+#ifdef MT_HAVE_VNNI
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+              "int8_linear_small takes a float32 CPU tensor");
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kInt8 && w.size(2) == 16 && w.size(3) == 4 && w.is_contiguous(),
+              "w must be a contiguous [NB, K4/4, 16, 4] int8 tensor");
+  const int64_t K = x.size(-1), M = K ? x.numel() / K : 0, NB = w.size(0), K4 = w.size(1) * 4;
+  TORCH_CHECK(K4 >= K && K4 < K + 4 && n > (NB - 1) * 16 && n <= NB * 16, "w does not fit x's width or n");
+  TORCH_CHECK(offset.scalar_type() == torch::kInt32 && offset.numel() == NB * 16 && offset.is_contiguous(),
+              "offset must be [NB * 16] int32");
+  TORCH_CHECK(col_scale.scalar_type() == torch::kFloat32 && col_scale.numel() == n && col_scale.is_contiguous(),
+              "col_scale must be [n] float32");
+  torch::Tensor bias = bias_opt.has_value() ? *bias_opt : torch::Tensor();
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.numel() == n && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+              "bias must be [n] float32");
+  x = x.contiguous();
+  auto xq = torch::empty({M, K4}, x.options().dtype(torch::kUInt8));
+  auto row_scale = torch::empty({M}, x.options());
+  const float* X = x.data_ptr<float>();
+  uint8_t* XQ = xq.data_ptr<uint8_t>();
+  float* RS = row_scale.data_ptr<float>();
+  for (int64_t r = 0; r < M; ++r) {
+    RS[r] = quantize_row<uint8_t, 128>(X + r * K, XQ + r * K4, K);
+    for (int64_t i = K; i < K4; ++i) XQ[r * K4 + i] = 128;
+  }
+  std::vector<int64_t> shape = x.sizes().vec();   // [..., K] -> [..., n]
+  shape.back() = n;
+  auto out = torch::empty(shape, x.options());
+  const SmallCall c{XQ, RS, w.data_ptr<int8_t>(), offset.data_ptr<int32_t>(), col_scale.data_ptr<float>(),
+                    has_bias ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), K4, n};
+  constexpr int NR = 4;
+  at::parallel_for(0, (NB + NR - 1) / NR, std::max<int64_t>(1, 4096 / std::max<int64_t>(M * K4 / 4, 1)),
+                   [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t nb0 = b * NR;
+      if (nb0 + NR <= NB) {
+        int64_t m0 = 0;
+        for (; m0 + 4 <= M; m0 += 4) small_tile<4, NR>(c, m0, nb0);
+        for (; m0 < M; ++m0) small_tile<1, NR>(c, m0, nb0);
+      } else {
+        for (int64_t m0 = 0; m0 < M; ++m0)
+          for (int64_t nb = nb0; nb < NB; ++nb) small_tile<1, 1>(c, m0, nb);
+      }
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "int8_linear_small needs AVX-512 VNNI (see has_int8_linear_small)");
+#endif
+}
+
 }  // namespace
 
 void register_int8_linear(pybind11::module& m) {
   m.def("quantize_rows", &quantize_rows, "int8 rows with per-row scales (see int8_linear.cpp)");
   m.def("dequantize", &dequantize, "float32 from int32 products and row/column scales (see int8_linear.cpp)");
+  m.def("int8_linear_small", &int8_linear_small, "a whole int8 linear layer for a few rows (see int8_linear.cpp)");
+#ifdef MT_HAVE_VNNI
+  m.attr("has_int8_linear_small") = true;
+#else
+  m.attr("has_int8_linear_small") = false;
+#endif
 }

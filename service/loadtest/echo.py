@@ -7,11 +7,13 @@ same ``AppArgs``), answers ``POST /v1/translate`` with each text as its own "tra
 nothing else: what it sustains is the ceiling that Ray Serve's data plane puts on this machine, and
 the ratio says how much of it the service's own per-request work (validation, splitting,
 tokenization, the engine, JSON) leaves. Both run in one Ray instance started here (``ServeApp``, the
-``--proxy`` data plane), one after the other.
+``--proxy`` data plane), one after the other; the load comes from a separate process, as a real
+client's would.
 """
 # No `from __future__ import annotations`: Serve's ingress rebinds the routes, and FastAPI must see
 # the ``Request`` class itself, not its name (service/api/gateway.py does the same).
 import dataclasses
+import queue as queue_module
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -67,7 +69,9 @@ def _deploy_echo(app: ServeApp, app_args: dict) -> None:
     import time
 
     import httpx
-    serve.run(build_echo_app(app_args), name=app.name, route_prefix="/", blocking=False)
+    from service.app import LOGGING_CONFIG
+    serve.run(build_echo_app(app_args), name=app.name, route_prefix="/", blocking=False,
+              logging_config=LOGGING_CONFIG)   # the service's logging too
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -79,9 +83,38 @@ def _deploy_echo(app: ServeApp, app_args: dict) -> None:
     raise RuntimeError("the echo app did not become ready within 120 s")
 
 
-async def _measure(cfg: LoadConfig, url: str, label: str, quiet: bool) -> dict[str, Any]:
-    run = dataclasses.replace(cfg, url=url)
-    s = (await run_load(run, None, Progress(not quiet, label=f"{label}: "))).summary()
+def _load_child(cfg: LoadConfig, label: str, quiet: bool, queue) -> None:
+    import asyncio
+    try:
+        queue.put((asyncio.run(run_load(cfg, None, Progress(not quiet, label=f"{label}: "))).summary(), None))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        queue.put((None, f"{type(e).__name__}: {e}"))
+
+
+def _measure(cfg: LoadConfig, url: str, label: str, quiet: bool) -> dict[str, Any]:
+    """The closed-loop load against ``url``, from a process of its own: a client sharing the Ray driver's
+    process (its core-worker threads and the GIL) sends fewer requests than a real one, and the more
+    CPU the app under test needs, the more that skews the ratio."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_load_child, args=(dataclasses.replace(cfg, url=url), label, quiet, queue))
+    child.start()
+    got = None
+    try:
+        while got is None:   # the run is bounded by its requests or duration; a dead child ends the wait
+            try:
+                got = queue.get(timeout=2)
+            except queue_module.Empty:
+                if not child.is_alive():
+                    got = (None, f"the load process exited with status {child.exitcode}")
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+    s, error = got
+    if error:
+        raise RuntimeError(f"the {label} load failed: {error}")
     print(f"--- {label}\n{format_summary(s)}", flush=True)
     return s
 
@@ -92,17 +125,16 @@ def compare_echo(cfg: LoadConfig, app_args: Optional[dict] = None, proxy: str = 
     and then against the echo app, prints both summaries and the ratio of their throughputs.
     Returns {"service": summary, "echo": summary, "ratio": service / echo req/s, "proxy": proxy}.
     Raises ValueError for a streaming ``cfg`` (the echo app does not stream)."""
-    import asyncio
     if cfg.stream:
         raise ValueError("--compare-echo: the echo app does not stream; drop --stream")
     app_args = app_args or {}
     app = ServeApp(proxy=proxy, namespace="mt-compare-echo")
     try:
         app.deploy(app_args)
-        service = asyncio.run(_measure(cfg, app.url, "service", quiet))
+        service = _measure(cfg, app.url, "service", quiet)
         app.delete()
         _deploy_echo(app, app_args)
-        echo = asyncio.run(_measure(cfg, app.url, "echo app", quiet))
+        echo = _measure(cfg, app.url, "echo app", quiet)
     finally:
         app.close()
     ratio = service["requests_per_s"] / echo["requests_per_s"] if echo["requests_per_s"] else float("nan")

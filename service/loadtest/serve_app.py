@@ -51,8 +51,8 @@ class ServeApp:
         """(Re)deploys build_app(app_args) and waits until /readyz answers and /v1/models shows the
         engine settings of app_args["engine"]. Raises RuntimeError after timeout_s."""
         from ray import serve
-        from service.app import build_app
-        serve.run(build_app(app_args), name=self.name, route_prefix="/", blocking=False)
+        from service.app import LOGGING_CONFIG, build_app
+        serve.run(build_app(app_args), name=self.name, route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         want = app_args.get("engine", {})
         deadline = time.monotonic() + timeout_s
         with httpx.Client(base_url=self.url, timeout=10, trust_env=False) as client:

@@ -1,0 +1,135 @@
+"""The int8 linear layer's two paths side by side, interleaved, one torch thread:
+
+    python -m service.bench.int8_layers
+
+(1) per layer shape of the shipped model and row count: the one-call compiled kernel
+(``kernels.int8_linear_small``, AVX-512 VNNI) against quantize -> ``torch._int_mm`` -> dequantize, in
+microseconds (median of interleaved repeats); ``model.linear.SMALL_ROWS`` is where the layer switches.
+(2) ``generate`` on one sentence at a time (batch 1, greedy, the first ``--sentences`` German
+test_2016_flickr sentences) with the one-call kernel and with it switched off, in ms per sentence:
+the effect on a single client's latency. Both paths give the same bits (``tests/test_kernels.py``).
+A timing, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+SOURCES = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k" / "test_2016_flickr.de.gz"
+
+
+def _median_us(fn, repeats: int, inner: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - t) / inner)
+    return statistics.median(times) * 1e6
+
+
+def layers(model, repeats: int = 7) -> None:
+    """Part (1): every distinct [in, out] of the model's linear layers."""
+    import torch
+    from model import kernels
+    from model.linear import SMALL_ROWS, Linear
+    shapes: dict[tuple[int, int], object] = {}
+    for m in model.modules():
+        if isinstance(m, Linear) and m.packed is not None and m.packed.small is not None:
+            shapes.setdefault((m.in_features, m.out_features), m)
+    out_proj = getattr(model, "_packed_out", None)
+    if out_proj is not None and getattr(out_proj, "small", None) is not None:
+        shapes[(model.cfg.d_model, out_proj.scale.numel())] = out_proj
+    print(f"(1) one int8 layer, one-call kernel / quantize + _int_mm + dequantize, µs (SMALL_ROWS = {SMALL_ROWS})")
+    print(f"{'in -> out':>14} " + " ".join(f"{r:>15}" for r in ROWS))
+    small = kernels.int8_linear_small()
+    g = torch.Generator().manual_seed(0)
+    for (n_in, n_out), layer in sorted(shapes.items()):
+        p = layer.packed if isinstance(layer, Linear) else layer        # the output projection: a PackedWeight
+        bias = layer.bias.detach() if isinstance(layer, Linear) and layer.bias is not None else None
+        cells = []
+        for rows in ROWS:
+            x = torch.randn(rows, n_in, generator=g)
+            inner = max(5, 2000 // rows)
+            one, three = [], []
+            for _ in range(repeats):   # interleaved
+                one.append(_median_us(lambda: small(x, *p.small, p.scale, bias, n_out), 1, inner))
+                three.append(_median_us(lambda: p._int8(x, bias), 1, inner))
+            a, b = statistics.median(one), statistics.median(three)
+            cells.append(f"{a:6.1f}/{b:6.1f}" + ("*" if rows <= SMALL_ROWS else " "))
+        print(f"{n_in:>6} -> {n_out:<5} " + " ".join(f"{c:>15}" for c in cells))
+    print("(* = the row counts the layer sends to the one-call kernel)")
+
+
+def latency(model, tok, sentences: int, rounds: int = 3) -> None:
+    """Part (2): batch-1 greedy ``generate``, the one-call kernel on and off, interleaved rounds."""
+    from model import linear
+    from model.decoding import generate
+    lines = gzip.open(SOURCES, "rt", encoding="utf-8").read().splitlines()[:sentences]
+    srcs = [tok.encode(s) + [model.cfg.eos_id] for s in lines]
+    setting = linear.SMALL_ROWS
+    times: dict[str, list[float]] = {"one-call kernel": [], "quantize + _int_mm + dequantize": []}
+    tokens = 0
+    for s in srcs[:5]:
+        generate(model, [s])
+    for _ in range(rounds):
+        for name, rows in (("one-call kernel", setting), ("quantize + _int_mm + dequantize", 0)):
+            linear.SMALL_ROWS = rows
+            try:
+                t = time.perf_counter()
+                tokens = sum(len(generate(model, [s])[0][0].tokens) for s in srcs)
+                times[name].append((time.perf_counter() - t) / len(srcs))
+            finally:
+                linear.SMALL_ROWS = setting
+    print(f"(2) generate, batch 1, greedy, {len(srcs)} sentences ({tokens} tokens), median of {rounds} "
+          f"interleaved rounds:")
+    base = statistics.median(times["quantize + _int_mm + dequantize"])
+    for name, ts in times.items():
+        m = statistics.median(ts)
+        print(f"    {name:<34} {m * 1e3:6.2f} ms/sentence  {m * len(srcs) / tokens * 1e3:5.3f} ms/token  "
+              f"{base / m:4.2f}x")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m service.bench.int8_layers",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--checkpoint", default="model/checkpoints/de-en")
+    ap.add_argument("--sentences", type=int, default=100, help="(2): sentences translated per round (>= 1)")
+    ap.add_argument("--parts", default="1,2", help="1 (layers), 2 (batch-1 latency), or both")
+    args = ap.parse_args(argv)
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if not parts or not parts <= {"1", "2"}:
+        ap.error(f"--parts must be 1, 2 or 1,2, got {args.parts!r}")
+    if args.sentences < 1:
+        ap.error(f"--sentences must be >= 1, got {args.sentences}")
+    import torch
+    from model import kernels
+    from model.checkpoint import load_checkpoint
+    torch.set_num_threads(1)
+    if kernels.int8_linear_small() is None:
+        print("no one-call int8 kernel here (it needs AVX-512 VNNI and the compiled CPU kernels)", file=sys.stderr)
+        return 1
+    try:
+        model, tok, _ = load_checkpoint(args.checkpoint)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if model.linear_dtype != "int8":
+        print(f"error: the model's linear layers are {model.linear_dtype}, not int8 (unset MT_LINEAR_DTYPE)",
+              file=sys.stderr)
+        return 2
+    if "1" in parts:
+        layers(model)
+    if "2" in parts:
+        latency(model, tok, args.sentences)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
