@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import fused_step, kernels
 from .dense_step import dense_forward, plan_dense, step_log_probs
 from .kv_cache import KVCache
 from .paged_cache import PagedKVCache
@@ -55,6 +55,10 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     if dense and not need_weights:  # fixed shapes, fused attention (model/dense_step.py)
         return StepOutput(dense_forward(model, cache, plan_dense(cache, slots, tokens, positions)))
     attend = cache.plan_step(slots, positions, packed=slots.device.type == "cpu")
+    if not need_weights:  # each decoder layer in one compiled call where it applies (model/fused_step.py)
+        logits = fused_step.decode_logits(model, attend, tokens, positions)
+        if logits is not None:
+            return StepOutput(step_log_probs(model, logits))
     logits, w = model.decode(tokens[:, None], None, None, None, positions[:, None], attend, need_weights)
     log_probs = step_log_probs(model, logits[:, -1])
     if not need_weights:

@@ -8,8 +8,11 @@ new tensor and multiplies it elementwise several times; the kernel reads each ke
 ``quantize_rows`` and ``dequantize`` (``csrc/int8_linear.cpp``) are the two elementwise halves of
 the int8 linear layers (``model/linear.py``), one pass each instead of five or six;
 ``int8_linear_small`` is a whole int8 layer for a few rows in one call (AVX-512 VNNI CPUs only; the
-same bits as the three-call path). ``row_topk``
+same bits as the three-call path); ``int8_linear_avx2`` the same for any rows on AVX2 CPUs without
+VNNI, where oneDNN's int8 product behind ``torch._int_mm`` can be tens of times slower than float32. ``row_topk``
 (``csrc/row_topk.cpp``) is the per-row top-k of beam search's candidates in one pass over each row.
+``decoder_layer_step`` (``csrc/decoder_step.cpp``) is one decoder layer of a decode step in one call
+(``model/fused_step.py``).
 
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
 the first build is slow and is cached under ``TORCH_EXTENSIONS_DIR``, by default
@@ -33,7 +36,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp",
-                                                                    "row_topk.cpp")]
+                                                                    "row_topk.cpp", "decoder_step.cpp")]
 # -ffp-contract=off: no fused multiply-add, so the compiled float arithmetic rounds as eager PyTorch does
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
@@ -143,13 +146,17 @@ def _self_check_int8(module) -> None:
     for b in (bias, None):
         if not torch.equal(module.dequantize(acc, scale, cols, b), dequantize_eager(acc, scale, cols, b)):
             raise RuntimeError("compiled int8 dequantization disagrees with eager PyTorch")
-    if module.has_int8_linear_small:   # 37 inputs, 70 features: padding on both sides of the weight
+    for name in ("int8_linear_small", "int8_linear_avx2"):   # the one this build has
+        if not getattr(module, "has_" + name, False):
+            continue
+        # 37 inputs, 70 features: padding on both sides of the weight; -127 and 127 everywhere in row 0
         w, cols = torch.randint(-127, 128, (70, 37), generator=g, dtype=torch.int8), torch.rand(70, generator=g)
+        w[0, ::2], w[0, 1::2] = 127, -127
         vw, offset = vnni_weight(w)
         for b in (torch.randn(70, generator=g), None):
-            got = module.int8_linear_small(x, vw, offset, cols, b, 70)
+            got = getattr(module, name)(x, vw, offset, cols, b, 70)
             if not torch.equal(got, dequantize_eager(torch._int_mm(ref_q, w.t().contiguous()), ref_scale, cols, b)):
-                raise RuntimeError("compiled int8_linear_small disagrees with eager PyTorch")
+                raise RuntimeError(f"compiled {name} disagrees with eager PyTorch")
 
 
 def _self_check_topk(module) -> None:
@@ -218,6 +225,27 @@ def int8_linear_small() -> Optional[Callable]:
     kernels are unavailable. The same bits as ``quantize_rows`` -> ``torch._int_mm`` -> ``dequantize``."""
     ops = int8_ops()
     return ops.int8_linear_small if ops is not None and getattr(ops, "has_int8_linear_small", False) else None
+
+
+def int8_linear_kernel() -> Optional[tuple[Callable, bool]]:
+    """The compiled whole int8 layer of this CPU and whether it is for few rows only: (``int8_linear_small``,
+    True) with AVX-512 VNNI (faster than ``torch._int_mm`` up to ``linear.SMALL_ROWS`` rows), else
+    (``int8_linear_avx2``, False) on AVX2 (any rows: oneDNN's int8 product without VNNI can be tens of
+    times slower than float32), else None (also when tests and benchmarks set ``_loaded["int8_layer"] =
+    None``). Same signature and the same bits either way."""
+    if "int8_layer" in _loaded and _loaded["int8_layer"] is None:
+        return None
+    small = int8_linear_small()
+    if small is not None:
+        return small, True
+    ops = int8_ops()
+    return (ops.int8_linear_avx2, False) if ops is not None and getattr(ops, "has_int8_linear_avx2", False) else None
+
+
+def decoder_step_op() -> Optional[Callable]:
+    """The compiled ``decoder_layer_step`` (one decoder layer of a decode step, ``model/fused_step.py``),
+    or None (see ``_module``)."""
+    return _op("decoder_step", "decoder_layer_step")
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:

@@ -10,7 +10,8 @@ float32 path takes over). Training, float64 and CUDA always use the plain path. 
 **int8** (default): the weights are int8 with one scale per output feature (absmax / 127), and each
 input row is quantized to int8 with its own scale at every call (dynamic, per row, like
 CTranslate2's int8 mode): an exact int32 product (``torch._int_mm``; for up to ``SMALL_ROWS`` rows on
-AVX-512 VNNI CPUs the whole layer is one compiled call, ``kernels.int8_linear_small``), then
+AVX-512 VNNI CPUs, and for any rows on AVX2 CPUs without VNNI, the whole layer is one compiled call,
+``kernels.int8_linear_kernel``), then
 ``acc * row_scale * weight_scale + bias`` in float32. Every step is per row and exact or
 elementwise, so a row's result does not depend at all on the rows it is batched with (bit for bit;
 the float32 products below differ in the last digits with the batch). A layer's output is within
@@ -59,9 +60,10 @@ def default_dtype() -> torch.dtype:
 
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
-# int8 layers of at most this many rows use the one-call compiled kernel (kernels.int8_linear_small):
-# 2-4x faster than quantize + torch._int_mm + dequantize for 1-4 rows, about even at 32-64, slower
-# beyond (docs/performance.md "Kernels and layers timed in isolation").
+# On AVX-512 VNNI CPUs, int8 layers of at most this many rows use the one-call compiled kernel
+# (kernels.int8_linear_small): 2-4x faster than quantize + torch._int_mm + dequantize for 1-4 rows,
+# about even at 32-64, slower beyond (docs/performance.md "Kernels and layers timed in isolation").
+# On AVX2 CPUs without VNNI every int8 layer uses kernels.int8_linear_avx2.
 SMALL_ROWS = 32
 
 
@@ -84,9 +86,9 @@ class PackedWeight:
             # (d_ff -> d_model most). Integer products are exact, so both give the same bits.
             self.packed = q.t()                                                   # column-major view
             self.packed_rows = self.packed.contiguous()                           # row-major copy
-            # Up to SMALL_ROWS rows, one compiled call does the whole layer (AVX-512 VNNI; a third
-            # copy of the int8 values in its own layout); the same bits as the path above.
-            self.small = kernels.vnni_weight(q) if kernels.int8_linear_small() is not None else None
+            # One compiled call does the whole layer (a third copy of the int8 values in its own layout;
+            # the same bits as the path above): up to SMALL_ROWS rows on AVX-512 VNNI, any rows on AVX2.
+            self.small = kernels.vnni_weight(q) if kernels.int8_linear_kernel() is not None else None
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(dtype))
         # Check the kernel once against the plain product on a small input; any mismatch -> not used.
@@ -102,10 +104,10 @@ class PackedWeight:
     def __call__(self, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         """x [..., in] (float32) @ weight.T + bias -> [..., out] float32."""
         if self.dtype == torch.int8:
-            if self.small is not None and x.numel() <= SMALL_ROWS * x.size(-1):
-                small = kernels.int8_linear_small()
-                if small is not None:
-                    return small(x, *self.small, self.scale, bias, self.scale.numel())
+            if self.small is not None:
+                kernel = kernels.int8_linear_kernel()
+                if kernel is not None and (not kernel[1] or x.numel() <= SMALL_ROWS * x.size(-1)):
+                    return kernel[0](x, *self.small, self.scale, bias, self.scale.numel())
             return self._int8(x, bias)
         if self.dtype == torch.float32:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")

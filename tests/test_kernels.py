@@ -63,25 +63,32 @@ def test_int8_compiled_and_eager_halves_agree(monkeypatch):
 
 @pytest.mark.parametrize("n_in,n_out", [(64, 300), (37, 70), (256, 16), (1024, 33)])
 def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out):
-    """int8_linear_small (a whole int8 layer for <= SMALL_ROWS rows) against quantize_rows ->
-    torch._int_mm -> dequantize: the same bits for every row count, with and without bias, on shapes
-    that pad the weight on both sides, and for a [B, T, in] input; and the layer switches between the
-    two at SMALL_ROWS without a row's result changing."""
+    """The whole-layer int8 kernel of this CPU (``int8_linear_small`` on AVX-512 VNNI, up to SMALL_ROWS
+    rows; ``int8_linear_avx2`` on AVX2, any rows) against quantize_rows -> torch._int_mm -> dequantize:
+    the same bits for every row count, with and without bias, with inputs and weights at +-127, on
+    shapes that pad the weight on both sides, and for a [B, T, in] input; and the layer switching
+    between the two paths without a row's result changing."""
     from model import kernels
     from model.linear import SMALL_ROWS, PackedWeight, onednn_available
-    if not onednn_available() or kernels.int8_linear_small() is None:
-        pytest.skip("no AVX-512 VNNI kernel here")
+    if not onednn_available() or kernels.int8_linear_kernel() is None:
+        pytest.skip("no compiled int8 layer kernel here (it needs AVX-512 VNNI or AVX2)")
+    kernel, few_rows = kernels.int8_linear_kernel()
     g = torch.Generator().manual_seed(n_in + n_out)
     w, b = torch.randn(n_out, n_in, generator=g), torch.randn(n_out, generator=g)
+    w[0] = torch.where(torch.arange(n_in) % 2 == 0, 1.0, -1.0)         # a feature of +-127 only
     p = PackedWeight(w, torch.int8)
     assert p.small is not None
-    x = torch.randn(SMALL_ROWS + 9, n_in, generator=g) * torch.logspace(-3, 3, SMALL_ROWS + 9)[:, None]
+    n = SMALL_ROWS + 9
+    x = torch.randn(n, n_in, generator=g) * torch.logspace(-3, 3, n)[:, None]
     x[3] = 0.0
-    three_call = p._int8(x, b)                                   # SMALL_ROWS + 9 rows: _int_mm path
-    assert torch.equal(three_call, p(x, b))
-    for rows in (1, 2, 3, 4, 5, 8, 17, SMALL_ROWS):
+    x[5] = torch.where(torch.arange(n_in) % 3 == 0, -2.0, 2.0)          # a row of +-127 only
+    three_call = p._int8(x, b)                                   # the torch._int_mm path
+    assert torch.equal(three_call, p(x, b))                      # beyond SMALL_ROWS: either path, the same bits
+    for rows in (1, 2, 3, 4, 5, 8, 17, SMALL_ROWS, n):
+        if few_rows and rows > SMALL_ROWS:
+            continue
         for bias in (b, None):
-            one_call = kernels.int8_linear_small()(x[:rows], *p.small, p.scale, bias, n_out)
+            one_call = kernel(x[:rows], *p.small, p.scale, bias, n_out)
             assert one_call.shape == (rows, n_out)
             assert torch.equal(one_call, p._int8(x[:rows], bias)), (rows, bias is None)
         assert torch.equal(p(x[:rows], b), three_call[:rows])

@@ -16,7 +16,7 @@
 #include <limits>
 #include <vector>
 
-namespace {
+namespace mt {
 
 template <typename scalar_t>
 void attend_rows(const scalar_t* Q, const scalar_t* K, const scalar_t* V, const int64_t* key_index,
@@ -120,14 +120,16 @@ std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const
   return {out};
 }
 
-}  // namespace
+}  // namespace mt
 
 void register_int8_linear(pybind11::module& m);  // int8_linear.cpp
 void register_row_topk(pybind11::module& m);     // row_topk.cpp
+void register_decoder_step(pybind11::module& m); // decoder_step.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("packed_decode_attention", &packed_decode_attention,
+  m.def("packed_decode_attention", &mt::packed_decode_attention,
         "Decode-step attention, each row over its own cached keys (see decode_attention.cpp)");
   register_int8_linear(m);
   register_row_topk(m);
+  register_decoder_step(m);
 }

@@ -17,6 +17,9 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define MT_HAVE_VNNI 1
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define MT_HAVE_AVX2_INT8 1
 #endif
 
 #include <algorithm>
@@ -25,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-namespace {
+namespace mt {
 
 // One row: scale = max|x| / 127 (1 for an all-zero row), q = round-half-even(x / scale) + Offset, the same
 // arithmetic as the eager path in model/linear.py (Offset 128 gives the unsigned form VNNI multiplies).
@@ -209,15 +212,140 @@ torch::Tensor int8_linear_small(torch::Tensor x, torch::Tensor w, torch::Tensor 
 #endif
 }
 
-}  // namespace
+
+#ifdef MT_HAVE_AVX2_INT8
+// AVX2 (no VNNI): vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16, which
+// would saturate for (q + 128) x w; with |x| as the unsigned operand and w carrying x's sign
+// (vpsignb), each pair is at most 2 x 127 x 127 = 32,258 and the int16 sums are exact; vpmaddwd
+// then adds pairs of those into int32. Same weight layout as the VNNI kernel: a 64-byte vector of 16
+// features x 4 inputs is two 32-byte halves of 8 features; no offset (the inputs stay signed).
+struct Avx2Call {
+  const int8_t* xq;        // [M, K4] quantized rows (K4 = K rounded up to 4; padding 0)
+  const float* row_scale;  // [M]
+  const int8_t* w;         // [NB, K4 / 4, 16, 4]
+  const float* col_scale;  // [N]
+  const float* bias;       // [N] or nullptr
+  float* out;              // [M, N]
+  int64_t k4, n;
+};
+
+template <int MR>
+inline void avx2_tile(const Avx2Call& c, int64_t m0, int64_t nb) {
+  __m256i acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t steps = c.k4 / 4;
+  const int8_t* wb = c.w + nb * steps * 64;
+  for (int64_t k = 0; k < steps; ++k) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + 32));
+    for (int r = 0; r < MR; ++r) {
+      int32_t four;
+      std::memcpy(&four, c.xq + (m0 + r) * c.k4 + 4 * k, 4);
+      const __m256i xs = _mm256_set1_epi32(four);
+      const __m256i xa = _mm256_abs_epi8(xs);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w0, xs)), ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w1, xs)), ones));
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int64_t f0 = nb * 16 + h * 8, left = c.n - f0;
+    if (left <= 0) break;
+    const int cnt = left >= 8 ? 8 : static_cast<int>(left);
+    alignas(32) float cs[8] = {0}, b[8] = {0}, o[8];
+    std::memcpy(cs, c.col_scale + f0, cnt * sizeof(float));
+    if (c.bias) std::memcpy(b, c.bias + f0, cnt * sizeof(float));
+    const __m256 csv = _mm256_load_ps(cs), bv = _mm256_load_ps(b);
+    for (int r = 0; r < MR; ++r) {
+      // as dequantize(): acc * row_scale * col_scale (+ bias), two products then the sum, no FMA
+      __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(c.row_scale[m0 + r])), csv);
+      if (c.bias) a = _mm256_add_ps(a, bv);
+      float* dst = c.out + (m0 + r) * c.n + f0;
+      if (cnt == 8) {
+        _mm256_storeu_ps(dst, a);
+      } else {
+        _mm256_store_ps(o, a);
+        std::memcpy(dst, o, cnt * sizeof(float));
+      }
+    }
+  }
+}
+#endif
+
+// x [..., K] float32 (M rows, any M) @ an int8 weight -> [..., N] float32 on AVX2 CPUs without VNNI, the
+// same bits as quantize_rows, torch._int_mm and dequantize (whose oneDNN int8 product can be tens of
+// times slower than float32 there). w and offset from kernels.vnni_weight() (offset unused: the same
+// signature as int8_linear_small).
+torch::Tensor int8_linear_avx2(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
+                               std::optional<torch::Tensor> bias_opt, int64_t n) {
+  (void)offset;   // the VNNI kernel's; here the inputs stay signed
+#ifdef MT_HAVE_AVX2_INT8
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+              "int8_linear_avx2 takes a float32 CPU tensor");
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kInt8 && w.size(2) == 16 && w.size(3) == 4 && w.is_contiguous(),
+              "w must be a contiguous [NB, K4/4, 16, 4] int8 tensor");
+  const int64_t K = x.size(-1), M = K ? x.numel() / K : 0, NB = w.size(0), K4 = w.size(1) * 4;
+  TORCH_CHECK(K4 >= K && K4 < K + 4 && n > (NB - 1) * 16 && n <= NB * 16, "w does not fit x's width or n");
+  TORCH_CHECK(col_scale.scalar_type() == torch::kFloat32 && col_scale.numel() == n && col_scale.is_contiguous(),
+              "col_scale must be [n] float32");
+  torch::Tensor bias = bias_opt.has_value() ? *bias_opt : torch::Tensor();
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.numel() == n && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+              "bias must be [n] float32");
+  x = x.contiguous();
+  auto xq = torch::zeros({M, K4}, x.options().dtype(torch::kInt8));
+  auto row_scale = torch::empty({M}, x.options());
+  const float* X = x.data_ptr<float>();
+  int8_t* XQ = xq.data_ptr<int8_t>();
+  float* RS = row_scale.data_ptr<float>();
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [=](int64_t r0, int64_t r1) {
+    const int64_t k = K, k4 = K4;
+    for (int64_t r = r0; r < r1; ++r) RS[r] = quantize_row<int8_t, 0>(X + r * k, XQ + r * k4, k);
+  });
+  std::vector<int64_t> shape = x.sizes().vec();   // [..., K] -> [..., n]
+  shape.back() = n;
+  auto out = torch::empty(shape, x.options());
+  const Avx2Call c{XQ, RS, w.data_ptr<int8_t>(), col_scale.data_ptr<float>(), has_bias ? bias.data_ptr<float>() : nullptr,
+                   out.data_ptr<float>(), K4, n};
+  // each block of 16 features (4 KB of weights at K = 256) is read once from memory and reused for every row
+  at::parallel_for(0, NB, std::max<int64_t>(1, 4096 / std::max<int64_t>(M * K4 / 4, 1)), [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      int64_t m0 = 0;
+      for (; m0 + 4 <= M; m0 += 4) avx2_tile<4>(c, m0, nb);
+      for (; m0 < M; ++m0) avx2_tile<1>(c, m0, nb);
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "int8_linear_avx2 is built only for AVX2 CPUs without AVX-512 VNNI (see has_int8_linear_avx2)");
+#endif
+}
+// The compiled int8 layer of this build: the VNNI kernel (for up to SMALL_ROWS rows, model/linear.py) or the
+// AVX2 one (any rows); model/fused_step.py's decoder_step.cpp calls it.
+torch::Tensor int8_linear_kernel(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
+                                 std::optional<torch::Tensor> bias, int64_t n) {
+#ifdef MT_HAVE_VNNI
+  return int8_linear_small(x, w, offset, col_scale, bias, n);
+#else
+  return int8_linear_avx2(x, w, offset, col_scale, bias, n);
+#endif
+}
+
+}  // namespace mt
 
 void register_int8_linear(pybind11::module& m) {
-  m.def("quantize_rows", &quantize_rows, "int8 rows with per-row scales (see int8_linear.cpp)");
-  m.def("dequantize", &dequantize, "float32 from int32 products and row/column scales (see int8_linear.cpp)");
-  m.def("int8_linear_small", &int8_linear_small, "a whole int8 linear layer for a few rows (see int8_linear.cpp)");
+  m.def("quantize_rows", &mt::quantize_rows, "int8 rows with per-row scales (see int8_linear.cpp)");
+  m.def("dequantize", &mt::dequantize, "float32 from int32 products and row/column scales (see int8_linear.cpp)");
+  m.def("int8_linear_small", &mt::int8_linear_small, "a whole int8 linear layer for a few rows (see int8_linear.cpp)");
+  m.def("int8_linear_avx2", &mt::int8_linear_avx2, "a whole int8 linear layer on AVX2 without VNNI (see int8_linear.cpp)");
 #ifdef MT_HAVE_VNNI
   m.attr("has_int8_linear_small") = true;
 #else
   m.attr("has_int8_linear_small") = false;
+#endif
+#ifdef MT_HAVE_AVX2_INT8
+  m.attr("has_int8_linear_avx2") = true;
+#else
+  m.attr("has_int8_linear_avx2") = false;
 #endif
 }

@@ -3,8 +3,9 @@
     python -m service.bench.int8_layers
 
 (1) per layer shape of the shipped model and row count: the one-call compiled kernel
-(``kernels.int8_linear_small``, AVX-512 VNNI) against quantize -> ``torch._int_mm`` -> dequantize, in
-microseconds (median of interleaved repeats); ``model.linear.SMALL_ROWS`` is where the layer switches.
+(``kernels.int8_linear_kernel``: AVX-512 VNNI, or AVX2 without VNNI) against quantize ->
+``torch._int_mm`` -> dequantize and against the oneDNN-prepacked float32 layer, in microseconds (median of interleaved repeats); on VNNI CPUs
+``model.linear.SMALL_ROWS`` is where the layer switches (on AVX2 the kernel takes every row count).
 (2) ``generate`` on one sentence at a time (batch 1, greedy, the first ``--sentences`` German
 test_2016_flickr sentences) with the one-call kernel and with it switched off, in ms per sentence:
 the effect on a single client's latency. Both paths give the same bits (``tests/test_kernels.py``).
@@ -37,55 +38,61 @@ def layers(model, repeats: int = 7) -> None:
     """Part (1): every distinct [in, out] of the model's linear layers."""
     import torch
     from model import kernels
-    from model.linear import SMALL_ROWS, Linear
-    shapes: dict[tuple[int, int], object] = {}
+    from model.linear import SMALL_ROWS, Linear, PackedWeight
+    shapes: dict[tuple[int, int], tuple] = {}   # (in, out) -> (float32 weight, bias, int8 PackedWeight)
     for m in model.modules():
         if isinstance(m, Linear) and m.packed is not None and m.packed.small is not None:
-            shapes.setdefault((m.in_features, m.out_features), m)
+            shapes.setdefault((m.in_features, m.out_features), (m.weight.detach(), m.bias, m.packed))
     out_proj = getattr(model, "_packed_out", None)
     if out_proj is not None and getattr(out_proj, "small", None) is not None:
-        shapes[(model.cfg.d_model, out_proj.scale.numel())] = out_proj
-    print(f"(1) one int8 layer, one-call kernel / quantize + _int_mm + dequantize, µs (SMALL_ROWS = {SMALL_ROWS})")
-    print(f"{'in -> out':>14} " + " ".join(f"{r:>15}" for r in ROWS))
-    small = kernels.int8_linear_small()
+        shapes[(model.cfg.d_model, out_proj.scale.numel())] = (model.tgt_embed.tok.weight.detach(), None, out_proj)
+    print(f"(1) one linear layer, µs: int8 one-call kernel / int8 quantize + _int_mm + dequantize / prepacked "
+          f"float32 (SMALL_ROWS = {SMALL_ROWS})")
+    print(f"{'in -> out':>14} " + " ".join(f"{r:>22}" for r in ROWS))
+    small, few_rows = kernels.int8_linear_kernel()
     g = torch.Generator().manual_seed(0)
-    for (n_in, n_out), layer in sorted(shapes.items()):
-        p = layer.packed if isinstance(layer, Linear) else layer        # the output projection: a PackedWeight
-        bias = layer.bias.detach() if isinstance(layer, Linear) and layer.bias is not None else None
+    for (n_in, n_out), (weight, bias, p) in sorted(shapes.items()):
+        bias = None if bias is None else bias.detach()
+        f32 = PackedWeight(weight, torch.float32)
+        calls = (lambda x: small(x, *p.small, p.scale, bias, n_out), lambda x: p._int8(x, bias), lambda x: f32(x, bias))
         cells = []
         for rows in ROWS:
             x = torch.randn(rows, n_in, generator=g)
-            inner = max(5, 2000 // rows)
-            one, three = [], []
+            times: list[list[float]] = [[] for _ in calls]
+            inner = []
+            for fn in calls:   # about 20 ms per repeat and path, at most 2000 / rows calls
+                t = time.perf_counter()
+                fn(x)
+                inner.append(max(1, min(2000 // rows, int(0.02 / max(time.perf_counter() - t, 1e-7)))))
             for _ in range(repeats):   # interleaved
-                one.append(_median_us(lambda: small(x, *p.small, p.scale, bias, n_out), 1, inner))
-                three.append(_median_us(lambda: p._int8(x, bias), 1, inner))
-            a, b = statistics.median(one), statistics.median(three)
-            cells.append(f"{a:6.1f}/{b:6.1f}" + ("*" if rows <= SMALL_ROWS else " "))
-        print(f"{n_in:>6} -> {n_out:<5} " + " ".join(f"{c:>15}" for c in cells))
+                for fn, n, ts in zip(calls, inner, times):
+                    ts.append(_median_us(lambda: fn(x), 1, n))
+            a, b, c = (statistics.median(ts) for ts in times)
+            cells.append(f"{a:6.1f}/{b:7.1f}/{c:6.1f}" + ("*" if rows <= SMALL_ROWS or not few_rows else " "))
+        print(f"{n_in:>6} -> {n_out:<5} " + " ".join(f"{c:>22}" for c in cells))
     print("(* = the row counts the layer sends to the one-call kernel)")
 
 
 def latency(model, tok, sentences: int, rounds: int = 3) -> None:
     """Part (2): batch-1 greedy ``generate``, the one-call kernel on and off, interleaved rounds."""
-    from model import linear
     from model.decoding import generate
     lines = gzip.open(SOURCES, "rt", encoding="utf-8").read().splitlines()[:sentences]
     srcs = [tok.encode(s) + [model.cfg.eos_id] for s in lines]
-    setting = linear.SMALL_ROWS
+    from model import kernels
     times: dict[str, list[float]] = {"one-call kernel": [], "quantize + _int_mm + dequantize": []}
     tokens = 0
     for s in srcs[:5]:
         generate(model, [s])
     for _ in range(rounds):
-        for name, rows in (("one-call kernel", setting), ("quantize + _int_mm + dequantize", 0)):
-            linear.SMALL_ROWS = rows
+        for name in ("one-call kernel", "quantize + _int_mm + dequantize"):
+            if name != "one-call kernel":
+                kernels._loaded["int8_layer"] = None      # the layer kernel alone off
             try:
                 t = time.perf_counter()
                 tokens = sum(len(generate(model, [s])[0][0].tokens) for s in srcs)
                 times[name].append((time.perf_counter() - t) / len(srcs))
             finally:
-                linear.SMALL_ROWS = setting
+                kernels._loaded.pop("int8_layer", None)
     print(f"(2) generate, batch 1, greedy, {len(srcs)} sentences ({tokens} tokens), median of {rounds} "
           f"interleaved rounds:")
     base = statistics.median(times["quantize + _int_mm + dequantize"])
@@ -112,8 +119,9 @@ def main(argv=None) -> int:
     from model import kernels
     from model.checkpoint import load_checkpoint
     torch.set_num_threads(1)
-    if kernels.int8_linear_small() is None:
-        print("no one-call int8 kernel here (it needs AVX-512 VNNI and the compiled CPU kernels)", file=sys.stderr)
+    if kernels.int8_linear_kernel() is None:
+        print("no one-call int8 kernel here (it needs AVX-512 VNNI or AVX2 and the compiled CPU kernels)",
+              file=sys.stderr)
         return 1
     try:
         model, tok, _ = load_checkpoint(args.checkpoint)

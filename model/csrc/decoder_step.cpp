@@ -1,0 +1,150 @@
+// One decoder layer of an incremental decoding step (Vaswani et al., 2017, section 3.1: masked
+// self-attention, encoder-decoder attention, FFN, each in a residual connection with layer norm)
+// in one compiled call, over a KV cache read through packed key indices (model/attention_plan.py).
+//
+// A step of a few rows is mostly fixed cost in eager PyTorch: a layer is ~20 operators, each a
+// Python call, a module call and a dispatch of a few microseconds, against a few microseconds of
+// arithmetic for the whole layer at one row. Here the same operators run back to back in C++: the
+// same int8 (int8_linear.cpp) or oneDNN float32 products, the same attention kernel
+// (decode_attention.cpp), ATen's layer_norm, add and activation on the same values in the same
+// order, so the result is the same, bit for bit, as MultiHeadAttention / DecoderLayer with
+// CacheAttention hooks (model/fused_step.py checks it once, tests/test_fused_step.py for many shapes).
+#include <torch/extension.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+namespace mt {
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x);
+torch::Tensor dequantize(torch::Tensor acc, torch::Tensor row_scale, torch::Tensor col_scale,
+                         std::optional<torch::Tensor> bias_opt);
+torch::Tensor int8_linear_kernel(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
+                                 std::optional<torch::Tensor> bias, int64_t n);
+std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v, const torch::Tensor& key_index,
+                                                   const torch::Tensor& starts, int64_t max_len,
+                                                   double scale, bool need_weights);
+
+namespace {
+
+constexpr int64_t kLinearParams = 6;   // tensors per linear layer in ``params``
+
+// oneDNN's prepacked float32 linear (torch.ops.mkldnn._linear_pointwise), as model/linear.py calls it.
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                       .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                            const std::optional<torch::Tensor>&, c10::string_view,
+                                            c10::List<std::optional<c10::Scalar>>, std::optional<c10::string_view>)>();
+  std::optional<torch::Tensor> b;
+  if (bias.numel() > 0) b = bias;
+  return op.call(x, w, b, "none", c10::List<std::optional<c10::Scalar>>(), c10::string_view(""));
+}
+
+// x [M, in] float32 -> [M, out] float32 through linear ``i`` of params: six tensors each,
+// int8: {weight [in, out] column-major view, the same row-major, the compiled kernel's weight
+// (kernels.vnni_weight) or empty, its offset or empty,
+// per-feature scale [out], bias [out]} (model/linear.py PackedWeight); float32: {oneDNN weight, 4 x empty, bias}.
+torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& p, int64_t i, int64_t small_rows) {
+  const torch::Tensor& w = p[i * kLinearParams];
+  const torch::Tensor& bias = p[i * kLinearParams + 5];
+  if (w.scalar_type() != torch::kInt8) return onednn_linear(x, w, bias);
+  const torch::Tensor& scale = p[i * kLinearParams + 4];
+  const torch::Tensor& small = p[i * kLinearParams + 2];
+  if (small.numel() > 0 && x.size(0) <= small_rows)   // the compiled int8 layer (int8_linear.cpp)
+    return int8_linear_kernel(x, small, p[i * kLinearParams + 3], scale, bias, scale.numel());
+  auto qs = quantize_rows(x);
+  const torch::Tensor& wm = x.size(0) == 1 ? w : p[i * kLinearParams + 1];
+  return dequantize(at::_int_mm(qs[0], wm), qs[1], scale, bias);
+}
+
+// Cross-attention reads each source once: rows -> [U sources x k hypotheses] queries and back
+// (as model/attention_plan.py CacheAttention with ``share``).
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& key_index, const torch::Tensor& starts, int64_t max_len,
+                     const std::optional<torch::Tensor>& share_flat, int64_t share_u, int64_t share_k,
+                     int64_t H, int64_t Dh) {
+  const int64_t N = q.size(0);
+  const double scale = std::pow(static_cast<double>(Dh), -0.5);
+  if (!share_flat.has_value()) {
+    return packed_decode_attention(q.view({N, 1, H, Dh}), k, v, key_index, starts, max_len, scale, false)[0]
+        .view({N, H * Dh});
+  }
+  auto qg = torch::zeros({share_u * share_k, H, Dh}, q.options()).index_copy_(0, *share_flat, q.view({N, H, Dh}));
+  auto out = packed_decode_attention(qg.view({share_u, share_k, H, Dh}), k, v, key_index, starts, max_len, scale,
+                                     false)[0];
+  return out.reshape({share_u * share_k, H, Dh}).index_select(0, *share_flat).view({N, H * Dh});
+}
+
+torch::Tensor activate(const torch::Tensor& h, int64_t activation) {
+  switch (activation) {
+    case 0: return at::relu(h);
+    case 1: return at::gelu(h);
+    case 2: return at::silu(h);
+  }
+  TORCH_CHECK(false, "activation must be 0 (relu), 1 (gelu) or 2 (silu), got ", activation);
+}
+
+}  // namespace
+
+// x [N, d_model] float32 -> [N, d_model]: one decoder layer for N rows of a decode step.
+// params: 7 linears (self W_Q, W_KV, W_O; cross W_Q, W_O; FFN W1, W2) x 6 tensors, then the three
+// layer norms' weight and bias. self_k / self_v, cross_k / cross_v: the layer's cache buffers (any
+// shape ending in [H, Dh], contiguous); write_at [N]: where this step's keys go, in rows of [*, H, Dh];
+// *_key_index / *_starts / *_max_len: the packed plans (model/attention_plan.py AttentionPlan);
+// share_flat [N] (with share_u sources x share_k hypotheses) or None: rows sharing a source.
+torch::Tensor decoder_layer_step(torch::Tensor x, const std::vector<torch::Tensor>& params,
+                                 const torch::Tensor& self_k, const torch::Tensor& self_v,
+                                 const torch::Tensor& write_at, const torch::Tensor& self_key_index,
+                                 const torch::Tensor& self_starts, int64_t self_max_len,
+                                 const torch::Tensor& cross_k, const torch::Tensor& cross_v,
+                                 const torch::Tensor& cross_key_index, const torch::Tensor& cross_starts,
+                                 int64_t cross_max_len, std::optional<torch::Tensor> share_flat, int64_t share_u,
+                                 int64_t share_k, int64_t n_heads, int64_t small_rows, bool norm_first,
+                                 int64_t activation, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.is_contiguous(),
+              "x must be a contiguous [N, d_model] float32 CPU tensor");
+  TORCH_CHECK(static_cast<int64_t>(params.size()) == 7 * kLinearParams + 6, "params must hold ",
+              7 * kLinearParams + 6, " tensors, got ", params.size());
+  const int64_t N = x.size(0), d = x.size(1), H = n_heads;
+  TORCH_CHECK(H > 0 && d % H == 0, "d_model ", d, " is not a multiple of n_heads ", H);
+  const int64_t Dh = d / H;
+  const auto& P = params;
+  const int64_t ln = 7 * kLinearParams;
+  auto norm = [&](const torch::Tensor& t, int64_t j) {
+    return at::layer_norm(t, {d}, P[ln + 2 * j], P[ln + 2 * j + 1], eps);
+  };
+  auto pre = [&](const torch::Tensor& t, int64_t j) { return norm_first ? norm(t, j) : t; };
+  auto post = [&](const torch::Tensor& t, const torch::Tensor& y, int64_t j) {
+    auto out = t + y;
+    return norm_first ? out : norm(out, j);
+  };
+  // masked self-attention: this step's K/V into the cache, then each row over its own keys
+  auto h = pre(x, 0);
+  auto q = linear(h, P, 0, small_rows);
+  auto kv = linear(h, P, 1, small_rows);                                      // [N, 2 d]
+  auto K = self_k.view({-1, H, Dh}), V = self_v.view({-1, H, Dh});
+  K.index_copy_(0, write_at, kv.narrow(1, 0, d).view({N, H, Dh}));
+  V.index_copy_(0, write_at, kv.narrow(1, d, d).view({N, H, Dh}));
+  auto a = attend(q, K, V, self_key_index, self_starts, self_max_len, std::nullopt, 0, 0, H, Dh);
+  x = post(x, linear(a, P, 2, small_rows), 0);
+  // encoder-decoder attention over the cached source keys
+  h = pre(x, 1);
+  q = linear(h, P, 3, small_rows);
+  a = attend(q, cross_k.view({-1, H, Dh}), cross_v.view({-1, H, Dh}), cross_key_index, cross_starts, cross_max_len,
+             share_flat, share_u, share_k, H, Dh);
+  x = post(x, linear(a, P, 4, small_rows), 1);
+  // position-wise feed-forward
+  h = pre(x, 2);
+  x = post(x, linear(activate(linear(h, P, 5, small_rows), activation), P, 6, small_rows), 2);
+  return x;
+}
+
+}  // namespace mt
+
+void register_decoder_step(pybind11::module& m) {
+  m.def("decoder_layer_step", &mt::decoder_layer_step,
+        "one decoder layer of a decode step in one call (see decoder_step.cpp)");
+}

@@ -1,0 +1,129 @@
+"""The decoder half of a CPU decode step with each layer in one compiled call
+(``kernels.decoder_layer_step``, ``csrc/decoder_step.cpp``).
+
+At the row counts of serving (one to a few dozen rows per step) a decode step in eager PyTorch is
+mostly fixed cost: each decoder layer is about twenty operators (projections, cache writes,
+attention, residual adds, layer norms, the FFN), and each pays a Python call, a module call and a
+dispatch of a few microseconds, more than its arithmetic at one row. The compiled layer runs the
+same operators on the same values in the same order (the same int8 or oneDNN products, the same
+attention kernel, ATen's layer norm), so it gives the same bits as the module path; it only drops
+the Python between them. ``decode_step`` (``model/decoding.py``) takes it whenever it applies:
+
+- CPU inference (no gradient, eval mode) on a KV cache whose plan reads keys with the compiled
+  attention kernel (``AttentionPlan.kernel``), no attention weights asked for;
+- every decoder linear layer prepacked int8 or float32 (``Transformer.pack_for_inference``) and still
+  valid for its weight; bfloat16 and unpacked models take the module path;
+- the compiled kernels available (``MT_CPU_KERNELS`` not 0; ``MT_FUSED_STEP=0`` turns off this path
+  alone).
+
+``tests/test_fused_step.py`` compares the two paths bit for bit (greedy and beam, contiguous and
+paged caches, mixed lengths, few and many rows); ``python -m service.bench.fused_step`` times them.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from . import kernels
+from .attention_plan import CacheAttention
+from . import linear as linear_layers
+from .linear import PackedWeight
+
+__all__ = ["decode_logits", "enabled", "layer_params"]
+
+_ACTIVATION = {"relu": 0, "gelu": 1, "swish": 2, "silu": 2}
+_EMPTY = torch.empty(0)
+
+
+def enabled() -> bool:
+    """False when MT_FUSED_STEP is set to 0/false/no/off (the compiled layer step alone is off)."""
+    return os.environ.get("MT_FUSED_STEP", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _linear_params(m) -> Optional[list[Tensor]]:
+    """The six tensors of one linear layer for ``decoder_layer_step`` (see ``csrc/decoder_step.cpp``),
+    or None when its prepacked copy is missing, stale or bfloat16."""
+    p: Optional[PackedWeight] = m.packed
+    if p is None or not p.valid_for(m.weight) or p.dtype == torch.bfloat16:
+        return None
+    bias = _EMPTY if m.bias is None else m.bias.detach()
+    if p.dtype == torch.int8:
+        small = p.small if p.small is not None else (_EMPTY, _EMPTY)
+        return [p.packed, p.packed_rows, *small, p.scale, bias]
+    return [p.packed, _EMPTY, _EMPTY, _EMPTY, _EMPTY, bias]
+
+
+def layer_params(layer) -> Optional[list[Tensor]]:
+    """The 48 tensors of one ``DecoderLayer`` for ``decoder_layer_step``: its seven linear layers
+    (self W_Q, W_KV, W_O; cross W_Q, W_O; FFN W1, W2), six tensors each, then the three layer norms'
+    weight and bias. None when a linear layer is not prepacked int8 or float32 (``_linear_params``)."""
+    out: list[Tensor] = []
+    for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o, layer.cross_attn.w_q,
+              layer.cross_attn.w_o, layer.ffn.w1, layer.ffn.w2):
+        p = _linear_params(m)
+        if p is None:
+            return None
+        out += p
+    for r in layer.res:
+        out += [r.norm.weight.detach(), r.norm.bias.detach()]
+    return out
+
+
+def _model_params(model) -> Optional[list[list[Tensor]]]:
+    """Per decoder layer its ``layer_params``, cached on the model while every prepacked copy is the
+    same object and valid for its weight (re-packing or changing a weight rebuilds or disables it)."""
+    linears = [m for layer in model.decoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
+                                                     layer.cross_attn.w_q, layer.cross_attn.w_o, layer.ffn.w1,
+                                                     layer.ffn.w2)]
+    key = tuple((id(m.packed), m.weight._version) for m in linears)
+    cached = getattr(model, "_fused_params", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    params = [layer_params(layer) for layer in model.decoder]
+    value = None if any(p is None for p in params) else params
+    model._fused_params = (key, value)
+    return value
+
+
+def _eligible(model, hooks: Sequence[tuple]) -> bool:
+    if model.training or torch.is_grad_enabled() or model.cfg.activation not in _ACTIVATION:
+        return False
+    for hs, hc in hooks:
+        if not (isinstance(hs, CacheAttention) and isinstance(hc, CacheAttention) and hs.self_attention
+                and not hc.self_attention and hs.plan.kernel and hs.plan.packed and hc.plan.kernel and hc.plan.packed
+                and hs.share is None):
+            return False
+    return True
+
+
+def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tensor) -> Optional[Tensor]:
+    """Logits [N, V] of one decode step with every decoder layer in one compiled call, or None where
+    the compiled step does not apply (see the module docstring; the caller then runs
+    ``Transformer.decode``). ``hooks``: per decoder layer the (self, cross) ``CacheAttention`` of
+    ``KVCache.plan_step``; tokens, positions [N] (long). Writes this step's K/V into the cache as the
+    module path does. Raises ValueError for a position beyond max_len."""
+    if not enabled() or len(hooks) != len(model.decoder) or not _eligible(model, hooks):
+        return None
+    step = kernels.decoder_step_op()
+    if step is None:
+        return None
+    params = _model_params(model)
+    if params is None:
+        return None
+    cfg = model.cfg
+    act = _ACTIVATION[cfg.activation]
+    kernel = kernels.int8_linear_kernel()      # as PackedWeight: the compiled int8 layer up to this many rows
+    rows = 0 if kernel is None else (linear_layers.SMALL_ROWS if kernel[1] else 1 << 62)
+    x = model.tgt_embed(tokens[:, None], positions[:, None])[:, 0]          # [N, d_model]
+    for i, (hs, hc) in enumerate(hooks):
+        c, layer = hs.cache, hs.layer
+        ps, pc = hs.plan, hc.plan
+        share = hc.share
+        x = step(x, params[i], c.self_k[layer], c.self_v[layer], hs.write_at, ps.key_index, ps.starts, ps.max_len,
+                 c.cross_k[layer], c.cross_v[layer], pc.key_index, pc.starts, pc.max_len,
+                 None if share is None else share[2], 0 if share is None else share[0],
+                 0 if share is None else share[1], cfg.n_heads, rows, cfg.norm_first, act, cfg.layer_norm_eps)
+    return model.logits(model.dec_norm(x))

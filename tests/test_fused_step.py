@@ -1,0 +1,126 @@
+"""The compiled decoder-layer step (model/fused_step.py, csrc/decoder_step.cpp) against the module
+path it replaces: the same bits for greedy and beam search, contiguous and paged caches, mixed
+lengths, few and many rows, post-LN and pre-LN, ReLU and SiLU, int8 and float32 weights; and the
+cases where it must step aside."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import fused_step, kernels
+from model.decoding import decode_step, encode_into_cache, generate, pad_batch
+from model.kv_cache import KVCache
+from model.linear import SMALL_ROWS
+from model.paged_cache import PagedKVCache
+from tiny_model import make_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
+
+pytestmark = pytest.mark.skipif(kernels.decoder_step_op() is None, reason="compiled CPU kernels unavailable")
+
+CONFIGS = {
+    "post-LN, ReLU, shared embeddings": {},
+    "pre-LN, SiLU, separate embeddings": {"norm_first": True, "activation": "swish", "share_embeddings": False},
+}
+
+
+def packed_model(config: str, dtype: torch.dtype, seed: int = 0):
+    model = make_model(torch.float32, seed, **CONFIGS[config])
+    assert model.pack_for_inference(dtype=dtype)
+    return model
+
+
+class Counter:
+    """Wraps the compiled op to count its calls (so a test knows which path ran)."""
+
+    def __init__(self):
+        self.op, self.calls = kernels.decoder_step_op(), 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.op(*args)
+
+
+def run(model, sources, beam, budgets, cache_kind, monkeypatch, fused: bool):
+    n = len(sources) * beam
+    cache = (PagedKVCache.for_model(model, n, num_blocks=60 * n, block_size=4) if cache_kind == "paged"
+             else KVCache.for_model(model, n, indirect=beam > 1))
+    counter = Counter()
+    monkeypatch.setitem(kernels._loaded, "decoder_step", counter if fused else None)
+    out = generate(model, sources, beam, beam, budgets, cache=cache)
+    monkeypatch.delitem(kernels._loaded, "decoder_step")
+    return [[(h.tokens, h.score) for h in r] for r in out], counter.calls
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float32], ids=["int8", "float32"])
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("cache_kind", ["contiguous", "paged"])
+def test_fused_step_translates_exactly_as_the_module_path(config, dtype, beam, cache_kind, monkeypatch):
+    model = packed_model(config, dtype)
+    sources = [rand_source(n, 5 * n) for n in (2, 7, 13, 30, 4)]
+    budgets = [9, 30, 4, 22, 15]                 # rows leave the batch at different steps
+    ref, calls = run(model, sources, beam, budgets, cache_kind, monkeypatch, fused=False)
+    assert calls == 0
+    got, calls = run(model, sources, beam, budgets, cache_kind, monkeypatch, fused=True)
+    assert calls >= model.cfg.n_decoder_layers * 4  # the compiled step ran, layer by layer
+    assert got == ref                                # tokens and float scores, exactly
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float32], ids=["int8", "float32"])
+def test_one_step_over_many_rows_gives_the_module_path_bits(dtype, monkeypatch):
+    """More rows than SMALL_ROWS (int8: the torch._int_mm path inside the compiled layer), every row
+    at its own position: log-probabilities and the cache's new keys equal the module path's."""
+    model = packed_model("post-LN, ReLU, shared embeddings", dtype, seed=3)
+    n = SMALL_ROWS + 8
+    sources = [rand_source(2 + i % 11, i) for i in range(n)]
+    outs, caches = [], []
+    for fused in (False, True):
+        monkeypatch.setitem(kernels._loaded, "decoder_step", Counter() if fused else None)
+        cache = PagedKVCache.for_model(model, n, num_blocks=40 * n, block_size=4)
+        slots = torch.tensor(cache.slots.allocate(n))
+        lengths = torch.tensor([len(s) for s in sources])
+        with torch.no_grad():
+            encode_into_cache(model, cache, slots[:, None], pad_batch(sources, model.cfg.pad_id), lengths)
+            g = torch.Generator().manual_seed(1)
+            for t in range(5):   # row i starts at step i % 5: the last step has rows at positions 0..4
+                rows = torch.tensor([i for i in range(n) if i % 5 <= t])
+                tokens = torch.randint(4, model.cfg.vocab_size, (rows.numel(),), generator=g)
+                out = decode_step(model, cache, slots[rows], tokens, t - rows % 5)
+            if fused:
+                assert kernels._loaded["decoder_step"].calls == 5 * model.cfg.n_decoder_layers
+        outs.append(out.log_probs)
+        caches.append(cache.k.clone())
+        monkeypatch.delitem(kernels._loaded, "decoder_step")
+    assert outs[0].shape == (n, model.cfg.vocab_size)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(caches[0], caches[1])
+
+
+def test_the_compiled_step_steps_aside_where_it_does_not_apply(monkeypatch):
+    """Attention weights asked for, a bfloat16 model, a weight changed after packing, MT_FUSED_STEP=0:
+    the module path runs (and gives its own results)."""
+    model = packed_model("post-LN, ReLU, shared embeddings", torch.int8)
+    counter = Counter()
+    monkeypatch.setitem(kernels._loaded, "decoder_step", counter)
+    sources = [rand_source(6, 1), rand_source(9, 2)]
+    out = generate(model, sources, 2, 1, 6, attention_kinds=("cross",))
+    assert counter.calls == 0 and out[0][0].attention["cross"] is not None
+    generate(model, sources, 1, 1, 6)
+    assert counter.calls > 0
+    # a weight changed in place: its packed copy is stale, the whole step goes back to the modules
+    counter.calls = 0
+    with torch.no_grad():
+        model.decoder[0].ffn.w1.weight.mul_(2.0)
+    assert fused_step.layer_params(model.decoder[0]) is None
+    monkeypatch.setitem(kernels._loaded, "decoder_step", None)
+    ref = generate(model, sources, 1, 1, 6)
+    monkeypatch.setitem(kernels._loaded, "decoder_step", counter)
+    assert generate(model, sources, 1, 1, 6)[0][0].tokens == ref[0][0].tokens and counter.calls == 0
+    # bfloat16 prepacked weights are not served by the compiled step
+    bf = make_model(torch.float32, 0)
+    if bf.pack_for_inference(dtype=torch.bfloat16) and bf.linear_dtype == "bfloat16":
+        generate(bf, sources, 1, 1, 6)
+        assert counter.calls == 0
+    # MT_FUSED_STEP=0 turns it off alone
+    monkeypatch.setenv("MT_FUSED_STEP", "0")
+    generate(packed_model("post-LN, ReLU, shared embeddings", torch.int8), sources, 1, 1, 6)
+    assert counter.calls == 0 and not fused_step.enabled()
