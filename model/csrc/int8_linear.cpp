@@ -248,6 +248,13 @@ inline void avx2_tile(const Avx2Call& c, int64_t m0, int64_t nb) {
       acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w1, xs)), ones));
     }
   }
+  // the sums leave the registers once, here: indexing acc by a run-time h below would make the compiler
+  // keep acc in memory and store it at every step of the loop above
+  alignas(32) int32_t sums[MR][2][8];
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r][0]), acc[r][0]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r][1]), acc[r][1]);
+  }
   for (int h = 0; h < 2; ++h) {
     const int64_t f0 = nb * 16 + h * 8, left = c.n - f0;
     if (left <= 0) break;
@@ -258,7 +265,8 @@ inline void avx2_tile(const Avx2Call& c, int64_t m0, int64_t nb) {
     const __m256 csv = _mm256_load_ps(cs), bv = _mm256_load_ps(b);
     for (int r = 0; r < MR; ++r) {
       // as dequantize(): acc * row_scale * col_scale (+ bias), two products then the sum, no FMA
-      __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(c.row_scale[m0 + r])), csv);
+      const __m256i sum = _mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r][h]));
+      __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(c.row_scale[m0 + r])), csv);
       if (c.bias) a = _mm256_add_ps(a, bv);
       float* dst = c.out + (m0 + r) * c.n + f0;
       if (cnt == 8) {
