@@ -75,10 +75,13 @@ def layer_params(layer) -> Optional[list[Tensor]]:
 def _model_params(model) -> Optional[list[list[Tensor]]]:
     """Per decoder layer its ``layer_params``, cached on the model while every prepacked copy is the
     same object and valid for its weight (re-packing or changing a weight rebuilds or disables it)."""
-    linears = [m for layer in model.decoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
-                                                     layer.cross_attn.w_q, layer.cross_attn.w_o, layer.ffn.w1,
-                                                     layer.ffn.w2)]
-    key = tuple((id(m.packed), m.weight._version) for m in linears)
+    linears = getattr(model, "_fused_linears", None)   # the layers' structure is fixed: listed once
+    if linears is None:
+        linears = model._fused_linears = [
+            m for layer in model.decoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
+                                                   layer.cross_attn.w_q, layer.cross_attn.w_o, layer.ffn.w1,
+                                                   layer.ffn.w2)]
+    key = [(id(m.packed), m.weight._version) for m in linears]
     cached = getattr(model, "_fused_params", None)
     if cached is not None and cached[0] == key:
         return cached[1]
