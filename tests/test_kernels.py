@@ -94,5 +94,9 @@ def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out
         assert torch.equal(p(x[:rows], b), three_call[:rows])
     assert torch.equal(p(x[:6].view(2, 3, n_in), b), three_call[:6].view(2, 3, n_out))
     assert not p(x[3:4], b).sub(b).any()                         # an all-zero row gives the bias exactly
+    with pytest.raises(RuntimeError, match="does not fit"):       # a wrong width is refused, not read past
+        kernel(torch.randn(2, 2 * n_in + 8), *p.small, p.scale, b, n_out)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernel(x[:2], *p.small, p.scale, b[:-1], n_out)
     monkeypatch.setitem(kernels._loaded, "int8", None)           # eager halves: the same arithmetic
     torch.testing.assert_close(p(x[:5], b), three_call[:5], rtol=1e-6, atol=1e-5)

@@ -108,6 +108,40 @@ torch::Tensor dequantize(torch::Tensor acc, torch::Tensor row_scale, torch::Tens
 }
 
 
+// The operands both whole-layer kernels check the same way: x [..., K] float32 (M rows), w [NB, K4 / 4, 16, 4]
+// int8 from kernels.vnni_weight(), col_scale [n], bias [n] or none (``bias`` undefined then).
+struct LayerArgs {
+  int64_t K, M, NB, K4;
+  torch::Tensor bias;
+};
+
+LayerArgs layer_args(const char* name, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& col_scale,
+                     const std::optional<torch::Tensor>& bias_opt, int64_t n) {
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+              name, " takes a float32 CPU tensor");
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kInt8 && w.size(2) == 16 && w.size(3) == 4 && w.is_contiguous(),
+              "w must be a contiguous [NB, K4/4, 16, 4] int8 tensor");
+  LayerArgs a;
+  a.K = x.size(-1);
+  a.M = a.K ? x.numel() / a.K : 0;
+  a.NB = w.size(0);
+  a.K4 = w.size(1) * 4;
+  TORCH_CHECK(a.K4 >= a.K && a.K4 < a.K + 4 && n > (a.NB - 1) * 16 && n <= a.NB * 16, "w does not fit x's width or n");
+  TORCH_CHECK(col_scale.scalar_type() == torch::kFloat32 && col_scale.numel() == n && col_scale.is_contiguous(),
+              "col_scale must be [n] float32");
+  if (bias_opt.has_value() && bias_opt->defined() && bias_opt->numel() > 0) a.bias = *bias_opt;
+  TORCH_CHECK(!a.bias.defined() || (a.bias.numel() == n && a.bias.scalar_type() == torch::kFloat32 && a.bias.is_contiguous()),
+              "bias must be [n] float32");
+  return a;
+}
+
+// [..., K] -> an empty [..., n] float32 output
+torch::Tensor layer_output(const torch::Tensor& x, int64_t n) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = n;
+  return torch::empty(shape, x.options());
+}
+
 #ifdef MT_HAVE_VNNI
 // The operands of one int8_linear_small call.
 struct SmallCall {
@@ -162,20 +196,10 @@ inline void small_tile(const SmallCall& c, int64_t m0, int64_t nb0) {
 torch::Tensor int8_linear_small(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
                                 std::optional<torch::Tensor> bias_opt, int64_t n) {
 #ifdef MT_HAVE_VNNI
-  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
-              "int8_linear_small takes a float32 CPU tensor");
-  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kInt8 && w.size(2) == 16 && w.size(3) == 4 && w.is_contiguous(),
-              "w must be a contiguous [NB, K4/4, 16, 4] int8 tensor");
-  const int64_t K = x.size(-1), M = K ? x.numel() / K : 0, NB = w.size(0), K4 = w.size(1) * 4;
-  TORCH_CHECK(K4 >= K && K4 < K + 4 && n > (NB - 1) * 16 && n <= NB * 16, "w does not fit x's width or n");
+  const LayerArgs a = layer_args("int8_linear_small", x, w, col_scale, bias_opt, n);
+  const int64_t K = a.K, M = a.M, NB = a.NB, K4 = a.K4;
   TORCH_CHECK(offset.scalar_type() == torch::kInt32 && offset.numel() == NB * 16 && offset.is_contiguous(),
               "offset must be [NB * 16] int32");
-  TORCH_CHECK(col_scale.scalar_type() == torch::kFloat32 && col_scale.numel() == n && col_scale.is_contiguous(),
-              "col_scale must be [n] float32");
-  torch::Tensor bias = bias_opt.has_value() ? *bias_opt : torch::Tensor();
-  const bool has_bias = bias.defined() && bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == n && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
-              "bias must be [n] float32");
   x = x.contiguous();
   auto xq = torch::empty({M, K4}, x.options().dtype(torch::kUInt8));
   auto row_scale = torch::empty({M}, x.options());
@@ -186,11 +210,9 @@ torch::Tensor int8_linear_small(torch::Tensor x, torch::Tensor w, torch::Tensor 
     RS[r] = quantize_row<uint8_t, 128>(X + r * K, XQ + r * K4, K);
     for (int64_t i = K; i < K4; ++i) XQ[r * K4 + i] = 128;
   }
-  std::vector<int64_t> shape = x.sizes().vec();   // [..., K] -> [..., n]
-  shape.back() = n;
-  auto out = torch::empty(shape, x.options());
+  auto out = layer_output(x, n);
   const SmallCall c{XQ, RS, w.data_ptr<int8_t>(), offset.data_ptr<int32_t>(), col_scale.data_ptr<float>(),
-                    has_bias ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), K4, n};
+                    a.bias.defined() ? a.bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), K4, n};
   constexpr int NR = 4;
   at::parallel_for(0, (NB + NR - 1) / NR, std::max<int64_t>(1, 4096 / std::max<int64_t>(M * K4 / 4, 1)),
                    [&](int64_t b0, int64_t b1) {
@@ -288,18 +310,8 @@ torch::Tensor int8_linear_avx2(torch::Tensor x, torch::Tensor w, torch::Tensor o
                                std::optional<torch::Tensor> bias_opt, int64_t n) {
   (void)offset;   // the VNNI kernel's; here the inputs stay signed
 #ifdef MT_HAVE_AVX2_INT8
-  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
-              "int8_linear_avx2 takes a float32 CPU tensor");
-  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kInt8 && w.size(2) == 16 && w.size(3) == 4 && w.is_contiguous(),
-              "w must be a contiguous [NB, K4/4, 16, 4] int8 tensor");
-  const int64_t K = x.size(-1), M = K ? x.numel() / K : 0, NB = w.size(0), K4 = w.size(1) * 4;
-  TORCH_CHECK(K4 >= K && K4 < K + 4 && n > (NB - 1) * 16 && n <= NB * 16, "w does not fit x's width or n");
-  TORCH_CHECK(col_scale.scalar_type() == torch::kFloat32 && col_scale.numel() == n && col_scale.is_contiguous(),
-              "col_scale must be [n] float32");
-  torch::Tensor bias = bias_opt.has_value() ? *bias_opt : torch::Tensor();
-  const bool has_bias = bias.defined() && bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == n && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
-              "bias must be [n] float32");
+  const LayerArgs a = layer_args("int8_linear_avx2", x, w, col_scale, bias_opt, n);
+  const int64_t K = a.K, M = a.M, NB = a.NB, K4 = a.K4;
   x = x.contiguous();
   auto xq = torch::zeros({M, K4}, x.options().dtype(torch::kInt8));
   auto row_scale = torch::empty({M}, x.options());
@@ -310,11 +322,9 @@ torch::Tensor int8_linear_avx2(torch::Tensor x, torch::Tensor w, torch::Tensor o
     const int64_t k = K, k4 = K4;
     for (int64_t r = r0; r < r1; ++r) RS[r] = quantize_row<int8_t, 0>(X + r * k, XQ + r * k4, k);
   });
-  std::vector<int64_t> shape = x.sizes().vec();   // [..., K] -> [..., n]
-  shape.back() = n;
-  auto out = torch::empty(shape, x.options());
-  const Avx2Call c{XQ, RS, w.data_ptr<int8_t>(), col_scale.data_ptr<float>(), has_bias ? bias.data_ptr<float>() : nullptr,
-                   out.data_ptr<float>(), K4, n};
+  auto out = layer_output(x, n);
+  const Avx2Call c{XQ, RS, w.data_ptr<int8_t>(), col_scale.data_ptr<float>(),
+                   a.bias.defined() ? a.bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), K4, n};
   // each block of 16 features (4 KB of weights at K = 256) is read once from memory and reused for every row
   at::parallel_for(0, NB, std::max<int64_t>(1, 4096 / std::max<int64_t>(M * K4 / 4, 1)), [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {

@@ -12,15 +12,11 @@ sentences), in ms per sentence: a single client's latency. Both paths give the s
 """
 from __future__ import annotations
 
-import argparse
-import gzip
 import statistics
 import sys
 import time
-from pathlib import Path
 
 ROWS = (1, 4, 16, 32, 64, 128, 256)
-SOURCES = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k" / "test_2016_flickr.de.gz"
 PATHS = ("compiled layer step", "module path")
 
 
@@ -68,60 +64,16 @@ def steps(model, srcs, repeats: int = 7) -> None:
     kernels._loaded.pop("decoder_step", None)
 
 
-def latency(model, srcs, rounds: int = 3) -> None:
-    """Part (2): batch-1 greedy ``generate``, both paths, interleaved rounds."""
-    from model import kernels
-    from model.decoding import generate
-    op = kernels.decoder_step_op()
-    times: dict[str, list[float]] = {p: [] for p in PATHS}
-    tokens = 0
-    for s in srcs[:5]:
-        generate(model, [s])
-    for _ in range(rounds):
-        for name in PATHS:
-            _switch(name, op)
-            t = time.perf_counter()
-            tokens = sum(len(generate(model, [s])[0][0].tokens) for s in srcs)
-            times[name].append((time.perf_counter() - t) / len(srcs))
-    kernels._loaded.pop("decoder_step", None)
-    print(f"(2) generate, batch 1, greedy, {len(srcs)} sentences ({tokens} tokens), {model.linear_dtype}, median of "
-          f"{rounds} interleaved rounds:")
-    base = statistics.median(times[PATHS[1]])
-    for name, ts in times.items():
-        m = statistics.median(ts)
-        print(f"    {name:<20} {m * 1e3:6.2f} ms/sentence  {m * len(srcs) / tokens * 1e3:5.3f} ms/token  {base / m:4.2f}x")
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m service.bench.fused_step", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--checkpoint", default="model/checkpoints/de-en")
-    ap.add_argument("--sentences", type=int, default=100, help="(2): sentences translated per round (>= 1)")
-    ap.add_argument("--parts", default="1,2", help="1 (one step), 2 (batch-1 latency), or both")
-    args = ap.parse_args(argv)
-    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    if not parts or not parts <= {"1", "2"}:
-        ap.error(f"--parts must be 1, 2 or 1,2, got {args.parts!r}")
-    if args.sentences < 1:
-        ap.error(f"--sentences must be >= 1, got {args.sentences}")
-    import torch
-    from model import kernels
-    from model.checkpoint import load_checkpoint
-    torch.set_num_threads(1)
-    if kernels.decoder_step_op() is None:
-        print("the compiled CPU kernels are unavailable here (MT_CPU_KERNELS=0, or no compiler)", file=sys.stderr)
-        return 1
-    try:
-        model, tok, _ = load_checkpoint(args.checkpoint)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    lines = gzip.open(SOURCES, "rt", encoding="utf-8").read().splitlines()
-    srcs = [tok.encode(s) + [model.cfg.eos_id] for s in lines]
+    from .int8_layers import batch1_latency, setup
+    ready = setup("python -m service.bench.fused_step", __doc__, argv, "1 (one step), 2 (batch-1 latency), or both")
+    if isinstance(ready, int):
+        return ready
+    args, parts, model, _, srcs = ready
     if "1" in parts:
         steps(model, srcs)
     if "2" in parts:
-        latency(model, srcs[:args.sentences])
+        batch1_latency(model, srcs[:args.sentences], {PATHS[0]: {}, PATHS[1]: {"decoder_step": None}})
     return 0
 
 

@@ -73,42 +73,43 @@ def layers(model, repeats: int = 7) -> None:
     print("(* = the row counts the layer sends to the one-call kernel)")
 
 
-def latency(model, tok, sentences: int, rounds: int = 3) -> None:
-    """Part (2): batch-1 greedy ``generate``, the one-call kernel on and off, interleaved rounds."""
-    from model.decoding import generate
-    lines = gzip.open(SOURCES, "rt", encoding="utf-8").read().splitlines()[:sentences]
-    srcs = [tok.encode(s) + [model.cfg.eos_id] for s in lines]
+def batch1_latency(model, srcs, paths: dict[str, dict], rounds: int = 3) -> None:
+    """``generate`` on one sentence at a time (batch 1, greedy) over ``srcs`` under each path, in
+    interleaved rounds; a path is the ``kernels._loaded`` entries it sets (e.g. ``{"int8_layer": None}``
+    switches the one-call int8 layer off), and the last path is the baseline of the printed ratios."""
     from model import kernels
-    times: dict[str, list[float]] = {"one-call kernel": [], "quantize + _int_mm + dequantize": []}
+    from model.decoding import generate
+    times: dict[str, list[float]] = {name: [] for name in paths}
     tokens = 0
     for s in srcs[:5]:
         generate(model, [s])
     for _ in range(rounds):
-        for name in ("one-call kernel", "quantize + _int_mm + dequantize"):
-            if name != "one-call kernel":
-                kernels._loaded["int8_layer"] = None      # the layer kernel alone off
+        for name, switches in paths.items():
+            kernels._loaded.update(switches)
             try:
                 t = time.perf_counter()
                 tokens = sum(len(generate(model, [s])[0][0].tokens) for s in srcs)
                 times[name].append((time.perf_counter() - t) / len(srcs))
             finally:
-                kernels._loaded.pop("int8_layer", None)
-    print(f"(2) generate, batch 1, greedy, {len(srcs)} sentences ({tokens} tokens), median of {rounds} "
-          f"interleaved rounds:")
-    base = statistics.median(times["quantize + _int_mm + dequantize"])
+                for key in switches:
+                    kernels._loaded.pop(key, None)
+    print(f"(2) generate, batch 1, greedy, {len(srcs)} sentences ({tokens} tokens), {model.linear_dtype}, median of "
+          f"{rounds} interleaved rounds:")
+    base = statistics.median(times[list(paths)[-1]])
     for name, ts in times.items():
         m = statistics.median(ts)
         print(f"    {name:<34} {m * 1e3:6.2f} ms/sentence  {m * len(srcs) / tokens * 1e3:5.3f} ms/token  "
               f"{base / m:4.2f}x")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m service.bench.int8_layers",
-                                 description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def setup(prog: str, doc: str, argv, parts_help: str):
+    """The two benchmarks' command line and set-up: (args, parts, model, tokenizer, test sources), or an
+    exit status (1: no compiled kernels here, 2: the checkpoint does not load)."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     ap.add_argument("--checkpoint", default="model/checkpoints/de-en")
     ap.add_argument("--sentences", type=int, default=100, help="(2): sentences translated per round (>= 1)")
-    ap.add_argument("--parts", default="1,2", help="1 (layers), 2 (batch-1 latency), or both")
+    ap.add_argument("--parts", default="1,2", help=parts_help)
     args = ap.parse_args(argv)
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or not parts <= {"1", "2"}:
@@ -119,15 +120,27 @@ def main(argv=None) -> int:
     from model import kernels
     from model.checkpoint import load_checkpoint
     torch.set_num_threads(1)
-    if kernels.int8_linear_kernel() is None:
-        print("no one-call int8 kernel here (it needs AVX-512 VNNI or AVX2 and the compiled CPU kernels)",
-              file=sys.stderr)
+    if kernels.decoder_step_op() is None:
+        print("the compiled CPU kernels are unavailable here (MT_CPU_KERNELS=0, or no compiler)", file=sys.stderr)
         return 1
     try:
         model, tok, _ = load_checkpoint(args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    lines = gzip.open(SOURCES, "rt", encoding="utf-8").read().splitlines()
+    return args, parts, model, tok, [tok.encode(s) + [model.cfg.eos_id] for s in lines]
+
+
+def main(argv=None) -> int:
+    ready = setup("python -m service.bench.int8_layers", __doc__, argv, "1 (layers), 2 (batch-1 latency), or both")
+    if isinstance(ready, int):
+        return ready
+    args, parts, model, _, srcs = ready
+    from model import kernels
+    if kernels.int8_linear_kernel() is None:
+        print("no one-call int8 kernel here (it needs AVX-512 VNNI or AVX2)", file=sys.stderr)
+        return 1
     if model.linear_dtype != "int8":
         print(f"error: the model's linear layers are {model.linear_dtype}, not int8 (unset MT_LINEAR_DTYPE)",
               file=sys.stderr)
@@ -135,7 +148,8 @@ def main(argv=None) -> int:
     if "1" in parts:
         layers(model)
     if "2" in parts:
-        latency(model, tok, args.sentences)
+        batch1_latency(model, srcs[:args.sentences],
+                       {"one-call kernel": {}, "quantize + _int_mm + dequantize": {"int8_layer": None}})
     return 0
 
 
