@@ -16,6 +16,9 @@ the Python between them. ``decode_step`` (``model/decoding.py``) takes it whenev
 - the compiled kernels available (``MT_CPU_KERNELS`` not 0; ``MT_FUSED_STEP=0`` turns off this path
   alone).
 
+``Transformer.encode_packed`` (prefill's encoder, packed sentences) likewise runs each encoder layer in
+one call (``encode_packed`` here) under the same conditions.
+
 ``tests/test_fused_step.py`` compares the two paths bit for bit (greedy and beam, contiguous and
 paged caches, mixed lengths, few and many rows); ``python -m service.bench.fused_step`` times them.
 """
@@ -32,7 +35,7 @@ from .attention_plan import CacheAttention
 from . import linear as linear_layers
 from .linear import PackedWeight
 
-__all__ = ["decode_logits", "enabled", "layer_params"]
+__all__ = ["decode_logits", "enabled", "encode_packed", "encoder_params", "layer_params"]
 
 _ACTIVATION = {"relu": 0, "gelu": 1, "swish": 2, "silu": 2}
 _EMPTY = torch.empty(0)
@@ -91,6 +94,65 @@ def _model_params(model) -> Optional[list[list[Tensor]]]:
     return value
 
 
+def encoder_params(layer) -> Optional[list[Tensor]]:
+    """The 34 tensors of one ``EncoderLayer`` for ``encoder_layer_step``: its five linear layers
+    (W_Q, W_KV, W_O, FFN W1, W2), six tensors each, then the two layer norms' weight and bias; None
+    when a linear layer is not prepacked int8 or float32."""
+    out: list[Tensor] = []
+    for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o, layer.ffn.w1, layer.ffn.w2):
+        p = _linear_params(m)
+        if p is None:
+            return None
+        out += p
+    for r in (layer.res1, layer.res2):
+        out += [r.norm.weight.detach(), r.norm.bias.detach()]
+    return out
+
+
+def _encoder_params(model) -> Optional[list[list[Tensor]]]:
+    """``_model_params`` for the encoder layers (cached the same way)."""
+    linears = getattr(model, "_fused_enc_linears", None)
+    if linears is None:
+        linears = model._fused_enc_linears = [
+            m for layer in model.encoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
+                                                   layer.ffn.w1, layer.ffn.w2)]
+    key = [(id(m.packed), m.weight._version) for m in linears]
+    cached = getattr(model, "_fused_enc_params", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    params = [encoder_params(layer) for layer in model.encoder]
+    value = None if any(p is None for p in params) else params
+    model._fused_enc_params = (key, value)
+    return value
+
+
+def _int8_rows() -> int:
+    """Up to how many rows a layer takes the compiled int8 kernel, as ``PackedWeight`` decides."""
+    kernel = kernels.int8_linear_kernel()
+    return 0 if kernel is None else (linear_layers.SMALL_ROWS if kernel[1] else 1 << 62)
+
+
+def encode_packed(model, x: Tensor, attend) -> Optional[Tensor]:
+    """The encoder layers of ``Transformer.encode_packed`` with each layer in one compiled call: x [NT,
+    d_model] embedded tokens of a packed batch, ``attend`` its ``PackedSelfAttention`` -> [NT, d_model]
+    before the final norm, the same bits as the module path; None where the compiled step does not
+    apply (see the module docstring)."""
+    if (not enabled() or model.training or torch.is_grad_enabled() or model.cfg.activation not in _ACTIVATION
+            or x.dtype != torch.float32):
+        return None
+    step = kernels.encoder_step_op()
+    params = _encoder_params(model) if step is not None else None
+    if params is None:
+        return None
+    cfg = model.cfg
+    act, rows = _ACTIVATION[cfg.activation], _int8_rows()
+    x = x.contiguous()
+    for p in params:
+        x = step(x, p, attend.key_index, attend.starts, attend.max_len, cfg.n_heads, rows, cfg.norm_first, act,
+                 cfg.layer_norm_eps)
+    return x
+
+
 def _eligible(model, hooks: Sequence[tuple]) -> bool:
     if model.training or torch.is_grad_enabled() or model.cfg.activation not in _ACTIVATION:
         return False
@@ -118,8 +180,7 @@ def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tens
         return None
     cfg = model.cfg
     act = _ACTIVATION[cfg.activation]
-    kernel = kernels.int8_linear_kernel()      # as PackedWeight: the compiled int8 layer up to this many rows
-    rows = 0 if kernel is None else (linear_layers.SMALL_ROWS if kernel[1] else 1 << 62)
+    rows = _int8_rows()
     x = model.tgt_embed(tokens[:, None], positions[:, None])[:, 0]          # [N, d_model]
     for i, (hs, hc) in enumerate(hooks):
         c, layer = hs.cache, hs.layer

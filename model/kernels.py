@@ -248,6 +248,14 @@ def decoder_step_op() -> Optional[Callable]:
     return _op("decoder_step", "decoder_layer_step")
 
 
+def encoder_step_op() -> Optional[Callable]:
+    """The compiled ``encoder_layer_step`` (one encoder layer over a packed batch, ``model/fused_step.py``),
+    or None (see ``_module``; ``_loaded["decoder_step"] = None`` switches it off with the decoder's)."""
+    if "decoder_step" in _loaded and _loaded["decoder_step"] is None:
+        return None
+    return _op("encoder_step", "encoder_layer_step")
+
+
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the compiled decode attention serves tensors of this device and dtype: CPU, float32
     or float64, and the kernel could be built."""

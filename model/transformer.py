@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import fused_step
 from .attention import CacheAttend, PackedSelfAttention, packed_positions
 from .config import ModelConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
@@ -83,6 +84,9 @@ class Transformer(nn.Module):
         _, positions = packed_positions(lengths)
         attend = PackedSelfAttention(lengths)
         x = self.src_embed(tokens[:, None], positions[:, None])      # [NT, 1, d_model]
+        fused = fused_step.encode_packed(self, x[:, 0], attend)     # each layer one compiled call, where it applies
+        if fused is not None:
+            return self.enc_norm(fused)
         for layer in self.encoder:
             x, _ = layer(x, None, False, attend)
         return self.enc_norm(x)[:, 0]

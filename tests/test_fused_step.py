@@ -157,3 +157,27 @@ def test_the_engine_on_the_compiled_step_gives_offline_results(monkeypatch):
         assert [(h.tokens, h.score) for h in r.hypotheses] == [(h.tokens, h.score) for h in want]
     assert stats["preemptions"] > 0
     assert stats["free_kv_blocks"] == stats["kv_blocks"] == 60
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float32], ids=["int8", "float32"])
+def test_the_compiled_encoder_layers_give_the_module_path_bits(config, dtype, monkeypatch):
+    """``Transformer.encode_packed`` (prefill's encoder) with each layer one compiled call against the
+    module path: the same memory, bit for bit, for a packed batch of 1 to 50 sentences of mixed lengths."""
+    model = packed_model(config, dtype, seed=4)
+    for n in (1, 3, 50):
+        lengths = torch.tensor([1 + (7 * i) % 23 for i in range(n)])
+        tokens = torch.cat([torch.tensor(rand_source(int(k), 100 + i)) for i, k in enumerate(lengths)])
+        with torch.no_grad():
+            monkeypatch.setitem(kernels._loaded, "decoder_step", None)
+            ref = model.encode_packed(tokens, lengths)
+            monkeypatch.delitem(kernels._loaded, "decoder_step")
+            assert fused_step.encode_packed(model, model.src_embed(tokens[:, None])[:, 0], _attend(lengths)) is not None
+            got = model.encode_packed(tokens, lengths)
+        assert got.shape == ref.shape == (int(lengths.sum()), model.cfg.d_model)
+        assert torch.equal(got, ref)
+
+
+def _attend(lengths):
+    from model.attention import PackedSelfAttention
+    return PackedSelfAttention(lengths)

@@ -1,6 +1,7 @@
 // One decoder layer of an incremental decoding step (Vaswani et al., 2017, section 3.1: masked
 // self-attention, encoder-decoder attention, FFN, each in a residual connection with layer norm)
-// in one compiled call, over a KV cache read through packed key indices (model/attention_plan.py).
+// in one compiled call, over a KV cache read through packed key indices (model/attention_plan.py);
+// and one encoder layer (self-attention within each sentence, FFN) over a packed batch of sentences.
 //
 // A step of a few rows is mostly fixed cost in eager PyTorch: a layer is ~20 operators, each a
 // Python call, a module call and a dispatch of a few microseconds, against a few microseconds of
@@ -142,9 +143,45 @@ torch::Tensor decoder_layer_step(torch::Tensor x, const std::vector<torch::Tenso
   return x;
 }
 
+// x [NT, d_model] float32 -> [NT, d_model]: one encoder layer over a packed batch (the NT tokens of B
+// sentences one after another; Transformer.encode_packed), as EncoderLayer with PackedSelfAttention.
+// params: 5 linears (W_Q, W_KV, W_O, FFN W1, W2) x 6 tensors, then the two layer norms' weight and bias;
+// key_index / starts / max_len: each token's keys, the tokens of its own sentence (PackedSelfAttention).
+torch::Tensor encoder_layer_step(torch::Tensor x, const std::vector<torch::Tensor>& params,
+                                 const torch::Tensor& key_index, const torch::Tensor& starts, int64_t max_len,
+                                 int64_t n_heads, int64_t small_rows, bool norm_first, int64_t activation, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.is_contiguous(),
+              "x must be a contiguous [NT, d_model] float32 CPU tensor");
+  TORCH_CHECK(static_cast<int64_t>(params.size()) == 5 * kLinearParams + 4, "params must hold ",
+              5 * kLinearParams + 4, " tensors, got ", params.size());
+  const int64_t N = x.size(0), d = x.size(1), H = n_heads;
+  TORCH_CHECK(H > 0 && d % H == 0, "d_model ", d, " is not a multiple of n_heads ", H);
+  const int64_t Dh = d / H;
+  const auto& P = params;
+  const int64_t ln = 5 * kLinearParams;
+  auto norm = [&](const torch::Tensor& t, int64_t j) {
+    return at::layer_norm(t, {d}, P[ln + 2 * j], P[ln + 2 * j + 1], eps);
+  };
+  auto pre = [&](const torch::Tensor& t, int64_t j) { return norm_first ? norm(t, j) : t; };
+  auto post = [&](const torch::Tensor& t, const torch::Tensor& y, int64_t j) {
+    auto out = t + y;
+    return norm_first ? out : norm(out, j);
+  };
+  auto h = pre(x, 0);
+  auto q = linear(h, P, 0, small_rows);
+  auto kv = linear(h, P, 1, small_rows);                                      // [NT, 2 d]
+  auto K = kv.narrow(1, 0, d).contiguous().view({N, H, Dh}), V = kv.narrow(1, d, d).contiguous().view({N, H, Dh});
+  auto a = attend(q, K, V, key_index, starts, max_len, std::nullopt, 0, 0, H, Dh);
+  x = post(x, linear(a, P, 2, small_rows), 0);
+  h = pre(x, 1);
+  return post(x, linear(activate(linear(h, P, 3, small_rows), activation), P, 4, small_rows), 1);
+}
+
 }  // namespace mt
 
 void register_decoder_step(pybind11::module& m) {
   m.def("decoder_layer_step", &mt::decoder_layer_step,
         "one decoder layer of a decode step in one call (see decoder_step.cpp)");
+  m.def("encoder_layer_step", &mt::encoder_layer_step,
+        "one encoder layer over a packed batch in one call (see decoder_step.cpp)");
 }
