@@ -1,5 +1,5 @@
-"""The decoder half of a CPU decode step with each layer in one compiled call
-(``kernels.decoder_layer_step``, ``csrc/decoder_step.cpp``).
+"""The decoder half of a CPU decode step, and prefill's packed encoder, with each layer in one
+compiled call (``kernels.decoder_layer_step`` and ``kernels.encoder_layer_step``, ``csrc/decoder_step.cpp``).
 
 At the row counts of serving (one to a few dozen rows per step) a decode step in eager PyTorch is
 mostly fixed cost: each decoder layer is about twenty operators (projections, cache writes,
@@ -77,14 +77,15 @@ def layer_params(layer) -> Optional[list[Tensor]]:
 
 def _model_params(model) -> Optional[list[list[Tensor]]]:
     """Per decoder layer its ``layer_params``, cached on the model while every prepacked copy is the
-    same object and valid for its weight (re-packing or changing a weight rebuilds or disables it)."""
+    same object and valid for its weight (re-packing or changing a weight rebuilds or disables it; the
+    cache key holds the prepacked objects, so none of them is freed and its identity reused)."""
     linears = getattr(model, "_fused_linears", None)   # the layers' structure is fixed: listed once
     if linears is None:
         linears = model._fused_linears = [
             m for layer in model.decoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
                                                    layer.cross_attn.w_q, layer.cross_attn.w_o, layer.ffn.w1,
                                                    layer.ffn.w2)]
-    key = [(id(m.packed), m.weight._version) for m in linears]
+    key = [(m.packed, m.weight._version) for m in linears]   # PackedWeight: compared by identity
     cached = getattr(model, "_fused_params", None)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -116,7 +117,7 @@ def _encoder_params(model) -> Optional[list[list[Tensor]]]:
         linears = model._fused_enc_linears = [
             m for layer in model.encoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
                                                    layer.ffn.w1, layer.ffn.w2)]
-    key = [(id(m.packed), m.weight._version) for m in linears]
+    key = [(m.packed, m.weight._version) for m in linears]   # PackedWeight: compared by identity
     cached = getattr(model, "_fused_enc_params", None)
     if cached is not None and cached[0] == key:
         return cached[1]

@@ -181,3 +181,17 @@ def test_the_compiled_encoder_layers_give_the_module_path_bits(config, dtype, mo
 def _attend(lengths):
     from model.attention import PackedSelfAttention
     return PackedSelfAttention(lengths)
+
+
+def test_repacking_in_another_dtype_is_followed(monkeypatch):
+    """int8, then float32, then int8 again: each time the compiled step uses the weights now packed
+    (its results equal the module path's in that dtype), never a cached copy of earlier ones."""
+    model = packed_model("post-LN, ReLU, shared embeddings", torch.int8, seed=5)
+    sources = [rand_source(5, 1), rand_source(12, 2), rand_source(8, 3)]
+    for dtype in (torch.int8, torch.float32, torch.int8):
+        assert model.pack_for_inference(dtype=dtype)
+        monkeypatch.setitem(kernels._loaded, "decoder_step", None)
+        ref = generate(model, sources, 2, 2, 12)
+        monkeypatch.delitem(kernels._loaded, "decoder_step")
+        got = generate(model, sources, 2, 2, 12)
+        assert [[(h.tokens, h.score) for h in r] for r in got] == [[(h.tokens, h.score) for h in r] for r in ref]
