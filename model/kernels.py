@@ -14,6 +14,9 @@ VNNI, where oneDNN's int8 product behind ``torch._int_mm`` can be tens of times 
 ``decoder_layer_step`` (``csrc/decoder_step.cpp``) is one decoder layer of a decode step in one call
 (``model/fused_step.py``).
 
+Every compiled function releases the GIL while it runs (as PyTorch's own operators do), so that a
+serving process's event loop keeps running during a long kernel call on the engine's thread.
+
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
 the first build is slow and is cached under ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``, keyed by the source, its directory, torch version and CPU). When the build or a

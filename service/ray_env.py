@@ -45,8 +45,9 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     workdir = workdir or tempfile.mkdtemp(prefix="mt-haproxy-")
     env.update(THROUGHPUT, **GRPC_MESSAGE,
                # A stopping ingress replica stays reachable this long before it refuses new connections
-               # (Serve's default 30 s is for external load balancers; its own HAProxy learns at once).
-               RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S="2",
+               # (Serve's default 30 s is for external load balancers; its own HAProxy learns within
+               # seconds: at 2 s a loaded 2-core machine dropped a connection now and then, docs/deploy.md).
+               RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S="5",
                RAY_SERVE_HAPROXY_CONFIG_FILE_LOC=os.path.join(workdir, "haproxy.cfg"),
                RAY_SERVE_HAPROXY_SOCKET_PATH=os.path.join(workdir, "admin.sock"),
                RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH=os.path.join(workdir, "metrics.sock"),

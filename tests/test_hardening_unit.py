@@ -154,9 +154,9 @@ def test_answers_and_passed_deadlines_are_not_retried():
         asyncio.run(RemoteBackend({"m": h}).translate("m", job()))
     assert h.translate.calls == 1
     h = FakeHandle(translate=[died(), RESPONSE])
-    with pytest.raises(ServiceError):
+    with pytest.raises(ServiceError) as e:   # lost replica, deadline passed: the deadline's answer
         asyncio.run(RemoteBackend({"m": h}).translate("m", job(deadline_in=-1)))
-    assert h.translate.calls == 1
+    assert h.translate.calls == 1 and e.value.status == 504 and e.value.field == "timeout_s"
 
 
 async def collect(items):

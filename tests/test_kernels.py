@@ -100,3 +100,37 @@ def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out
         kernel(x[:2], *p.small, p.scale, b[:-1], n_out)
     monkeypatch.setitem(kernels._loaded, "int8", None)           # eager halves: the same arithmetic
     torch.testing.assert_close(p(x[:5], b), three_call[:5], rtol=1e-6, atol=1e-5)
+
+
+def test_compiled_kernels_release_the_gil():
+    """A long compiled call on one thread lets another Python thread run meanwhile (a serving process's
+    event loop while its engine thread is inside a kernel): the other thread's longest pause stays
+    well under the length of the call."""
+    import threading
+    import time
+    from model import kernels
+    if kernels.int8_linear_kernel() is None:
+        pytest.skip("no compiled int8 layer kernel here")
+    kernel, _ = kernels.int8_linear_kernel()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 1024, generator=g)
+    n = 8192
+    while True:   # one call of at least 50 ms
+        w, offset = kernels.vnni_weight(torch.randint(-127, 128, (n, 1024), generator=g, dtype=torch.int8))
+        scale = torch.ones(n)
+        t = time.perf_counter()
+        kernel(x, w, offset, scale, None, n)
+        one_call = time.perf_counter() - t
+        if one_call >= 0.05 or n >= 1 << 18:
+            break
+        n *= 2
+    if one_call < 0.05:
+        pytest.skip("no call long enough to tell")
+    worker = threading.Thread(target=kernel, args=(x, w, offset, scale, None, n))
+    worker.start()
+    last, gap = time.perf_counter(), 0.0
+    while worker.is_alive():
+        now = time.perf_counter()
+        gap, last = max(gap, now - last), now
+    worker.join()
+    assert gap < 0.5 * one_call, (gap, one_call)

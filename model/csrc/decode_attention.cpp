@@ -127,7 +127,7 @@ void register_row_topk(pybind11::module& m);     // row_topk.cpp
 void register_decoder_step(pybind11::module& m); // decoder_step.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("packed_decode_attention", &mt::packed_decode_attention,
+  m.def("packed_decode_attention", &mt::packed_decode_attention, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "Decode-step attention, each row over its own cached keys (see decode_attention.cpp)");
   register_int8_linear(m);
   register_row_topk(m);

@@ -180,8 +180,8 @@ torch::Tensor encoder_layer_step(torch::Tensor x, const std::vector<torch::Tenso
 }  // namespace mt
 
 void register_decoder_step(pybind11::module& m) {
-  m.def("decoder_layer_step", &mt::decoder_layer_step,
+  m.def("decoder_layer_step", &mt::decoder_layer_step, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "one decoder layer of a decode step in one call (see decoder_step.cpp)");
-  m.def("encoder_layer_step", &mt::encoder_layer_step,
+  m.def("encoder_layer_step", &mt::encoder_layer_step, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "one encoder layer over a packed batch in one call (see decoder_step.cpp)");
 }

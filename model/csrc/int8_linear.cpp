@@ -352,10 +352,14 @@ torch::Tensor int8_linear_kernel(torch::Tensor x, torch::Tensor w, torch::Tensor
 }  // namespace mt
 
 void register_int8_linear(pybind11::module& m) {
-  m.def("quantize_rows", &mt::quantize_rows, "int8 rows with per-row scales (see int8_linear.cpp)");
-  m.def("dequantize", &mt::dequantize, "float32 from int32 products and row/column scales (see int8_linear.cpp)");
-  m.def("int8_linear_small", &mt::int8_linear_small, "a whole int8 linear layer for a few rows (see int8_linear.cpp)");
-  m.def("int8_linear_avx2", &mt::int8_linear_avx2, "a whole int8 linear layer on AVX2 without VNNI (see int8_linear.cpp)");
+  m.def("quantize_rows", &mt::quantize_rows, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "int8 rows with per-row scales (see int8_linear.cpp)");
+  m.def("dequantize", &mt::dequantize, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "float32 from int32 products and row/column scales (see int8_linear.cpp)");
+  m.def("int8_linear_small", &mt::int8_linear_small, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "a whole int8 linear layer for a few rows (see int8_linear.cpp)");
+  m.def("int8_linear_avx2", &mt::int8_linear_avx2, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "a whole int8 linear layer on AVX2 without VNNI (see int8_linear.cpp)");
 #ifdef MT_HAVE_VNNI
   m.attr("has_int8_linear_small") = true;
 #else

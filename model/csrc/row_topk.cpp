@@ -72,5 +72,6 @@ std::vector<torch::Tensor> row_topk(torch::Tensor x, int64_t k) {
 }  // namespace
 
 void register_row_topk(pybind11::module& m) {
-  m.def("row_topk", &row_topk, "per-row top-k in one pass (see row_topk.cpp)");
+  m.def("row_topk", &row_topk, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "per-row top-k in one pass (see row_topk.cpp)");
 }

@@ -10,7 +10,7 @@ stream that already passed on tokens is resumed: decoding is deterministic, so t
 repeats them; ``_Resume`` drops what the client already has and passes on the rest, and gives up
 (the original 503) if the retry's text differs from what was sent. Errors the replica answered
 (``ErrorRecord``: 4xx, a full queue, a deadline) are never retried, and neither is a call whose
-deadline has passed.
+deadline has passed: a lost replica then answers the deadline's 504.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ray.serve.handle import DeploymentHandle
 
 from service.translator import ModelCard, TranslatorInfo
 
-from .deadline import run_within, stream_within
+from .deadline import run_within, stream_within, timeout_error
 from .errors import ErrorRecord, ServiceError, mapped_errors
 from .schemas import StreamItem, StreamStart, StreamToken, TranslateJob, TranslateResponse
 
@@ -58,8 +58,13 @@ def replica_lost(e: BaseException) -> bool:
 
 
 def _may_retry(e: BaseException, job: TranslateJob, model: str) -> bool:
-    if not replica_lost(e) or (job.deadline is not None and time.time() >= job.deadline):
+    """Whether a failed call is retried: only when its replica was lost. Raises the deadline's
+    ServiceError 504 when the replica was lost and the job's deadline has passed (no time is left to
+    retry, and the request ran past its timeout_s: the answer a request with a deadline expects)."""
+    if not replica_lost(e):
         return False
+    if job.deadline is not None and time.time() >= job.deadline:
+        raise timeout_error(job.timeout_s) from e
     logger.warning("model %s: translator replica lost (%s); retrying once on another replica", model,
                    type(e).__name__)
     return True
