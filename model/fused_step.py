@@ -35,7 +35,7 @@ from .attention_plan import CacheAttention
 from . import linear as linear_layers
 from .linear import PackedWeight
 
-__all__ = ["decode_logits", "enabled", "encode_packed", "encoder_params", "layer_params"]
+__all__ = ["decode_logits", "enabled", "encode_packed", "layer_params"]
 
 _ACTIVATION = {"relu": 0, "gelu": 1, "swish": 2, "silu": 2}
 _EMPTY = torch.empty(0)
@@ -59,71 +59,44 @@ def _linear_params(m) -> Optional[list[Tensor]]:
     return [p.packed, _EMPTY, _EMPTY, _EMPTY, _EMPTY, bias]
 
 
+def _linears(layer) -> tuple:
+    """A decoder or encoder layer's linear layers, in the order of ``csrc/decoder_step.cpp``: self W_Q,
+    W_KV, W_O, (decoder only: cross W_Q, W_O), FFN W1, W2."""
+    a = layer.self_attn
+    cross = (layer.cross_attn.w_q, layer.cross_attn.w_o) if hasattr(layer, "cross_attn") else ()
+    return (a.w_q, a.w_kv, a.w_o, *cross, layer.ffn.w1, layer.ffn.w2)
+
+
 def layer_params(layer) -> Optional[list[Tensor]]:
-    """The 48 tensors of one ``DecoderLayer`` for ``decoder_layer_step``: its seven linear layers
-    (self W_Q, W_KV, W_O; cross W_Q, W_O; FFN W1, W2), six tensors each, then the three layer norms'
+    """The tensors of one ``DecoderLayer`` (48) or ``EncoderLayer`` (34) for ``decoder_layer_step`` /
+    ``encoder_layer_step``: its linear layers (``_linears``), six tensors each, then its layer norms'
     weight and bias. None when a linear layer is not prepacked int8 or float32 (``_linear_params``)."""
     out: list[Tensor] = []
-    for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o, layer.cross_attn.w_q,
-              layer.cross_attn.w_o, layer.ffn.w1, layer.ffn.w2):
+    for m in _linears(layer):
         p = _linear_params(m)
         if p is None:
             return None
         out += p
-    for r in layer.res:
+    for r in (layer.res if hasattr(layer, "res") else (layer.res1, layer.res2)):
         out += [r.norm.weight.detach(), r.norm.bias.detach()]
     return out
 
 
-def _model_params(model) -> Optional[list[list[Tensor]]]:
-    """Per decoder layer its ``layer_params``, cached on the model while every prepacked copy is the
-    same object and valid for its weight (re-packing or changing a weight rebuilds or disables it; the
-    cache key holds the prepacked objects, so none of them is freed and its identity reused)."""
-    linears = getattr(model, "_fused_linears", None)   # the layers' structure is fixed: listed once
-    if linears is None:
-        linears = model._fused_linears = [
-            m for layer in model.decoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
-                                                   layer.cross_attn.w_q, layer.cross_attn.w_o, layer.ffn.w1,
-                                                   layer.ffn.w2)]
-    key = [(m.packed, m.weight._version) for m in linears]   # PackedWeight: compared by identity
-    cached = getattr(model, "_fused_params", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    params = [layer_params(layer) for layer in model.decoder]
-    value = None if any(p is None for p in params) else params
-    model._fused_params = (key, value)
-    return value
-
-
-def encoder_params(layer) -> Optional[list[Tensor]]:
-    """The 34 tensors of one ``EncoderLayer`` for ``encoder_layer_step``: its five linear layers
-    (W_Q, W_KV, W_O, FFN W1, W2), six tensors each, then the two layer norms' weight and bias; None
-    when a linear layer is not prepacked int8 or float32."""
-    out: list[Tensor] = []
-    for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o, layer.ffn.w1, layer.ffn.w2):
-        p = _linear_params(m)
-        if p is None:
-            return None
-        out += p
-    for r in (layer.res1, layer.res2):
-        out += [r.norm.weight.detach(), r.norm.bias.detach()]
-    return out
-
-
-def _encoder_params(model) -> Optional[list[list[Tensor]]]:
-    """``_model_params`` for the encoder layers (cached the same way)."""
-    linears = getattr(model, "_fused_enc_linears", None)
-    if linears is None:
-        linears = model._fused_enc_linears = [
-            m for layer in model.encoder for m in (layer.self_attn.w_q, layer.self_attn.w_kv, layer.self_attn.w_o,
-                                                   layer.ffn.w1, layer.ffn.w2)]
-    key = [(m.packed, m.weight._version) for m in linears]   # PackedWeight: compared by identity
-    cached = getattr(model, "_fused_enc_params", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    params = [encoder_params(layer) for layer in model.encoder]
-    value = None if any(p is None for p in params) else params
-    model._fused_enc_params = (key, value)
+def _stack_params(model, stack: str) -> Optional[list[list[Tensor]]]:
+    """Per layer of ``model.decoder`` or ``model.encoder`` (``stack``) its ``layer_params``, cached on
+    the model while every prepacked copy is the same object and valid for its weight (re-packing or
+    changing a weight rebuilds or disables it; the cache key holds the prepacked objects, so none of
+    them is freed and its identity reused)."""
+    cache = model.__dict__.setdefault("_fused_cache", {})
+    layers = getattr(model, stack)
+    if stack not in cache:   # the layers' structure is fixed: their linear layers are listed once
+        cache[stack] = ([m for layer in layers for m in _linears(layer)], None, None)
+    linears, key, value = cache[stack]
+    now = [(m.packed, m.weight._version) for m in linears]   # PackedWeight: compared by identity
+    if now != key:
+        params = [layer_params(layer) for layer in layers]
+        value = None if any(p is None for p in params) else params
+        cache[stack] = (linears, now, value)
     return value
 
 
@@ -142,7 +115,7 @@ def encode_packed(model, x: Tensor, attend) -> Optional[Tensor]:
             or x.dtype != torch.float32):
         return None
     step = kernels.encoder_step_op()
-    params = _encoder_params(model) if step is not None else None
+    params = _stack_params(model, "encoder") if step is not None else None
     if params is None:
         return None
     cfg = model.cfg
@@ -176,7 +149,7 @@ def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tens
     step = kernels.decoder_step_op()
     if step is None:
         return None
-    params = _model_params(model)
+    params = _stack_params(model, "decoder")
     if params is None:
         return None
     cfg = model.cfg

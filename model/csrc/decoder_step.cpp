@@ -90,6 +90,42 @@ torch::Tensor activate(const torch::Tensor& h, int64_t activation) {
 
 }  // namespace
 
+// What both layer kinds share: the checks of x and params, the linear layers, the residual
+// connections (post-LN LayerNorm(x + y), or pre-LN x + y with the norm before the sub-layer) and the FFN.
+struct Layer {
+  const std::vector<torch::Tensor>& P;
+  int64_t n_linears, d, H, Dh, small_rows, activation;
+  bool norm_first;
+  double eps;
+
+  Layer(const torch::Tensor& x, const std::vector<torch::Tensor>& params, int64_t n_linears, int64_t n_norms,
+        int64_t n_heads, int64_t small_rows, bool norm_first, int64_t activation, double eps)
+      : P(params), n_linears(n_linears), d(x.size(-1)), H(n_heads), Dh(0), small_rows(small_rows),
+        activation(activation), norm_first(norm_first), eps(eps) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.is_contiguous(),
+                "x must be a contiguous [rows, d_model] float32 CPU tensor");
+    const int64_t want = n_linears * kLinearParams + 2 * n_norms;
+    TORCH_CHECK(static_cast<int64_t>(params.size()) == want, "params must hold ", want, " tensors, got ", params.size());
+    TORCH_CHECK(H > 0 && d % H == 0, "d_model ", d, " is not a multiple of n_heads ", H);
+    Dh = d / H;
+  }
+  torch::Tensor lin(const torch::Tensor& x, int64_t i) const { return linear(x, P, i, small_rows); }
+  torch::Tensor norm(const torch::Tensor& t, int64_t j) const {
+    const int64_t k = n_linears * kLinearParams + 2 * j;
+    return at::layer_norm(t, {d}, P[k], P[k + 1], eps);
+  }
+  torch::Tensor pre(const torch::Tensor& t, int64_t j) const { return norm_first ? norm(t, j) : t; }
+  torch::Tensor post(const torch::Tensor& t, const torch::Tensor& y, int64_t j) const {
+    auto out = t + y;
+    return norm_first ? out : norm(out, j);
+  }
+  // x + FFN, the last sub-layer: linears w1, w1 + 1, residual j
+  torch::Tensor ffn(const torch::Tensor& x, int64_t w1, int64_t j) const {
+    return post(x, lin(activate(lin(pre(x, j), w1), activation), w1 + 1), j);
+  }
+};
+
+
 // x [N, d_model] float32 -> [N, d_model]: one decoder layer for N rows of a decode step.
 // params: 7 linears (self W_Q, W_KV, W_O; cross W_Q, W_O; FFN W1, W2) x 6 tensors, then the three
 // layer norms' weight and bias. self_k / self_v, cross_k / cross_v: the layer's cache buffers (any
@@ -105,42 +141,23 @@ torch::Tensor decoder_layer_step(torch::Tensor x, const std::vector<torch::Tenso
                                  int64_t cross_max_len, std::optional<torch::Tensor> share_flat, int64_t share_u,
                                  int64_t share_k, int64_t n_heads, int64_t small_rows, bool norm_first,
                                  int64_t activation, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.is_contiguous(),
-              "x must be a contiguous [N, d_model] float32 CPU tensor");
-  TORCH_CHECK(static_cast<int64_t>(params.size()) == 7 * kLinearParams + 6, "params must hold ",
-              7 * kLinearParams + 6, " tensors, got ", params.size());
-  const int64_t N = x.size(0), d = x.size(1), H = n_heads;
-  TORCH_CHECK(H > 0 && d % H == 0, "d_model ", d, " is not a multiple of n_heads ", H);
-  const int64_t Dh = d / H;
-  const auto& P = params;
-  const int64_t ln = 7 * kLinearParams;
-  auto norm = [&](const torch::Tensor& t, int64_t j) {
-    return at::layer_norm(t, {d}, P[ln + 2 * j], P[ln + 2 * j + 1], eps);
-  };
-  auto pre = [&](const torch::Tensor& t, int64_t j) { return norm_first ? norm(t, j) : t; };
-  auto post = [&](const torch::Tensor& t, const torch::Tensor& y, int64_t j) {
-    auto out = t + y;
-    return norm_first ? out : norm(out, j);
-  };
+  const Layer L(x, params, 7, 3, n_heads, small_rows, norm_first, activation, eps);
+  const int64_t N = x.size(0), d = L.d, H = L.H, Dh = L.Dh;
   // masked self-attention: this step's K/V into the cache, then each row over its own keys
-  auto h = pre(x, 0);
-  auto q = linear(h, P, 0, small_rows);
-  auto kv = linear(h, P, 1, small_rows);                                      // [N, 2 d]
+  auto h = L.pre(x, 0);
+  auto q = L.lin(h, 0);
+  auto kv = L.lin(h, 1);                                                      // [N, 2 d]
   auto K = self_k.view({-1, H, Dh}), V = self_v.view({-1, H, Dh});
   K.index_copy_(0, write_at, kv.narrow(1, 0, d).view({N, H, Dh}));
   V.index_copy_(0, write_at, kv.narrow(1, d, d).view({N, H, Dh}));
   auto a = attend(q, K, V, self_key_index, self_starts, self_max_len, std::nullopt, 0, 0, H, Dh);
-  x = post(x, linear(a, P, 2, small_rows), 0);
+  x = L.post(x, L.lin(a, 2), 0);
   // encoder-decoder attention over the cached source keys
-  h = pre(x, 1);
-  q = linear(h, P, 3, small_rows);
+  q = L.lin(L.pre(x, 1), 3);
   a = attend(q, cross_k.view({-1, H, Dh}), cross_v.view({-1, H, Dh}), cross_key_index, cross_starts, cross_max_len,
              share_flat, share_u, share_k, H, Dh);
-  x = post(x, linear(a, P, 4, small_rows), 1);
-  // position-wise feed-forward
-  h = pre(x, 2);
-  x = post(x, linear(activate(linear(h, P, 5, small_rows), activation), P, 6, small_rows), 2);
-  return x;
+  x = L.post(x, L.lin(a, 4), 1);
+  return L.ffn(x, 5, 2);   // position-wise feed-forward
 }
 
 // x [NT, d_model] float32 -> [NT, d_model]: one encoder layer over a packed batch (the NT tokens of B
@@ -150,31 +167,15 @@ torch::Tensor decoder_layer_step(torch::Tensor x, const std::vector<torch::Tenso
 torch::Tensor encoder_layer_step(torch::Tensor x, const std::vector<torch::Tensor>& params,
                                  const torch::Tensor& key_index, const torch::Tensor& starts, int64_t max_len,
                                  int64_t n_heads, int64_t small_rows, bool norm_first, int64_t activation, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.is_contiguous(),
-              "x must be a contiguous [NT, d_model] float32 CPU tensor");
-  TORCH_CHECK(static_cast<int64_t>(params.size()) == 5 * kLinearParams + 4, "params must hold ",
-              5 * kLinearParams + 4, " tensors, got ", params.size());
-  const int64_t N = x.size(0), d = x.size(1), H = n_heads;
-  TORCH_CHECK(H > 0 && d % H == 0, "d_model ", d, " is not a multiple of n_heads ", H);
-  const int64_t Dh = d / H;
-  const auto& P = params;
-  const int64_t ln = 5 * kLinearParams;
-  auto norm = [&](const torch::Tensor& t, int64_t j) {
-    return at::layer_norm(t, {d}, P[ln + 2 * j], P[ln + 2 * j + 1], eps);
-  };
-  auto pre = [&](const torch::Tensor& t, int64_t j) { return norm_first ? norm(t, j) : t; };
-  auto post = [&](const torch::Tensor& t, const torch::Tensor& y, int64_t j) {
-    auto out = t + y;
-    return norm_first ? out : norm(out, j);
-  };
-  auto h = pre(x, 0);
-  auto q = linear(h, P, 0, small_rows);
-  auto kv = linear(h, P, 1, small_rows);                                      // [NT, 2 d]
+  const Layer L(x, params, 5, 2, n_heads, small_rows, norm_first, activation, eps);
+  const int64_t N = x.size(0), d = L.d, H = L.H, Dh = L.Dh;
+  auto h = L.pre(x, 0);
+  auto q = L.lin(h, 0);
+  auto kv = L.lin(h, 1);                                                      // [NT, 2 d]
   auto K = kv.narrow(1, 0, d).contiguous().view({N, H, Dh}), V = kv.narrow(1, d, d).contiguous().view({N, H, Dh});
   auto a = attend(q, K, V, key_index, starts, max_len, std::nullopt, 0, 0, H, Dh);
-  x = post(x, linear(a, P, 2, small_rows), 0);
-  h = pre(x, 1);
-  return post(x, linear(activate(linear(h, P, 3, small_rows), activation), P, 4, small_rows), 1);
+  x = L.post(x, L.lin(a, 2), 0);
+  return L.ffn(x, 3, 1);
 }
 
 }  // namespace mt
