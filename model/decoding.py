@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import fused_step, kernels
-from .dense_step import dense_forward, plan_dense, step_log_probs
+from .dense_step import dense_forward, plan_dense, step_logits
 from .kv_cache import KVCache
 from .paged_cache import PagedKVCache
 from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, search_step
@@ -23,12 +23,41 @@ __all__ = ["ATTENTION_KINDS", "BeamSearch", "Hypothesis", "StepOutput", "beam_se
            "encode_into_cache", "generate", "greedy_search", "length_groups", "pad_batch", "prefill"]
 
 
-@dataclass
 class StepOutput:
-    log_probs: Tensor                                  # [N, V] next-token log-probabilities
-    cross: Optional[list[Tensor]] = None               # per layer [N, H, S] cross-attention rows
-    decoder: Optional[list[Tensor]] = None             # per layer [N, H, T] self-attention rows
-    encoder: Optional[list[Tensor]] = None             # per layer [B, H, S, S] (prefill only)
+    """One decoder step's result: next-token log-probabilities ``log_probs`` [N, V] and, when asked for,
+    per-layer attention rows: ``cross`` [N, H, S], ``decoder`` [N, H, T], ``encoder`` [B, H, S, S] (prefill).
+
+    Built from ``log_probs``, or from ``logits`` [N, V] float32 with padding and BOS at -inf (what
+    ``decode_step`` returns on CPU): then ``log_probs`` is computed on first use, and ``search_step``,
+    which needs only each row's top candidates, takes them from the logits in one compiled pass
+    (``kernels.log_softmax_topk``) without ever writing the [N, V] log-probabilities.
+    Raises ValueError unless exactly one of log_probs and logits is given.
+    """
+
+    __slots__ = ("_log_probs", "logits", "cross", "decoder", "encoder")
+
+    def __init__(self, log_probs: Optional[Tensor] = None, cross: Optional[list[Tensor]] = None,
+                 decoder: Optional[list[Tensor]] = None, encoder: Optional[list[Tensor]] = None, *,
+                 logits: Optional[Tensor] = None):
+        if (log_probs is None) == (logits is None):
+            raise ValueError("StepOutput takes either log_probs or logits")
+        self._log_probs, self.logits = log_probs, logits
+        self.cross, self.decoder, self.encoder = cross, decoder, encoder
+
+    @property
+    def log_probs(self) -> Tensor:
+        if self._log_probs is None:
+            self._log_probs = torch.log_softmax(self.logits, dim=-1)
+        return self._log_probs
+
+    @property
+    def pending_logits(self) -> Optional[Tensor]:
+        """The logits while ``log_probs`` has not been computed from them, else None."""
+        return self.logits if self._log_probs is None else None
+
+    @property
+    def num_rows(self) -> int:
+        return (self.logits if self._log_probs is None else self._log_probs).size(0)
 
 
 @torch.no_grad()
@@ -58,12 +87,12 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     if not need_weights:  # each decoder layer in one compiled call where it applies (model/fused_step.py)
         logits = fused_step.decode_logits(model, attend, tokens, positions)
         if logits is not None:
-            return StepOutput(step_log_probs(model, logits))
+            return StepOutput(logits=step_logits(model, logits))
     logits, w = model.decode(tokens[:, None], None, None, None, positions[:, None], attend, need_weights)
-    log_probs = step_log_probs(model, logits[:, -1])
+    logits = step_logits(model, logits[:, -1])
     if not need_weights:
-        return StepOutput(log_probs)
-    return StepOutput(log_probs, cross=[x[:, :, 0] for x in w["cross"]], decoder=[x[:, :, 0] for x in w["self"]])
+        return StepOutput(logits=logits)
+    return StepOutput(logits=logits, cross=[x[:, :, 0] for x in w["cross"]], decoder=[x[:, :, 0] for x in w["self"]])
 
 
 @torch.no_grad()

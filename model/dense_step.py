@@ -20,7 +20,7 @@ from torch import Tensor
 from .paged_cache import PagedKVCache
 
 __all__ = ["DenseInputs", "GatherAttention", "dense_forward", "key_capacity", "plan_dense", "pad_rows",
-           "step_log_probs"]
+           "step_log_probs", "step_logits"]
 
 
 def key_capacity(n: int, limit: int, smallest: int = 32) -> int:
@@ -149,11 +149,17 @@ def dense_forward(model, cache: PagedKVCache, x: DenseInputs) -> Tensor:
     return step_log_probs(model, logits[:, -1])
 
 
-def step_log_probs(model, logits: Tensor) -> Tensor:
-    """Next-token log-probabilities [N, V] from a step's logits [N, V]: padding and BOS are never
-    generated; half-precision logits are upcast to float32 first (beam scores add these up)."""
+def step_logits(model, logits: Tensor) -> Tensor:
+    """A step's logits [N, V] as its log-probabilities are computed from: float32 (half precision is
+    upcast first: beam scores add these up), padding and BOS at -inf (never generated). In place
+    where already float32."""
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
     logits[:, model.cfg.pad_id] = float("-inf")
     logits[:, model.cfg.bos_id] = float("-inf")
-    return torch.log_softmax(logits, dim=-1)
+    return logits
+
+
+def step_log_probs(model, logits: Tensor) -> Tensor:
+    """Next-token log-probabilities [N, V] from a step's logits [N, V] (``step_logits``, then log-softmax)."""
+    return torch.log_softmax(step_logits(model, logits), dim=-1)

@@ -176,6 +176,11 @@ def _self_check_topk(module) -> None:
     v, i = module.row_topk(torch.full((1, 5), float("-inf")), 3)
     if not (torch.isinf(v).all() and i.tolist() == [[0, 1, 2]]):
         raise RuntimeError("compiled row_topk mishandles -inf rows")
+    x = x.float()
+    ref_v, ref_i = torch.log_softmax(x, dim=-1).topk(7, dim=-1)
+    v, i = module.log_softmax_topk(x, 7, torch.full((4,), -1, dtype=torch.long))
+    if not (torch.equal(i, ref_i) and torch.allclose(v, ref_v, rtol=1e-5, atol=1e-5)):
+        raise RuntimeError("compiled log_softmax_topk disagrees with torch.log_softmax + topk")
 
 
 def _module():
@@ -214,6 +219,16 @@ def topk_op() -> Optional[Callable]:
     """The compiled ``row_topk(x [N, V] float32/float64, k) -> (values [N, k], ids [N, k])``, or None
     (see ``_module``)."""
     return _op("topk", "row_topk")
+
+
+def log_softmax_topk_op() -> Optional[Callable]:
+    """The compiled ``log_softmax_topk(logits [N, V] float32, k, banned [N] int64) -> (values [N, k],
+    ids [N, k])``: the top k of each row's log-softmax without the [N, V] log-probabilities, ``banned``
+    a token id per row left out of its top k (-1: none), or None (see ``_module``; ``_loaded["topk"] =
+    None`` switches it off with ``row_topk``)."""
+    if "topk" in _loaded and _loaded["topk"] is None:
+        return None
+    return _op("log_softmax_topk", "log_softmax_topk")
 
 
 def int8_ops():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from torch import Tensor
 
+from . import kernels
 from .topk import top_candidates
 
 if TYPE_CHECKING:
@@ -202,7 +203,6 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
     then each running search's tokens and position are those of the next decode step.
     A search whose step raises is reported in ``failed`` and dropped; the others go on.
     """
-    lp = parts[0][0].log_probs if len(parts) == 1 else torch.cat([out.log_probs for out, _ in parts])
     k_max, masked, eos, base = 1, [], [], 0
     for out, searches in parts:
         for s in searches:
@@ -212,9 +212,7 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
                 masked.extend(range(base, base + n))
                 eos.extend([s.search.eos_id] * n)
             base += n
-    if masked:
-        lp[torch.tensor(masked, device=lp.device), torch.tensor(eos, device=lp.device)] = float("-inf")
-    top_v, top_i = top_candidates(lp, k_max)
+    top_v, top_i = _candidates([out for out, _ in parts], k_max, masked, eos)
     update = SearchUpdate([], {})
     moved_slots: list[int] = []
     parent_index: list[int] = []                 # into moved_slots
@@ -248,6 +246,27 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
     if moved_slots:  # on an indirect cache this copies slot ids, not K/V
         cache.reorder(moved_slots, parent_index, length=length)
     return update
+
+
+def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: list[int]) -> tuple[list, list]:
+    """Per row of the steps' outputs (in order), its 2k best (log-prob, token id), best first, as python
+    lists; rows ``masked`` never get their ``eos`` token (log-probs are not renormalised). From CPU
+    logits in one compiled pass (``kernels.log_softmax_topk``: no [N, V] log-probabilities written),
+    else log-softmax, mask, ``top_candidates``."""
+    logits = [out.pending_logits for out in outs]
+    op = kernels.log_softmax_topk_op()
+    if op is not None and all(x is not None and x.device.type == "cpu" and x.dtype == torch.float32 for x in logits):
+        x = logits[0] if len(logits) == 1 else torch.cat(logits)
+        if 2 * k < x.size(1):
+            banned = torch.full((x.size(0),), -1, dtype=torch.long)
+            if masked:
+                banned[torch.tensor(masked)] = torch.tensor(eos)
+            v, i = op(x, 2 * k, banned)
+            return v.tolist(), i.tolist()
+    lp = outs[0].log_probs if len(outs) == 1 else torch.cat([out.log_probs for out in outs])
+    if masked:
+        lp[torch.tensor(masked, device=lp.device), torch.tensor(eos, device=lp.device)] = float("-inf")
+    return top_candidates(lp, k)
 
 
 def _attention_rows(out: "StepOutput", kind: str, stacked: dict, first: int, n: int) -> list[Tensor]:

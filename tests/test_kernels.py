@@ -134,3 +134,36 @@ def test_compiled_kernels_release_the_gil():
         gap, last = max(gap, now - last), now
     worker.join()
     assert gap < 0.5 * one_call, (gap, one_call)
+
+
+def test_log_softmax_topk_is_log_softmax_then_topk_without_the_banned_token():
+    """The compiled top k of a row's log-softmax from its logits: the same ids as log_softmax + topk,
+    values within float rounding; a banned id never chosen but still in the normaliser; -inf entries
+    (padding, BOS) add nothing; a row with fewer finite entries than k ends in -inf."""
+    from model import kernels
+    op = kernels.log_softmax_topk_op()
+    if op is None:
+        pytest.skip("no compiled CPU kernels here")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 515, generator=g) * 4
+    x[:, :2] = float("-inf")
+    x[4, 100:] = float("-inf")                                # ... and only 98 finite entries; k = 8 of them
+    x[5] = float("-inf")
+    x[5, [7, 300, 512]] = torch.tensor([1.0, 3.0, 2.0])      # 3 finite entries for k = 8
+    banned = torch.tensor([-1, 5, -1, int(x[3].argmax()), -1, 300])
+    v, i = op(x, 8, banned)
+    ref = torch.log_softmax(x, dim=-1)                        # the normaliser keeps the banned entry
+    for r, b in enumerate(banned.tolist()):
+        if b >= 0:
+            ref[r, b] = float("-inf")
+    ref_v, ref_i = ref.topk(8, dim=-1)
+    assert torch.equal(i[:5], ref_i[:5]) and i[5, :2].tolist() == [512, 7]
+    torch.testing.assert_close(v[:5], ref_v[:5], rtol=0, atol=2e-6)
+    torch.testing.assert_close(v[5, :2], ref_v[5, :2], rtol=0, atol=2e-6)
+    assert torch.isinf(v[5, 2:]).all() and int(banned[3]) not in i[3].tolist()
+    with pytest.raises(RuntimeError, match="k must be"):
+        op(x, 515, torch.full((6,), -1))
+    with pytest.raises(RuntimeError, match="outside"):
+        op(x, 4, torch.tensor([0, 0, 0, 0, 0, 515]))
+    with pytest.raises(RuntimeError, match="float32"):
+        op(x.double(), 4, torch.full((6,), -1))

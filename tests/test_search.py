@@ -125,6 +125,44 @@ def test_min_new_tokens_masks_eos_until_reached():
     assert h.tokens == [7, 7] and h.finish_reason == "eos" and h.log_prob == -2.0 + -2.0 + -0.1  # not renormalised
 
 
+def test_search_step_from_logits_picks_what_log_probs_pick():
+    """A step output holding CPU logits (what decode_step returns there) drives the searches exactly as
+    its log-probabilities do: same candidates, scores within float rounding, EOS masked alike."""
+    def run(from_logits: bool):
+        searches = [ActiveSearch(BeamSearch(1, EOS, 5), [9], [BOS], min_new_tokens=2),
+                    ActiveSearch(BeamSearch(3, EOS, 5, n_best=2), [0, 1, 2], [BOS]),
+                    ActiveSearch(BeamSearch(2, EOS, 5), [4, 5], [BOS], min_new_tokens=3)]
+        done, step = list(searches), 0
+        while searches:
+            g = torch.Generator().manual_seed(step)
+            logits = torch.randn(sum(len(s.tokens) for s in searches), 40, generator=g) * 3
+            logits[:, EOS] += 2.0                 # EOS often best: the masking matters
+            out = StepOutput(logits=logits.clone()) if from_logits else StepOutput(logits.log_softmax(-1))
+            searches = search_step(RecordingCache(), [(out, searches)]).running
+            step += 1
+        return [[(h.tokens, h.finish_reason) for h in s.search.results()] for s in done], \
+            [[h.score for h in s.search.results()] for s in done]
+
+    tokens_logits, scores_logits = run(True)
+    tokens_lp, scores_lp = run(False)
+    assert tokens_logits == tokens_lp
+    assert all(len(t[0][0]) >= 2 for t in tokens_logits[:1])          # min_new_tokens held EOS back
+    for a, b in zip(scores_logits, scores_lp):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_step_output_takes_either_log_probs_or_logits():
+    logits = torch.randn(2, 9)
+    out = StepOutput(logits=logits)
+    assert out.pending_logits is logits and out.num_rows == 2
+    torch.testing.assert_close(out.log_probs, logits.log_softmax(-1))
+    assert out.pending_logits is None                                  # computed once, then kept
+    with pytest.raises(ValueError):
+        StepOutput()
+    with pytest.raises(ValueError):
+        StepOutput(logits.log_softmax(-1), logits=logits)
+
+
 def test_a_failing_search_fails_alone():
     class Faulty(BeamSearch):
         def step(self, *a, **kw):

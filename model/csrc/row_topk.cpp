@@ -8,51 +8,148 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 namespace {
 
+// The k largest entries of one row x[0..n) into best_v/best_i (descending; ties to the lower index),
+// skipping index `skip` (-1: none).
+template <typename scalar_t>
+void topk_row(const scalar_t* __restrict x, int64_t n, int64_t kk, int64_t skip, std::vector<scalar_t>& best_v,
+              std::vector<int64_t>& best_i) {
+  // put (v, t) into the sorted best_v[0..size) (size < kk: a new entry; else it replaces the last),
+  // after the entries >= v: among equal values the earlier index stays first
+  auto insert = [&](scalar_t v, int64_t t, int64_t size) {
+    int64_t p = std::min(size, kk - 1);
+    while (p > 0 && best_v[p - 1] < v) {
+      best_v[p] = best_v[p - 1];
+      best_i[p] = best_i[p - 1];
+      --p;
+    }
+    best_v[p] = v;
+    best_i[p] = t;
+  };
+  int64_t j = 0, size = 0;
+  for (; size < kk; ++j) {                       // start from the first k entries (but `skip`), sorted
+    if (j == skip) continue;
+    insert(x[j], j, size);
+    ++size;
+  }
+  constexpr int64_t B = 32;
+  for (; j + B <= n; j += B) {
+    const scalar_t* __restrict xb = x + j;
+    const scalar_t thr = best_v[kk - 1];
+    int above = 0;
+    for (int t = 0; t < B; ++t) above += xb[t] > thr;      // a fixed-size, vectorized test
+    if (above == 0) continue;
+    for (int64_t t = j; t < j + B; ++t) {
+      if (x[t] > best_v[kk - 1] && t != skip) insert(x[t], t, kk);   // strictly greater: earlier index wins ties
+    }
+  }
+  for (; j < n; ++j) {
+    if (x[j] > best_v[kk - 1] && j != skip) insert(x[j], j, kk);
+  }
+}
+
 template <typename scalar_t>
 void topk_rows(const scalar_t* X, int64_t N, int64_t V, int64_t k, scalar_t* values, int64_t* ids) {
   at::parallel_for(0, N, std::max<int64_t>(1, 65536 / std::max<int64_t>(V, 1)), [=](int64_t r0, int64_t r1) {
-    const int64_t n = V, kk = k;
-    std::vector<scalar_t> best_v(kk);
-    std::vector<int64_t> best_i(kk);
-    // put (v, t) into the sorted best_v[0..size) (size < kk: a new entry; else it replaces the last),
-    // after the entries >= v: among equal values the earlier index stays first
-    auto insert = [&](scalar_t v, int64_t t, int64_t size) {
-      int64_t p = std::min(size, kk - 1);
-      while (p > 0 && best_v[p - 1] < v) {
-        best_v[p] = best_v[p - 1];
-        best_i[p] = best_i[p - 1];
-        --p;
-      }
-      best_v[p] = v;
-      best_i[p] = t;
-    };
+    std::vector<scalar_t> best_v(k);
+    std::vector<int64_t> best_i(k);
     for (int64_t r = r0; r < r1; ++r) {
-      const scalar_t* __restrict x = X + r * n;
-      for (int64_t j = 0; j < kk; ++j) insert(x[j], j, j);   // start from the first k entries, sorted
-      constexpr int64_t B = 32;
-      int64_t j = kk;
-      for (; j + B <= n; j += B) {
-        const scalar_t* __restrict xb = x + j;
-        const scalar_t thr = best_v[kk - 1];
-        int above = 0;
-        for (int t = 0; t < B; ++t) above += xb[t] > thr;      // a fixed-size, vectorized test
-        if (above == 0) continue;
-        for (int64_t t = j; t < j + B; ++t) {
-          if (x[t] > best_v[kk - 1]) insert(x[t], t, kk);      // strictly greater: earlier index wins ties
-        }
-      }
-      for (; j < n; ++j) {
-        if (x[j] > best_v[kk - 1]) insert(x[j], j, kk);
-      }
-      std::copy(best_v.begin(), best_v.end(), values + r * kk);
-      std::copy(best_i.begin(), best_i.end(), ids + r * kk);
+      topk_row(X + r * V, V, k, -1, best_v, best_i);
+      std::copy(best_v.begin(), best_v.end(), values + r * k);
+      std::copy(best_i.begin(), best_i.end(), ids + r * k);
     }
   });
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x for x <= 0, 8 lanes (Cephes' expf: x = n ln 2 + r, a degree-5 polynomial in r, 2^n through the
+// exponent bits; about 1 ulp); x below -87.3 (e^x under float's normal range, -inf included) gives 0.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2)), zero_below);
+}
+#endif
+
+// log(sum_j e^(x_j - max)) of one row (x_j - max <= 0), with max = its largest entry
+inline float log_sum_exp_shifted(const float* __restrict x, int64_t n, float max) {
+  int64_t j = 0;
+  float sum = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; j + 16 <= n; j += 16) {
+    acc0 = _mm256_add_ps(acc0, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + j), m)));
+    acc1 = _mm256_add_ps(acc1, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), m)));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(acc0, acc1));
+  for (int t = 0; t < 8; ++t) sum += lanes[t];
+#endif
+  for (; j < n; ++j) sum += std::exp(x[j] - max);
+  return std::log(sum);
+}
+
+// x [N, V] float32 logits -> the top k of each row's log-softmax, (values [N, k] descending, ids [N, k]),
+// without writing the [N, V] log-probabilities: per row the top k of x itself (the map x -> x - max -
+// log-sum is increasing), its maximum (the best of them, or the banned entry), log(sum e^(x - max))
+// (every entry counts, the banned one too), then values = (x - max) - log-sum, the formula of
+// torch.log_softmax (the sum's rounding differs from ATen's in the last bits). banned [N] int64: a token id each row's top k leaves out (-1: none); beam
+// search bans EOS before min_new_tokens without renormalising. Rows are independent of each other.
+std::vector<torch::Tensor> log_softmax_topk(torch::Tensor x, int64_t k, torch::Tensor banned) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && x.scalar_type() == torch::kFloat32,
+              "log_softmax_topk takes a 2-d float32 CPU tensor");
+  const int64_t N = x.size(0), V = x.size(1);
+  TORCH_CHECK(k >= 1 && k < V, "k must be in 1..", V - 1, ", got ", k);
+  TORCH_CHECK(banned.scalar_type() == torch::kLong && banned.dim() == 1 && banned.numel() == N && banned.device().is_cpu(),
+              "banned must be [N] int64");
+  x = x.contiguous();
+  banned = banned.contiguous();
+  auto values = torch::empty({N, k}, x.options());
+  auto ids = torch::empty({N, k}, x.options().dtype(torch::kLong));
+  const float* X = x.data_ptr<float>();
+  const int64_t* B = banned.data_ptr<int64_t>();
+  float* OV = values.data_ptr<float>();
+  int64_t* OI = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < N; ++r)
+    TORCH_CHECK(B[r] >= -1 && B[r] < V, "banned[", r, "] = ", B[r], " is outside -1..", V - 1);
+  at::parallel_for(0, N, std::max<int64_t>(1, 65536 / std::max<int64_t>(V, 1)), [=](int64_t r0, int64_t r1) {
+    std::vector<float> best_v(k);
+    std::vector<int64_t> best_i(k);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = X + r * V;
+      topk_row(row, V, k, B[r], best_v, best_i);
+      // the row's maximum: its best entry, or the banned one (left out of the top k only)
+      const float max = B[r] >= 0 ? std::max(best_v[0], row[B[r]]) : best_v[0];
+      const float log_sum = log_sum_exp_shifted(row, V, max);
+      for (int64_t j = 0; j < k; ++j) {
+        OV[r * k + j] = (best_v[j] - max) - log_sum;
+        OI[r * k + j] = best_i[j];
+      }
+    }
+  });
+  return {values, ids};
 }
 
 // x [N, V] float32/float64 -> (values [N, k] descending, ids [N, k] int64); 1 <= k <= V.
@@ -74,4 +171,6 @@ std::vector<torch::Tensor> row_topk(torch::Tensor x, int64_t k) {
 void register_row_topk(pybind11::module& m) {
   m.def("row_topk", &row_topk, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "per-row top-k in one pass (see row_topk.cpp)");
+  m.def("log_softmax_topk", &log_softmax_topk, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "per-row top-k of log_softmax without the [N, V] log-probabilities (see row_topk.cpp)");
 }

@@ -112,7 +112,7 @@ class ModelRunner:
         if decode:
             decode.sort(key=lambda s: s.slots[0])  # ascending slots: often one contiguous block
             parts = self._isolated(self._decode, decode, outputs)
-            result.num_decode_seqs = sum(out.log_probs.size(0) for out, _ in parts)
+            result.num_decode_seqs = sum(out.num_rows for out, _ in parts)
         t2 = time.perf_counter()
         if parts:
             self._update(parts, outputs)
