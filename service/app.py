@@ -1,7 +1,7 @@
 """The Ray Serve application: an HTTP ingress (``service.api.gateway.Gateway``) in front of one
 translator deployment per model.
 
-    serve run service.app:build_app                          # the shipped de->en model
+    serve run service.app:build_app                          # the shipped models (de->en first, en->de)
     serve run service.app:build_app engine='{"max_num_seqs": 32}'   # or a serve config's `args:`
 
 Layout (``build_app``):

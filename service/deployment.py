@@ -1,7 +1,7 @@
 """The old name of ``service/app.py``, kept so that ``serve run service.deployment:app`` and
 ``service.deployment:build_app`` keep working.
 
-    serve run service.deployment:app          # the shipped de->en model (built on first access)
+    serve run service.deployment:app          # the shipped models (built on first access)
 """
 from .app import AppArgs, ModelSpec, build_app, gateway_options, translator_options
 

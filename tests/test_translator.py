@@ -107,3 +107,20 @@ def test_attention_over_the_response_limit_is_a_413_counting_the_weights(card, m
         assert (await t.translate(request(["Ein Hund läuft. Zwei Männer."]))).translations   # no attention: fine
         await t.stop()
     asyncio.run(main())
+
+
+def test_card_config_lists_every_model_config_field(tmp_path):
+    """/v1/models shows a card's config: a config.json written before some fields existed still
+    lists all of them, at their defaults."""
+    import dataclasses
+    import json
+    from model.config import ModelConfig
+    d = build_tiny_checkpoint(tmp_path / "old", "de", "en", max_len=64)
+    cfg = json.loads((d / "config.json").read_text())
+    dropped = {k: cfg.pop(k) for k in ("scale_embedding", "sinusoid_layout") if k in cfg}
+    (d / "config.json").write_text(json.dumps(cfg))
+    card = model_card("old", d)
+    assert sorted(card.config) == sorted(f.name for f in dataclasses.fields(ModelConfig))
+    defaults = ModelConfig.from_dict(cfg)
+    assert dropped and all(card.config[k] == getattr(defaults, k) for k in dropped)
+    assert card.config["d_model"] == cfg["d_model"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from model.config import ModelConfig
 from model.convert import is_marian_dir, marian_config, marian_metadata
 from model.tokenizer import target_language_codes
 from model.translate import check_target_lang
@@ -24,7 +25,7 @@ class ModelCard:
     checkpoint: str               # checkpoint directory
     source_lang: str
     target_lang: str
-    config: dict                  # the checkpoint's config.json (ModelConfig fields)
+    config: dict                  # the checkpoint's config.json (every ModelConfig field)
     metadata: dict = field(default_factory=dict)      # the checkpoint's metadata.json
     test_bleu: Optional[float] = None                 # BLEU on the test set, from the metadata
     engine: dict = field(default_factory=dict)        # EngineConfig overrides for this model
@@ -62,7 +63,8 @@ def model_card(name: str, checkpoint: str | Path, source_lang: Optional[str] = N
     config = json.loads((d / "config.json").read_text())
     if is_marian_dir(d):
         config, meta = marian_config(config, str(d / "config.json")).to_dict(), marian_metadata(d)
-    else:
+    else:   # every ModelConfig field, the ones an older config.json leaves out at their defaults
+        config = ModelConfig.from_dict(config).to_dict()
         meta = json.loads((d / "metadata.json").read_text()) if (d / "metadata.json").exists() else {}
     codes = target_language_codes(json.loads((d / "vocab.json").read_text(encoding="utf-8"))) \
         if (d / "vocab.json").exists() else ()
