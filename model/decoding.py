@@ -62,7 +62,7 @@ class StepOutput:
 
 @torch.no_grad()
 def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tensor, positions: Tensor,
-                need_weights: bool = False, dense: Optional[bool] = None) -> StepOutput:
+                need_weights: bool = False, dense: Optional[bool] = None, self_weights: bool = True) -> StepOutput:
     """One incremental decoder step for any set of slots, each at its own position.
 
     Every row attends to its own cached keys only (its own target history and its own source), so
@@ -75,8 +75,9 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     Args:
         slots: [N] cache slots; tokens: [N] input token of each (the last generated, or BOS);
         positions: [N] target position of that token (0 for BOS).
-    Returns log-probabilities [N, V] (and attention rows with need_weights: cross [N, H, S] and
-    decoder [N, H, T] per layer, zero-padded to the longest row).
+    Returns log-probabilities [N, V] (and attention rows with need_weights: cross [N, H, S] and,
+    unless ``self_weights`` is False, decoder [N, H, T] per layer, zero-padded to the longest row;
+    cross-attention rows alone still take the compiled layer step).
     Raises ValueError when a position reaches the cache's max_tgt_len.
     """
     if dense is None:
@@ -84,10 +85,10 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     if dense and not need_weights:  # fixed shapes, fused attention (model/dense_step.py)
         return StepOutput(dense_forward(model, cache, plan_dense(cache, slots, tokens, positions)))
     attend = cache.plan_step(slots, positions, packed=slots.device.type == "cpu")
-    if not need_weights:  # each decoder layer in one compiled call where it applies (model/fused_step.py)
-        logits = fused_step.decode_logits(model, attend, tokens, positions)
-        if logits is not None:
-            return StepOutput(logits=step_logits(model, logits))
+    if not (need_weights and self_weights):  # each decoder layer in one compiled call where it applies
+        fused = fused_step.decode_logits(model, attend, tokens, positions, cross_weights=need_weights)
+        if fused is not None:                  # (model/fused_step.py)
+            return StepOutput(logits=step_logits(model, fused[0]), cross=fused[1])
     logits, w = model.decode(tokens[:, None], None, None, None, positions[:, None], attend, need_weights)
     logits = step_logits(model, logits[:, -1])
     if not need_weights:

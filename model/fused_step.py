@@ -10,7 +10,9 @@ attention kernel, ATen's layer norm), so it gives the same bits as the module pa
 the Python between them. ``decode_step`` (``model/decoding.py``) takes it whenever it applies:
 
 - CPU inference (no gradient, eval mode) on a KV cache whose plan reads keys with the compiled
-  attention kernel (``AttentionPlan.kernel``), no attention weights asked for;
+  attention kernel (``AttentionPlan.kernel``), no attention weights asked for but cross-attention's
+  (the service asks for those to place protected spans: one such sentence used to put a whole step
+  on the module path);
 - every decoder linear layer prepacked int8 or float32 (``Transformer.pack_for_inference``) and still
   valid for its weight; bfloat16 and unpacked models take the module path;
 - the compiled kernels available (``MT_CPU_KERNELS`` not 0; ``MT_FUSED_STEP=0`` turns off this path
@@ -138,12 +140,15 @@ def _eligible(model, hooks: Sequence[tuple]) -> bool:
     return True
 
 
-def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tensor) -> Optional[Tensor]:
-    """Logits [N, V] of one decode step with every decoder layer in one compiled call, or None where
-    the compiled step does not apply (see the module docstring; the caller then runs
-    ``Transformer.decode``). ``hooks``: per decoder layer the (self, cross) ``CacheAttention`` of
-    ``KVCache.plan_step``; tokens, positions [N] (long). Writes this step's K/V into the cache as the
-    module path does. Raises ValueError for a position beyond max_len."""
+def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tensor,
+                  cross_weights: bool = False) -> Optional[tuple[Tensor, Optional[list[Tensor]]]]:
+    """(logits [N, V], cross-attention weights or None) of one decode step with every decoder layer in
+    one compiled call, or None where the compiled step does not apply (see the module docstring; the
+    caller then runs ``Transformer.decode``). ``hooks``: per decoder layer the (self, cross)
+    ``CacheAttention`` of ``KVCache.plan_step``; tokens, positions [N] (long). With ``cross_weights``
+    also each layer's cross-attention weights [N, H, S] (S: the plan's longest source; zero past a
+    row's own), what ``decode_step`` returns as ``StepOutput.cross``, the same bits. Writes this step's
+    K/V into the cache as the module path does. Raises ValueError for a position beyond max_len."""
     if not enabled() or len(hooks) != len(model.decoder) or not _eligible(model, hooks):
         return None
     step = kernels.decoder_step_op()
@@ -156,12 +161,17 @@ def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tens
     act = _ACTIVATION[cfg.activation]
     rows = _int8_rows()
     x = model.tgt_embed(tokens[:, None], positions[:, None])[:, 0]          # [N, d_model]
+    cross: Optional[list[Tensor]] = [] if cross_weights else None
     for i, (hs, hc) in enumerate(hooks):
         c, layer = hs.cache, hs.layer
         ps, pc = hs.plan, hc.plan
         share = hc.share
-        x = step(x, params[i], c.self_k[layer], c.self_v[layer], hs.write_at, ps.key_index, ps.starts, ps.max_len,
-                 c.cross_k[layer], c.cross_v[layer], pc.key_index, pc.starts, pc.max_len,
-                 None if share is None else share[2], 0 if share is None else share[0],
-                 0 if share is None else share[1], cfg.n_heads, rows, cfg.norm_first, act, cfg.layer_norm_eps)
-    return model.logits(model.dec_norm(x))
+        out = step(x, params[i], c.self_k[layer], c.self_v[layer], hs.write_at, ps.key_index, ps.starts, ps.max_len,
+                   c.cross_k[layer], c.cross_v[layer], pc.key_index, pc.starts, pc.max_len,
+                   None if share is None else share[2], 0 if share is None else share[0],
+                   0 if share is None else share[1], cfg.n_heads, rows, cfg.norm_first, act, cfg.layer_norm_eps,
+                   cross_weights)
+        x = out[0]
+        if cross is not None:
+            cross.append(out[1])
+    return model.logits(model.dec_norm(x)), cross

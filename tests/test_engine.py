@@ -68,9 +68,9 @@ class Trace:
         self.calls, self.steps, self.running_after = [], {}, {}
         real_decode, real_encode = decoding.decode_step, decoding.encode_into_cache
 
-        def decode_step(model, cache, slots, tokens, positions, need_weights=False):
+        def decode_step(model, cache, slots, tokens, positions, need_weights=False, **kw):
             self.calls.append(("decode", slots.tolist(), positions.tolist()))
-            return real_decode(model, cache, slots, tokens, positions, need_weights)
+            return real_decode(model, cache, slots, tokens, positions, need_weights, **kw)
 
         def encode_into_cache(model, cache, slots, *a, **kw):
             self.calls.append(("encode", [list(r) for r in slots], None))

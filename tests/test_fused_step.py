@@ -195,3 +195,40 @@ def test_repacking_in_another_dtype_is_followed(monkeypatch):
         monkeypatch.delitem(kernels._loaded, "decoder_step")
         got = generate(model, sources, 2, 2, 12)
         assert [[(h.tokens, h.score) for h in r] for r in got] == [[(h.tokens, h.score) for h in r] for r in ref]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("cache_kind", ["contiguous", "paged"])
+def test_cross_attention_weights_alone_keep_the_compiled_step(beam, cache_kind, monkeypatch):
+    """Asking only for cross-attention rows (the service does, to place protected spans) takes the
+    compiled step: the log-probs and the rows equal the module path's bit for bit, beams included
+    (their hypotheses share the source's keys)."""
+    model = packed_model("post-LN, ReLU, shared embeddings", torch.int8, seed=5)
+    sources = [rand_source(n, 3 * n) for n in (3, 11, 6, 17)]
+    B = len(sources)
+    results = []
+    for fused in (False, True):
+        counter = Counter()
+        monkeypatch.setitem(kernels._loaded, "decoder_step", counter)
+        cache = (PagedKVCache.for_model(model, B * beam, num_blocks=40 * B * beam, block_size=4)
+                 if cache_kind == "paged" else KVCache.for_model(model, B * beam, indirect=beam > 1))
+        slots = torch.tensor(cache.slots.allocate(B * beam)).view(B, beam)
+        lengths = torch.tensor([len(s) for s in sources])
+        g = torch.Generator().manual_seed(2)
+        steps = []
+        with torch.no_grad():
+            encode_into_cache(model, cache, slots, pad_batch(sources, model.cfg.pad_id), lengths)
+            for t in range(4):
+                tokens = torch.randint(4, model.cfg.vocab_size, (B * beam,), generator=g)
+                out = decode_step(model, cache, slots.reshape(-1), tokens, torch.full((B * beam,), t),
+                                  need_weights=True, self_weights=not fused)
+                assert (out.decoder is None) == fused and len(out.cross) == model.cfg.n_decoder_layers
+                steps.append((out.log_probs, out.cross))
+        assert (counter.calls == 4 * model.cfg.n_decoder_layers) if fused else counter.calls == 0
+        results.append(steps)
+        monkeypatch.delitem(kernels._loaded, "decoder_step")
+    for (lp_ref, cross_ref), (lp, cross) in zip(*results):
+        assert torch.equal(lp, lp_ref)
+        assert all(torch.equal(a, b) for a, b in zip(cross, cross_ref))
+        assert cross[0].shape == (B * beam, model.cfg.n_heads, max(len(s) for s in sources))
+        torch.testing.assert_close(cross[0].sum(-1), torch.ones(B * beam, model.cfg.n_heads))

@@ -62,21 +62,25 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& p
 }
 
 // Cross-attention reads each source once: rows -> [U sources x k hypotheses] queries and back
-// (as model/attention_plan.py CacheAttention with ``share``).
-torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                     const torch::Tensor& key_index, const torch::Tensor& starts, int64_t max_len,
-                     const std::optional<torch::Tensor>& share_flat, int64_t share_u, int64_t share_k,
-                     int64_t H, int64_t Dh) {
+// (as model/attention_plan.py CacheAttention with ``share``). Returns {out [N, H * Dh]} or, with
+// need_weights, {out, weights [N, H, max_len]} (zero past each row's own keys).
+std::vector<torch::Tensor> attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const torch::Tensor& key_index, const torch::Tensor& starts, int64_t max_len,
+                                  const std::optional<torch::Tensor>& share_flat, int64_t share_u, int64_t share_k,
+                                  int64_t H, int64_t Dh, bool need_weights = false) {
   const int64_t N = q.size(0);
   const double scale = std::pow(static_cast<double>(Dh), -0.5);
   if (!share_flat.has_value()) {
-    return packed_decode_attention(q.view({N, 1, H, Dh}), k, v, key_index, starts, max_len, scale, false)[0]
-        .view({N, H * Dh});
+    auto r = packed_decode_attention(q.view({N, 1, H, Dh}), k, v, key_index, starts, max_len, scale, need_weights);
+    if (!need_weights) return {r[0].view({N, H * Dh})};
+    return {r[0].view({N, H * Dh}), r[1].view({N, H, max_len})};
   }
   auto qg = torch::zeros({share_u * share_k, H, Dh}, q.options()).index_copy_(0, *share_flat, q.view({N, H, Dh}));
-  auto out = packed_decode_attention(qg.view({share_u, share_k, H, Dh}), k, v, key_index, starts, max_len, scale,
-                                     false)[0];
-  return out.reshape({share_u * share_k, H, Dh}).index_select(0, *share_flat).view({N, H * Dh});
+  auto r = packed_decode_attention(qg.view({share_u, share_k, H, Dh}), k, v, key_index, starts, max_len, scale,
+                                   need_weights);
+  auto out = r[0].reshape({share_u * share_k, H, Dh}).index_select(0, *share_flat).view({N, H * Dh});
+  if (!need_weights) return {out};
+  return {out, r[1].reshape({share_u * share_k, H, max_len}).index_select(0, *share_flat)};
 }
 
 torch::Tensor activate(const torch::Tensor& h, int64_t activation) {
@@ -132,7 +136,8 @@ struct Layer {
 // shape ending in [H, Dh], contiguous); write_at [N]: where this step's keys go, in rows of [*, H, Dh];
 // *_key_index / *_starts / *_max_len: the packed plans (model/attention_plan.py AttentionPlan);
 // share_flat [N] (with share_u sources x share_k hypotheses) or None: rows sharing a source.
-torch::Tensor decoder_layer_step(torch::Tensor x, const std::vector<torch::Tensor>& params,
+// Returns {x} or, with cross_weights, {x, the cross-attention weights [N, H, cross_max_len]}.
+std::vector<torch::Tensor> decoder_layer_step(torch::Tensor x, const std::vector<torch::Tensor>& params,
                                  const torch::Tensor& self_k, const torch::Tensor& self_v,
                                  const torch::Tensor& write_at, const torch::Tensor& self_key_index,
                                  const torch::Tensor& self_starts, int64_t self_max_len,
@@ -140,7 +145,7 @@ torch::Tensor decoder_layer_step(torch::Tensor x, const std::vector<torch::Tenso
                                  const torch::Tensor& cross_key_index, const torch::Tensor& cross_starts,
                                  int64_t cross_max_len, std::optional<torch::Tensor> share_flat, int64_t share_u,
                                  int64_t share_k, int64_t n_heads, int64_t small_rows, bool norm_first,
-                                 int64_t activation, double eps) {
+                                 int64_t activation, double eps, bool cross_weights) {
   const Layer L(x, params, 7, 3, n_heads, small_rows, norm_first, activation, eps);
   const int64_t N = x.size(0), d = L.d, H = L.H, Dh = L.Dh;
   // masked self-attention: this step's K/V into the cache, then each row over its own keys
@@ -150,14 +155,16 @@ torch::Tensor decoder_layer_step(torch::Tensor x, const std::vector<torch::Tenso
   auto K = self_k.view({-1, H, Dh}), V = self_v.view({-1, H, Dh});
   K.index_copy_(0, write_at, kv.narrow(1, 0, d).view({N, H, Dh}));
   V.index_copy_(0, write_at, kv.narrow(1, d, d).view({N, H, Dh}));
-  auto a = attend(q, K, V, self_key_index, self_starts, self_max_len, std::nullopt, 0, 0, H, Dh);
+  auto a = attend(q, K, V, self_key_index, self_starts, self_max_len, std::nullopt, 0, 0, H, Dh)[0];
   x = L.post(x, L.lin(a, 2), 0);
   // encoder-decoder attention over the cached source keys
   q = L.lin(L.pre(x, 1), 3);
-  a = attend(q, cross_k.view({-1, H, Dh}), cross_v.view({-1, H, Dh}), cross_key_index, cross_starts, cross_max_len,
-             share_flat, share_u, share_k, H, Dh);
-  x = L.post(x, L.lin(a, 4), 1);
-  return L.ffn(x, 5, 2);   // position-wise feed-forward
+  auto c = attend(q, cross_k.view({-1, H, Dh}), cross_v.view({-1, H, Dh}), cross_key_index, cross_starts,
+                  cross_max_len, share_flat, share_u, share_k, H, Dh, cross_weights);
+  x = L.post(x, L.lin(c[0], 4), 1);
+  x = L.ffn(x, 5, 2);   // position-wise feed-forward
+  if (!cross_weights) return {x};
+  return {x, c[1]};
 }
 
 // x [NT, d_model] float32 -> [NT, d_model]: one encoder layer over a packed batch (the NT tokens of B
@@ -173,7 +180,7 @@ torch::Tensor encoder_layer_step(torch::Tensor x, const std::vector<torch::Tenso
   auto q = L.lin(h, 0);
   auto kv = L.lin(h, 1);                                                      // [NT, 2 d]
   auto K = kv.narrow(1, 0, d).contiguous().view({N, H, Dh}), V = kv.narrow(1, d, d).contiguous().view({N, H, Dh});
-  auto a = attend(q, K, V, key_index, starts, max_len, std::nullopt, 0, 0, H, Dh);
+  auto a = attend(q, K, V, key_index, starts, max_len, std::nullopt, 0, 0, H, Dh)[0];
   x = L.post(x, L.lin(a, 2), 0);
   return L.ffn(x, 3, 1);
 }

@@ -181,7 +181,8 @@ class ModelRunner:
             log_probs = self.graphs.step(*inputs, need, max(positions) + 1, max(len(s.src_ids) for s in seqs))
             if log_probs is not None:
                 return StepOutput(log_probs), seqs
-        return decoding.decode_step(self.model, self.cache, *inputs, need), seqs
+        self_weights = any("decoder" in s.search.attention_kinds for s in seqs)
+        return decoding.decode_step(self.model, self.cache, *inputs, need, self_weights=self_weights), seqs
 
     def _update(self, parts: list[_Part], outputs: dict) -> None:
         """``search_step`` over all rows, then each request's output: its hypotheses when done, its
