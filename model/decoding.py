@@ -6,7 +6,6 @@ per-row top-k of candidates in ``model/topk.py``; the KV cache in ``model/kv_cac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
