@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp",
                                                                     "row_topk.cpp", "decoder_step.cpp")]
+HEADERS = [SOURCES[0].parent / "simd_math.h"]     # included by the sources: part of the build's key
 # -ffp-contract=off: no fused multiply-add, so the compiled float arithmetic rounds as eager PyTorch does
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
@@ -70,7 +71,7 @@ def _build():
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     except (ImportError, AttributeError):
         pass
-    source = b"".join(p.read_bytes() for p in SOURCES)
+    source = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
     # The sources' directory is part of the key: torch's build files record absolute source paths, so
     # two copies of the repository sharing one build would rebuild each other's at every load.
     key = hashlib.sha1(source + torch.__version__.encode() + _cpu_id().encode() + " ".join(CFLAGS).encode()
@@ -91,22 +92,25 @@ def _build():
 
 
 def _self_check(fn: Callable) -> None:
-    """The kernel must match eager attention on a small ragged case (float64), or it is not used."""
+    """The kernel must match eager attention on small ragged cases, or it is not used: float64 (the
+    generic loop) and float32 with eight heads of 8 (the eight-heads-at-a-time loop, on AVX2)."""
     g = torch.Generator().manual_seed(0)
-    H, D, lengths = 2, 4, [3, 1, 5]
-    k, v = torch.randn(12, H, D, generator=g, dtype=torch.float64), torch.randn(12, H, D, generator=g, dtype=torch.float64)
-    q = torch.randn(len(lengths), 2, H, D, generator=g, dtype=torch.float64)
-    key_index = torch.tensor([7, 2, 11, 0, 4, 5, 6, 1, 9])
-    starts = torch.tensor([0, 3, 4, 9])
-    out, w = fn(q, k, v, key_index, starts, max(lengths), D ** -0.5, True)
-    for r, n in enumerate(lengths):
-        idx = key_index[starts[r]: starts[r + 1]]
-        scores = torch.einsum("ahd,nhd->ahn", q[r], k[idx]) * D ** -0.5
-        ref_w = torch.softmax(scores, dim=-1)
-        ref = torch.einsum("ahn,nhd->ahd", ref_w, v[idx])
-        if not (torch.allclose(out[r], ref) and torch.allclose(w[r, :, :, :n], ref_w)
-                and not w[r, :, :, n:].any()):
-            raise RuntimeError("compiled decode attention disagrees with eager attention")
+    for H, D, dtype, tol in ((2, 4, torch.float64, 1e-8), (8, 8, torch.float32, 1e-5)):
+        lengths = [3, 1, 5]
+        k, v = torch.randn(12, H, D, generator=g, dtype=dtype), torch.randn(12, H, D, generator=g, dtype=dtype)
+        q = torch.randn(len(lengths), 2, H, D, generator=g, dtype=dtype)
+        key_index = torch.tensor([7, 2, 11, 0, 4, 5, 6, 1, 9])
+        starts = torch.tensor([0, 3, 4, 9])
+        out, w = fn(q, k, v, key_index, starts, max(lengths), D ** -0.5, True)
+        for r, n in enumerate(lengths):
+            idx = key_index[starts[r]: starts[r + 1]]
+            scores = torch.einsum("ahd,nhd->ahn", q[r].double(), k[idx].double()) * D ** -0.5
+            ref_w = torch.softmax(scores, dim=-1)
+            ref = torch.einsum("ahn,nhd->ahd", ref_w, v[idx].double())
+            if not (torch.allclose(out[r].double(), ref, rtol=tol, atol=tol)
+                    and torch.allclose(w[r, :, :, :n].double(), ref_w, rtol=tol, atol=tol)
+                    and not w[r, :, :, n:].any()):
+                raise RuntimeError("compiled decode attention disagrees with eager attention")
 
 
 def quantize_rows_eager(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -281,7 +285,8 @@ def applies(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def packed_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_index: Tensor, starts: Tensor,
-                            max_len: int, need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+                            max_len: int, need_weights: bool = False, generic: bool = False
+                            ) -> tuple[Tensor, Optional[Tensor]]:
     """softmax(q K^T / sqrt(d_k)) V (paper eq. 1), each row over its own keys, with the compiled kernel.
 
     Args:
@@ -290,6 +295,9 @@ def packed_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_index: Tensor, 
         key_index: [NK] int64 rows of k/v; row r owns key_index[starts[r]:starts[r + 1]].
         starts: [R + 1] int64 ascending offsets into key_index, starting at 0.
         max_len: at least every row's key count; the width of the returned weights.
+        generic: use the kernel's generic loop even for float32 heads with H and Dh multiples of 8
+            (which otherwise take eight heads at a time, with FMA and a vectorized exp: the same values
+            to float rounding); for tests and ``python -m service.bench.attention``.
     Returns (out [R, Q, H, Dh], weights [R, Q, H, max_len] zero past each row's keys, or None).
     Raises RuntimeError when the kernel is unavailable (check ``decode_attention()`` first), or on
     inconsistent shapes, dtypes or indices (never reads outside k/v).
@@ -297,5 +305,5 @@ def packed_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_index: Tensor, 
     fn = decode_attention()
     if fn is None:
         raise RuntimeError("compiled decode attention is unavailable")
-    res = fn(q.contiguous(), k, v, key_index, starts, int(max_len), q.size(-1) ** -0.5, need_weights)
+    res = fn(q.contiguous(), k, v, key_index, starts, int(max_len), q.size(-1) ** -0.5, need_weights, generic)
     return res[0], (res[1] if need_weights else None)

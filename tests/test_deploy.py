@@ -341,6 +341,7 @@ def test_dockerfile_references_existing_files_and_is_hardened():
     # The compiled decode attention can be built in the image: a C++ compiler, its source as package
     # data (ninja is a pip dependency), built once at image build time.
     assert re.search(r'model\s*=\s*\[[^\]]*"csrc/\*\.cpp"', pyproject)
+    assert re.search(r'model\s*=\s*\[[^\]]*"csrc/\*\.h"', pyproject)    # the sources' shared header
     assert (ROOT / "model" / "csrc" / "decode_attention.cpp").is_file()
     assert any(op == "RUN" and "g++" in a for op, a in ins)
     assert any(op == "RUN" and "kernels.decode_attention()" in a for op, a in ins)

@@ -8,6 +8,18 @@ from model.decoding import generate
 from tiny_model import make_model, rand_source
 
 
+def test_kernels_build_where_a_compiler_exists():
+    """Every kernel test skips where the kernels are unavailable; on x86-64 Linux with a C++ compiler
+    (CI, the Docker image) they must build and pass their self-checks, or those skips would hide a
+    broken kernel."""
+    import platform
+    import shutil
+    from model import kernels
+    if not kernels.enabled() or platform.machine() != "x86_64" or shutil.which("c++") is None:
+        pytest.skip("no compiler here, or MT_CPU_KERNELS=0")
+    assert kernels._module() is not None
+
+
 def test_compiled_decode_attention_rejects_bad_indices():
     from model import kernels
     if kernels.decode_attention() is None:
@@ -19,6 +31,41 @@ def test_compiled_decode_attention_rejects_bad_indices():
         kernels.packed_decode_attention(q, k, k, torch.tensor([0, 1, 2]), torch.tensor([0, 3, 3]), 2)
     with pytest.raises(RuntimeError, match="R \\+ 1"):
         kernels.packed_decode_attention(q, k, k, torch.tensor([0]), torch.tensor([0, 1]), 1)
+
+
+@pytest.mark.parametrize("H,D,NQ", [(8, 32, 1), (8, 64, 2), (16, 8, 1), (8, 24, 3), (2, 4, 2), (3, 32, 1)])
+def test_compiled_decode_attention_matches_softmax_attention(H, D, NQ):
+    """Both kernel paths (eight heads at a time where H and D are multiples of 8, the generic loop
+    elsewhere) against softmax(q K^T / sqrt(D)) V in float64: ragged rows (an empty one included),
+    keys gathered out of order, the weights zero past each row's length; and each row's result the
+    same bits alone as in the batch."""
+    from model import kernels
+    if kernels.decode_attention() is None:
+        pytest.skip("compiled kernel unavailable here (no C++ compiler); eager attention is used")
+    g = torch.Generator().manual_seed(H * D + NQ)
+    lengths, max_len = [5, 0, 1, 17, 9], 20
+    k, v = torch.randn(60, H, D, generator=g), torch.randn(60, H, D, generator=g)
+    q = torch.randn(len(lengths), NQ, H, D, generator=g) * 3
+    key_index = torch.randperm(60, generator=g)[: sum(lengths)]
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    out, w = kernels.packed_decode_attention(q, k, v, key_index, starts, max_len, need_weights=True)
+    assert out.shape == q.shape and w.shape == (len(lengths), NQ, H, max_len)
+    for r, n in enumerate(lengths):
+        keys = key_index[starts[r]: starts[r + 1]]
+        if n == 0:
+            assert not out[r].any() and not w[r].any()
+            continue
+        scores = torch.einsum("ahd,nhd->ahn", q[r].double(), k[keys].double()) / D ** 0.5
+        p = scores.softmax(-1)
+        torch.testing.assert_close(w[r, ..., :n].double(), p, rtol=1e-5, atol=1e-6)
+        assert not w[r, ..., n:].any()
+        torch.testing.assert_close(out[r].double(), torch.einsum("ahn,nhd->ahd", p, v[keys].double()),
+                                   rtol=1e-5, atol=1e-5)
+        alone = kernels.packed_decode_attention(q[r: r + 1], k, v, keys, torch.tensor([0, n]), max_len)
+        assert torch.equal(alone[0][0], out[r])
+    generic = kernels.packed_decode_attention(q, k, v, key_index, starts, max_len, need_weights=True, generic=True)
+    torch.testing.assert_close(generic[0], out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(generic[1], w, rtol=1e-5, atol=1e-6)
 
 
 def test_eager_fallback_decodes_like_the_compiled_kernel(monkeypatch):

@@ -14,6 +14,7 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#include "simd_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -123,14 +124,131 @@ void attend_rows(const scalar_t* Q, const scalar_t* K, const scalar_t* V, const 
   });
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Lane j of the result: the sum of a[j]'s eight lanes (a fixed order of additions).
+inline __m256 lane_sums8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// attend_rows for float heads with H % 8 == 0 and D % 8 == 0 (every shipped and converted model):
+// eight heads' scores of a key at once (one FMA chain per head, then one transposing reduction instead
+// of eight horizontal sums), the softmax's exponentials eight at a time (exp_nonpositive), and each
+// (query, head)'s output accumulated in registers over its keys. Per row the same fixed order of
+// operations whatever the other rows, so a row's result does not depend on the call's other rows.
+// About 2x faster than the generic loop at H = 8, D = 32 (ad hoc, 135 rows x 15 keys).
+void attend_rows_h8(const float* Q, const float* K, const float* V, const int64_t* key_index,
+                    const int64_t* starts, float* out, float* weights, int64_t R, int64_t NQ, int64_t H,
+                    int64_t D, int64_t T, float scale) {
+  const int64_t HD = H * D, AH = NQ * H;
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> scores, row_max(AH), row_inv_sum(AH);  // scores: [L, NQ, H]
+    const __m256 scale_v = _mm256_set1_ps(scale);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t first = starts[r], L = starts[r + 1] - first;
+      const float* q = Q + r * NQ * HD;   // [NQ, H, D]
+      float* o = out + r * NQ * HD;       // [NQ, H, D]
+      if (L <= 0) {
+        std::fill(o, o + NQ * HD, 0.f);
+        continue;
+      }
+      scores.resize(L * AH);
+      // scores[n, a, h] = <q[a, h], k_n[h]> * scale, eight heads at a time
+      for (int64_t n = 0; n < L; ++n) {
+        const float* k = K + key_index[first + n] * HD;
+        float* s = scores.data() + n * AH;
+        if (n + 2 < L) {  // the key after next, and its value row (read by the loop below)
+          const char* kp = reinterpret_cast<const char*>(K + key_index[first + n + 2] * HD);
+          const char* vp = reinterpret_cast<const char*>(V + key_index[first + n + 2] * HD);
+          for (int64_t b = 0; b < HD * 4; b += 64) {
+            _mm_prefetch(kp + b, _MM_HINT_T0);
+            _mm_prefetch(vp + b, _MM_HINT_T1);
+          }
+        }
+        for (int64_t a = 0; a < NQ; ++a) {
+          for (int64_t h0 = 0; h0 < H; h0 += 8) {
+            __m256 acc[8];
+            for (int j = 0; j < 8; ++j) {
+              const float* qh = q + a * HD + (h0 + j) * D;
+              const float* kh = k + (h0 + j) * D;
+              __m256 x = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kh));
+              for (int64_t c = 8; c < D; c += 8) x = _mm256_fmadd_ps(_mm256_loadu_ps(qh + c), _mm256_loadu_ps(kh + c), x);
+              acc[j] = x;
+            }
+            const __m256 sc = _mm256_mul_ps(lane_sums8(acc), scale_v);
+            _mm256_storeu_ps(s + a * H + h0, sc);
+            float* m = row_max.data() + a * H + h0;
+            _mm256_storeu_ps(m, n == 0 ? sc : _mm256_max_ps(_mm256_loadu_ps(m), sc));
+          }
+        }
+      }
+      // softmax over this row's keys, per (query, head), eight at a time
+      for (int64_t j = 0; j < AH; j += 8) {
+        const __m256 m = _mm256_loadu_ps(row_max.data() + j);
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t n = 0; n < L; ++n) {
+          float* s = scores.data() + n * AH + j;
+          const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s), m));
+          _mm256_storeu_ps(s, e);
+          sum = _mm256_add_ps(sum, e);
+        }
+        const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.f), sum);
+        for (int64_t n = 0; n < L; ++n) {
+          float* s = scores.data() + n * AH + j;
+          _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_loadu_ps(s), inv));
+        }
+      }
+      if (weights != nullptr) {
+        for (int64_t n = 0; n < L; ++n)
+          for (int64_t j = 0; j < AH; ++j) weights[(r * AH + j) * T + n] = scores[n * AH + j];
+      }
+      // out[a, h] = sum_n w[n, a, h] v_n[h], accumulated in registers, 32 (or 8) entries of D at a time
+      const int64_t width = D % 32 == 0 ? 32 : 8;
+      for (int64_t a = 0; a < NQ; ++a) {
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t off = h * D;
+          const float* w = scores.data() + a * H + h;
+          float* oh = o + a * HD + off;
+          for (int64_t d0 = 0; d0 < D; d0 += width) {
+            if (width == 32) {
+              __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+              for (int64_t n = 0; n < L; ++n) {
+                const __m256 wv = _mm256_broadcast_ss(w + n * AH);
+                const float* v = V + key_index[first + n] * HD + off + d0;
+                y0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v), y0);
+                y1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 8), y1);
+                y2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 16), y2);
+                y3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 24), y3);
+              }
+              _mm256_storeu_ps(oh + d0, y0);
+              _mm256_storeu_ps(oh + d0 + 8, y1);
+              _mm256_storeu_ps(oh + d0 + 16, y2);
+              _mm256_storeu_ps(oh + d0 + 24, y3);
+            } else {
+              __m256 y = _mm256_setzero_ps();
+              for (int64_t n = 0; n < L; ++n)
+                y = _mm256_fmadd_ps(_mm256_broadcast_ss(w + n * AH), _mm256_loadu_ps(V + key_index[first + n] * HD + off + d0), y);
+              _mm256_storeu_ps(oh + d0, y);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
 // q [R, NQ, H, D]; k, v [N, H, D] (any N: a cache layer viewed as rows); key_index [NK] rows of k/v;
 // starts [R + 1] (row r owns key_index[starts[r]:starts[r+1]]); max_len >= every row's key count.
 // Returns {out [R, NQ, H, D]} or, with need_weights, {out, weights [R, NQ, H, max_len]} (zero past
-// each row's own length).
+// each row's own length). generic: the generic loop even where attend_rows_h8 applies (tests and
+// python -m service.bench.attention compare the two).
 std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& v, const torch::Tensor& key_index,
                                                    const torch::Tensor& starts, int64_t max_len,
-                                                   double scale, bool need_weights) {
+                                                   double scale, bool need_weights, bool generic) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous(), "q must be a contiguous [R, Q, H, D] tensor");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(), "k and v must be contiguous, same shape");
@@ -155,6 +273,14 @@ std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const
   auto out = torch::empty_like(q);
   torch::Tensor w;
   if (need_weights) w = torch::zeros({R, NQ, H, max_len}, q.options());
+#if defined(__AVX2__) && defined(__FMA__)
+  if (!generic && q.scalar_type() == torch::kFloat32 && H % 8 == 0 && D % 8 == 0) {
+    attend_rows_h8(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), ki, st, out.data_ptr<float>(),
+                   need_weights ? w.data_ptr<float>() : nullptr, R, NQ, H, D, max_len, static_cast<float>(scale));
+    if (need_weights) return {out, w};
+    return {out};
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "packed_decode_attention", [&] {
     attend_rows<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                           key_index.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
@@ -173,7 +299,9 @@ void register_decoder_step(pybind11::module& m); // decoder_step.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_decode_attention", &mt::packed_decode_attention, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "Decode-step attention, each row over its own cached keys (see decode_attention.cpp)");
+        "Decode-step attention, each row over its own cached keys (see decode_attention.cpp)",
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("key_index"), pybind11::arg("starts"),
+        pybind11::arg("max_len"), pybind11::arg("scale"), pybind11::arg("need_weights"), pybind11::arg("generic") = false);
   register_int8_linear(m);
   register_row_topk(m);
   register_decoder_step(m);

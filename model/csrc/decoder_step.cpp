@@ -26,7 +26,7 @@ torch::Tensor int8_linear_kernel(torch::Tensor x, torch::Tensor w, torch::Tensor
 std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& v, const torch::Tensor& key_index,
                                                    const torch::Tensor& starts, int64_t max_len,
-                                                   double scale, bool need_weights);
+                                                   double scale, bool need_weights, bool generic);
 
 namespace {
 
@@ -71,13 +71,13 @@ std::vector<torch::Tensor> attend(const torch::Tensor& q, const torch::Tensor& k
   const int64_t N = q.size(0);
   const double scale = std::pow(static_cast<double>(Dh), -0.5);
   if (!share_flat.has_value()) {
-    auto r = packed_decode_attention(q.view({N, 1, H, Dh}), k, v, key_index, starts, max_len, scale, need_weights);
+    auto r = packed_decode_attention(q.view({N, 1, H, Dh}), k, v, key_index, starts, max_len, scale, need_weights, false);
     if (!need_weights) return {r[0].view({N, H * Dh})};
     return {r[0].view({N, H * Dh}), r[1].view({N, H, max_len})};
   }
   auto qg = torch::zeros({share_u * share_k, H, Dh}, q.options()).index_copy_(0, *share_flat, q.view({N, H, Dh}));
   auto r = packed_decode_attention(qg.view({share_u, share_k, H, Dh}), k, v, key_index, starts, max_len, scale,
-                                   need_weights);
+                                   need_weights, false);
   auto out = r[0].reshape({share_u * share_k, H, Dh}).index_select(0, *share_flat).view({N, H * Dh});
   if (!need_weights) return {out};
   return {out, r[1].reshape({share_u * share_k, H, max_len}).index_select(0, *share_flat)};
