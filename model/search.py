@@ -115,6 +115,34 @@ class BeamSearch:
         Returns (parents, tokens): per new alive hypothesis, its parent row and next input token;
         empty when the sentence is done.
         """
+        if self.beam_size == 1:
+            return self._greedy_step(top_v[0], top_i[0], cross, decoder)
+        return self._beam_step(top_v, top_i, cross, decoder)
+
+    def _greedy_step(self, tv: list, ti: list, cross, decoder) -> tuple[list[int], list[int]]:
+        """``step`` for k = 1 without building and sorting the candidate list (the engine's most
+        frequent case): the candidate with the best log-prob, the lower id on a tie, as the sort
+        ranks them; EOS finishes the sentence. The same result as ``_beam_step`` with k = 1."""
+        beam = self.alive[0]
+        lp, tok = beam.log_prob + tv[0], ti[0]
+        for v, i in zip(tv[1:], ti[1:]):
+            cand = beam.log_prob + v
+            if cand > lp or (cand == lp and i < tok):
+                lp, tok = cand, i
+        if tok == self.eos_id:
+            self.finished.append(self._final(self._extend(beam, 0, None, lp, cross, decoder), "eos"))
+        else:
+            new = self._extend(beam, 0, tok, lp, cross, decoder)
+            if len(new.tokens) < self.max_new_tokens:
+                self.alive = [new]
+                return [0], [tok]
+            self.finished.append(self._final(new, "length"))
+        self.done = True
+        self.alive = []
+        return [], []
+
+    def _beam_step(self, top_v: list, top_i: list, cross, decoder) -> tuple[list[int], list[int]]:
+        """``step`` for any k: rank every alive row's candidates."""
         k, eos, alive = self.beam_size, self.eos_id, self.alive
         # (negated score, parent row, token id): ascending order ranks the best score first, ties by
         # row then id (negation is exact, so -neg is the candidate's log-prob bit for bit)

@@ -61,6 +61,33 @@ def test_beam_search_stops_at_max_new_tokens_with_reason_length():
             BeamSearch(**{"beam_size": 2, "eos_id": EOS, "max_new_tokens": 4, **bad})
 
 
+def test_greedy_step_equals_the_ranking_step_with_k_1():
+    """BeamSearch.step's k = 1 shortcut against the general ranking on the same candidates: ties in
+    log-prob (the lower id wins), log-probs that tie only once added to the prefix's, -inf, EOS first
+    and second, the length limit; with cross-attention rows kept."""
+    big = 2.0 ** 52                       # prefix log-prob: -big + v rounds -0.75 and -1.0 to one value
+    cases = [([-0.5, -0.5], [9, 4], 0.0), ([-0.5, -0.5], [4, 9], 0.0), ([-0.75, -1.0], [9, 4], -big),
+             ([-0.1, -0.2], [EOS, 6], -1.0), ([-0.1, -0.2], [6, EOS], -1.0), ([-0.3, float("-inf")], [7, 8], 0.0),
+             ([float("-inf"), float("-inf")], [8, EOS], 0.0), ([-0.2, -0.9], [5, 6], -2.0)]
+    for tv, ti, prefix in cases:
+        for max_new in (1, 2, 5):
+            searches = [BeamSearch(1, EOS, max_new, attention_kinds=("cross",), src_len=3) for _ in range(2)]
+            for b in searches:
+                b.alive[0].log_prob = prefix
+            cross = [torch.arange(2 * 4 * 5, dtype=torch.float32).view(2, 4, 5)]
+            fast = searches[0].step([tv], [ti], cross)
+            ranked = searches[1]._beam_step([tv], [ti], cross, None)
+            assert fast == ranked, (tv, ti, prefix, max_new)
+            a, b = searches
+            assert a.done == b.done
+            assert [(h.tokens, h.log_prob) for h in a.alive] == [(h.tokens, h.log_prob) for h in b.alive]
+            assert [(h.tokens, h.log_prob, h.score, h.finish_reason) for h in a.finished] == \
+                [(h.tokens, h.log_prob, h.score, h.finish_reason) for h in b.finished]
+            for h, g in zip(a.alive + a.finished, b.alive + b.finished):
+                assert all(torch.equal(x, y) for x, y in zip(h.cross, g.cross)) if hasattr(h, "cross") else \
+                    torch.equal(h.attention["cross"], g.attention["cross"])
+
+
 def test_keep_encoder_attention_trims_to_the_source_length_only_when_tracked():
     enc = [torch.rand(2, 4, 6, 6) for _ in range(3)]                  # per layer [B, H, S, S]
     tracked = BeamSearch(1, EOS, 4, attention_kinds=("encoder",), src_len=3)
