@@ -78,10 +78,19 @@ class AttentionPlan:
         self.kernel = kernel
         self.packed = kernel or home is not None or table is not None or (packed and int(lengths.min()) < T)
         if self.packed:
-            self.row_of_key, pos = packed_positions(lengths)                   # [NK] row of each key, its position
+            self._lengths = lengths
+            self._row_of_key: Optional[Tensor] = None
+            self._pos: Optional[Tensor] = None
+            self._pad_index: Optional[Tensor] = None
+            op = kernels.paged_key_index_op() if kernel and table is not None and home is None else None
+            if op is not None and slots.device.type == "cpu":   # one compiled pass (what the kernel reads)
+                self.key_index, self.starts = op(slots, lengths, table, block_size)
+                return
+            self._row_of_key, self._pos = packed_positions(lengths)           # [NK] row of each key, its position
+            pos = self._pos
             self.starts = torch.zeros(slots.numel() + 1, dtype=torch.long, device=slots.device)
             torch.cumsum(lengths, 0, out=self.starts[1:])
-            slot = slots.index_select(0, self.row_of_key)
+            slot = slots.index_select(0, self._row_of_key)
             if home is not None:  # the slot that holds each key (an indirect cache)
                 slot = home.view(-1).index_select(0, slot * stride + pos)
             if table is None:
@@ -90,12 +99,18 @@ class AttentionPlan:
                 block = table.view(-1).index_select(0, slot * table.size(1) + torch.div(pos, block_size,
                                                                                           rounding_mode="floor"))
                 self.key_index = block * block_size + pos.remainder(block_size)
-            self._pos = pos
-            self._pad_index: Optional[Tensor] = None
         else:
             self.rows = contiguous_rows(slots)
             self.mask = None if int(lengths.min()) == T else (
                 torch.arange(T, device=slots.device)[None, :] < lengths[:, None])[:, None, None, :]
+
+    @property
+    def row_of_key(self) -> Tensor:
+        """[NK] the row of each key (packed plans; computed on first use where the compiled pass
+        made ``key_index``)."""
+        if self._row_of_key is None:
+            self._row_of_key, self._pos = packed_positions(self._lengths)
+        return self._row_of_key
 
     @property
     def pad_index(self) -> Tensor:

@@ -219,6 +219,12 @@ def decode_attention() -> Optional[Callable]:
     return _op("decode_attention", "packed_decode_attention")
 
 
+def paged_key_index_op() -> Optional[Callable]:
+    """The compiled ``paged_key_index(slots, lengths, table, block_size) -> (key_index, starts)``
+    (``AttentionPlan`` on a paged cache), or None (see ``_module``)."""
+    return _op("paged_key_index", "paged_key_index")
+
+
 def topk_op() -> Optional[Callable]:
     """The compiled ``row_topk(x [N, V] float32/float64, k) -> (values [N, k], ids [N, k])``, or None
     (see ``_module``)."""

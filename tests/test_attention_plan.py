@@ -37,3 +37,29 @@ def test_packed_attention_equals_padded_and_ignores_other_rows_keys(n_queries, d
     for name, (out, _) in results.items():
         hook.plan = plans[name]
         torch.testing.assert_close(hook._attend(K, V, q, False)[0], out, msg=name)
+
+
+def test_paged_plan_compiled_index_equals_the_tensor_ops(monkeypatch):
+    """A paged cache's plan (block table) built by the compiled ``paged_key_index`` has the key rows
+    and starts of the tensor-op construction, for ragged lengths (a zero-length row, rows ending on and
+    inside a block boundary); row_of_key and pad_index, computed on demand, agree too; bad slots and
+    lengths that overrun a table row are refused."""
+    from model import kernels
+    if kernels.paged_key_index_op() is None:
+        pytest.skip("compiled kernels unavailable here")
+    g = torch.Generator().manual_seed(3)
+    B, per_slot = 4, 5
+    table = torch.randperm(40, generator=g)[: 6 * per_slot].view(6, per_slot)
+    slots, lengths = torch.tensor([5, 0, 3, 2, 4]), torch.tensor([4, 0, 17, 1, 8])
+    fast = AttentionPlan(slots, lengths, 0, True, kernel=True, table=table, block_size=B)
+    monkeypatch.setitem(kernels._loaded, "paged_key_index", None)
+    ref = AttentionPlan(slots, lengths, 0, True, kernel=True, table=table, block_size=B)
+    assert torch.equal(fast.key_index, ref.key_index) and torch.equal(fast.starts, ref.starts)
+    assert fast.starts.tolist() == [0, 4, 4, 21, 22, 30] and fast.max_len == 17
+    assert fast.key_index[4 + 16].item() == table[3, 4].item() * B + 0       # row 2, position 16
+    assert torch.equal(fast.row_of_key, ref.row_of_key) and torch.equal(fast.pad_index, ref.pad_index)
+    op = kernels._module().paged_key_index
+    with pytest.raises(RuntimeError, match="outside"):
+        op(torch.tensor([6]), torch.tensor([1]), table, B)
+    with pytest.raises(RuntimeError, match="at most 20"):
+        op(torch.tensor([1]), torch.tensor([21]), table, B)
