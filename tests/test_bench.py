@@ -78,6 +78,30 @@ def test_same_weights_table_ratios_bleu_and_json(tmp_path, capsys):
     assert "1.50x" in printed and f"wrote {out}" in printed
 
 
+def test_same_weights_round_ratios_pair_runs_of_one_round(capsys):
+    """With every round's runs, each row also gets the median over rounds of the ratio within a round,
+    which differs from the ratio of the medians when the machine drifts between rounds."""
+    from service.bench.same_weights import report
+    refs = ["a b", "c d"]
+    out = [[0, 1], [2, 3]]
+
+    def run(system, tokens):
+        return Run("(f)", system, 1, 2, tokens, 1.0, [], "2x1", outputs=out)
+    # engine / CT2 int8 per round: 110/100, 55/50, 300/400 -> 1.1, 1.1, 0.75; medians 110 / 100 -> 1.1
+    rounds = {("engine", "2x1", 1): [run("engine", t) for t in (110, 55, 300)],
+              ("CTranslate2 int8", "2x1", 1): [run("CTranslate2 int8", t) for t in (100, 50, 400)]}
+    runs = [median_run(v) for v in rounds.values()]
+    rows = report(runs, lambda ids: " ".join("abcd"[i] for i in ids), refs, None, rounds)
+    assert rows[0]["ratio_to_CTranslate2_int8"] == 1.1 and rows[0]["round_ratio_to_CTranslate2_int8"] == 1.1
+    rounds[("engine", "2x1", 1)][1] = run("engine", 45)          # round 2 now 0.9: median of 1.1, 0.9, 0.75
+    rows = report([median_run(v) for v in rounds.values()], lambda ids: " ".join("abcd"[i] for i in ids), refs,
+                  None, rounds)
+    assert rows[0]["round_ratio_to_CTranslate2_int8"] == 0.9 and rows[0]["ratio_to_CTranslate2_int8"] == 1.1
+    assert rows[0]["round_ratio_to_CTranslate2_float32"] is None and rows[1]["round_ratio_to_CTranslate2_int8"] == 1.0
+    printed = capsys.readouterr().out
+    assert "rounds/int8" in printed and "0.90x" in printed
+
+
 def test_same_weights_unknown_system_is_refused(capsys):
     assert main(["--parts", "f", "--f-systems", "engine,bogus", "--limit", "4"]) == 2
     err = capsys.readouterr().err

@@ -30,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from .engine import E_BATCH, Run, beam_name, in_children, median_run, run_engine
 
@@ -136,9 +138,13 @@ def run_f_layout(common: dict, srcs: list[list[int]], system: str, layout: str, 
 
 # ---- the table -------------------------------------------------------------------------------------
 
-def table_rows(runs: list[Run], bleu: dict[tuple[str, str, int], float]) -> list[dict]:
+def table_rows(runs: list[Run], bleu: dict[tuple[str, str, int], float],
+               rounds: Optional[dict[tuple[str, str, int], list[Run]]] = None) -> list[dict]:
     """One row per run (its system, layout and beam size): tokens/s, sentences/s, BLEU, and the ratio
-    of tokens/s to each CTranslate2 system of the same layout and beam size (None if not run)."""
+    of tokens/s to each CTranslate2 system of the same layout and beam size (None if not run). With
+    ``rounds`` (every round's run of each configuration, in round order; two or more rounds), also the
+    median over rounds of the ratio within each round (``round_ratio_to_...``): each round's two runs
+    are minutes apart, so this ratio is less exposed to the machine's drift than the ratio of medians."""
     by = {(r.system, r.layout, r.beam): r for r in runs}
     rows = []
     for r in runs:
@@ -147,7 +153,12 @@ def table_rows(runs: list[Run], bleu: dict[tuple[str, str, int], float]) -> list
                "sentences": r.sentences, "generated_tokens": r.tokens}
         for ref in REFERENCES:
             other = by.get((ref, r.layout, r.beam))
-            row[f"ratio_to_{ref.replace(' ', '_')}"] = round(r.tokens_per_s / other.tokens_per_s, 3) if other else None
+            key = ref.replace(" ", "_")
+            row[f"ratio_to_{key}"] = round(r.tokens_per_s / other.tokens_per_s, 3) if other else None
+            if rounds is not None:
+                mine, theirs = rounds.get((r.system, r.layout, r.beam), []), rounds.get((ref, r.layout, r.beam), [])
+                pairs = [a.tokens_per_s / b.tokens_per_s for a, b in zip(mine, theirs)]
+                row[f"round_ratio_to_{key}"] = round(statistics.median(pairs), 3) if len(pairs) >= 2 else None
         rows.append(row)
     return rows
 
@@ -155,21 +166,30 @@ def table_rows(runs: list[Run], bleu: dict[tuple[str, str, int], float]) -> list
 def print_rows(rows: list[dict]) -> None:
     def ratio(x):
         return f"{x:.2f}x" if x is not None else "-"
+    by_round = any(r.get("round_ratio_to_CTranslate2_int8") is not None
+                   or r.get("round_ratio_to_CTranslate2_float32") is not None for r in rows)
+    extra = f" {'rounds/f32':>10} {'rounds/int8':>11}" if by_round else ""
     print(f"\n{'system':20} {'layout':6} {'decoding':8} {'sent/s':>8} {'tok/s':>8} {'/CT2 f32':>9} {'/CT2 int8':>9} "
-          f"{'BLEU':>6}")
+          f"{'BLEU':>6}{extra}")
     for r in rows:
+        extra = (f" {ratio(r.get('round_ratio_to_CTranslate2_float32')):>10} "
+                 f"{ratio(r.get('round_ratio_to_CTranslate2_int8')):>11}") if by_round else ""
         print(f"{r['system']:20} {r['layout']:6} {beam_name(r['beam_size']):8} {r['sentences_per_s']:8.1f} "
               f"{r['tokens_per_s']:8.0f} {ratio(r['ratio_to_CTranslate2_float32']):>9} "
-              f"{ratio(r['ratio_to_CTranslate2_int8']):>9} {r['bleu']:6.2f}")
+              f"{ratio(r['ratio_to_CTranslate2_int8']):>9} {r['bleu']:6.2f}{extra}")
+    if by_round:
+        print("(/CT2: ratio of the median runs; rounds/: median over rounds of the ratio within a round)")
 
 
-def report(runs: list[Run], decode, refs: list[str], json_path=None) -> list[dict]:
+def report(runs: list[Run], decode, refs: list[str], json_path=None,
+           rounds: Optional[dict[tuple[str, str, int], list[Run]]] = None) -> list[dict]:
     """BLEU of each run's outputs (``decode``: ids -> text) against refs, the table printed, and its
-    rows (``table_rows``) written to ``json_path`` as a JSON list when given; returns the rows."""
+    rows (``table_rows``, with ``rounds``' per-round ratios) written to ``json_path`` as a JSON list
+    when given; returns the rows."""
     import sacrebleu
     bleu = {(r.system, r.layout, r.beam): sacrebleu.corpus_bleu([decode(h) for h in r.outputs], [refs]).score
             for r in runs}
-    rows = table_rows(runs, bleu)
+    rows = table_rows(runs, bleu, rounds)
     print_rows(rows)
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1) + "\n")
@@ -211,5 +231,5 @@ def run_same_weights(args, beams: list[int], ckpt: Path) -> int:
                         print(f"  round {k + 1}: {system:20} {layout} {beam_name(beam):7} {run.tokens_per_s:8.0f} tok/s",
                               flush=True)
     runs = [median_run(rounds[(s, lay, b)]) for b in beams for lay in layouts for s in systems]
-    report(runs, tok.decode, refs, args.json)
+    report(runs, tok.decode, refs, args.json, rounds)
     return 0
