@@ -53,6 +53,7 @@ def test_shipped_model_in_ctranslate2_translates_as_our_engine(tmp_path, capsys)
     refs = read_lines(DATA / "test_2016_flickr.en.gz")[:N_GREEDY]
     srcs = [encode_source(tok, t, model.cfg.max_len) for t in lines]
     greedy = ct2.translate_ids(srcs, 1, MAX_NEW)
+    assert ct2.translate_ids(srcs[:8], 1, MAX_NEW, return_scores=True) == greedy[:8]   # scores change no token
     beam = ct2.translate_ids(srcs[:N_BEAM], 4, MAX_NEW)
     ours = engine_tokens(model, [(s, 1) for s in srcs] + [(s, 4) for s in srcs[:N_BEAM]])
     ours_greedy, ours_beam = ours[:N_GREEDY], ours[N_GREEDY:]

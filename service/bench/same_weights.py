@@ -15,7 +15,10 @@ converted to CTranslate2 (``model/ct2.py``) in a temporary directory; then test_
   CTranslate2 int8     the same weights, ``compute_type`` int8
 
 transformers and CTranslate2 get length-sorted batches of 32 with the budget of the batch's longest
-source (``default_max_new_tokens``, which the engine applies per sentence). Layouts (``--layouts``):
+source (``default_max_new_tokens``, which the engine applies per sentence). CTranslate2 returns each
+hypothesis' score (``return_scores``), as the engine does for every result: without scores its greedy
+search takes the argmax of the logits and skips the log-softmax over the 8k vocabulary, work the
+engine must do (before 2026-12-01 the table was measured that way). Layouts (``--layouts``):
 ``1x2`` = one process with 2 threads (CTranslate2: ``intra_threads`` 2), ``2x1`` = two processes with
 one thread each, the length-sorted sentences dealt round-robin. Every worker runs in its own spawned
 process (torch and CTranslate2 bundle different OpenMP runtimes), warms up outside the clock, and
@@ -64,7 +67,9 @@ def _translator(spec: dict):
         def translate(srcs):
             outs = []
             for batch, budget in _batches(srcs, budgets):
-                outs += ct2.translate_ids(batch, beam, budget, E_BATCH, with_eos=True)
+                # with scores, as the engine (every result carries its score; without them CTranslate2's
+                # greedy search skips the log-softmax)
+                outs += ct2.translate_ids(batch, beam, budget, E_BATCH, with_eos=True, return_scores=True)
             return [o[:-1] if o[-1:] == [eos] else o for o in outs], sum(map(len, outs))
         return translate
     import torch
