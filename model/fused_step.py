@@ -57,7 +57,9 @@ def _linear_params(m) -> Optional[list[Tensor]]:
     bias = _EMPTY if m.bias is None else m.bias.detach()
     if p.dtype == torch.int8:
         small = p.small if p.small is not None else (_EMPTY, _EMPTY)
-        return [p.packed, p.packed_rows, *small, p.scale, bias]
+        # without a row-major copy (AVX2: the compiled kernel takes every row count) the C++ fallback
+        # multiplies with the column-major view: the same exact products
+        return [p.packed, p.packed if p.packed_rows is None else p.packed_rows, *small, p.scale, bias]
     return [p.packed, _EMPTY, _EMPTY, _EMPTY, _EMPTY, bias]
 
 

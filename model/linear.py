@@ -85,10 +85,14 @@ class PackedWeight:
             # row with the column-major view, and up to 1.9x faster on 2+ rows with the row-major copy
             # (d_ff -> d_model most). Integer products are exact, so both give the same bits.
             self.packed = q.t()                                                   # column-major view
-            self.packed_rows = self.packed.contiguous()                           # row-major copy
-            # One compiled call does the whole layer (a third copy of the int8 values in its own layout;
-            # the same bits as the path above): up to SMALL_ROWS rows on AVX-512 VNNI, any rows on AVX2.
-            self.small = kernels.vnni_weight(q) if kernels.int8_linear_kernel() is not None else None
+            # One compiled call does the whole layer (a copy of the int8 values in its own layout; the
+            # same bits as the path above): up to SMALL_ROWS rows on AVX-512 VNNI, any rows on AVX2.
+            kernel = kernels.int8_linear_kernel()
+            self.small = kernels.vnni_weight(q) if kernel is not None else None
+            # The row-major copy only where torch._int_mm serves 2+ rows: not on AVX2, where the kernel
+            # takes every row count (the column-major view stays for a fallback, e.g. kernels turned off)
+            self.packed_rows: Optional[Tensor] = None if kernel is not None and not kernel[1] \
+                else self.packed.contiguous()                                     # row-major copy
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(dtype))
         # Check the kernel once against the plain product on a small input; any mismatch -> not used.
@@ -122,7 +126,7 @@ class PackedWeight:
         quantize = kernels.quantize_rows_eager if ops is None else ops.quantize_rows
         dequantize = kernels.dequantize_eager if ops is None else ops.dequantize
         q, scale = quantize(rows)
-        w = self.packed if rows.size(0) == 1 else self.packed_rows
+        w = self.packed if rows.size(0) == 1 or self.packed_rows is None else self.packed_rows
         out = dequantize(torch._int_mm(q, w), scale, self.scale, bias)   # exact int32 products
         return out.view(*x.shape[:-1], out.size(-1))
 
