@@ -187,3 +187,47 @@ def test_compare_echo_measures_from_a_process_of_its_own(service_url, capsys):
     with pytest.raises(RuntimeError, match="the echo app load failed"):
         _measure(LoadConfig(url=service_url, concurrency=1, requests=1, sentences=os.devnull + ".missing"),
                  service_url, "echo app", quiet=True)
+
+
+def test_compare_echo_rounds_alternate_and_report_the_median(monkeypatch, capsys):
+    """--compare-echo --rounds N: N pairs of runs, the service first in odd rounds and the echo app first
+    in even ones, each app deployed before and deleted after its run; the printed and returned ratio is
+    the median of the rounds' ratios (the apps and the load are stood in for here: the real pair is
+    measured by the command)."""
+    from service.loadtest import echo
+
+    events, rates = [], {"service": iter([60.0, 50.0, 90.0]), "echo app": iter([100.0, 200.0, 100.0])}
+
+    class FakeApp:
+        url = "http://127.0.0.1:1"
+
+        def __init__(self, **kw):
+            events.append("start")
+
+        def deploy(self, app_args):
+            events.append("deploy service")
+
+        def delete(self):
+            events.append("delete")
+
+        def close(self):
+            events.append("close")
+
+    def measure(cfg, url, label, quiet):
+        name = label.split(" (")[0]
+        events.append(f"measure {name}")
+        return {"requests_per_s": next(rates[name])}
+
+    monkeypatch.setattr(echo, "ServeApp", FakeApp)
+    monkeypatch.setattr(echo, "_deploy_echo", lambda app, args: events.append("deploy echo"))
+    monkeypatch.setattr(echo, "_measure", measure)
+    out = echo.compare_echo(LoadConfig(concurrency=2, requests=4), {}, rounds=3)
+    pair = ["deploy service", "measure service", "delete", "deploy echo", "measure echo app", "delete"]
+    assert events == ["start", *pair, *pair[3:], *pair[:3], *pair, "close"]
+    assert out["ratios"] == [0.6, 0.25, 0.9] and out["ratio"] == 0.6
+    assert out["service"]["requests_per_s"] == 60.0 and out["echo"]["requests_per_s"] == 100.0
+    printed = capsys.readouterr().out
+    assert "round 2: service / echo app = 50.0 / 200.0 req/s = 0.25" in printed
+    assert "median of 3 rounds 0.60 (rounds: 0.60, 0.25, 0.90)" in printed
+    with pytest.raises(ValueError, match="rounds"):
+        echo.compare_echo(LoadConfig(concurrency=2, requests=4), {}, rounds=0)

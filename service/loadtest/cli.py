@@ -7,6 +7,7 @@
     python -m service.loadtest --engine model/checkpoints/de-en -c 4 -d 10   # the engine alone, no HTTP
     python -m service.loadtest report --out deploy/performance               # docs/performance.md figures
     python -m service.loadtest --compare-echo -c 32 -d 15 --beam-size 1      # service / echo app ratio
+    python -m service.loadtest --compare-echo -c 32 -d 15 --beam-size 1 --rounds 3   # median of 3 rounds
     python -m service.loadtest soak                                          # 10,000 mixed requests, a replica killed
 
 Closed loop: N users, each sending its next request when its previous one is answered. Open loop:
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--proxy", choices=("haproxy", "ray"), default="haproxy",
                     help="--compare-echo: Ray Serve data plane (default %(default)s, as python -m service)")
     ap.add_argument("--app-config", metavar="FILE", help="--compare-echo: build_app arguments (as python -m service --config)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="--compare-echo: rounds of both apps, alternating which goes first; prints each round's "
+                         "ratio and their median (default %(default)s)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     return ap
 
@@ -195,10 +199,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.compare_echo:
         if args.engine or args.sweep or cfg.loop != "closed" or cfg.stream:
             ap.error("--compare-echo runs one closed loop (-c) over HTTP without --stream, --sweep or --engine")
+        if args.rounds < 1:
+            ap.error(f"--rounds must be >= 1, got {args.rounds}")
         from service.__main__ import load_config
 
         from .echo import compare_echo
-        out = compare_echo(cfg, load_config(args.app_config), args.proxy, args.quiet)
+        out = compare_echo(cfg, load_config(args.app_config), args.proxy, args.quiet, args.rounds)
     else:
         out = asyncio.run(_amain(args, cfg))
     if args.json:

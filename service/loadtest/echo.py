@@ -8,12 +8,14 @@ nothing else: what it sustains is the ceiling that Ray Serve's data plane puts o
 the ratio says how much of it the service's own per-request work (validation, splitting,
 tokenization, the engine, JSON) leaves. Both run in one Ray instance started here (``ServeApp``, the
 ``--proxy`` data plane), one after the other; the load comes from a separate process, as a real
-client's would.
+client's would. ``--rounds N`` repeats the pair N times, alternating which app goes first, and prints
+the median of the rounds' ratios.
 """
 # No `from __future__ import annotations`: Serve's ingress rebinds the routes, and FastAPI must see
 # the ``Request`` class itself, not its name (service/api/gateway.py does the same).
 import dataclasses
 import queue as queue_module
+import statistics
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -120,24 +122,45 @@ def _measure(cfg: LoadConfig, url: str, label: str, quiet: bool) -> dict[str, An
 
 
 def compare_echo(cfg: LoadConfig, app_args: Optional[dict] = None, proxy: str = "haproxy",
-                 quiet: bool = False) -> dict[str, Any]:
+                 quiet: bool = False, rounds: int = 1) -> dict[str, Any]:
     """Starts Ray (``proxy`` data plane), runs ``cfg`` against the service (``build_app(app_args)``)
-    and then against the echo app, prints both summaries and the ratio of their throughputs.
-    Returns {"service": summary, "echo": summary, "ratio": service / echo req/s, "proxy": proxy}.
-    Raises ValueError for a streaming ``cfg`` (the echo app does not stream)."""
+    and against the echo app, prints both summaries and the ratio of their throughputs. With ``rounds``
+    > 1 it does that ``rounds`` times, the service first in odd rounds and the echo app first in even
+    ones, and prints each round's ratio and their median (this machine's speed drifts between minutes:
+    a ratio of runs minutes apart, medianed over rounds, moves less than one pair of runs).
+    Returns {"service": summary, "echo": summary (of the median round), "ratio": the median of the
+    rounds' service / echo req/s, "ratios": each round's, "proxy": proxy}.
+    Raises ValueError for a streaming ``cfg`` (the echo app does not stream) or rounds < 1."""
     if cfg.stream:
         raise ValueError("--compare-echo: the echo app does not stream; drop --stream")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
     app_args = app_args or {}
     app = ServeApp(proxy=proxy, namespace="mt-compare-echo")
+    results: list[tuple[float, dict, dict]] = []
     try:
-        app.deploy(app_args)
-        service = _measure(cfg, app.url, "service", quiet)
-        app.delete()
-        _deploy_echo(app, app_args)
-        echo = _measure(cfg, app.url, "echo app", quiet)
+        for k in range(rounds):
+            got: dict[str, dict] = {}
+            for label in (("service", "echo app") if k % 2 == 0 else ("echo app", "service")):
+                if label == "service":
+                    app.deploy(app_args)
+                else:
+                    _deploy_echo(app, app_args)
+                got[label] = _measure(cfg, app.url, label if rounds == 1 else f"{label} (round {k + 1})", quiet)
+                app.delete()
+            service, echo = got["service"], got["echo app"]
+            ratio = service["requests_per_s"] / echo["requests_per_s"] if echo["requests_per_s"] else float("nan")
+            results.append((ratio, service, echo))
+            if rounds > 1:
+                print(f"round {k + 1}: service / echo app = {service['requests_per_s']:.1f} / "
+                      f"{echo['requests_per_s']:.1f} req/s = {ratio:.2f}", flush=True)
     finally:
         app.close()
-    ratio = service["requests_per_s"] / echo["requests_per_s"] if echo["requests_per_s"] else float("nan")
-    print(f"service / echo app (proxy {proxy}, same Serve options and layout): "
-          f"{service['requests_per_s']:.1f} / {echo['requests_per_s']:.1f} req/s = {ratio:.2f}")
-    return {"service": service, "echo": echo, "ratio": ratio, "proxy": proxy}
+    ranked = sorted(results, key=lambda r: r[0])
+    ratio, service, echo = ranked[(len(ranked) - 1) // 2]          # the median round (the lower one of two)
+    ratios = [r[0] for r in results]
+    median = statistics.median(ratios)
+    what = f"{service['requests_per_s']:.1f} / {echo['requests_per_s']:.1f} req/s = {ratio:.2f}" if rounds == 1 \
+        else f"median of {rounds} rounds {median:.2f} (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+    print(f"service / echo app (proxy {proxy}, same Serve options and layout): {what}")
+    return {"service": service, "echo": echo, "ratio": median, "ratios": ratios, "proxy": proxy}
