@@ -83,7 +83,8 @@ class AttentionPlan:
             self._pos: Optional[Tensor] = None
             self._pad_index: Optional[Tensor] = None
             op = kernels.paged_key_index_op() if kernel and table is not None and home is None else None
-            if op is not None and slots.device.type == "cpu":   # one compiled pass (what the kernel reads)
+            if (op is not None and slots.device.type == "cpu"    # one compiled pass (what the kernel reads)
+                    and slots.dtype == lengths.dtype == table.dtype == torch.long):
                 self.key_index, self.starts = op(slots, lengths, table, block_size)
                 return
             self._row_of_key, self._pos = packed_positions(lengths)           # [NK] row of each key, its position
