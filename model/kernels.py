@@ -25,13 +25,14 @@ their eager path: results are the same up to float rounding.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import platform
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -78,17 +79,49 @@ def _build():
                        + str(SOURCES[0].parent).encode())
     name = f"mt_cpu_kernels_{key.hexdigest()[:12]}"
     try:
-        built = (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
-    except Exception:  # noqa: BLE001 - a private helper; only decides whether to announce the build
-        built = True
-    if not built:
+        build_dir: Optional[Path] = Path(cpp_extension._get_build_directory(name, verbose=False))
+    except Exception:  # noqa: BLE001 - a private helper: without it, no announcement and no stale-lock check
+        build_dir = None
+    if build_dir is not None and not (build_dir / f"{name}.so").is_file():
         log.warning("compiling the CPU kernels (once per machine and copy of the sources; MT_CPU_KERNELS=0 "
                     "skips it)")
-    module = cpp_extension.load(name, [str(p) for p in SOURCES], extra_cflags=CFLAGS, verbose=False)
+    with _build_lock(build_dir):
+        module = cpp_extension.load(name, [str(p) for p in SOURCES], extra_cflags=CFLAGS, verbose=False)
     _self_check(module.packed_decode_attention)
     _self_check_int8(module)
     _self_check_topk(module)
     return module
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Optional[Path]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the build directory while torch builds or loads the extension.
+
+    torch guards a build with a plain ``lock`` file that only the building process removes; a build
+    that is killed (Ctrl-C, a timeout) leaves it behind, and every later process then waits for it
+    forever, silently, at its first decode step. The OS releases a ``flock`` when its holder dies, and
+    every build of this module takes it first, so a ``lock`` file found while holding it is left over
+    from a dead build: it is removed (with a warning) instead of waited on."""
+    if build_dir is None:
+        yield
+        return
+    try:
+        import fcntl
+        build_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(build_dir / "mt_build.flock", "w")
+    except (ImportError, OSError):   # no flock here (not POSIX) or an unwritable directory: torch's lock alone
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by an interrupted build of the CPU kernels", stale)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _self_check(fn: Callable) -> None:

@@ -20,6 +20,29 @@ def test_kernels_build_where_a_compiler_exists():
     assert kernels._module() is not None
 
 
+def test_a_lock_left_by_an_interrupted_build_is_removed_not_waited_on():
+    """torch guards an extension build with a plain ``lock`` file; a killed build leaves it, and torch's
+    next load waits for it forever. ``_build`` holds a flock meanwhile and removes such a leftover:
+    a fresh process loads the kernels within the timeout, and the file is gone."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from model import kernels
+    module = kernels._module()
+    if module is None:
+        pytest.skip("compiled kernels unavailable here")
+    stale = Path(module.__file__).parent / "lock"
+    stale.touch()
+    try:
+        code = "from model import kernels; import sys; sys.exit(0 if kernels._build() is not None else 1)"
+        done = subprocess.run([sys.executable, "-c", code], cwd=Path(kernels.__file__).parents[1], timeout=240,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "interrupted build" in done.stderr and not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+
+
 def test_compiled_decode_attention_rejects_bad_indices():
     from model import kernels
     if kernels.decode_attention() is None:
