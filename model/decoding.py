@@ -74,9 +74,10 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     Args:
         slots: [N] cache slots; tokens: [N] input token of each (the last generated, or BOS);
         positions: [N] target position of that token (0 for BOS).
-    Returns log-probabilities [N, V] (and attention rows with need_weights: cross [N, H, S] and,
-    unless ``self_weights`` is False, decoder [N, H, T] per layer, zero-padded to the longest row;
-    cross-attention rows alone still take the compiled layer step).
+    Returns a ``StepOutput``: its log-probabilities [N, V] (held as logits, computed when read; the
+    dense path gives them directly) and, with need_weights, attention rows: cross [N, H, S] and,
+    unless ``self_weights`` is False, decoder [N, H, T] per layer, zero-padded to the longest row
+    (cross-attention rows alone still take the compiled layer step).
     Raises ValueError when a position reaches the cache's max_tgt_len.
     """
     if dense is None:
