@@ -24,6 +24,7 @@ THROUGHPUT = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY"
 # Deployment handles call over gRPC in that mode, and a replica accepts messages of at most 4 MiB by
 # default: a response with attention weights (up to schemas.MAX_ATTENTION_VALUES, ~10 bytes each when
 # pickled) needs more.
+HEADER_CHECK_VAR, HEADER_CHECK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "service.api.headers:ingress_middlewares"
 GRPC_MESSAGE = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(64 * 1024 * 1024)}
 
 
@@ -36,8 +37,9 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     HAProxy keeps its config, admin socket and state (default: a new directory under the temp dir,
     so two instances on one machine never share /tmp/haproxy-serve).
     """
-    # A loaded small machine can take more than Serve's default 5 s to start the HTTP proxy.
-    env = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+    # A loaded small machine can take more than Serve's default 5 s to start the HTTP proxy. The proxy
+    # callback answers 400 for header values Serve itself cannot decode (service/api/headers.py).
+    env = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", HEADER_CHECK_VAR: HEADER_CHECK}
     if proxy == "ray":
         return env
     if proxy != "haproxy":

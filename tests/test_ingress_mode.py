@@ -3,7 +3,7 @@ mode with HAProxy in front of the ingress replicas. The shared test service runs
 ``MT_TEST_PROXY=ray``), so every service test covers it; these check what the mode itself changes:
 requests really pass HAProxy, a request id passes through it in both directions, a streaming
 client that disconnects still cancels its sentences in the engine (test_service_load), overload still
-answers 503 + Retry-After (test_service_load). The settings themselves are checked without Ray.
+answers 503 + Retry-After (test_service_load), a request id Serve cannot decode is a 400. The settings themselves are checked without Ray.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import metric_sum, post, sse_events
-from service.ray_env import THROUGHPUT, apply_serve_env, remove_workdir, serve_env
+from service.ray_env import HEADER_CHECK, HEADER_CHECK_VAR, THROUGHPUT, apply_serve_env, remove_workdir, serve_env
 
 
 def test_serve_env_modes(tmp_path):
@@ -21,7 +21,9 @@ def test_serve_env_modes(tmp_path):
     assert {k: env[k] for k in THROUGHPUT} == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
     assert env["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404" and env["RAY_SERVE_HAPROXY_METRICS_PORT"] == "19101"
     assert env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] == str(tmp_path / "haproxy.cfg")
-    assert all(v.startswith(str(tmp_path)) for k, v in env.items() if k.endswith(("_LOC", "_PATH", "_BASE", "_FILE")))
+    assert all(v.startswith(str(tmp_path)) for k, v in env.items()
+               if k.startswith("RAY_SERVE_HAPROXY") and k.endswith(("_LOC", "_PATH", "_BASE", "_FILE")))
+    assert serve_env("ray")[HEADER_CHECK_VAR] == env[HEADER_CHECK_VAR] == HEADER_CHECK
     # two instances on one machine never share HAProxy's files
     first, second = serve_env(), serve_env()
     assert first["RAY_SERVE_HAPROXY_SOCKET_PATH"] != second["RAY_SERVE_HAPROXY_SOCKET_PATH"]
@@ -36,9 +38,10 @@ def test_apply_serve_env_ray_clears_throughput_settings(monkeypatch):
     for k in THROUGHPUT:
         monkeypatch.setenv(k, "1")
     monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "7")   # an operator's own value wins
+    monkeypatch.delenv(HEADER_CHECK_VAR, raising=False)
     applied = apply_serve_env("ray")
     assert not set(THROUGHPUT) & set(os.environ)
-    assert applied == {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "7"}
+    assert applied == {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "7", HEADER_CHECK_VAR: HEADER_CHECK}
 
 
 def _haproxy_requests(port: int) -> float:
@@ -62,6 +65,20 @@ def test_requests_pass_haproxy_and_keep_their_request_id(service_url):
     bad = post(service_url, {"text": "x", "model": "nope"}, headers={"X-Request-ID": "mode-3"})
     assert bad.status_code == 404 and bad.headers["x-request-id"] == "mode-3"
     assert _haproxy_requests(port) >= before + 3
+
+
+@pytest.mark.slow
+def test_a_request_id_serve_cannot_decode_is_a_400_and_harms_no_other_request(service_url):
+    """Serve's ingress decodes X-Request-ID as UTF-8 before the app runs (a Latin-1 one was a plain-text
+    500); its proxy callback (service/api/headers.py) answers 400 naming the header, in either data plane."""
+    for path, body in (("/v1/translate", {"text": "Ein Hund läuft."}), ("/translate", {"q": "Ein Hund.", "source": "de",
+                                                                                       "target": "en"})):
+        r = post(service_url, body, path=path, headers={"X-Request-ID": "caf\u00e9".encode("latin-1")})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert "x-request-id" in (error if isinstance(error, str) else error["message"])
+    good = post(service_url, {"text": "Ein Hund läuft."}, headers={"X-Request-ID": "caf\u00e9".encode()})
+    assert good.status_code == 200 and good.json()["translations"][0]["text"]
 
 
 def test_echo_backend_answers_each_text():

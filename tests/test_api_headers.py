@@ -1,0 +1,92 @@
+"""HeaderCheck (service/api/headers.py): header values that Ray Serve's ingress decodes as UTF-8 get the
+API's 400 naming the header; everything else reaches the app unchanged. Here as a plain ASGI app in
+front of a recording app; through Serve (HAProxy and the Python proxy) in test_ingress_mode."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from service.api.headers import HeaderCheck, bad_header, ingress_middlewares, serve_read_headers
+
+
+class Recorder:
+    """The app behind the middleware: records the scopes it got and answers 204."""
+
+    def __init__(self):
+        self.scopes = []
+
+    async def __call__(self, scope, receive, send):
+        self.scopes.append(scope)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def call(app, headers, path="/v1/translate", kind="http"):
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": kind, "path": path, "method": "POST", "headers": headers}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, (json.loads(body) if body else None)
+
+
+def test_serve_read_headers_cover_what_serve_decodes():
+    names = serve_read_headers()
+    for n in (b"x_request_id", b"serve_multiplexed_model_id", b"x_session_id", b"x_request_disconnect_disabled",
+              b"x_request_timeout_seconds", b"traceparent", b"tracestate"):
+        assert n in names
+    assert b"user_agent" not in names and b"content_type" not in names
+
+
+@pytest.mark.parametrize("headers, bad", [
+    ([(b"x-request-id", b"abc-123")], None),
+    ([(b"x-request-id", "caf\u00e9-\u4e2d".encode())], None),        # UTF-8 beyond ASCII is readable
+    ([(b"x-request-id", b"caf\xe9")], "x-request-id"),               # Latin-1
+    ([(b"x-request-id", b"\xff\xfe")], "x-request-id"),
+    ([(b"serve_multiplexed_model_id", b"\xc3")], "serve_multiplexed_model_id"),   # a cut UTF-8 sequence
+    ([(b"serve-multiplexed-model-id", b"\xe9")], "serve-multiplexed-model-id"),   # Serve treats - as _
+    ([(b"X-Session-ID", b"\x80")], "X-Session-ID"),
+    ([(b"user-agent", b"caf\xe9")], None),                           # not read by Serve: obs-text is HTTP
+    ([(b"accept", b"*/*"), (b"x-request-d\xe9", b"1")], "x-request-d\xe9"),   # a header name beyond ASCII
+])
+def test_bad_header(headers, bad):
+    assert bad_header(headers, serve_read_headers()) == bad
+
+
+def test_bad_request_id_is_a_400_naming_the_header_and_never_reaches_the_app():
+    inner = Recorder()
+    app = HeaderCheck(inner)
+    status, body = call(app, [(b"content-type", b"application/json"), (b"x-request-id", b"id-\xe9")])
+    assert status == 400 and inner.scopes == []
+    assert body["error"]["type"] == "invalid_request" and body["error"]["field"] == "header.x-request-id"
+    assert "x-request-id" in body["error"]["message"] and "UTF-8" in body["error"]["message"]
+    # LibreTranslate's routes answer in its shape
+    status, body = call(app, [(b"x-request-id", b"\xe9")], path="/translate")
+    assert status == 400 and set(body) == {"error"} and "x-request-id" in body["error"]
+    # a bad header name
+    status, body = call(app, [(b"x-\xe9", b"1")])
+    assert status == 400 and "header names must be ASCII" in body["error"]["message"]
+
+
+def test_good_requests_pass_unchanged():
+    inner = Recorder()
+    app = HeaderCheck(inner)
+    headers = [(b"x-request-id", "r\u00e9-1".encode()), (b"user-agent", b"caf\xe9")]
+    assert call(app, headers) == (204, None)
+    assert call(app, [(b"x-request-id", b"\xe9")], kind="websocket") == (204, None)   # not an HTTP request
+    assert [s["headers"] for s in inner.scopes] == [headers, [(b"x-request-id", b"\xe9")]]
+
+
+def test_ingress_middlewares_is_a_serve_proxy_callback():
+    from ray.serve._private.http_util import validate_http_proxy_callback_return
+    [mw] = validate_http_proxy_callback_return(ingress_middlewares())
+    assert mw.cls is HeaderCheck
