@@ -21,10 +21,11 @@ from typing import Optional
 
 PROXIES = ("haproxy", "ray")
 THROUGHPUT = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# Serve's proxy callback, in both data planes: a header check ahead of Serve's own request handling.
+HEADER_CHECK_VAR, HEADER_CHECK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "service.api.headers:ingress_middlewares"
 # Deployment handles call over gRPC in that mode, and a replica accepts messages of at most 4 MiB by
 # default: a response with attention weights (up to schemas.MAX_ATTENTION_VALUES, ~10 bytes each when
 # pickled) needs more.
-HEADER_CHECK_VAR, HEADER_CHECK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "service.api.headers:ingress_middlewares"
 GRPC_MESSAGE = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(64 * 1024 * 1024)}
 
 

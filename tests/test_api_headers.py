@@ -87,6 +87,12 @@ def test_good_requests_pass_unchanged():
 
 
 def test_ingress_middlewares_is_a_serve_proxy_callback():
+    import importlib
+
     from ray.serve._private.http_util import validate_http_proxy_callback_return
+
+    from service.ray_env import HEADER_CHECK
+    module, name = HEADER_CHECK.split(":")
+    assert getattr(importlib.import_module(module), name) is ingress_middlewares   # what Serve imports
     [mw] = validate_http_proxy_callback_return(ingress_middlewares())
     assert mw.cls is HeaderCheck

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-IMPORT_PATH = "service.api.headers:ingress_middlewares"
 # Header names as Serve compares them: lower case, "-" and "_" alike. Serve's own constants are used
 # where this Ray version has them, so that a renamed header is still covered.
 _FALLBACK = ("x-request-id", "serve_multiplexed_model_id", "x-session-id", "x-request-disconnect-disabled",
