@@ -34,7 +34,6 @@ from torch import Tensor
 
 from . import kernels
 from .attention_plan import CacheAttention
-from . import linear as linear_layers
 from .linear import PackedWeight
 
 __all__ = ["decode_logits", "enabled", "encode_packed", "layer_params"]
@@ -57,7 +56,7 @@ def _linear_params(m) -> Optional[list[Tensor]]:
     bias = _EMPTY if m.bias is None else m.bias.detach()
     if p.dtype == torch.int8:
         small = p.small if p.small is not None else (_EMPTY, _EMPTY)
-        # without a row-major copy (AVX2: the compiled kernel takes every row count) the C++ fallback
+        # without a row-major copy (a compiled int8 layer takes every row count) the C++ fallback
         # multiplies with the column-major view: the same exact products
         return [p.packed, p.packed if p.packed_rows is None else p.packed_rows, *small, p.scale, bias]
     return [p.packed, _EMPTY, _EMPTY, _EMPTY, _EMPTY, bias]
@@ -106,8 +105,7 @@ def _stack_params(model, stack: str) -> Optional[list[list[Tensor]]]:
 
 def _int8_rows() -> int:
     """Up to how many rows a layer takes the compiled int8 kernel, as ``PackedWeight`` decides."""
-    kernel = kernels.int8_linear_kernel()
-    return 0 if kernel is None else (linear_layers.SMALL_ROWS if kernel[1] else 1 << 62)
+    return 0 if kernels.int8_linear_kernel() is None else 1 << 62
 
 
 def encode_packed(model, x: Tensor, attend) -> Optional[Tensor]:

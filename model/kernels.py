@@ -7,9 +7,9 @@ new tensor and multiplies it elementwise several times; the kernel reads each ke
 (``python -m service.bench_engine`` shows the effect end to end).
 ``quantize_rows`` and ``dequantize`` (``csrc/int8_linear.cpp``) are the two elementwise halves of
 the int8 linear layers (``model/linear.py``), one pass each instead of five or six;
-``int8_linear_small`` is a whole int8 layer for a few rows in one call (AVX-512 VNNI CPUs only; the
-same bits as the three-call path); ``int8_linear_avx2`` the same for any rows on AVX2 CPUs without
-VNNI, where oneDNN's int8 product behind ``torch._int_mm`` can be tens of times slower than float32. ``row_topk``
+``int8_linear_vnni`` is a whole int8 layer in one call, any number of rows (AVX-512 VNNI CPUs only;
+the same bits as the three-call path); ``int8_linear_avx2`` the same on AVX2 CPUs without VNNI, where
+oneDNN's int8 product behind ``torch._int_mm`` can be tens of times slower than float32. ``row_topk``
 (``csrc/row_topk.cpp``) is the per-row top-k of beam search's candidates in one pass over each row.
 ``decoder_layer_step`` (``csrc/decoder_step.cpp``) is one decoder layer of a decode step in one call
 (``model/fused_step.py``).
@@ -162,7 +162,7 @@ def dequantize_eager(acc: Tensor, row_scale: Tensor, col_scale: Tensor, bias: Op
 
 
 def vnni_weight(q: Tensor) -> tuple[Tensor, Tensor]:
-    """An int8 weight [N, K] (out, in) in the layout of the compiled ``int8_linear_small``: ([ceil(N/16),
+    """An int8 weight [N, K] (out, in) in the layout of the compiled ``int8_linear_vnni``: ([ceil(N/16),
     ceil(K/4), 16, 4] int8, zero-padded: 16 output features x 4 inputs per 64-byte vector; [16 *
     ceil(N/16)] int32: 128 x each feature's weight sum, what the kernel's unsigned inputs (q + 128) add)."""
     N, K = q.shape
@@ -174,7 +174,7 @@ def vnni_weight(q: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _self_check_int8(module) -> None:
-    """quantize_rows, dequantize and int8_linear_small must equal the eager arithmetic exactly."""
+    """quantize_rows, dequantize and int8_linear_vnni must equal the eager arithmetic exactly."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 37, generator=g) * torch.tensor([1e-3, 1.0, 0.0, 50.0, 3.0])[:, None]
     q, scale = module.quantize_rows(x)
@@ -186,7 +186,7 @@ def _self_check_int8(module) -> None:
     for b in (bias, None):
         if not torch.equal(module.dequantize(acc, scale, cols, b), dequantize_eager(acc, scale, cols, b)):
             raise RuntimeError("compiled int8 dequantization disagrees with eager PyTorch")
-    for name in ("int8_linear_small", "int8_linear_avx2"):   # the one this build has
+    for name in ("int8_linear_vnni", "int8_linear_avx2"):   # the one this build has
         if not getattr(module, "has_" + name, False):
             continue
         # 37 inputs, 70 features: padding on both sides of the weight; -127 and 127 everywhere in row 0
@@ -280,27 +280,26 @@ def int8_ops():
     return _op("int8", None)
 
 
-def int8_linear_small() -> Optional[Callable]:
-    """The compiled ``int8_linear_small(x [M, K] float32, w, offset, col_scale [N], bias [N] or None, N)
+def int8_linear_vnni() -> Optional[Callable]:
+    """The compiled ``int8_linear_vnni(x [M, K] float32, w, offset, col_scale [N], bias [N] or None, N)
     -> [M, N] float32`` (``w``, ``offset`` from ``vnni_weight``), or None: no AVX-512 VNNI, or the
     kernels are unavailable. The same bits as ``quantize_rows`` -> ``torch._int_mm`` -> ``dequantize``."""
     ops = int8_ops()
-    return ops.int8_linear_small if ops is not None and getattr(ops, "has_int8_linear_small", False) else None
+    return ops.int8_linear_vnni if ops is not None and getattr(ops, "has_int8_linear_vnni", False) else None
 
 
-def int8_linear_kernel() -> Optional[tuple[Callable, bool]]:
-    """The compiled whole int8 layer of this CPU and whether it is for few rows only: (``int8_linear_small``,
-    True) with AVX-512 VNNI (faster than ``torch._int_mm`` up to ``linear.SMALL_ROWS`` rows), else
-    (``int8_linear_avx2``, False) on AVX2 (any rows: oneDNN's int8 product without VNNI can be tens of
-    times slower than float32), else None (also when tests and benchmarks set ``_loaded["int8_layer"] =
-    None``). Same signature and the same bits either way."""
+def int8_linear_kernel() -> Optional[Callable]:
+    """The compiled whole int8 layer of this CPU, for any number of rows: ``int8_linear_vnni`` with AVX-512
+    VNNI, else ``int8_linear_avx2`` on AVX2 (where oneDNN's int8 product without VNNI can be tens of times
+    slower than float32), else None (also when tests and benchmarks set ``_loaded["int8_layer"] = None``).
+    Same signature and the same bits either way, and as ``torch._int_mm`` between the two halves."""
     if "int8_layer" in _loaded and _loaded["int8_layer"] is None:
         return None
-    small = int8_linear_small()
-    if small is not None:
-        return small, True
+    vnni = int8_linear_vnni()
+    if vnni is not None:
+        return vnni
     ops = int8_ops()
-    return (ops.int8_linear_avx2, False) if ops is not None and getattr(ops, "has_int8_linear_avx2", False) else None
+    return ops.int8_linear_avx2 if ops is not None and getattr(ops, "has_int8_linear_avx2", False) else None
 
 
 def decoder_step_op() -> Optional[Callable]:

@@ -9,9 +9,8 @@ float32 path takes over). Training, float64 and CUDA always use the plain path. 
 
 **int8** (default): the weights are int8 with one scale per output feature (absmax / 127), and each
 input row is quantized to int8 with its own scale at every call (dynamic, per row, like
-CTranslate2's int8 mode): an exact int32 product (``torch._int_mm``; for up to ``SMALL_ROWS`` rows on
-AVX-512 VNNI CPUs, and for any rows on AVX2 CPUs without VNNI, the whole layer is one compiled call,
-``kernels.int8_linear_kernel``), then
+CTranslate2's int8 mode): an exact int32 product (``torch._int_mm``; on AVX-512 VNNI CPUs and on AVX2
+CPUs without VNNI the whole layer is one compiled call, ``kernels.int8_linear_kernel``), then
 ``acc * row_scale * weight_scale + bias`` in float32. Every step is per row and exact or
 elementwise, so a row's result does not depend at all on the rows it is batched with (bit for bit;
 the float32 products below differ in the last digits with the batch). A layer's output is within
@@ -60,11 +59,6 @@ def default_dtype() -> torch.dtype:
 
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
-# On AVX-512 VNNI CPUs, int8 layers of at most this many rows use the one-call compiled kernel
-# (kernels.int8_linear_small): 2-4x faster than quantize + torch._int_mm + dequantize for 1-4 rows,
-# about even at 32-64, slower beyond (docs/performance.md "Kernels and layers timed in isolation").
-# On AVX2 CPUs without VNNI every int8 layer uses kernels.int8_linear_avx2.
-SMALL_ROWS = 32
 
 
 class PackedWeight:
@@ -85,14 +79,13 @@ class PackedWeight:
             # row with the column-major view, and up to 1.9x faster on 2+ rows with the row-major copy
             # (d_ff -> d_model most). Integer products are exact, so both give the same bits.
             self.packed = q.t()                                                   # column-major view
-            # One compiled call does the whole layer (a copy of the int8 values in its own layout; the
-            # same bits as the path above): up to SMALL_ROWS rows on AVX-512 VNNI, any rows on AVX2.
+            # One compiled call does the whole layer, any rows (a copy of the int8 values in its own
+            # layout; the same bits as the path above), on AVX-512 VNNI and on AVX2 CPUs.
             kernel = kernels.int8_linear_kernel()
             self.small = kernels.vnni_weight(q) if kernel is not None else None
-            # The row-major copy only where torch._int_mm serves 2+ rows: not on AVX2, where the kernel
-            # takes every row count (the column-major view stays for a fallback, e.g. kernels turned off)
-            self.packed_rows: Optional[Tensor] = None if kernel is not None and not kernel[1] \
-                else self.packed.contiguous()                                     # row-major copy
+            # The row-major copy only where torch._int_mm serves 2+ rows, i.e. where no kernel is (the
+            # column-major view stays for a fallback, e.g. kernels turned off later)
+            self.packed_rows: Optional[Tensor] = None if kernel is not None else self.packed.contiguous()
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous().to(dtype))
         # Check the kernel once against the plain product on a small input; any mismatch -> not used.
@@ -102,16 +95,16 @@ class PackedWeight:
         tol = 1e-4 if dtype == torch.float32 else 5e-2 * float(ref.abs().max()) + 1e-2
         if not torch.allclose(got, ref, rtol=1e-4 if dtype == torch.float32 else 2e-2, atol=tol):
             raise RuntimeError("prepacked linear disagrees with F.linear")
-        if self.small is not None and not torch.equal(self._int8(x, None), got):   # many rows: the other path
-            raise RuntimeError("the int8 kernels for few and for many rows disagree")
+        if self.small is not None and not torch.equal(self._int8(x, None), got):   # the torch._int_mm path
+            raise RuntimeError("the compiled int8 layer and torch._int_mm disagree")
 
     def __call__(self, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         """x [..., in] (float32) @ weight.T + bias -> [..., out] float32."""
         if self.dtype == torch.int8:
             if self.small is not None:
                 kernel = kernels.int8_linear_kernel()
-                if kernel is not None and (not kernel[1] or x.numel() <= SMALL_ROWS * x.size(-1)):
-                    return kernel[0](x, *self.small, self.scale, bias, self.scale.numel())
+                if kernel is not None:
+                    return kernel(x, *self.small, self.scale, bias, self.scale.numel())
             return self._int8(x, bias)
         if self.dtype == torch.float32:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")

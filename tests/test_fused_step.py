@@ -10,7 +10,6 @@ import torch
 from model import fused_step, kernels
 from model.decoding import decode_step, encode_into_cache, generate, pad_batch
 from model.kv_cache import KVCache
-from model.linear import SMALL_ROWS
 from model.paged_cache import PagedKVCache
 from tiny_model import make_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
 
@@ -68,14 +67,14 @@ def test_fused_step_translates_exactly_as_the_module_path(config, dtype, beam, c
 @pytest.mark.parametrize("dtype, layer_kernel", [(torch.int8, True), (torch.int8, False), (torch.float32, True)],
                          ids=["int8", "int8-no-layer-kernel", "float32"])
 def test_one_step_over_many_rows_gives_the_module_path_bits(dtype, layer_kernel, monkeypatch):
-    """More rows than SMALL_ROWS (int8: the torch._int_mm path inside the compiled layer on AVX-512
-    VNNI, the AVX2 kernel elsewhere; with the layer kernel off after packing, torch._int_mm on whichever
-    layout the weight kept), every row at its own position: log-probabilities and the cache's new keys
+    """40 rows (int8: the compiled layer kernel, AVX-512 VNNI or AVX2, inside the compiled layer step;
+    with the layer kernel off after packing, torch._int_mm on whichever layout the weight kept), every
+    row at its own position: log-probabilities and the cache's new keys
     equal the module path's."""
     model = packed_model("post-LN, ReLU, shared embeddings", dtype, seed=3)
     if not layer_kernel:
         monkeypatch.setitem(kernels._loaded, "int8_layer", None)
-    n = SMALL_ROWS + 8
+    n = 40
     sources = [rand_source(2 + i % 11, i) for i in range(n)]
     outs, caches = [], []
     for fused in (False, True):

@@ -133,30 +133,28 @@ def test_int8_compiled_and_eager_halves_agree(monkeypatch):
 
 @pytest.mark.parametrize("n_in,n_out", [(64, 300), (37, 70), (256, 16), (1024, 33)])
 def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out):
-    """The whole-layer int8 kernel of this CPU (``int8_linear_small`` on AVX-512 VNNI, up to SMALL_ROWS
-    rows; ``int8_linear_avx2`` on AVX2, any rows) against quantize_rows -> torch._int_mm -> dequantize:
+    """The whole-layer int8 kernel of this CPU (``int8_linear_vnni`` on AVX-512 VNNI, ``int8_linear_avx2``
+    on AVX2; any rows) against quantize_rows -> torch._int_mm -> dequantize:
     the same bits for every row count, with and without bias, with inputs and weights at +-127, on
     shapes that pad the weight on both sides, and for a [B, T, in] input; and the layer switching
     between the two paths without a row's result changing."""
     from model import kernels
-    from model.linear import SMALL_ROWS, PackedWeight, onednn_available
+    from model.linear import PackedWeight, onednn_available
     if not onednn_available() or kernels.int8_linear_kernel() is None:
         pytest.skip("no compiled int8 layer kernel here (it needs AVX-512 VNNI or AVX2)")
-    kernel, few_rows = kernels.int8_linear_kernel()
+    kernel = kernels.int8_linear_kernel()
     g = torch.Generator().manual_seed(n_in + n_out)
     w, b = torch.randn(n_out, n_in, generator=g), torch.randn(n_out, generator=g)
     w[0] = torch.where(torch.arange(n_in) % 2 == 0, 1.0, -1.0)         # a feature of +-127 only
     p = PackedWeight(w, torch.int8)
     assert p.small is not None
-    n = SMALL_ROWS + 9
+    n = 41
     x = torch.randn(n, n_in, generator=g) * torch.logspace(-3, 3, n)[:, None]
     x[3] = 0.0
     x[5] = torch.where(torch.arange(n_in) % 3 == 0, -2.0, 2.0)          # a row of +-127 only
     three_call = p._int8(x, b)                                   # the torch._int_mm path
-    assert torch.equal(three_call, p(x, b))                      # beyond SMALL_ROWS: either path, the same bits
-    for rows in (1, 2, 3, 4, 5, 8, 17, SMALL_ROWS, n):
-        if few_rows and rows > SMALL_ROWS:
-            continue
+    assert torch.equal(three_call, p(x, b))                      # the layer's own call: the kernel, the same bits
+    for rows in (1, 2, 3, 4, 5, 8, 17, 32, 33, n):
         for bias in (b, None):
             one_call = kernel(x[:rows], *p.small, p.scale, bias, n_out)
             assert one_call.shape == (rows, n_out)
@@ -172,6 +170,23 @@ def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out
     torch.testing.assert_close(p(x[:5], b), three_call[:5], rtol=1e-6, atol=1e-5)
 
 
+def test_int8_one_call_kernel_over_many_rows_and_features():
+    """Past the kernel's cache blocks (chunks of rows and of feature blocks, and a last partial group of
+    feature blocks): 150 rows x 1,100 features, the same bits as torch._int_mm between the two halves."""
+    from model import kernels
+    from model.linear import PackedWeight, onednn_available
+    if not onednn_available() or kernels.int8_linear_kernel() is None:
+        pytest.skip("no compiled int8 layer kernel here (it needs AVX-512 VNNI or AVX2)")
+    g = torch.Generator().manual_seed(11)
+    w, b = torch.randn(1100, 256, generator=g), torch.randn(1100, generator=g)
+    p = PackedWeight(w, torch.int8)
+    x = torch.randn(150, 256, generator=g)
+    got = kernels.int8_linear_kernel()(x, *p.small, p.scale, b, 1100)
+    assert got.shape == (150, 1100)
+    assert torch.equal(got, p._int8(x, b))
+    assert torch.equal(got[37:38], p._int8(x[37:38], b))          # a row alone: the same bits
+
+
 def test_compiled_kernels_release_the_gil():
     """A long compiled call on one thread lets another Python thread run meanwhile (a serving process's
     event loop while its engine thread is inside a kernel): the other thread's longest pause stays
@@ -181,7 +196,7 @@ def test_compiled_kernels_release_the_gil():
     from model import kernels
     if kernels.int8_linear_kernel() is None:
         pytest.skip("no compiled int8 layer kernel here")
-    kernel, _ = kernels.int8_linear_kernel()
+    kernel = kernels.int8_linear_kernel()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 1024, generator=g)
     n = 8192

@@ -77,9 +77,9 @@ def test_int8_linear_quantizes_per_row_and_per_output_feature():
 
 
 def test_int8_row_major_copy_only_where_int_mm_serves_many_rows(monkeypatch):
-    """The row-major int8 copy exists only where torch._int_mm multiplies 2+ rows (no compiled layer,
-    or AVX-512 VNNI's few-rows kernel); on AVX2 the kernel takes every row count and the layer keeps
-    one int8 copy fewer. Whatever the layout, the same bits: the kernel, the three-call path with the
+    """The row-major int8 copy exists only where torch._int_mm multiplies 2+ rows (no compiled layer);
+    with one (AVX-512 VNNI or AVX2) the kernel takes every row count and the layer keeps one int8 copy
+    fewer. Whatever the layout, the same bits: the kernel, the three-call path with the
     row-major copy, and the three-call path with the column-major view."""
     from model import kernels
     from model.linear import PackedWeight, onednn_available
@@ -90,7 +90,7 @@ def test_int8_row_major_copy_only_where_int_mm_serves_many_rows(monkeypatch):
     x = torch.randn(7, 40, generator=g)
     kernel = kernels.int8_linear_kernel()
     p = PackedWeight(w, torch.int8)
-    assert (p.packed_rows is None) == (kernel is not None and not kernel[1])
+    assert (p.packed_rows is None) == (kernel is not None)
     assert p.packed_rows is None or (p.packed_rows.is_contiguous() and torch.equal(p.packed_rows, p.packed))
     out = p(x, b)
     monkeypatch.setitem(kernels._loaded, "int8_layer", None)      # no compiled layer: a row-major copy

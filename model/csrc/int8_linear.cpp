@@ -5,11 +5,13 @@
 // product itself at decoding sizes; here each is one pass. Every element is computed by itself, so a
 // row's result does not depend on the other rows of the call.
 //
-// For a few rows (a decode step of a handful of sentences) ``int8_linear_small`` does the whole layer
-// in one call: quantize, the int8 products with AVX-512 VNNI, and the same dequantization; the three
-// calls and torch._int_mm's fixed cost are most of a small layer's time otherwise. Integer products
-// are exact and the float arithmetic is the same, element by element and in the same order
-// (``-ffp-contract=off``: no fused multiply-add), so both paths give the same bits.
+// ``int8_linear_vnni`` (AVX-512 VNNI) and ``int8_linear_avx2`` (AVX2 without VNNI) do a whole layer in
+// one call, for any number of rows: quantize, the int8 products, and the same dequantization in the
+// products' epilogue. For a few rows (a decode step of a handful of sentences) the three calls and
+// torch._int_mm's fixed cost are most of a layer's time; for many, the int32 products' round trip
+// through memory and the two extra passes are (python -m service.bench.int8_layers). Integer
+// products are exact and the float arithmetic is the same, element by element and in the same order
+// (``-ffp-contract=off``: no fused multiply-add), so every path gives the same bits.
 //
 // Built with decode_attention.cpp into one extension by model/kernels.py.
 #include <torch/extension.h>
@@ -143,7 +145,20 @@ torch::Tensor layer_output(const torch::Tensor& x, int64_t n) {
 }
 
 #ifdef MT_HAVE_VNNI
-// The operands of one int8_linear_small call.
+// acc + the sums of four u8 x s8 products per int32 lane (vpdpbusd; exact). GCC 12 ties the
+// intrinsic's accumulator badly: around every vpdpbusd of a tile it copied each accumulator to another
+// register (and one to the stack), which halved the kernel's rate at 32+ rows; the inline form updates
+// the accumulator in place.
+inline __m512i dpbusd(__m512i acc, __m512i x, __m512i w) {
+#if defined(__GNUC__) && !defined(__clang__)
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+  return acc;
+#else
+  return _mm512_dpbusd_epi32(acc, x, w);
+#endif
+}
+
+// The operands of one int8_linear_vnni call.
 struct SmallCall {
   const uint8_t* xq;       // [M, K4] quantized rows + 128 (K4 = K rounded up to 4; padding 128, i.e. 0)
   const float* row_scale;  // [M]
@@ -171,7 +186,7 @@ inline void small_tile(const SmallCall& c, int64_t m0, int64_t nb0) {
       int32_t four;
       std::memcpy(&four, c.xq + (m0 + r) * c.k4 + 4 * k, 4);
       const __m512i xb = _mm512_set1_epi32(four);
-      for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xb, wv[j]);
+      for (int j = 0; j < NR; ++j) acc[r][j] = dpbusd(acc[r][j], xb, wv[j]);
     }
   }
   for (int j = 0; j < NR; ++j) {
@@ -189,14 +204,59 @@ inline void small_tile(const SmallCall& c, int64_t m0, int64_t nb0) {
     }
   }
 }
+
+// Rows m0 .. m0 + MR - 1 (MR <= 4) x four blocks of 16 features from nb0: small_tile<MR, 4> with the
+// sixteen accumulators as named variables and each weight vector loaded once per step for all rows.
+// Written as an array (small_tile), the compiler kept copying every accumulator to another register
+// around each vpdpbusd and one to the stack, at each step: 2x slower at 32+ rows.
+template <int MR>
+inline void vnni_tile4(const SmallCall& c, int64_t m0, int64_t nb0) {
+  static_assert(MR >= 1 && MR <= 4, "1-4 rows");
+  __m512i a00 = _mm512_setzero_si512(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+          a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+  const int64_t steps = c.k4 / 4, k4 = c.k4;
+  const int8_t* wb = c.w + nb0 * steps * 64;
+  const uint8_t* x0 = c.xq + m0 * k4;
+  auto row = [&](int r, int64_t k, __m512i w0, __m512i w1, __m512i w2, __m512i w3,
+                 __m512i& s0, __m512i& s1, __m512i& s2, __m512i& s3) {
+    int32_t four;
+    std::memcpy(&four, x0 + r * k4 + 4 * k, 4);
+    const __m512i xb = _mm512_set1_epi32(four);
+    s0 = dpbusd(s0, xb, w0);
+    s1 = dpbusd(s1, xb, w1);
+    s2 = dpbusd(s2, xb, w2);
+    s3 = dpbusd(s3, xb, w3);
+  };
+  for (int64_t k = 0; k < steps; ++k) {
+    const __m512i w0 = _mm512_loadu_si512(wb + k * 64), w1 = _mm512_loadu_si512(wb + (steps + k) * 64),
+                  w2 = _mm512_loadu_si512(wb + (2 * steps + k) * 64), w3 = _mm512_loadu_si512(wb + (3 * steps + k) * 64);
+    row(0, k, w0, w1, w2, w3, a00, a01, a02, a03);
+    if (MR > 1) row(1, k, w0, w1, w2, w3, a10, a11, a12, a13);
+    if (MR > 2) row(2, k, w0, w1, w2, w3, a20, a21, a22, a23);
+    if (MR > 3) row(3, k, w0, w1, w2, w3, a30, a31, a32, a33);
+  }
+  // as small_tile: acc - offset, then * row_scale * col_scale (+ bias), two products then the sum
+  auto out = [&](int r, int j, __m512i acc) {
+    const int64_t f0 = (nb0 + j) * 16, left = c.n - f0;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_loadu_si512(c.offset + f0)));
+    a = _mm512_mul_ps(_mm512_mul_ps(a, _mm512_set1_ps(c.row_scale[m0 + r])), _mm512_maskz_loadu_ps(mask, c.col_scale + f0));
+    if (c.bias) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(mask, c.bias + f0));
+    _mm512_mask_storeu_ps(c.out + (m0 + r) * c.n + f0, mask, a);
+  };
+  out(0, 0, a00), out(0, 1, a01), out(0, 2, a02), out(0, 3, a03);
+  if (MR > 1) out(1, 0, a10), out(1, 1, a11), out(1, 2, a12), out(1, 3, a13);
+  if (MR > 2) out(2, 0, a20), out(2, 1, a21), out(2, 2, a22), out(2, 3, a23);
+  if (MR > 3) out(3, 0, a30), out(3, 1, a31), out(3, 2, a32), out(3, 3, a33);
+}
 #endif
 
-// x [..., K] float32 (M rows) @ an int8 weight -> [..., N] float32, the same bits as quantize_rows, torch._int_mm
-// and dequantize. w: [NB, K4 / 4, 16, 4] int8 and offset [NB * 16] int32 from kernels.vnni_weight().
-torch::Tensor int8_linear_small(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
+// x [..., K] float32 (M rows, any M) @ an int8 weight -> [..., N] float32 on AVX-512 VNNI CPUs, the same bits
+// as quantize_rows, torch._int_mm and dequantize. w: [NB, K4 / 4, 16, 4] int8 and offset [NB * 16] int32 from kernels.vnni_weight().
+torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
                                 std::optional<torch::Tensor> bias_opt, int64_t n) {
 #ifdef MT_HAVE_VNNI
-  const LayerArgs a = layer_args("int8_linear_small", x, w, col_scale, bias_opt, n);
+  const LayerArgs a = layer_args("int8_linear_vnni", x, w, col_scale, bias_opt, n);
   const int64_t K = a.K, M = a.M, NB = a.NB, K4 = a.K4;
   TORCH_CHECK(offset.scalar_type() == torch::kInt32 && offset.numel() == NB * 16 && offset.is_contiguous(),
               "offset must be [NB * 16] int32");
@@ -206,31 +266,50 @@ torch::Tensor int8_linear_small(torch::Tensor x, torch::Tensor w, torch::Tensor 
   const float* X = x.data_ptr<float>();
   uint8_t* XQ = xq.data_ptr<uint8_t>();
   float* RS = row_scale.data_ptr<float>();
-  for (int64_t r = 0; r < M; ++r) {
-    RS[r] = quantize_row<uint8_t, 128>(X + r * K, XQ + r * K4, K);
-    for (int64_t i = K; i < K4; ++i) XQ[r * K4 + i] = 128;
-  }
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [=](int64_t r0, int64_t r1) {
+    const int64_t k = K, k4 = K4;   // local copies: uint8 stores may alias the closure's fields
+    for (int64_t r = r0; r < r1; ++r) {
+      RS[r] = quantize_row<uint8_t, 128>(X + r * k, XQ + r * k4, k);
+      for (int64_t i = k; i < k4; ++i) XQ[r * k4 + i] = 128;
+    }
+  });
   auto out = layer_output(x, n);
   const SmallCall c{XQ, RS, w.data_ptr<int8_t>(), offset.data_ptr<int32_t>(), col_scale.data_ptr<float>(),
                     a.bias.defined() ? a.bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), K4, n};
   constexpr int NR = 4;
-  at::parallel_for(0, (NB + NR - 1) / NR, std::max<int64_t>(1, 4096 / std::max<int64_t>(M * K4 / 4, 1)),
-                   [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t nb0 = b * NR;
-      if (nb0 + NR <= NB) {
-        int64_t m0 = 0;
-        for (; m0 + 4 <= M; m0 += 4) small_tile<4, NR>(c, m0, nb0);
-        for (; m0 < M; ++m0) small_tile<1, NR>(c, m0, nb0);
-      } else {
-        for (int64_t m0 = 0; m0 < M; ++m0)
-          for (int64_t nb = nb0; nb < NB; ++nb) small_tile<1, 1>(c, m0, nb);
+  // Cache blocking, as in int8_linear_avx2: each thread's groups of NR feature blocks are taken ~256 KB
+  // of weights at a time (kept in L2), and chunks of rows whose quantized inputs fit in 16 KB of L1
+  // pass over them; within a chunk one group's weights (NR x K4 x 16 bytes) stay in L1 across its
+  // row tiles. So the weights are read from memory once per call, whatever the row count.
+  const int64_t groups = (NB + NR - 1) / NR;
+  const int64_t row_chunk = std::max<int64_t>(4, (16384 / K4) / 4 * 4);
+  const int64_t group_chunk = std::max<int64_t>(1, 262144 / (K4 * 16 * NR));
+  at::parallel_for(0, groups, std::max<int64_t>(1, 4096 / std::max<int64_t>(M * K4 / 4, 1)),
+                   [&](int64_t g0, int64_t g1) {
+    for (int64_t gc = g0; gc < g1; gc += group_chunk) {
+      const int64_t gc1 = std::min(g1, gc + group_chunk);
+      for (int64_t r0 = 0; r0 < M; r0 += row_chunk) {
+        const int64_t r1 = std::min(M, r0 + row_chunk);
+        for (int64_t g = gc; g < gc1; ++g) {
+          const int64_t nb0 = g * NR;
+          if (nb0 + NR <= NB) {
+            int64_t m0 = r0;
+            for (; m0 + 4 <= r1; m0 += 4) vnni_tile4<4>(c, m0, nb0);
+            for (; m0 < r1; ++m0) vnni_tile4<1>(c, m0, nb0);
+          } else {   // the last, partial group
+            for (int64_t nb = nb0; nb < NB; ++nb) {
+              int64_t m0 = r0;
+              for (; m0 + 4 <= r1; m0 += 4) small_tile<4, 1>(c, m0, nb);
+              for (; m0 < r1; ++m0) small_tile<1, 1>(c, m0, nb);
+            }
+          }
+        }
       }
     }
   });
   return out;
 #else
-  TORCH_CHECK(false, "int8_linear_small needs AVX-512 VNNI (see has_int8_linear_small)");
+  TORCH_CHECK(false, "int8_linear_vnni needs AVX-512 VNNI (see has_int8_linear_vnni)");
 #endif
 }
 
@@ -334,7 +413,7 @@ inline void avx2_tile(const Avx2Call& c, int64_t m0, int64_t nb) {
 // x [..., K] float32 (M rows, any M) @ an int8 weight -> [..., N] float32 on AVX2 CPUs without VNNI, the
 // same bits as quantize_rows, torch._int_mm and dequantize (whose oneDNN int8 product can be tens of
 // times slower than float32 there). w and offset from kernels.vnni_weight() (offset unused: the same
-// signature as int8_linear_small).
+// signature as int8_linear_vnni).
 torch::Tensor int8_linear_avx2(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
                                std::optional<torch::Tensor> bias_opt, int64_t n) {
   (void)offset;   // the VNNI kernel's; here the inputs stay signed
@@ -387,12 +466,12 @@ torch::Tensor int8_linear_avx2(torch::Tensor x, torch::Tensor w, torch::Tensor o
   TORCH_CHECK(false, "int8_linear_avx2 is built only for AVX2 CPUs without AVX-512 VNNI (see has_int8_linear_avx2)");
 #endif
 }
-// The compiled int8 layer of this build: the VNNI kernel (for up to SMALL_ROWS rows, model/linear.py) or the
-// AVX2 one (any rows); model/fused_step.py's decoder_step.cpp calls it.
+// The compiled int8 layer of this build: the VNNI kernel or the AVX2 one (any rows); decoder_step.cpp
+// calls it.
 torch::Tensor int8_linear_kernel(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
                                  std::optional<torch::Tensor> bias, int64_t n) {
 #ifdef MT_HAVE_VNNI
-  return int8_linear_small(x, w, offset, col_scale, bias, n);
+  return int8_linear_vnni(x, w, offset, col_scale, bias, n);
 #else
   return int8_linear_avx2(x, w, offset, col_scale, bias, n);
 #endif
@@ -405,14 +484,14 @@ void register_int8_linear(pybind11::module& m) {
         "int8 rows with per-row scales (see int8_linear.cpp)");
   m.def("dequantize", &mt::dequantize, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "float32 from int32 products and row/column scales (see int8_linear.cpp)");
-  m.def("int8_linear_small", &mt::int8_linear_small, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "a whole int8 linear layer for a few rows (see int8_linear.cpp)");
+  m.def("int8_linear_vnni", &mt::int8_linear_vnni, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "a whole int8 linear layer with AVX-512 VNNI (see int8_linear.cpp)");
   m.def("int8_linear_avx2", &mt::int8_linear_avx2, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "a whole int8 linear layer on AVX2 without VNNI (see int8_linear.cpp)");
 #ifdef MT_HAVE_VNNI
-  m.attr("has_int8_linear_small") = true;
+  m.attr("has_int8_linear_vnni") = true;
 #else
-  m.attr("has_int8_linear_small") = false;
+  m.attr("has_int8_linear_vnni") = false;
 #endif
 #ifdef MT_HAVE_AVX2_INT8
   m.attr("has_int8_linear_avx2") = true;

@@ -4,8 +4,8 @@
 
 (1) per layer shape of the shipped model and row count: the one-call compiled kernel
 (``kernels.int8_linear_kernel``: AVX-512 VNNI, or AVX2 without VNNI) against quantize ->
-``torch._int_mm`` -> dequantize and against the oneDNN-prepacked float32 layer, in microseconds (median of interleaved repeats); on VNNI CPUs
-``model.linear.SMALL_ROWS`` is where the layer switches (on AVX2 the kernel takes every row count).
+``torch._int_mm`` -> dequantize and against the oneDNN-prepacked float32 layer, in microseconds (median of
+interleaved repeats); the layer takes the one-call kernel for every row count where there is one.
 (2) ``generate`` on one sentence at a time (batch 1, greedy, the first ``--sentences`` German
 test_2016_flickr sentences) with the one-call kernel and with it switched off, in ms per sentence:
 the effect on a single client's latency. Both paths give the same bits (``tests/test_kernels.py``).
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SOURCES = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k" / "test_2016_flickr.de.gz"
 
 
@@ -38,7 +38,7 @@ def layers(model, repeats: int = 7) -> None:
     """Part (1): every distinct [in, out] of the model's linear layers."""
     import torch
     from model import kernels
-    from model.linear import SMALL_ROWS, Linear, PackedWeight
+    from model.linear import Linear, PackedWeight
     shapes: dict[tuple[int, int], tuple] = {}   # (in, out) -> (float32 weight, bias, int8 PackedWeight)
     for m in model.modules():
         if isinstance(m, Linear) and m.packed is not None and m.packed.small is not None:
@@ -46,10 +46,9 @@ def layers(model, repeats: int = 7) -> None:
     out_proj = getattr(model, "_packed_out", None)
     if out_proj is not None and getattr(out_proj, "small", None) is not None:
         shapes[(model.cfg.d_model, out_proj.scale.numel())] = (model.tgt_embed.tok.weight.detach(), None, out_proj)
-    print(f"(1) one linear layer, µs: int8 one-call kernel / int8 quantize + _int_mm + dequantize / prepacked "
-          f"float32 (SMALL_ROWS = {SMALL_ROWS})")
+    print("(1) one linear layer, µs: int8 one-call kernel / int8 quantize + _int_mm + dequantize / prepacked float32")
     print(f"{'in -> out':>14} " + " ".join(f"{r:>22}" for r in ROWS))
-    small, few_rows = kernels.int8_linear_kernel()
+    small = kernels.int8_linear_kernel()
     g = torch.Generator().manual_seed(0)
     for (n_in, n_out), (weight, bias, p) in sorted(shapes.items()):
         bias = None if bias is None else bias.detach()
@@ -68,9 +67,8 @@ def layers(model, repeats: int = 7) -> None:
                 for fn, n, ts in zip(calls, inner, times):
                     ts.append(_median_us(lambda: fn(x), 1, n))
             a, b, c = (statistics.median(ts) for ts in times)
-            cells.append(f"{a:6.1f}/{b:7.1f}/{c:6.1f}" + ("*" if rows <= SMALL_ROWS or not few_rows else " "))
+            cells.append(f"{a:6.1f}/{b:7.1f}/{c:6.1f}")
         print(f"{n_in:>6} -> {n_out:<5} " + " ".join(f"{c:>22}" for c in cells))
-    print("(* = the row counts the layer sends to the one-call kernel)")
 
 
 def batch1_latency(model, srcs, paths: dict[str, dict], rounds: int = 3) -> None:
