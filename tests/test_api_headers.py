@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from service.api.headers import HeaderCheck, bad_header, ingress_middlewares, serve_read_headers
+from service.api.headers import (MAX_REQUEST_ID_CHARS, HeaderCheck, bad_header, ingress_middlewares,
+                                 serve_read_headers, too_long_request_id)
 
 
 class Recorder:
@@ -23,7 +24,7 @@ class Recorder:
         await send({"type": "http.response.body", "body": b""})
 
 
-def call(app, headers, path="/v1/translate", kind="http"):
+def call(app, headers, path="/v1/translate", kind="http", response_headers=None):
     sent = []
 
     async def receive():
@@ -34,7 +35,10 @@ def call(app, headers, path="/v1/translate", kind="http"):
 
     scope = {"type": kind, "path": path, "method": "POST", "headers": headers}
     asyncio.run(app(scope, receive, send))
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    status = start["status"]
+    if response_headers is not None:
+        response_headers.extend(start.get("headers", []))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return status, (json.loads(body) if body else None)
 
@@ -75,6 +79,29 @@ def test_bad_request_id_is_a_400_naming_the_header_and_never_reaches_the_app():
     # a bad header name
     status, body = call(app, [(b"x-\xe9", b"1")])
     assert status == 400 and "header names must be ASCII" in body["error"]["message"]
+
+
+def test_a_request_id_over_the_limit_is_a_400_with_a_fresh_id():
+    """X-Request-ID is counted in characters (UTF-8): exactly MAX_REQUEST_ID_CHARS passes, one more is a
+    400 naming the header and the limit; a refused id (too long or not UTF-8) is not echoed, the 400
+    carries a fresh one."""
+    inner = Recorder()
+    app = HeaderCheck(inner)
+    at_limit = ("\u00e9" * MAX_REQUEST_ID_CHARS).encode()               # twice as many bytes: still fits
+    assert too_long_request_id([(b"x-request-id", at_limit)]) is None
+    assert call(app, [(b"x-request-id", at_limit)]) == (204, None) and len(inner.scopes) == 1
+    for value, path in ((b"r" * (MAX_REQUEST_ID_CHARS + 1), "/v1/translate"), (b"r" * 10_000, "/translate"),
+                        (b"id-\xe9", "/v1/translate")):
+        got_headers = []
+        status, body = call(app, [(b"X-Request-ID", value)], path=path, response_headers=got_headers)
+        assert status == 400 and len(inner.scopes) == 1
+        message = body["error"] if path == "/translate" else body["error"]["message"]
+        assert "x-request-id" in message.lower()
+        if len(value) > MAX_REQUEST_ID_CHARS:
+            assert f"at most {MAX_REQUEST_ID_CHARS} characters, got {len(value)}" in message
+        ids = [v for k, v in got_headers if k.lower() == b"x-request-id"]
+        assert len(ids) == 1 and ids[0] != value and len(ids[0]) == 32
+    assert too_long_request_id([(b"user-agent", b"u" * 10_000)]) is None   # other headers: no cap here
 
 
 def test_good_requests_pass_unchanged():

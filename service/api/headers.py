@@ -39,6 +39,25 @@ def serve_read_headers() -> frozenset[bytes]:
     return frozenset(_key(n.encode("ascii")) for n in names)
 
 
+# X-Request-ID is echoed in every response and written into every access-log line: longer ones are
+# refused (400 naming the header and the limit) rather than copied whole.
+MAX_REQUEST_ID_CHARS = 200
+_REQUEST_ID = b"x_request_id"
+
+
+def too_long_request_id(headers) -> int | None:
+    """The length in characters of an X-Request-ID over ``MAX_REQUEST_ID_CHARS``, else None (also for
+    one that is not UTF-8: ``bad_header`` names that)."""
+    for name, value in headers:
+        if len(value) > MAX_REQUEST_ID_CHARS and _key(name) == _REQUEST_ID:
+            try:
+                n = len(value.decode("utf-8"))
+            except UnicodeDecodeError:
+                return None
+            return n if n > MAX_REQUEST_ID_CHARS else None
+    return None
+
+
 def bad_header(headers, checked: frozenset[bytes]) -> str | None:
     """The first header of ``headers`` (ASGI [(name, value)] byte pairs) that Serve could not read: a
     name that is not ASCII, or a value of a ``checked`` header that is not UTF-8; None when all are fine."""
@@ -54,9 +73,10 @@ def bad_header(headers, checked: frozenset[bytes]) -> str | None:
 
 
 class HeaderCheck:
-    """Pure ASGI middleware: 400 with the API's error body for a header ``bad_header`` finds; every
-    other request (and every non-HTTP scope) passes through untouched. Per request it only scans the
-    header list (bytes comparisons)."""
+    """Pure ASGI middleware: 400 with the API's error body for a header ``bad_header`` finds or an
+    X-Request-ID over ``MAX_REQUEST_ID_CHARS``; every other request (and every non-HTTP scope) passes
+    through untouched. Per request it only scans the header list (bytes comparisons). A refused request
+    id is not echoed: the 400 carries a fresh one."""
 
     def __init__(self, app: Any):
         self.app = app
@@ -64,20 +84,30 @@ class HeaderCheck:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            name = bad_header(scope.get("headers", ()), self.checked)
+            headers = scope.get("headers", ())
+            name = bad_header(headers, self.checked)
             if name is not None:
-                await self._reject(name, scope, receive, send)
+                printable = name.encode("latin-1").decode("ascii", "backslashreplace")
+                await self._reject(printable, f"header {printable}: its value must be UTF-8 text (ASCII is safest)"
+                                   if name.isascii() else f"header name {printable!r}: header names must be ASCII",
+                                   scope, receive, send)
+                return
+            n = too_long_request_id(headers)
+            if n is not None:
+                await self._reject("x-request-id", f"header x-request-id: at most {MAX_REQUEST_ID_CHARS} "
+                                   f"characters, got {n}", scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _reject(name: str, scope, receive, send) -> None:
+    async def _reject(printable: str, message: str, scope, receive, send) -> None:
+        import uuid
+
         from service.api.errors import LIBRE_PATHS, ServiceError, error_response, libre_error_response
-        printable = name.encode("latin-1").decode("ascii", "backslashreplace")
-        err = ServiceError(400, f"header {printable}: its value must be UTF-8 text (ASCII is safest)"
-                           if name.isascii() else f"header name {printable!r}: header names must be ASCII",
-                           field=f"header.{printable.lower()}")
-        response = libre_error_response(err) if scope.get("path") in LIBRE_PATHS else error_response(err)
+        err = ServiceError(400, message, field=f"header.{printable.lower()}")
+        headers = {"x-request-id": uuid.uuid4().hex} if _key(printable.encode("latin-1")) == _REQUEST_ID else None
+        response = (libre_error_response(err, headers) if scope.get("path") in LIBRE_PATHS
+                    else error_response(err, headers=headers))
         await response(scope, receive, send)
 
 
