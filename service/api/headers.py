@@ -5,7 +5,8 @@ header values as UTF-8 before any application code runs: ``X-Request-ID``, the m
 session-id headers, ``X-Request-Disconnect-Disabled``, the request-timeout header and the tracing
 headers. HTTP allows any byte from 0x80 up in a header value (RFC 9110 section 5.5, ``obs-text``), so a
 client sending e.g. a Latin-1 request id got a plain-text 500 from Serve. ``HeaderCheck`` answers such
-a request with the API's 400 naming the header instead.
+a request with the API's 400 naming the header instead, and likewise an ``X-Request-ID`` over
+``MAX_REQUEST_ID_CHARS`` characters.
 
 Serve runs it through its proxy-callback hook: ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` =
 ``service.api.headers:ingress_middlewares`` (set by ``service.ray_env.serve_env``, the Dockerfile and
