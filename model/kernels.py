@@ -274,6 +274,16 @@ def log_softmax_topk_op() -> Optional[Callable]:
     return _op("log_softmax_topk", "log_softmax_topk")
 
 
+def rank_beams_op() -> Optional[Callable]:
+    """The compiled ``rank_beams(top_v [N, W], top_i [N, W], prefix [N] float64, first [S + 1], beam [S])
+    -> (log_probs [S, T], parents [S, T], tokens [S, T])``: every sentence's best min(2k, all) beam
+    candidates ranked as ``model.search.BeamSearch`` ranks one sentence's, or None (see ``_module``;
+    ``_loaded["topk"] = None`` switches it off with ``row_topk``)."""
+    if "topk" in _loaded and _loaded["topk"] is None:
+        return None
+    return _op("rank_beams", "rank_beams")
+
+
 def int8_ops():
     """The compiled ``quantize_rows`` / ``dequantize`` (as attributes of the returned object), or None
     (see ``_module``); same arithmetic as ``quantize_rows_eager`` / ``dequantize_eager``."""

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from .topk import top_candidates
+from .topk import row_topk
 
 if TYPE_CHECKING:
     from .decoding import StepOutput
@@ -142,20 +142,29 @@ class BeamSearch:
         return [], []
 
     def _beam_step(self, top_v: list, top_i: list, cross, decoder) -> tuple[list[int], list[int]]:
-        """``step`` for any k: rank every alive row's candidates."""
-        k, eos, alive = self.beam_size, self.eos_id, self.alive
+        """``step`` for any k: rank every alive row's candidates, then ``advance``."""
         # (negated score, parent row, token id): ascending order ranks the best score first, ties by
         # row then id (negation is exact, so -neg is the candidate's log-prob bit for bit)
-        cands = sorted([(-(beam.log_prob + v), b, i) for b, beam in enumerate(alive)
-                        for v, i in zip(top_v[b], top_i[b])])
-        new_alive, parents = [], []
-        for rank, (neg, b, tok) in enumerate(cands[: 2 * k]):
+        cands = sorted([(-(beam.log_prob + v), b, i) for b, beam in enumerate(self.alive)
+                        for v, i in zip(top_v[b], top_i[b])])[: 2 * self.beam_size]
+        return self.advance([-neg for neg, _, _ in cands], [b for _, b, _ in cands],
+                            [i for _, _, i in cands], cross, decoder)
+
+    def advance(self, log_probs: list, parents: list, tokens: list, cross=None, decoder=None
+                ) -> tuple[list[int], list[int]]:
+        """``step`` from candidates already ranked: the best min(2k, all) candidates of this sentence,
+        best first (ties by parent row, then token id), as three lists: each candidate's log-prob (its
+        parent's plus its token's, in float64), parent row and token id. ``step`` ranks them itself;
+        ``search_step`` ranks every sentence's at once (``rank_candidates``). Returns as ``step``."""
+        k, eos, alive = self.beam_size, self.eos_id, self.alive
+        new_alive, new_parents = [], []
+        for rank, (lp, b, tok) in enumerate(zip(log_probs, parents, tokens)):
             if tok == eos:
                 if rank < k:
-                    self.finished.append(self._final(self._extend(alive[b], b, None, -neg, cross, decoder), "eos"))
+                    self.finished.append(self._final(self._extend(alive[b], b, None, lp, cross, decoder), "eos"))
                 continue
-            new_alive.append(self._extend(alive[b], b, tok, -neg, cross, decoder))
-            parents.append(b)
+            new_alive.append(self._extend(alive[b], b, tok, lp, cross, decoder))
+            new_parents.append(b)
             if len(new_alive) == k:  # ranks from here on are >= k: no more EOS finishes either
                 break
         self.alive = new_alive
@@ -168,7 +177,7 @@ class BeamSearch:
         if self.done:
             self.alive = []
             return [], []
-        return parents, [b.tokens[-1] for b in new_alive]
+        return new_parents, [b.tokens[-1] for b in new_alive]
 
     def _extend(self, parent: PartialHypothesis, row: int, tok: Optional[int], lp: float, cross,
                 decoder) -> PartialHypothesis:
@@ -225,13 +234,17 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
             searches whose alive hypotheses are their rows, in order (``decode_inputs``' layout).
             Usually one; the engine's runner passes several after decoding a failing batch piecewise.
     One top-k over all rows (k = the largest beam; each search reads its own 2k), with EOS masked in
-    the rows of searches below their min_new_tokens (log-probs are not renormalised); each search's
-    ``BeamSearch.step`` on its rows; ONE batched ``cache.reorder`` for all beams (positions < the
-    longest beam's length: positions beyond a beam's own length are rewritten before they are read);
-    then each running search's tokens and position are those of the next decode step.
-    A search whose step raises is reported in ``failed`` and dropped; the others go on.
+    the rows of searches below their min_new_tokens (log-probs are not renormalised); the candidates
+    of every beam search (k > 1) ranked at once (``rank_candidates``), then each search's
+    ``BeamSearch.advance`` (greedy ones: ``BeamSearch.step`` on their rows); ONE batched
+    ``cache.reorder`` for all beams (positions < the longest beam's length: positions beyond a beam's
+    own length are rewritten before they are read); then each running search's tokens and position
+    are those of the next decode step. A search whose step raises is reported in ``failed`` and
+    dropped; the others go on.
     """
     k_max, masked, eos, base = 1, [], [], 0
+    beams: list[tuple[int, BeamSearch]] = []     # (first row, search) of every search with k > 1
+    greedy_rows: list[int] = []
     for out, searches in parts:
         for s in searches:
             n = len(s.tokens)
@@ -239,26 +252,39 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
             if s.position < s.min_new_tokens:
                 masked.extend(range(base, base + n))
                 eos.extend([s.search.eos_id] * n)
+            if s.search.beam_size > 1:
+                beams.append((base, s.search))
+            else:
+                greedy_rows.extend(range(base, base + n))
             base += n
     top_v, top_i = _candidates([out for out, _ in parts], k_max, masked, eos)
+    ranked = iter(rank_candidates(top_v, top_i, beams))
+    if greedy_rows:                              # python lists of the greedy rows only, in order
+        if len(greedy_rows) < top_v.size(0):
+            rows = torch.tensor(greedy_rows, device=top_v.device)
+            gv, gi = top_v.index_select(0, rows).tolist(), top_i.index_select(0, rows).tolist()
+        else:
+            gv, gi = top_v.tolist(), top_i.tolist()
     update = SearchUpdate([], {})
     moved_slots: list[int] = []
     parent_index: list[int] = []                 # into moved_slots
-    length, a = 0, 0                             # a: the first row of the current search
+    length, g = 0, 0                             # g: the current greedy search's first row in gv
     for out, searches in parts:
         stacked: dict[str, Tensor] = {}          # kind -> [N, L, H, X], stacked once per part
-        r = 0                                    # the same row within this part
+        r = 0                                    # the current search's first row within this part
         for s in searches:
             n = len(s.tokens)
             try:
-                kk = 2 * s.search.beam_size
-                tv, ti = top_v[a: a + n], top_i[a: a + n]
-                if kk < 2 * k_max:
-                    tv, ti = [v[:kk] for v in tv], [i[:kk] for i in ti]
+                greedy = s.search.beam_size == 1
+                cands = None if greedy else next(ranked)
                 kinds = s.search.attention_kinds
                 c = _attention_rows(out, "cross", stacked, r, n) if "cross" in kinds else None
                 d = _attention_rows(out, "decoder", stacked, r, n) if "decoder" in kinds else None
-                parents, tokens = s.search.step(tv, ti, c, d)
+                if greedy:
+                    tv, ti = (gv[g], gi[g]) if k_max == 1 else (gv[g][:2], gi[g][:2])
+                    parents, tokens = s.search.step([tv], [ti], c, d)
+                else:
+                    parents, tokens = s.search.advance(*cands, c, d)
                 if not s.search.done:
                     t = len(s.search.alive[0].tokens)  # every alive hypothesis has the same length
                     if parents != list(range(len(parents))):
@@ -269,18 +295,94 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
                     update.running.append(s)
             except Exception as e:  # noqa: BLE001 - fails this search only
                 update.failed[s] = e
-            a += n
+            g += n if s.search.beam_size == 1 else 0
             r += n
     if moved_slots:  # on an indirect cache this copies slot ids, not K/V
         cache.reorder(moved_slots, parent_index, length=length)
     return update
 
 
-def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: list[int]) -> tuple[list, list]:
-    """Per row of the steps' outputs (in order), its 2k best (log-prob, token id), best first, as python
-    lists; rows ``masked`` never get their ``eos`` token (log-probs are not renormalised). From CPU
-    logits in one compiled pass (``kernels.log_softmax_topk``: no [N, V] log-probabilities written),
-    else log-softmax, mask, ``top_candidates``."""
+def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, BeamSearch]]
+                    ) -> list[tuple[list, list, list]]:
+    """The candidates of many beam searches ranked at once, as ``BeamSearch._beam_step`` ranks
+    one sentence's: candidate = (parent's log-prob + token's log-prob, in float64), best first,
+    ties by parent row then token id; each sentence keeps its best min(2k, all).
+
+    Args:
+        top_v, top_i: [N, W] per row, its best W log-probs (float32 or float64) and token ids,
+            best first (a sentence with beam k reads the first min(2k, W) of each of its rows).
+        rows: per sentence, (its first row in top_v, its BeamSearch): its alive hypotheses are rows
+            first .. first + len(alive) - 1, in order.
+    Returns per sentence the three lists ``BeamSearch.advance`` takes (log-probs, parent rows,
+    token ids), the same values as ranking each sentence by itself (tests): on CPU in one compiled
+    call (``kernels.rank_beams_op``), else in a few tensor ops over a [sentences, k_max * W] layout
+    (``_rank_in_tensors``); then three ``tolist`` calls instead of a python sort per sentence.
+    """
+    if not rows:
+        return []
+    W = top_v.size(1)
+    prefix: list[float] = []
+    for _, search in rows:
+        prefix.extend(h.log_prob for h in search.alive)
+    op = kernels.rank_beams_op()
+    if op is not None and top_v.device.type == "cpu":
+        first, count, beam = torch.tensor([(f, len(search.alive), search.beam_size) for f, search in rows]).unbind(1)
+        log_probs, parents, tokens = (x.tolist() for x in op(top_v, top_i, torch.tensor(prefix, dtype=torch.float64),
+                                                               first, count, beam))
+    else:
+        log_probs, parents, tokens = _rank_in_tensors(top_v, top_i, rows, prefix)
+    out = []
+    for j, (_, search) in enumerate(rows):
+        k2 = 2 * search.beam_size
+        m = min(k2, len(search.alive) * min(k2, W))
+        out.append((log_probs[j][:m], parents[j][:m], tokens[j][:m]))
+    return out
+
+
+def _rank_in_tensors(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, BeamSearch]], prefix: list[float]
+                     ) -> tuple[list, list, list]:
+    """``rank_candidates`` in tensor ops on top_v's device: the sentences' rows padded to
+    [S * k_max, W], columns past a sentence's own 2k and missing rows set to NaN (sorted last), each
+    row's candidates put in token-id order, then one stable sort of each sentence's negated
+    log-probs (ties keep (row, id) order). Returns [S][T] lists (log-probs, parents, tokens)."""
+    dev = top_v.device
+    S, W = len(rows), top_v.size(1)
+    K = max(search.beam_size for _, search in rows)
+    src: list[int] = []
+    dest: list[int] = []
+    widths: list[int] = []                   # per source row: its sentence's columns
+    for j, (first, search) in enumerate(rows):
+        n = len(search.alive)
+        src.extend(range(first, first + n))
+        dest.extend(range(j * K, j * K + n))
+        widths.extend([min(2 * search.beam_size, W)] * n)
+    src_t = torch.tensor(src, device=dev)
+    score = torch.tensor(prefix, dtype=torch.float64, device=dev)[:, None] + top_v.index_select(0, src_t).double()
+    ids = top_i.index_select(0, src_t)
+    if min(widths) < W:                      # columns past a sentence's own 2k are not its candidates
+        past = torch.arange(W, device=dev) >= torch.tensor(widths, device=dev)[:, None]
+        score.masked_fill_(past, float("nan"))
+    ids, by_id = ids.sort(dim=1, stable=True)    # so that equal scores keep (row, id) order below
+    score = score.gather(1, by_id)
+    padded = torch.full((S * K, W), float("nan"), dtype=torch.float64, device=dev)
+    padded_ids = torch.zeros((S * K, W), dtype=ids.dtype, device=dev)
+    dest_t = torch.tensor(dest, device=dev)
+    padded.index_copy_(0, dest_t, score)
+    padded_ids.index_copy_(0, dest_t, ids)
+    take = min(2 * K, K * W)
+    # ascending on the negated score: best first; stable: ties in (row, id) order; NaN last
+    neg, order = torch.sort(-padded.view(S, K * W), dim=1, stable=True)
+    order = order[:, :take]
+    return ((-neg[:, :take]).tolist(), (order // W).tolist(),
+            padded_ids.view(S, K * W).gather(1, order).tolist())
+
+
+def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: list[int]) -> tuple[Tensor, Tensor]:
+    """Per row of the steps' outputs (in order), its min(2k, V) best log-probs and token ids, best
+    first ([N, min(2k, V)] each, on the outputs' device); rows ``masked`` never get their ``eos``
+    token (log-probs are not renormalised). From CPU logits in one compiled pass
+    (``kernels.log_softmax_topk``: no [N, V] log-probabilities written), else log-softmax, mask,
+    ``row_topk``."""
     logits = [out.pending_logits for out in outs]
     op = kernels.log_softmax_topk_op()
     if op is not None and all(x is not None and x.device.type == "cpu" and x.dtype == torch.float32 for x in logits):
@@ -289,12 +391,11 @@ def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: li
             banned = torch.full((x.size(0),), -1, dtype=torch.long)
             if masked:
                 banned[torch.tensor(masked)] = torch.tensor(eos)
-            v, i = op(x, 2 * k, banned)
-            return v.tolist(), i.tolist()
+            return op(x, 2 * k, banned)
     lp = outs[0].log_probs if len(outs) == 1 else torch.cat([out.log_probs for out in outs])
     if masked:
         lp[torch.tensor(masked, device=lp.device), torch.tensor(eos, device=lp.device)] = float("-inf")
-    return top_candidates(lp, k)
+    return row_topk(lp, min(2 * k, lp.size(-1)))
 
 
 def _attention_rows(out: "StepOutput", kind: str, stacked: dict, first: int, n: int) -> list[Tensor]:

@@ -119,3 +119,13 @@ def test_bench_engine_bad_arguments_are_one_line(capsys, args, words):
     with pytest.raises(SystemExit) as e:
         main(["--parts", "a", *args] if "--parts" not in args else args)
     assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_search_step_bench_gives_the_same_hypotheses_both_ways(capsys):
+    """service.bench.search_step: the batched and the per-sentence step agree (exit 0) and both print."""
+    from service.bench.search_step import main as search_main
+    assert search_main(["--sentences", "9", "--beam", "3", "--vocab", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "same hypotheses: True" in out and out.count("ms per step") == 2
+    with pytest.raises(SystemExit):
+        search_main(["--beam", "1"])

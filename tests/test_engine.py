@@ -278,10 +278,10 @@ async def test_cancel_while_waiting_and_stream_close_free_everything(model64):
 
 async def test_a_failing_request_fails_alone(model64, monkeypatch):
     class Faulty(search.BeamSearch):
-        def step(self, *a, **kw):
+        def advance(self, *a, **kw):    # the step of beams (search_step ranks them all at once)
             if self.src_len == 13 and len(self.alive[0].tokens) == 2:
                 raise RuntimeError("injected fault")
-            return super().step(*a, **kw)
+            return super().advance(*a, **kw)
 
     monkeypatch.setattr(runner_mod, "BeamSearch", Faulty)
     engine = Engine(model64, EngineConfig(max_num_seqs=32))

@@ -95,10 +95,10 @@ def test_greedy_and_beam_hypotheses_equal_offline_generate(model):
 
 def test_a_failing_request_fails_alone(model, monkeypatch):
     class Faulty(BeamSearch):
-        def step(self, *a, **kw):
+        def advance(self, *a, **kw):    # the step of beams (search_step ranks them all at once)
             if self.src_len == 9 and len(self.alive[0].tokens) == 2:
                 raise RuntimeError("injected fault")
-            return super().step(*a, **kw)
+            return super().advance(*a, **kw)
 
     def requests():
         return [Driver.request(i, rand_source(n, n), beam_size=b, max_new_tokens=8)

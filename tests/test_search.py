@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from model.decoding import StepOutput, decode_step, encode_into_cache, generate, pad_batch
+from model import kernels
 from model.kv_cache import KVCache
-from model.search import ActiveSearch, BeamSearch, decode_inputs, search_step
+from model.search import ActiveSearch, BeamSearch, decode_inputs, rank_candidates, search_step
 from model.topk import top_candidates
 from tiny_model import make_engine_model, rand_source
 
@@ -86,6 +87,62 @@ def test_greedy_step_equals_the_ranking_step_with_k_1():
             for h, g in zip(a.alive + a.finished, b.alive + b.finished):
                 assert all(torch.equal(x, y) for x, y in zip(h.cross, g.cross)) if hasattr(h, "cross") else \
                     torch.equal(h.attention["cross"], g.attention["cross"])
+
+
+def _sentence_candidates(g: torch.Generator, n: int, width: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, width] candidate log-probs (best first) and distinct ids in 0..19, with many exact ties
+    (values on a coarse grid, some -inf) and tied ids listed in either order, as a device's top-k may."""
+    v = -(torch.randint(0, 4, (n, width), generator=g).to(dtype) / 4)
+    v[torch.rand(n, width, generator=g) < 0.1] = float("-inf")
+    v = v.sort(dim=1, descending=True).values
+    ids = torch.stack([torch.randperm(20, generator=g)[:width] for _ in range(n)])
+    return v, ids
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ranking_all_sentences_at_once_equals_each_sentence_ranked_alone(dtype, compiled, monkeypatch):
+    """rank_candidates + advance (the compiled ranking, and the tensor ops that serve other devices)
+    against each BeamSearch's own step (its python sort) on the same candidates: mixed beam sizes (the widest 2k sets the columns; narrower beams read their first 2k),
+    fewer alive rows than k, ties in value and in value + prefix (a prefix of -2**52 rounds the sums
+    together), -inf, EOS among the best, columns fewer than 2k (a small vocabulary), many steps."""
+    if compiled and kernels.rank_beams_op() is None:
+        pytest.skip("compiled CPU kernels unavailable")
+    if not compiled:
+        monkeypatch.setitem(kernels._loaded, "rank_beams", None)
+    g = torch.Generator().manual_seed(0)
+    for case in range(60):
+        width = [8, 6, 3, 2][case % 4]                      # columns: 2 * k_max, or fewer
+        beams = [1 + int(x) for x in torch.randint(1, 5, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g)]
+        twins = [[BeamSearch(k, EOS, 5, n_best=1) for k in beams] for _ in range(2)]
+        for a, b in zip(*twins):
+            prefix = [0.0, -1.0, -(2.0 ** 52)][case % 3]
+            a.alive[0].log_prob = b.alive[0].log_prob = prefix
+        for step in range(5):
+            alive = [(a, b) for a, b in zip(*twins) if not a.done]
+            if not alive:
+                break
+            rows, first, per = [], 0, []
+            for a, b in alive:
+                n = len(a.alive)
+                per.append(_sentence_candidates(g, n, width, dtype))
+                rows.append((first, b))
+                first += n + case % 2                       # odd cases: a greedy row between sentences
+            if case % 2:
+                per = [(torch.cat([v, torch.zeros(1, width, dtype=dtype)]), torch.cat([i, torch.zeros(1, width, dtype=torch.long)]))
+                       for v, i in per]
+            top_v, top_i = torch.cat([v for v, _ in per]), torch.cat([i for _, i in per])
+            ranked = rank_candidates(top_v, top_i, rows)
+            for (a, b), (v, i), cands in zip(alive, per, ranked):
+                v, i = v[: len(a.alive)], i[: len(a.alive)]
+                kk = 2 * a.beam_size
+                expected = a.step(v[:, :kk].tolist(), i[:, :kk].tolist())
+                assert b.advance(*cands) == expected, (case, step)
+                assert [(h.tokens, h.log_prob) for h in a.alive] == [(h.tokens, h.log_prob) for h in b.alive]
+                assert [(h.tokens, h.log_prob, h.score, h.finish_reason) for h in a.finished] == \
+                    [(h.tokens, h.log_prob, h.score, h.finish_reason) for h in b.finished]
+                assert a.done == b.done
+    assert rank_candidates(torch.zeros(0, 8), torch.zeros(0, 8, dtype=torch.long), []) == []
 
 
 def test_keep_encoder_attention_trims_to_the_source_length_only_when_tracked():
@@ -194,6 +251,8 @@ def test_a_failing_search_fails_alone():
     class Faulty(BeamSearch):
         def step(self, *a, **kw):
             raise RuntimeError("injected fault")
+
+        advance = step                  # search_step ranks beams at once, then calls advance
 
     good = [ActiveSearch(BeamSearch(2, EOS, 6), [0, 1], [BOS]), ActiveSearch(BeamSearch(1, EOS, 6), [5], [BOS])]
     twins = copy.deepcopy(good)

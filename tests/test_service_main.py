@@ -88,11 +88,12 @@ def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path
 
 
 def sigterm_under_load(proc: subprocess.Popen, url: str) -> None:
-    """4 clients send requests of ~1 s back to back; SIGTERM; every request sent at least 0.5 s
-    before it (accepted by then) gets its 200, some of them were still running when it came, and
-    the process exits 0. The clients send nothing after the signal (with clients still sending, the
+    """4 clients send requests of one to a few seconds back to back (48 sentences each: well over the
+    0.5 s margin below however fast the machine); SIGTERM; every request sent at least 0.5 s before
+    it (accepted by then) gets its 200, some of them were still running when it came, and the
+    process exits 0. The clients send nothing after the signal (with clients still sending, the
     drain can last up to drain_timeout_s)."""
-    body = {"text": " ".join(["Ein Mann fährt mit dem Fahrrad."] * 16), "max_new_tokens": 40}
+    body = {"text": " ".join(["Ein Mann fährt mit dem Fahrrad."] * 48), "max_new_tokens": 40}
     results: list[tuple[float, float, object]] = []        # (sent, answered, status or error)
     stop = threading.Event()
 

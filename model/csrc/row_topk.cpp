@@ -144,6 +144,84 @@ std::vector<torch::Tensor> row_topk(torch::Tensor x, int64_t k) {
   return {values, ids};
 }
 
+// Beam search's ranking of many sentences at once (model/search.py's rank_candidates; the python
+// sort of BeamSearch._beam_step is the reference): sentence s owns rows first[s] .. first[s] +
+// count[s] - 1 of top_v/top_i (its alive hypotheses, whose log-probs are the next count[s] entries of
+// prefix) and reads the first w = min(2k, W) columns of each; candidate = (prefix + top_v[row, j] in
+// double, row - first[s], top_i[row, j]); its best t = min(2k, count * w), best first, ties by row
+// then token id (NaN after every number). Returns (log_probs [S, T] float64, parents [S, T] int64,
+// tokens [S, T] int64), T = the largest t; entries past a sentence's t: NaN / -1 / -1.
+struct Candidate {
+  double lp;
+  int64_t row;
+  int64_t id;
+};
+
+inline bool ranks_before(const Candidate& a, const Candidate& b) {
+  const bool an = std::isnan(a.lp), bn = std::isnan(b.lp);
+  if (an != bn) return bn;                       // a number before NaN
+  if (!an && a.lp != b.lp) return a.lp > b.lp;
+  return a.row != b.row ? a.row < b.row : a.id < b.id;
+}
+
+template <typename scalar_t>
+void rank_sentences(const scalar_t* V, const int64_t* I, const double* P, const int64_t* F, const int64_t* C,
+                    const int64_t* K, int64_t S, int64_t W, int64_t T, double* OL, int64_t* OP, int64_t* OT) {
+  std::vector<Candidate> c;
+  for (int64_t s = 0; s < S; ++s, P += C[s - 1]) {
+    const int64_t w = std::min(2 * K[s], W);
+    c.clear();
+    for (int64_t r = 0; r < C[s]; ++r) {
+      const int64_t row = F[s] + r;
+      for (int64_t j = 0; j < w; ++j) c.push_back({P[r] + static_cast<double>(V[row * W + j]), r, I[row * W + j]});
+    }
+    const int64_t t = std::min<int64_t>(2 * K[s], static_cast<int64_t>(c.size()));
+    std::partial_sort(c.begin(), c.begin() + t, c.end(), ranks_before);
+    for (int64_t j = 0; j < T; ++j) {
+      const bool real = j < t;
+      OL[s * T + j] = real ? c[j].lp : std::numeric_limits<double>::quiet_NaN();
+      OP[s * T + j] = real ? c[j].row : -1;
+      OT[s * T + j] = real ? c[j].id : -1;
+    }
+  }
+}
+
+std::vector<torch::Tensor> rank_beams(torch::Tensor top_v, torch::Tensor top_i, torch::Tensor prefix,
+                                      torch::Tensor first, torch::Tensor count, torch::Tensor beam) {
+  TORCH_CHECK(top_v.dim() == 2 && top_v.device().is_cpu() &&
+              (top_v.scalar_type() == torch::kFloat32 || top_v.scalar_type() == torch::kFloat64),
+              "rank_beams: top_v must be a 2-d float32/float64 CPU tensor");
+  const int64_t N = top_v.size(0), W = top_v.size(1), S = beam.numel();
+  TORCH_CHECK(top_i.scalar_type() == torch::kLong && top_i.sizes() == top_v.sizes() && top_i.device().is_cpu(),
+              "rank_beams: top_i must be int64 of top_v's shape");
+  for (const auto* t : {&first, &count, &beam})
+    TORCH_CHECK(t->scalar_type() == torch::kLong && t->dim() == 1 && t->numel() == S && t->device().is_cpu(),
+                "rank_beams: first, count and beam must be [S] int64 CPU tensors");
+  top_v = top_v.contiguous(); top_i = top_i.contiguous(); prefix = prefix.contiguous();
+  first = first.contiguous(); count = count.contiguous(); beam = beam.contiguous();
+  const int64_t* F = first.data_ptr<int64_t>();
+  const int64_t* C = count.data_ptr<int64_t>();
+  const int64_t* K = beam.data_ptr<int64_t>();
+  int64_t T = 0, R = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK(C[s] >= 1 && F[s] >= 0 && F[s] + C[s] <= N, "rank_beams: sentence ", s, "'s rows ", F[s], " + ",
+                C[s], " are outside 0..", N);
+    TORCH_CHECK(K[s] >= 1, "rank_beams: beam[", s, "] = ", K[s], " < 1");
+    T = std::max(T, std::min(2 * K[s], C[s] * std::min(2 * K[s], W)));
+    R += C[s];
+  }
+  TORCH_CHECK(prefix.scalar_type() == torch::kDouble && prefix.dim() == 1 && prefix.numel() == R && prefix.device().is_cpu(),
+              "rank_beams: prefix must be [sum(count)] float64");
+  auto lp = torch::empty({S, T}, prefix.options());
+  auto parents = torch::empty({S, T}, first.options());
+  auto tokens = torch::empty({S, T}, first.options());
+  AT_DISPATCH_FLOATING_TYPES(top_v.scalar_type(), "rank_beams", [&] {
+    rank_sentences<scalar_t>(top_v.data_ptr<scalar_t>(), top_i.data_ptr<int64_t>(), prefix.data_ptr<double>(), F, C,
+                             K, S, W, T, lp.data_ptr<double>(), parents.data_ptr<int64_t>(), tokens.data_ptr<int64_t>());
+  });
+  return {lp, parents, tokens};
+}
+
 }  // namespace
 
 void register_row_topk(pybind11::module& m) {
@@ -151,4 +229,6 @@ void register_row_topk(pybind11::module& m) {
         "per-row top-k in one pass (see row_topk.cpp)");
   m.def("log_softmax_topk", &log_softmax_topk, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "per-row top-k of log_softmax without the [N, V] log-probabilities (see row_topk.cpp)");
+  m.def("rank_beams", &rank_beams, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "beam search's ranking of many sentences' candidates at once (see row_topk.cpp)");
 }
