@@ -314,8 +314,8 @@ def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, Beam
         rows: per sentence, (its first row in top_v, its BeamSearch): its alive hypotheses are rows
             first .. first + len(alive) - 1, in order.
     Returns per sentence the three lists ``BeamSearch.advance`` takes (log-probs, parent rows,
-    token ids), the same values as ranking each sentence by itself (tests): on CPU in one compiled
-    call (``kernels.rank_beams_op``), else in a few tensor ops over a [sentences, k_max * W] layout
+    token ids), the same values as ranking each sentence by itself (tests): on CPU (float32/float64)
+    in one compiled call (``kernels.rank_beams_op``), else in a few tensor ops over a [sentences, k_max * W] layout
     (``_rank_in_tensors``); then three ``tolist`` calls instead of a python sort per sentence.
     """
     if not rows:
@@ -325,7 +325,7 @@ def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, Beam
     for _, search in rows:
         prefix.extend(h.log_prob for h in search.alive)
     op = kernels.rank_beams_op()
-    if op is not None and top_v.device.type == "cpu":
+    if op is not None and top_v.device.type == "cpu" and top_v.dtype in (torch.float32, torch.float64):
         first, count, beam = torch.tensor([(f, len(search.alive), search.beam_size) for f, search in rows]).unbind(1)
         log_probs, parents, tokens = (x.tolist() for x in op(top_v, top_i, torch.tensor(prefix, dtype=torch.float64),
                                                                first, count, beam))

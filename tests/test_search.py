@@ -100,7 +100,7 @@ def _sentence_candidates(g: torch.Generator, n: int, width: int, dtype) -> tuple
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_ranking_all_sentences_at_once_equals_each_sentence_ranked_alone(dtype, compiled, monkeypatch):
     """rank_candidates + advance (the compiled ranking, and the tensor ops that serve other devices)
     against each BeamSearch's own step (its python sort) on the same candidates: mixed beam sizes (the widest 2k sets the columns; narrower beams read their first 2k),
