@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from service.api import libretranslate
-from service.api.body import MAX_BODY_BYTES, BodyMiddleware, HeadMiddleware, decode_body, inflate
+from service.api.body import MAX_BODY_BYTES, BodyMiddleware, HeadMiddleware, check_json_keys, decode_body, inflate
 from service.api.errors import ServiceError, add_exception_handlers
 
 TEXT = "Ein Mann fährt Fahrrad. Zwei Hunde spielen im Schnee – „schön“ 🐶"
@@ -319,3 +319,108 @@ def test_libre_form_fields_are_never_dropped(client):
     r = client.post("/translate", content="q=Ein%20Hund&q=Zwei\r\nKatzen&source=de",
                     headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 200 and r.json() == {"q": ["Ein Hund", "Zwei\nKatzen"], "source": "de"}
+
+
+def test_a_key_repeated_in_a_json_object_is_refused_naming_it(client):
+    """The parser would keep the last value and drop the first: 422 on /v1 (400 on LibreTranslate's
+    route) naming the key, in the top object or a nested one; distinct keys pass."""
+    r = client.post("/v1/translate", content=b'{"text": "Ein Hund.", "text": "Zwei Katzen."}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "text" and "more than once" in r.json()["error"]["message"]
+    r = client.post("/translate", content=b'{"q": "Ein Hund.", "q": "Zwei Katzen.", "source": "de", "target": "en"}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "'q'" in r.json()["error"]
+    r = client.post("/v1/translate", content=b'{"text": "Ein Hund.", "x": {"a": 1, "a": 2}}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "a"
+    assert client.post("/v1/translate", json={"text": TEXT}).json() == {"text": TEXT}
+    check_json_keys(b'[{"a": 1}, {"a": 2}]')      # the same key in two objects is no repeat
+    check_json_keys(b'{"a": ')                    # invalid JSON is left to the route
+
+
+def test_an_empty_charset_is_415(client):
+    r = client.post("/v1/translate", content=JSON_BODY, headers={"content-type": "application/json; charset="})
+    assert r.status_code == 415 and "empty charset" in r.json()["error"]["message"]
+
+
+def _run_asgi(app, messages: list, hang: bool = False, path: str = "/v1/translate") -> list:
+    """Call an ASGI app with the request messages given (then a hang or a disconnect); what it sent."""
+    import asyncio
+    sent, queue = [], list(messages)
+
+    async def receive():
+        if queue:
+            return queue.pop(0)
+        if hang:
+            await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")]}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
+    return sent
+
+
+def test_a_body_that_stalls_is_408_and_one_abandoned_mid_way_gets_nothing():
+    """Content-Length 100, 12 bytes sent, then nothing: 408 naming the timeout and the bytes (not a
+    connection held forever); a client that disconnects mid-body: the route is never called."""
+    called = []
+
+    async def route(scope, receive, send):
+        called.append(scope["path"])
+    partial = {"type": "http.request", "body": b'{"text": "Ei', "more_body": True}
+    sent = _run_asgi(BodyMiddleware(route, timeout_s=0.2), [partial], hang=True)
+    assert sent[0]["status"] == 408 and not called
+    body = json.loads(sent[1]["body"])
+    assert body["error"]["field"] == "body" and "0.2 s" in body["error"]["message"] and "12 bytes of 100" in body["error"]["message"]
+    assert _run_asgi(BodyMiddleware(route, timeout_s=5), [partial]) == [] and not called
+    whole = {"type": "http.request", "body": JSON_BODY, "more_body": False}
+    assert _run_asgi(BodyMiddleware(route, timeout_s=5), [whole]) == [] and called == ["/v1/translate"]
+
+
+def test_the_access_log_records_a_client_that_left_as_499_not_500(caplog):
+    """No response started and the client went away (Serve cancels the request, or the body read
+    saw the disconnect): 499 in the metrics and the log; an app that fails with no response: 500."""
+    import asyncio
+    from service.api.access_log import AccessLogMiddleware
+
+    class Metrics:
+        def __init__(self):
+            self.codes = []
+
+        def record(self, model, endpoint, code, seconds):
+            self.codes.append(code)
+
+    async def cancelled(scope, receive, send):
+        raise asyncio.CancelledError
+
+    async def reads_until_gone(scope, receive, send):
+        await receive()
+
+    async def fails(scope, receive, send):
+        raise RuntimeError("a bug")
+
+    async def answers(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+        await receive()                  # the client leaves after its answer: still a 200
+    codes = []
+    for app, raises in ((cancelled, asyncio.CancelledError), (reads_until_gone, None), (fails, RuntimeError),
+                        (answers, None)):
+        mw = AccessLogMiddleware(app)
+        mw.metrics = Metrics()
+        scope = {"type": "http", "method": "POST", "path": "/v1/translate", "headers": [(b"x-request-id", b"r1")]}
+
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            pass
+        try:
+            asyncio.run(mw(scope, receive, send))
+        except BaseException as e:  # noqa: BLE001
+            assert raises is not None and isinstance(e, raises)
+        codes += mw.metrics.codes
+    assert codes == [499, 499, 500, 200]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import unicodedata
 
 import pytest
 import torch
@@ -340,3 +341,31 @@ def test_html_references_and_glued_spans_on_the_model(translate):
     out = h.rebuild([t.text for t in translate(h.segments)])
     assert [out.count(r) for r in ("&#xD800;", "&#0;", "&#x110000;")] == [1, 1, 1] and "\ufffd" not in out
     assert re.search(r"&lt;\w", out) and re.search(r"\w&gt;", out), out
+
+
+def test_decomposed_accents_translate_as_their_composed_form(translate):
+    """Text typed with combining marks (NFD, as macOS sends it) is the same sentence as its composed
+    form (NFC): the same model input and translation (up to canonical equivalence: a text with nothing
+    to translate comes back as sent), no byte pieces, the accented letter verbatim."""
+    pairs = [("a\u0301", "\u00e1"), ("Ein Mann isst in Sa\u0303o Paulo.", "Ein Mann isst in S\u00e3o Paulo."),
+             ("Ein Hund rennt im Cafe\u0301.", "Ein Hund rennt im Caf\u00e9.")]
+    out = translate([t for pair in pairs for t in pair])
+    for k, (nfd, nfc) in enumerate(pairs):
+        a, b = out[2 * k], out[2 * k + 1]
+        assert a.source_tokens == b.source_tokens and unicodedata.normalize("NFC", a.text) == b.text, (nfd, a.text, b.text)
+        assert not any(p.startswith("<0x") for p in a.source_tokens), a.source_tokens
+    assert unicodedata.normalize("NFC", out[0].text) == "\u00e1" and "S\u00e3o" in out[3].text
+
+
+def test_a_word_with_letters_the_model_lacks_comes_back_whole(translate, protector):
+    """"Łódź" (Ł and ź are outside the model's alphabet, ó is not) is one verbatim span, not two
+    letters around a translated "ód"; a symbol the model lacks (an emoji) glued to a word is still
+    only itself."""
+    sentence = "Ein Mann aus Łódź singt."
+    [span] = protector.find_spans(sentence)
+    assert sentence[span.start: span.end] == "Łódź" and span.kind == "word"
+    [emoji] = protector.find_spans("Ein Hund🐕 rennt.")
+    assert "Ein Hund🐕 rennt."[emoji.start: emoji.end] == "🐕"
+    [t] = translate([sentence])
+    assert t.text.count("Łódź") == 1 and "Ł" not in t.text.replace("Łódź", ""), t.text
+    assert not any(p.startswith("<0x") for p in t.source_tokens), t.source_tokens

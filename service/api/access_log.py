@@ -1,11 +1,13 @@
 """The access-log and HTTP-metrics middleware of the ingress."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Optional
 
 from ray import serve
+from starlette.requests import ClientDisconnect
 
 from service.metrics import HttpMetrics
 
@@ -18,10 +20,17 @@ ENDPOINTS = frozenset({"/v1/translate", "/v1/models", "/healthz", "/readyz", "/m
                        "/languages", "/docs", "/openapi.json", "/"})
 
 
+# The status recorded (log and metrics) for a request whose client disconnected before its response
+# started (nginx's "client closed request"): none was sent, and it is not a server error.
+CLIENT_CLOSED = 499
+
+
 class AccessLogMiddleware:
     """Per request: one access-log line (request id, status, latency, token counts) and the HTTP metrics.
 
-    Pure ASGI so the latency of a streamed response is measured to its last byte. Handlers put
+    Pure ASGI so the latency of a streamed response is measured to its last byte. A request whose
+    client went away before its response started is recorded as 499 (``CLIENT_CLOSED``), one that
+    failed with no response as 500. Handlers put
     ``model`` (its id), ``usage`` (a ``schemas.Usage``) and ``stream`` into ``request.state``.
     """
 
@@ -44,10 +53,21 @@ class AccessLogMiddleware:
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                status["sent"] = True
             await send(message)
 
+        async def receive_wrapper():
+            message = await receive()
+            if message["type"] == "http.disconnect" and not status.get("sent"):
+                status["code"] = CLIENT_CLOSED     # gone before its answer: not a server error
+            return message
+
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
+        except (asyncio.CancelledError, ClientDisconnect):
+            if not status.get("sent"):
+                status["code"] = CLIENT_CLOSED     # Serve cancels a request whose client went away
+            raise
         finally:
             seconds = time.perf_counter() - t0
             path, route = scope.get("path", ""), route_path(scope)

@@ -13,6 +13,11 @@ a ``charset`` honoured; one ASGI middleware for every route (``BodyMiddleware``)
                       repeated charset, or one on multipart/form-data, gets 415. Bytes invalid in the
                       declared charset: 422 (400 on LibreTranslate routes); so is an empty body
                       with a Content-Encoding.
+    body arrival      the whole body must arrive within BODY_TIMEOUT_S of the request's start: 408
+                      (a client that stalls mid-body holds a connection, not the server); a client
+                      that disconnects mid-body gets nothing (it is gone; the access log says 499).
+    JSON keys         a key given twice in one JSON object of a /v1 body: 422 naming it (the parser
+                      would keep the last one and drop the first without a word).
     HEAD              answered like GET without a body (``HeadMiddleware``).
 
 Errors come in the route's shape: ``{"error": {...}}`` natively, ``{"error": message}`` on
@@ -20,7 +25,9 @@ LibreTranslate's routes (``errors.LIBRE_PATHS``).
 """
 from __future__ import annotations
 
+import asyncio
 import codecs
+import json
 import re
 import urllib.parse
 import zlib
@@ -33,11 +40,13 @@ from .guard import check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
                                    # 5,000 characters fit with room for JSON escapes)
+BODY_TIMEOUT_S = 30                # seconds for a request's whole body to arrive (4 MiB at ~140 kB/s)
 ENCODINGS = ("gzip", "deflate", "identity")
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART)}   # "+json" types count as JSON
+JSON_KEY_PATHS = frozenset(MEDIA_TYPES)     # routes whose JSON bodies are checked for repeated keys
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # The charsets honoured, as codecs.lookup() names them: character encodings only, never Python's
 # transform codecs (unicode_escape, idna, punycode, undefined, utf-7, ...).
@@ -137,6 +146,9 @@ def decode_body(path: str, headers: dict[str, str], body: bytes, cap: int = MAX_
     for coding in reversed(codings):
         body = inflate(body, coding, cap)
     charset = params.get("charset")
+    if charset is not None and not charset.strip():
+        raise ServiceError(415, f"Content-Type: an empty charset ({ctype!r}); name one (utf-8) or leave it out",
+                           "Content-Type")
     if sum(p.split("=")[0].strip().lower() == "charset" for p in ctype.split(";")[1:]) > 1:
         raise ServiceError(415, f"Content-Type: charset given more than once ({ctype!r}); send one", "Content-Type")
     if charset:
@@ -144,6 +156,28 @@ def decode_body(path: str, headers: dict[str, str], body: bytes, cap: int = MAX_
         if transcoded is not body:
             body, ctype = transcoded, f"{media}; charset=utf-8"
     return body, ctype
+
+
+def _no_repeated_keys(pairs: list) -> dict:
+    """json.loads' object_pairs_hook: the object, or ServiceError 422 naming a key given twice."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ServiceError(422, f"body: the key {key!r} is given more than once in one JSON object; send it "
+                                f"once (only one of the values would be read)", key)
+    return obj
+
+
+def check_json_keys(body: bytes) -> None:
+    """Raises ServiceError 422 when a JSON object in ``body`` repeats a key. Invalid JSON passes (the
+    route reports it as it always does)."""
+    try:
+        json.loads(body, object_pairs_hook=_no_repeated_keys)
+    except ServiceError:
+        raise
+    except (ValueError, RecursionError):
+        return
 
 
 def render(path: str, err: ServiceError, headers: Optional[dict] = None) -> JSONResponse:
@@ -159,8 +193,8 @@ class BodyMiddleware:
     the decoded bytes with matching Content-Encoding, Content-Length and Content-Type headers; answers
     413/415/422 itself. Requests without a body method pass through untouched."""
 
-    def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES):
-        self.app, self.cap = app, max_body_bytes
+    def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S):
+        self.app, self.cap, self.timeout_s = app, max_body_bytes, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
@@ -174,8 +208,12 @@ class BodyMiddleware:
         try:
             if length > self.cap:
                 raise ServiceError(413, f"body: at most {self.cap} bytes, got {length} (Content-Length)", "body")
-            body = await self._read(receive)
+            body = await self._read(receive, length)
+            if body is None:
+                return                  # the client disconnected before its body was complete
             body, ctype = decode_body(path, headers, body, self.cap)
+            if path in JSON_KEY_PATHS and _is_json(parse_content_type(ctype)[0]) and body:
+                check_json_keys(body)
         except ServiceError as e:
             # API keys on, no Authorization header, /translate: no readable api_key field -> 401 first
             denied = check_body_key(scope.get("state", {}), None) if path == "/translate" else None
@@ -196,19 +234,27 @@ class BodyMiddleware:
             return await receive()      # after the body: the client's disconnect
         await self.app({**scope, "headers": new_headers}, replay, send)
 
-    async def _read(self, receive) -> bytes:
+    async def _read(self, receive, length: int = 0) -> Optional[bytes]:
+        """The body's bytes, or None when the client disconnected first. Raises ServiceError 413
+        past the cap and 408 when it has not arrived in full within ``self.timeout_s``."""
         chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.cap:
-                raise ServiceError(413, f"body: at most {self.cap} bytes, got more", "body")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.cap:
+                        raise ServiceError(413, f"body: at most {self.cap} bytes, got more", "body")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            expected = f" of {length} (Content-Length)" if length else ""
+            raise ServiceError(408, f"body: not received in full within {self.timeout_s:g} s "
+                                    f"(BODY_TIMEOUT_S): got {size} bytes{expected}", "body") from None
         return b"".join(chunks)
 
 

@@ -30,7 +30,8 @@ LIBRE_PATHS = ("/translate", "/languages")    # routes that answer in LibreTrans
 JSON_TOO_DEEP = (f"JSON nested too deep (arrays and objects inside each other beyond about "
                  f"{sys.getrecursionlimit()} levels; a request needs at most 3)")
 
-ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+               413: "payload_too_large",
                415: "unsupported_media_type", 422: "invalid_request",
                429: "overloaded", 499: "cancelled", 500: "internal_error", 503: "overloaded"}
 

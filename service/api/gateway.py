@@ -80,6 +80,7 @@ api = FastAPI(
     version="0.1.0",
     description="Machine translation with the original Transformer, continuous batching on Ray Serve. "
                 "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
+    redirect_slashes=False,   # "/v1/translate/" is a 404 naming the path, not a redirect built from the Host header
 )
 api.add_middleware(HeadMiddleware)        # innermost: HEAD on every GET route, answered without a body
 api.add_middleware(BodyMiddleware)        # decodes bodies before the routes read them

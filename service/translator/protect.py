@@ -67,7 +67,7 @@ _FINAL = ".!?…:;\"'»”’)]"       # what ends a sentence before a trailing 
 class Span:
     start: int    # character offsets in the sentence
     end: int
-    kind: str     # url, email, code, entity, number, symbol
+    kind: str     # url, email, code, entity, number, symbol, word (with a letter the model lacks)
 
     def merge(self, other: "Span") -> "Span":
         return Span(self.start, other.end, self.kind if self.kind == other.kind else "mixed")
@@ -148,8 +148,15 @@ class Protector:
             j = i + 1
             while j < len(text) and not text[j].isspace() and not self.known(text[j]):
                 j += 1
+            kind = "symbol"
+            if any(c.isalpha() for c in text[i:j]):   # a letter the model lacks: its whole word ("Łódź")
+                kind = "word"
+                while i > 0 and _in_word(text[i - 1]):
+                    i -= 1
+                while j < len(text) and _in_word(text[j]):
+                    j += 1
             if any(not _invisible(c) for c in text[i:j]):
-                found.append(Span(i, j, "symbol"))
+                found.append(Span(i, j, kind))
             i = j
         found.sort(key=lambda s: (s.start, -s.end))
         spans: list[Span] = []
@@ -188,7 +195,11 @@ class Protector:
         return dataclasses.replace(split, pieces=pieces, glue=glue)
 
     def prepare(self, sentence: str) -> Protected:
-        """The model's input for one sentence (see the module docstring)."""
+        """The model's input for one sentence (see the module docstring). The sentence is composed
+        first (NFC: "a" + U+0301 is "á", as the tokenizer would see it), so spans are found in the text
+        the model gets, and come back composed."""
+        if not unicodedata.is_normalized("NFC", sentence):
+            sentence = unicodedata.normalize("NFC", sentence)
         spans = self.find_spans(sentence) if self.protect else []
         lo, hi = 0, len(sentence)
         prefix = suffix = ""
@@ -342,6 +353,11 @@ def _continues(piece: str) -> bool:
 
 def _is_byte(piece: str) -> bool:
     return len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+
+
+def _in_word(c: str) -> bool:
+    """Whether c continues a word around a letter the model lacks: a letter, digit or combining mark."""
+    return c.isalnum() or unicodedata.category(c) in ("Mn", "Mc")
 
 
 def _invisible(c: str) -> bool:
