@@ -308,6 +308,9 @@ def test_framework_errors_use_the_error_shape(service_url):
     assert r.status_code == 405 and "/v1/translate" in r.json()["error"]["message"]
     r = httpx.get(service_url + "/no/such/path")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+    # a query parameter would be ignored: 422 naming it (the fields are the body's)
+    r = httpx.post(service_url + "/v1/translate?beam_size=99", json={"text": "Ein Hund."})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "beam_size" and "JSON body" in r.json()["error"]["message"]
     # a trailing slash is another path: a 404, not a redirect to a URL built from the Host header
     r = httpx.post(service_url + "/v1/translate/", json={"text": "Ein Hund."}, headers={"Host": "evil.example"})
     assert r.status_code == 404 and "location" not in r.headers and r.json()["error"]["type"] == "not_found"

@@ -186,6 +186,10 @@ class Gateway:
         (``{"index", "text", "token"}``; the concatenated ``text`` of an index is its translation), then
         ``event: response`` with the whole response; ``event: error`` if it fails midway.
         """
+        if request.scope.get("query_string"):   # nothing sent is dropped: the fields are the body's
+            name = next(iter(request.query_params.keys()), "")
+            raise ServiceError(422, f"query parameter {name!r}: /v1/translate reads its fields from the JSON body "
+                                    f"only; send it there", name or "query")
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
         job = self._deadline(body.job(), body.timeout_s)
