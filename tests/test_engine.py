@@ -461,3 +461,16 @@ async def test_reconfigure_changes_the_cache_after_running_requests_finish(model
     assert all(r.hypotheses for r in res)
     assert_no_leak(engine)
     await engine.stop()
+
+
+async def test_shortest_first_admission_gives_every_request_its_offline_result(model64):
+    """admission="shortest_first" reorders admissions only: with more requests than slots, of mixed
+    lengths and beams, every result is the offline one and no slot or block leaks."""
+    engine = Engine(model64, EngineConfig(max_num_seqs=6, admission="shortest_first", max_wait_steps=3))
+    reqs = [(source(n, 40 + n), GenerationOptions(beam_size=b, max_new_tokens=8))
+            for n, b in ((12, 2), (3, 1), (9, 3), (4, 1), (15, 1), (5, 2), (7, 1))]
+    res = await asyncio.gather(*[engine.translate(s, o) for s, o in reqs])
+    for (s, o), r in zip(reqs, res):
+        assert_same(r, offline(model64, s, o), 1e-10)
+    assert_no_leak(engine)
+    await engine.stop()

@@ -191,7 +191,7 @@ def render(path: str, err: ServiceError, headers: Optional[dict] = None) -> JSON
 class BodyMiddleware:
     """Reads a request body (up to MAX_BODY_BYTES), decodes it (``decode_body``) and hands the route
     the decoded bytes with matching Content-Encoding, Content-Length and Content-Type headers; answers
-    413/415/422 itself. Requests without a body method pass through untouched."""
+    408/413/415/422 itself. Requests without a body method pass through untouched."""
 
     def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S):
         self.app, self.cap, self.timeout_s = app, max_body_bytes, timeout_s

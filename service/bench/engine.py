@@ -131,6 +131,7 @@ class StepProfile:
 
 async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[list[float]] = None,
                      fixed_len: Optional[int] = None, policy: str = "decode_first", part: str = "(c)",
+                     admission: str = "fifo",
                      system: str = "continuous engine, all at once", warmup: bool = True,
                      prefill_every: int = 4, dtype: str = "auto") -> Run:
     """Submit every sentence (at once, or at the given arrival offsets in seconds) and await all;
@@ -139,7 +140,7 @@ async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[l
     opts = GenerationOptions(beam_size=beam, n_best=1)
     if fixed_len is not None:
         opts = GenerationOptions(beam_size=beam, max_new_tokens=fixed_len, min_new_tokens=fixed_len)
-    config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy,
+    config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy, admission=admission,
                           prefill_every=prefill_every, dtype=dtype)
     if warmup:
         warm = Engine(model, config)
@@ -192,7 +193,8 @@ def _engine_parts_worker(spec: dict, barrier, queue) -> None:
             model, _, _, dtype = bench_model(spec)
         tune_process()
         srcs, beam, slots = spec["srcs"], spec["beam"], spec["slots"]
-        kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"], "dtype": dtype}
+        kw = {"policy": spec["policy"], "prefill_every": spec["prefill_every"], "dtype": dtype,
+              "admission": spec.get("admission", "fifo")}
         out = []
         cont = asyncio.run(run_engine(model, srcs, beam, slots, **kw))
         out.append(cont)
@@ -308,7 +310,7 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
     tune_process()  # as in every process of this benchmark, static and engine alike
     print(f"(a)-(d): {ckpt} ({meta.get('note', 'shipped model')}); {len(srcs)} sentences, "
           f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
-          f"{args.policy}, prefill_every {args.prefill_every}, {args.engine_slots} sentences in flight "
+          f"{args.policy}, admission {args.admission}, prefill_every {args.prefill_every}, {args.engine_slots} sentences in flight "
           f"({args.engine_slots} x beam slots); linear layers "
           f"{model.linear_dtype}; {next(model.parameters()).device}, {dtype}")
     generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
@@ -325,7 +327,7 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
             if "c" in parts or ("d" in parts and r == args.rounds - 1):
                 todo = {"c"} | ({"d"} & parts if r == args.rounds - 1 else set())
                 got = run_engine_parts({**where, "threads": args.threads, "srcs": srcs,
-                                        "beam": beam, "slots": slots, "policy": args.policy,
+                                        "beam": beam, "slots": slots, "policy": args.policy, "admission": args.admission,
                                         "prefill_every": args.prefill_every, "seed": args.seed,
                                         "parts": sorted(todo)})
                 conts += [x for x in got if x.part == "(c)"]
@@ -367,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="(c)/(d): sentences in flight; the engine's max_num_seqs (KV-cache slots, one per "
                          "hypothesis) is this x beam; (f): max_num_seqs")
     ap.add_argument("--policy", default="decode_first", help="engine scheduling policy for (c)/(d)")
+    ap.add_argument("--admission", default="fifo", choices=("fifo", "shortest_first"),
+                    help="engine admission order for (c)/(d) (EngineConfig.admission)")
     ap.add_argument("--prefill-every", type=int, default=4, help="engine prefill_every (k) for (c)/(d)")
     ap.add_argument("--layouts", default="1x2,2x1", help="(e), (f): processes x threads per process")
     ap.add_argument("--e-systems", default="engine,static", help="(e): engine and/or static")

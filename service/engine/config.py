@@ -10,6 +10,7 @@ from typing import Optional
 from .errors import EngineValidationError
 
 POLICIES = ("decode_first", "prefill_first", "static")   # see scheduler.py
+ADMISSIONS = ("fifo", "shortest_first")                  # the order waiting requests are admitted in (scheduler.py)
 DTYPES = ("auto", "float32", "bfloat16", "float16")       # the model's weights and KV cache in the engine
 
 
@@ -38,6 +39,8 @@ class EngineConfig:
     policy: str = "decode_first"              # one of POLICIES
     prefill_every: int = 4                    # k: while requests wait, at least every k-th step prefills
     waiting_ratio: float = 1.0                # ... or when (waiting requests that fit now) / running exceeds this
+    admission: str = "fifo"                   # one of ADMISSIONS: arrival order, or the smallest jobs first
+    max_wait_steps: int = 256                 # shortest_first: a request waiting this many steps goes first
     max_src_len: Optional[int] = None         # cache bound on source ids (default: model max_len)
     max_tgt_len: Optional[int] = None         # cache bound on target positions (default: model max_len)
     kv_block_size: int = 16                   # positions per KV-cache block (paged cache)
@@ -48,7 +51,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         def bad(name, msg):
             raise EngineValidationError(name, msg)
-        for name in ("max_num_seqs", "max_prefill_tokens", "max_waiting", "prefill_every", "kv_block_size"):
+        for name in ("max_num_seqs", "max_prefill_tokens", "max_waiting", "prefill_every", "kv_block_size",
+                     "max_wait_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, f"must be a positive integer, got {v!r}")
@@ -66,6 +70,8 @@ class EngineConfig:
             bad("cuda_graphs", f"must be true or false, got {self.cuda_graphs!r}")
         if self.policy not in POLICIES:
             bad("policy", f"must be one of {POLICIES}, got {self.policy!r}")
+        if self.admission not in ADMISSIONS:
+            bad("admission", f"must be one of {ADMISSIONS}, got {self.admission!r}")
         if not isinstance(self.waiting_ratio, (int, float)) or not self.waiting_ratio >= 0:
             bad("waiting_ratio", f"must be a number >= 0, got {self.waiting_ratio!r}")
         for name in ("max_src_len", "max_tgt_len"):

@@ -19,6 +19,15 @@ slots are freed and they go back to the head of the waiting queue, to be prefill
 output is the same: decoding is deterministic). The oldest running request is never preempted, and
 a request that could not fit alone at its longest is refused at ``add``.
 
+Admission order (``EngineConfig.admission``): ``fifo`` (the default) as above; ``shortest_first``
+takes the waiting requests smallest job first (source tokens x beam size: a translation's output
+grows with its source, so the size of each job is known at arrival), arrival order among equals,
+with the same head-of-line rule in that order; a request that has waited ``max_wait_steps`` steps
+(or was preempted) goes before every smaller one, in arrival order, so a long sentence is delayed
+by at most that many steps. Under a burst this lowers the median latency (short sentences are not
+queued behind long ones, as length-sorted batches do offline; Marian's ``--maxi-batch-sort src``)
+at the cost of the longest ones' latency.
+
 Policies (``EngineConfig.policy``):
 - ``decode_first``: steps only decode while requests run; a prefill is forced on the k-th step in a
   row that finds requests waiting (k = ``prefill_every``, so a request that fits is prefilled within
@@ -191,7 +200,7 @@ class Scheduler:
         blocks = self._free_blocks()
         cap = self.config.max_running_requests
         room = len(self.waiting) if cap is None else max(cap - len(self.running), 0)
-        for req in self.waiting:
+        for req in self._admission_order():
             if n >= room or req.num_slots > free or self.admit_blocks(req) > blocks:
                 break
             free -= req.num_slots
@@ -199,20 +208,34 @@ class Scheduler:
             n += 1
         return n
 
+    def _admission_order(self):
+        """The waiting requests in the order they are admitted (``EngineConfig.admission``): the queue
+        itself for fifo; for shortest_first, those due (waited ``max_wait_steps`` or preempted) first
+        in arrival order, then the rest by job size (source tokens x beam), arrival order among equals."""
+        if self.config.admission == "fifo" or len(self.waiting) < 2:
+            return self.waiting
+        due = self.step_count - self.config.max_wait_steps
+
+        def key(req: ScheduledRequest) -> tuple:
+            overdue = req.num_preemptions > 0 or req.arrival_step <= due
+            return (not overdue, 0 if overdue else req.num_src_tokens * req.num_slots)
+        return sorted(self.waiting, key=key)    # stable: the queue's (arrival) order among equal keys
+
     def _free_blocks(self) -> int:
         """Blocks admission may hand out now: free ones less this step's growth and the reserve."""
         return self.slots.num_free_blocks - self._growth - self.reserve if self.paged else 0
 
     def _admit(self) -> list[ScheduledRequest]:
-        """Take waiting requests in FIFO order while slots, the token budget and the running cap allow."""
+        """Take waiting requests in admission order (``_admission_order``) while slots, the token
+        budget and the running cap allow."""
         cfg = self.config
         batch: list[ScheduledRequest] = []
         free = self.slots.num_free
         blocks = self._free_blocks()
         longest = 0
         cap = cfg.max_running_requests
-        while self.waiting:
-            req = self.waiting[0]
+        fifo = cfg.admission == "fifo"
+        for req in list(self._admission_order()):
             if req.num_slots > free or (cap is not None and len(self.running) + len(batch) >= cap):
                 break
             if self.admit_blocks(req) > blocks and (self.running or batch):
@@ -220,7 +243,10 @@ class Scheduler:
             longest_new = max(longest, req.num_src_tokens)
             if batch and (len(batch) + 1) * longest_new > cfg.max_prefill_tokens:
                 break  # a lone request longer than the budget still goes (it would never fit otherwise)
-            self.waiting.popleft()
+            if fifo:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(req)
             req.slots = self.slots.allocate(req.num_slots)
             req.admitted_step = self.step_count
             free -= req.num_slots
