@@ -321,12 +321,11 @@ def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, Beam
     if not rows:
         return []
     W = top_v.size(1)
-    prefix: list[float] = []
-    for _, search in rows:
-        prefix.extend(h.log_prob for h in search.alive)
+    prefix = [h.log_prob for _, search in rows for h in search.alive]
     op = kernels.rank_beams_op()
     if op is not None and top_v.device.type == "cpu" and top_v.dtype in (torch.float32, torch.float64):
-        first, count, beam = torch.tensor([(f, len(search.alive), search.beam_size) for f, search in rows]).unbind(1)
+        first, count, beam = torch.tensor([x for f, search in rows for x in (f, len(search.alive), search.beam_size)]
+                                          ).view(-1, 3).unbind(1)
         log_probs, parents, tokens = (x.tolist() for x in op(top_v, top_i, torch.tensor(prefix, dtype=torch.float64),
                                                                first, count, beam))
     else:
