@@ -23,8 +23,8 @@ Admission order (``EngineConfig.admission``): ``fifo`` (the default) as above; `
 takes the waiting requests smallest job first (source tokens x beam size: a translation's output
 grows with its source, so the size of each job is known at arrival), arrival order among equals,
 with the same head-of-line rule in that order; a request that has waited ``max_wait_steps`` steps
-(or was preempted) goes before every smaller one, in arrival order, so a long sentence is delayed
-by at most that many steps. Under a burst this lowers the median latency (short sentences are not
+(or was preempted) goes before every smaller one, in arrival order, so smaller ones pass a long
+sentence for at most that many steps (sorting the queue costs O(n log n) per step while it waits). Under a burst this lowers the median latency (short sentences are not
 queued behind long ones, as length-sorted batches do offline; Marian's ``--maxi-batch-sort src``)
 at the cost of the longest ones' latency.
 
