@@ -162,6 +162,8 @@ def test_routing_by_model_and_by_languages(service_url):
     assert by_pair["translations"] == by_name["translations"]
     assert translate(service_url, "Hallo.", max_new_tokens=3)["model"] == "de-en"     # the default
     assert translate(service_url, "Hallo.", target_lang="en", max_new_tokens=3)["model"] == "de-en"
+    # codes match ignoring case, and a region falls back to its language
+    assert translate(service_url, "A dog runs.", source_lang="EN", target_lang="de-DE", max_new_tokens=5) == by_pair
 
 
 # ---- bad input: status code and a message naming the field and the limit ---------------------------

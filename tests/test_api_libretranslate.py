@@ -33,6 +33,8 @@ def test_libretranslate_translate_json_and_forms(service_url):
     assert one.status_code == 200 and one.json() == {"translatedText": native[0]["text"]}
     many = post(service_url, {"q": [s0, s1], "source": "de", "target": "en", "api_key": ""}, path="/translate")
     assert many.json() == {"translatedText": [native[0]["text"], native[1]["text"]]}
+    upper = post(service_url, {"q": s0, "source": "DE", "target": "en-US"}, path="/translate")
+    assert upper.status_code == 200 and upper.json() == one.json()
     form = httpx.post(service_url + "/translate", data={"q": s0, "source": "de", "target": "en", "format": "text"})
     assert form.json() == {"translatedText": native[0]["text"]}
     multipart = httpx.post(service_url + "/translate", files={"q": (None, s1), "source": (None, "de"),
@@ -154,3 +156,15 @@ def test_html_text_limit_counts_q_items_in_process():
     assert len(job.texts) == 100 and job.n_texts == 1
     with pytest.raises(ServiceError, match="at most 64 texts per request, got 65"):
         checked_job(req, ["Ein Hund"] * 65, limits)    # without n_texts the segments are the texts
+
+
+def test_language_codes_match_ignoring_case_and_fall_back_from_a_region():
+    """BCP 47 codes are case-insensitive, and "de-DE" / "pt_BR" name their language when only that
+    is served; an unknown code comes back unchanged (the route's 400/404 names it)."""
+    from service.translator.card import match_language
+    known = {"de", "en", "fra"}
+    assert [match_language(c, known) for c in ("de", "DE", "de-DE", "De_at", "FRA", "en-GB")] == \
+        ["de", "de", "de", "de", "fra", "en"]
+    assert match_language("xx", known) == "xx" and match_language("xx-DE", known) == "xx-DE"
+    assert match_language(None, known) is None
+    assert match_language("de-DE", known | {"de-DE"}) == "de-DE"      # a served full code wins

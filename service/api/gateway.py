@@ -23,6 +23,7 @@ from ray.serve.handle import DeploymentHandle
 from service.engine import EngineConfig
 from service.metrics import GuardMetrics, RetryMetrics, scrape_metrics
 from service.translator import ModelCard
+from service.translator.card import match_language
 
 from . import explorer, libretranslate, sse
 from .access_log import AccessLogMiddleware
@@ -143,7 +144,10 @@ class Gateway:
         translates source_lang -> target_lang (models of one target before multilingual ones, which
         match every target their vocabulary knows), else the default. Raises ServiceError: 404 for an
         unknown model or pair, 422 when a multilingual model's target_lang is missing or unknown (the
-        message names its choices)."""
+        message names its choices). Language codes match ignoring case, and a code with a region
+        falls back to its language ("de-DE" -> "de"; ``card.match_language``)."""
+        source_lang = match_language(source_lang, {c.source_lang for c in self.cards.values()})
+        target_lang = match_language(target_lang, {t for c in self.cards.values() for t in c.targets})
         if model is not None:
             card = self.cards.get(model)
             if card is None:

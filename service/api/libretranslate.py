@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from service.engine import GenerationOptions
 from service.translator import ModelCard
+from service.translator.card import match_language
 
 from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response
 from .guard import check_body_key
@@ -184,6 +185,7 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
                            "alternatives")
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
+    source, target = match_language(source, sources | {"auto"}), match_language(target, targets | sources)
     auto = source == "auto"
     if auto:
         candidates = [c for c in cards if target in c.targets]

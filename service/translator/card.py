@@ -84,3 +84,19 @@ def _test_bleu(meta: dict) -> Optional[float]:
         if "test" in key and isinstance(value, dict) and isinstance(value.get("bleu"), (int, float)):
             return float(value["bleu"])
     return None
+
+
+def match_language(code: Optional[str], known) -> Optional[str]:
+    """The served language code that ``code`` names: itself when served; else the one code of
+    ``known`` equal to it ignoring case (BCP 47 codes are case-insensitive: "DE" is "de"); else, for
+    a code with a region or script subtag ("de-DE", "pt_BR"), its primary language when that is
+    served and the full code is not. Anything else comes back unchanged (the caller's 404/400 names
+    it). None stays None."""
+    if code is None or code in known:
+        return code
+    folded = {k.lower(): k for k in known}
+    lower = code.lower()
+    if lower in folded:
+        return folded[lower]
+    primary = lower.replace("_", "-").split("-")[0]
+    return folded.get(primary, code) if primary != lower else code
