@@ -9,13 +9,6 @@ from . import kernels
 TOPK_CHUNK = 64  # vocabulary entries per chunk of ``row_topk``
 
 
-def top_candidates(log_probs: Tensor, k: int) -> tuple[list, list]:
-    """Per row of log_probs [N, V], the 2k best (log-prob, token id), best first, as python lists
-    ([N][2k] each); the one device sync of a search step."""
-    v, i = row_topk(log_probs, min(2 * k, log_probs.size(-1)))
-    return v.tolist(), i.tolist()
-
-
 def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``x.topk(k, dim=-1)`` of a [N, V] matrix (values descending), cheaper for small k and large V.
 

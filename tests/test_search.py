@@ -11,7 +11,7 @@ from model.decoding import StepOutput, decode_step, encode_into_cache, generate,
 from model import kernels
 from model.kv_cache import KVCache
 from model.search import ActiveSearch, BeamSearch, decode_inputs, rank_candidates, search_step
-from model.topk import top_candidates
+from model.topk import row_topk
 from tiny_model import make_engine_model, rand_source
 
 EOS, BOS = 3, 2
@@ -170,7 +170,7 @@ def test_one_step_over_mixed_beams_equals_each_search_stepped_alone():
         slots, index, length, row = [], [], 0, 0
         for twin in twins:
             n = len(twin.tokens)
-            v, i = top_candidates(lp[row: row + n], twin.search.beam_size)
+            v, i = (x.tolist() for x in row_topk(lp[row: row + n], min(2 * twin.search.beam_size, lp.size(-1))))
             parents, tokens = twin.search.step(v, i)
             row += n
             if twin.search.done:

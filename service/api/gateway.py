@@ -117,6 +117,8 @@ class Gateway:
                  max_timeout_s: float = 60.0):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
+        self._sources = frozenset(c.source_lang for c in cards)             # the codes match_language maps to
+        self._targets = frozenset(t for c in cards for t in c.targets)
         self.backend: Backend = (RemoteBackend(handles, RetryMetrics(list(self.cards)).record) if handles is not None
                                  else LocalBackend(cards, num_threads))
         self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
@@ -146,8 +148,8 @@ class Gateway:
         unknown model or pair, 422 when a multilingual model's target_lang is missing or unknown (the
         message names its choices). Language codes match ignoring case, and a code with a region
         falls back to its language ("de-DE" -> "de"; ``card.match_language``)."""
-        source_lang = match_language(source_lang, {c.source_lang for c in self.cards.values()})
-        target_lang = match_language(target_lang, {t for c in self.cards.values() for t in c.targets})
+        source_lang = match_language(source_lang, self._sources)
+        target_lang = match_language(target_lang, self._targets)
         if model is not None:
             card = self.cards.get(model)
             if card is None:

@@ -234,8 +234,7 @@ class Scheduler:
         blocks = self._free_blocks()
         longest = 0
         cap = cfg.max_running_requests
-        fifo = cfg.admission == "fifo"
-        for req in list(self._admission_order()):
+        for req in self._admission_order():     # not mutated in the loop: taken out after it
             if req.num_slots > free or (cap is not None and len(self.running) + len(batch) >= cap):
                 break
             if self.admit_blocks(req) > blocks and (self.running or batch):
@@ -243,16 +242,18 @@ class Scheduler:
             longest_new = max(longest, req.num_src_tokens)
             if batch and (len(batch) + 1) * longest_new > cfg.max_prefill_tokens:
                 break  # a lone request longer than the budget still goes (it would never fit otherwise)
-            if fifo:
-                self.waiting.popleft()
-            else:
-                self.waiting.remove(req)
             req.slots = self.slots.allocate(req.num_slots)
             req.admitted_step = self.step_count
             free -= req.num_slots
             blocks -= self.admit_blocks(req)
             longest = longest_new
             batch.append(req)
+        if cfg.admission == "fifo":              # the batch is the queue's head
+            for _ in batch:
+                self.waiting.popleft()
+        else:
+            for req in batch:
+                self.waiting.remove(req)
         return batch
 
     def schedule(self) -> SchedulerOutput:
