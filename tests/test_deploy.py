@@ -29,7 +29,7 @@ from ray.serve.schema import (DeploymentSchema, HTTPOptionsSchema, LoggingConfig
 from service import metrics as service_metrics
 from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, gateway_options, translator_options
 from service.engine import EngineConfig
-from service.ray_env import GRPC_MESSAGE, HEADER_CHECK, HEADER_CHECK_VAR, THROUGHPUT, serve_env
+from service.ray_env import GRPC_MESSAGE, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, THROUGHPUT, serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -322,7 +322,7 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 def test_image_and_cluster_carry_the_data_plane_settings():
     """What ``python -m service`` sets for Ray Serve (service/ray_env.py), minus per-instance paths and
     ports, is in the image's environment and in both pod templates of the RayService."""
-    wanted = {**THROUGHPUT, **GRPC_MESSAGE, HEADER_CHECK_VAR: HEADER_CHECK}
+    wanted = {**THROUGHPUT, **GRPC_MESSAGE, **LEAN, HEADER_CHECK_VAR: HEADER_CHECK}
     assert {k: serve_env("haproxy", workdir="/x")[k] for k in wanted} == wanted
     image = dict(kv.split("=", 1) for op, a in dockerfile_instructions() if op == "ENV" for kv in a.split())
     assert {k: image.get(k) for k in wanted} == wanted
