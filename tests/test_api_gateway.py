@@ -124,6 +124,12 @@ def test_attention_shapes_match_tokens_and_rows_sum_to_one(service_url, service_
     assert len(small["attention"]["cross"]) == 1 and len(small["attention"]["cross"][0]) == 2
     _rows_sum_to_one(small["attention"]["cross"][0][1], len(small["tokens"]), len(small["source_tokens"]))
     assert "attention" not in translate(service_url, SENTENCES[0])["translations"][0]
+    # a text without tokens (empty; only digits and punctuation) has the same [layers][heads] shape, no rows
+    for blank in ("", " 42 !"):
+        empty = translate(service_url, [blank, SENTENCES[0]], return_attention=True, attention={
+            "kinds": ["cross", "encoder"], "heads": [1, 3]})["translations"][0]
+        assert empty["tokens"] == [] and empty["attention"] == {"cross": [[[], []]] * cfg["n_decoder_layers"],
+                                                                 "encoder": [[[], []]] * cfg["n_encoder_layers"]}
 
 
 def test_long_attention_crosses_the_hop_and_too_much_is_a_413(service_url, service_info):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from service.api.headers import (MAX_REQUEST_ID_CHARS, HeaderCheck, bad_header, ingress_middlewares,
-                                 serve_read_headers, too_long_request_id)
+                                 repeated_request_id, serve_read_headers, too_long_request_id)
 
 
 class Recorder:
@@ -102,6 +102,25 @@ def test_a_request_id_over_the_limit_is_a_400_with_a_fresh_id():
         ids = [v for k, v in got_headers if k.lower() == b"x-request-id"]
         assert len(ids) == 1 and ids[0] != value and len(ids[0]) == 32
     assert too_long_request_id([(b"user-agent", b"u" * 10_000)]) is None   # other headers: no cap here
+
+
+def test_two_different_request_ids_are_a_400_and_one_repeated_passes():
+    """A request has one id, echoed and logged: two different X-Request-ID values (either spelling,
+    either route) are refused naming the header, not one of them dropped; the same value twice passes."""
+    inner = Recorder()
+    app = HeaderCheck(inner)
+    same = [(b"x-request-id", b"abc"), (b"X-Request-Id", b"abc")]
+    assert repeated_request_id(same) is None and call(app, same) == (204, None) and len(inner.scopes) == 1
+    for path in ("/v1/translate", "/translate"):
+        two = [(b"x-request-id", b"abc"), (b"user-agent", b"t"), (b"X-Request-ID", b"xyz"), (b"x-request-id", b"abc")]
+        assert repeated_request_id(two) == 2
+        got_headers = []
+        status, body = call(app, two, path=path, response_headers=got_headers)
+        message = body["error"] if path == "/translate" else body["error"]["message"]
+        assert status == 400 and "x-request-id: one value per request, got 2 different ones" in message
+        ids = [v for k, v in got_headers if k.lower() == b"x-request-id"]
+        assert len(ids) == 1 and ids[0] not in (b"abc", b"xyz")
+    assert len(inner.scopes) == 1
 
 
 def test_good_requests_pass_unchanged():

@@ -6,7 +6,7 @@ session-id headers, ``X-Request-Disconnect-Disabled``, the request-timeout heade
 headers. HTTP allows any byte from 0x80 up in a header value (RFC 9110 section 5.5, ``obs-text``), so a
 client sending e.g. a Latin-1 request id got a plain-text 500 from Serve. ``HeaderCheck`` answers such
 a request with the API's 400 naming the header instead, and likewise an ``X-Request-ID`` over
-``MAX_REQUEST_ID_CHARS`` characters.
+``MAX_REQUEST_ID_CHARS`` characters or two different ``X-Request-ID`` values in one request.
 
 Serve runs it through its proxy-callback hook: ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` =
 ``service.api.headers:ingress_middlewares`` (set by ``service.ray_env.serve_env``, the Dockerfile and
@@ -59,6 +59,13 @@ def too_long_request_id(headers) -> int | None:
     return None
 
 
+def repeated_request_id(headers) -> int | None:
+    """How many different X-Request-ID values ``headers`` carry when more than one, else None: a
+    request has one id (it is echoed and logged), so two different ones are refused, not one dropped."""
+    values = {value for name, value in headers if _key(name) == _REQUEST_ID}
+    return len(values) if len(values) > 1 else None
+
+
 def bad_header(headers, checked: frozenset[bytes]) -> str | None:
     """The first header of ``headers`` (ASGI [(name, value)] byte pairs) that Serve could not read: a
     name that is not ASCII, or a value of a ``checked`` header that is not UTF-8; None when all are fine."""
@@ -74,8 +81,8 @@ def bad_header(headers, checked: frozenset[bytes]) -> str | None:
 
 
 class HeaderCheck:
-    """Pure ASGI middleware: 400 with the API's error body for a header ``bad_header`` finds or an
-    X-Request-ID over ``MAX_REQUEST_ID_CHARS``; every other request (and every non-HTTP scope) passes
+    """Pure ASGI middleware: 400 with the API's error body for a header ``bad_header`` finds, an
+    X-Request-ID over ``MAX_REQUEST_ID_CHARS`` or two different X-Request-IDs; every other request (and every non-HTTP scope) passes
     through untouched. Per request it only scans the header list (bytes comparisons). A refused request
     id is not echoed: the 400 carries a fresh one."""
 
@@ -97,6 +104,11 @@ class HeaderCheck:
             if n is not None:
                 await self._reject("x-request-id", f"header x-request-id: at most {MAX_REQUEST_ID_CHARS} "
                                    f"characters, got {n}", scope, receive, send)
+                return
+            n = repeated_request_id(headers)
+            if n is not None:
+                await self._reject("x-request-id", f"header x-request-id: one value per request, got {n} "
+                                   "different ones", scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -21,12 +21,14 @@ TextOf = Callable[[Piece, Hypothesis], str]   # a sentence's text from one of it
 
 def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional[Split]],
                    pieces: Sequence[Piece], results: Sequence[TranslationResult],
-                   text_of: TextOf) -> TranslateResponse:
+                   text_of: TextOf, config: Optional[dict] = None) -> TranslateResponse:
     """One Translation per text of ``job`` (``results[k]`` is the engine's result for ``pieces[k]``).
 
     ``text_of`` turns a hypothesis into its sentence's text (the translator's: protected spans and
-    case restored, ``protect.py``). Raises ServiceError 413 when the attention asked for would hold
-    more than MAX_ATTENTION_VALUES weights (checked before any matrix is built).
+    case restored, ``protect.py``). ``config``: the model's config (``n_heads``, ``n_encoder_layers``,
+    ``n_decoder_layers``), which gives a text without tokens its attention shape ([layers][heads] of
+    empty matrices). Raises ServiceError 413 when the attention asked for would hold more than
+    MAX_ATTENTION_VALUES weights (checked before any matrix is built).
     """
     by_text: dict[int, list[tuple[Piece, TranslationResult]]] = {}
     for p, r in zip(pieces, results):
@@ -44,20 +46,31 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
     translations, src_total, gen_total = [], 0, 0
     for i, split in enumerate(splits):
         items = by_text.get(i, [])
-        translations.append(_translation(tok, split, items, job.options.n_best, kinds, job.attention, text_of))
+        translations.append(_translation(tok, split, items, job.options.n_best, kinds, job.attention, text_of,
+                                         config))
         src_total += sum(len(p.src_ids) for p, _ in items)
         gen_total += sum(len(r.hypotheses[0].tokens) for _, r in items)
     return TranslateResponse(model=model, translations=translations,
                              usage=Usage(source_tokens=src_total, generated_tokens=gen_total))
 
 
+def empty_attention(kind: str, config: Optional[dict], selection: AttentionSelection) -> list:
+    """The attention of a text without tokens: [len(layers)][len(heads)] empty matrices (0 rows), the
+    shape a client indexes as for any other text; [] without a config."""
+    if not config:
+        return []
+    n_layers = config["n_encoder_layers"] if kind == "encoder" else config["n_decoder_layers"]
+    return [[[] for _ in (selection.heads or range(config["n_heads"]))] for _ in (selection.layers or range(n_layers))]
+
+
 def _translation(tok, split: Optional[Split], items: list[tuple[Piece, TranslationResult]], n_best: int,
-                 kinds: tuple[str, ...], selection: AttentionSelection, text_of: TextOf) -> Translation:
+                 kinds: tuple[str, ...], selection: AttentionSelection, text_of: TextOf,
+                 config: Optional[dict] = None) -> Translation:
     if split is None or not split.pieces:   # empty, whitespace or invisible characters only: "";
         # no letters (only digits, punctuation, symbols): the text itself; neither touches the model
         return Translation(text=split.join([]) if split is not None else "", tokens=[], source_tokens=[],
                            score=0.0, finish_reason="eos", alternatives=[],
-                           attention={k: [] for k in kinds} if kinds else None)
+                           attention={k: empty_attention(k, config, selection) for k in kinds} if kinds else None)
     best = [r.hypotheses[0] for _, r in items]
     alternatives = []
     for k in range(1, n_best):

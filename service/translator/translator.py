@@ -216,7 +216,8 @@ class Translator:
         """Translate every text of the job. Raises ServiceError (see ``prepare``) or the engine's errors."""
         splits, pieces, prepared = self.prepare(job)
         results = await self._run_all(pieces, [self._options(p, job.options) for p in prepared])
-        return build_response(self.name, self.tok, job, splits, pieces, results, self._text_of(prepared, pieces))
+        return build_response(self.name, self.tok, job, splits, pieces, results, self._text_of(prepared, pieces),
+                              self.card.config)
 
     async def _run_all(self, pieces: list[Piece], options: list[GenerationOptions]) -> list[TranslationResult]:
         """Await every piece concurrently (``options[k]`` for piece k); on the first failure cancel the
@@ -272,4 +273,4 @@ class Translator:
                     results[k] = item
                     for ev in state.finish(k, item.hypotheses[0].tokens, item.hypotheses[0]):
                         yield ev
-        yield build_response(self.name, self.tok, job, splits, pieces, results, text_of)
+        yield build_response(self.name, self.tok, job, splits, pieces, results, text_of, self.card.config)
