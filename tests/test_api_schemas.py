@@ -42,7 +42,8 @@ def test_model_limits_are_service_errors_naming_field_and_limit(fields, status, 
 
 def test_within_the_limits_passes_and_attention_indices_matter_only_when_asked():
     LIMITS.check(job(beam_size=4, max_new_tokens=63, min_new_tokens=63))
-    LIMITS.check(job(attention={"kinds": ["cross"], "layers": [7]}))     # return_attention is false
+    with pytest.raises(ValidationError, match="attention: selects the weights return_attention returns"):
+        job(attention={"kinds": ["cross"], "layers": [7]})               # return_attention is false: refused
     LIMITS.check(job(max_new_tokens=None, min_new_tokens=100))          # per sentence: the engine's guard
 
 
@@ -53,7 +54,7 @@ def test_the_job_carries_the_resolved_options():
     assert (j.options.beam_size, j.options.n_best, j.options.max_new_tokens) == (3, 2, None)
     assert j.options.attention_kinds == ("decoder", "cross")      # request order, once each
     assert (j.attention.layers, j.attention.heads) == (None, (1,))
-    assert TranslateRequest(text="a", attention={"kinds": ["encoder"]}).job().options.attention_kinds == ()
+    assert TranslateRequest(text="a", return_attention=False).job().options.attention_kinds == ()
 
 
 def test_schema_rejects_what_no_model_accepts():

@@ -135,7 +135,15 @@ def test_restore_puts_every_span_back_once_whatever_the_model_does(tok, protecto
         rest = out
         for s in p.spans:
             rest = rest.replace(s, " ")
-        plain = [t for t in tokens if t not in protector._ph]
+        # the words: not a placeholder of a kind the sentence's spans have, nor a piece glued to one
+        used = frozenset().union(*(protector.placeholder_ids[k] for k in p.kinds))
+        plain, after = [], False
+        for t, piece in zip(tokens, tok.pieces(tokens)):
+            if t in used or (after and not piece.startswith("\u2581") and any(c.isalnum() for c in piece)):
+                after = True
+            else:
+                plain.append(t)
+                after = False
         assert " ".join(rest.split()).replace(" ", "") == tok.decode(plain).replace(" ", "")
 
 
@@ -154,6 +162,29 @@ def test_restore_uses_copies_then_neighbours_then_the_end(tok, protector):
     assert protector.restore(p, src, [a, dog, runs, dot], att) == "A dog 😆 runs."
     # without attention: at the end, before the final punctuation
     assert protector.restore(p, src, [a, dog, runs, dot], None) == "A dog runs 😆."
+
+
+def test_the_placeholder_word_itself_and_digits_glued_to_a_copy(tok, protector):
+    """A real "Seattle" (the other-kind placeholder) in a sentence whose only span is a number stays
+    a word; with a span of its kind too, the copies beyond the spans are that word; digits the model
+    glued to a copied number ("5" "0" "8" for "5") go with the copy."""
+    (five,), (seattle,) = tok.encode("5"), tok.encode("Seattle")     # the placeholders, word-initial
+    head, runs, dot = tok.encode("A man from"), tok.encode("runs"), tok.sp.piece_to_id(".")
+    p = protector.prepare("Ein Mann aus Seattle läuft 7 km.")
+    assert p.spans == ["7"] and "Seattle" in p.model_text
+    src = protector.encode(p)
+    tokens = head + [seattle] + runs + [five, dot]
+    for cross in (None, torch.rand(3, 4, len(tokens), len(src)).softmax(-1)):
+        assert protector.restore(p, src, tokens, cross) == "A man from Seattle runs 7."
+    p = protector.prepare("Ein Mann aus Seattle mag \U0001F600 sehr.")
+    assert p.spans == ["\U0001F600"] and p.kinds == ["other"]
+    out = protector.restore(p, protector.encode(p), head + [seattle] + runs + [seattle, seattle, dot], None)
+    assert out.count("Seattle") == 1 and out.count("\U0001F600") == 1
+    p = protector.prepare("Es kostet ca. 5 Euro.")
+    zero, eight = (tok.sp.piece_to_id(d) for d in ("0", "8"))
+    assert tok.unk_id not in (zero, eight, dot)
+    tokens = tok.encode("It costs") + [five, zero, eight] + tok.encode("euros") + [dot]
+    assert protector.restore(p, protector.encode(p), tokens, None) == "It costs 5 euros."
 
 
 # ---- the shipped model, in-process ---------------------------------------------------------------

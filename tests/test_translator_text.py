@@ -175,6 +175,27 @@ def test_translator_splits_with_its_source_language(monkeypatch):
 
 
 # ---- pieces without letters pass through ----------------------------------------------------------------
+@pytest.mark.parametrize("text, pieces, glue", [
+    ("1. Ein Hund rennt.", ["Ein Hund rennt."], ["1. ", ""]),
+    ("2) Zwei Katzen spielen.", ["Zwei Katzen spielen."], ["2) ", ""]),
+    ("(3)  Ein Mann lacht.", ["Ein Mann lacht."], ["(3)  ", ""]),
+    ("a) Ein Hund.\n(b) Zwei Hunde.", ["Ein Hund.", "Zwei Hunde."], ["a) ", "\n(b) ", ""]),
+    ("- Ein Hund rennt.\n\u2013 Komm her!\n\u2022 Punkt", ["Ein Hund rennt.", "Komm her!", "Punkt"],
+     ["- ", "\n\u2013 ", "\n\u2022 ", ""]),
+    ("1. Ein Hund rennt. 2. Eine Katze schl\u00e4ft.", ["Ein Hund rennt.", "Eine Katze schl\u00e4ft."],
+     ["1. ", " 2. ", ""]),
+    # not markers: a number inside the sentence, a decimal, a count, a marker with no words after it
+    ("Am 3. Mai kostet es ca. 5 Euro.", ["Am 3. Mai kostet es ca. 5 Euro."], ["", ""]),
+    ("1.5 Liter Wasser.", ["1.5 Liter Wasser."], ["", ""]),
+    ("5 M\u00e4nner laufen.", ["5 M\u00e4nner laufen."], ["", ""]),
+    ("1)2 Hunde", ["1)2 Hunde"], ["", ""]),
+    ("- 5 -", ["- 5 -"], ["", ""]),
+])
+def test_a_list_marker_starting_a_sentence_stays_in_the_glue(text, pieces, glue):
+    split = split_text(text, "de")
+    assert (split.pieces, split.glue) == (pieces, glue) and split.join(split.pieces) == text
+
+
 @pytest.mark.parametrize("piece, model", [
     ("1.", False), ("12345", False), ("-", False), ("...", False), ("€ 5,00", False), ("🐶", False),
     ("3.14 %", False), ("(1)", False), ("a", True), ("1 Hund", True), ("°C", True), ("日本", True),

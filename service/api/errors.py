@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import sys
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -147,8 +148,9 @@ def format_validation_error(err: dict) -> tuple[str, str]:
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    if not field and msg.startswith("n_best"):
-        field = "n_best"
+    named = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", msg)
+    if not field and named:   # a model-level check names its field first ("n_best: ...", "attention: ...")
+        field = named.group(1)
     if not field:   # the body itself (missing, not an object, unparsable)
         field = "body"
     if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):

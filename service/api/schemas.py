@@ -84,12 +84,17 @@ class TranslateRequest(_Strict):
     def _names_are_unicode(cls, v: Optional[str], info) -> Optional[str]:
         if v is not None:
             check_unicode([v], info.field_name)
+            if not v.strip() and info.field_name != "model":
+                raise ValueError(f"must be a language code such as 'de', or null for the model's; got {v!r}")
         return v
 
     @model_validator(mode="after")
     def _n_best_within_beam(self) -> "TranslateRequest":
         if self.n_best > self.beam_size:
             raise ValueError(f"n_best: must be <= beam_size ({self.beam_size}), got {self.n_best}")
+        if "attention" in self.model_fields_set and not self.return_attention:   # nothing sent is ignored
+            raise ValueError("attention: selects the weights return_attention returns; send return_attention: "
+                             "true with it, or leave attention out")
         return self
 
     @property

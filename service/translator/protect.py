@@ -247,8 +247,11 @@ class Protector:
 
         Alignment: A = cross averaged over layers and heads, [T, S]. (1) Target positions holding a
         placeholder piece (the model copied it) are matched to the source placeholders of the same
-        kind greedily by A (highest weight first); each copy takes one span and is replaced by it;
-        extra copies (the model repeated it) are dropped. (2) A span whose placeholder the model
+        kind greedily by A (highest weight first); each copy takes one span and is replaced by it,
+        and pieces glued to a copy ("▁5" "0" "8" for a "5") go with it. Extra copies (the model
+        repeated it) are dropped, except as many as the source had the placeholder word itself
+        ("Seattle" in the text besides a span): those are that word. A placeholder of a kind no span
+        of the sentence has is an ordinary word. (2) A span whose placeholder the model
         left out goes next to the translation of its source neighbours (``_anchor``). (3) Without
         attention, or when the source does not hold one placeholder per span (the text itself had
         the placeholder word), copies are taken in order and the other spans go at the end, before
@@ -257,8 +260,9 @@ class Protector:
         if not p.spans:
             return p.prefix + apply_style(p.style, self.tok.decode(tokens)) + p.suffix
         allowed = [self.placeholder_ids[k] for k in p.kinds]
-        src_pos = [i for i, t in enumerate(src_ids) if t in self._ph]
-        copies = [t for t, tid in enumerate(tokens) if tid in self._ph]
+        used = frozenset().union(*allowed)   # a placeholder of a kind no span has is a word ("Seattle")
+        src_pos = [i for i, t in enumerate(src_ids) if t in used]
+        copies = [t for t, tid in enumerate(tokens) if tid in used]
         usable = cross is not None and cross.dim() == 4 and cross.shape[2] >= len(tokens) > 0 \
             and len(src_pos) == len(allowed) and all(src_ids[i] in a for i, a in zip(src_pos, allowed))
         att = cross.float().mean(dim=(0, 1))[:len(tokens)] if usable else None    # [T, S]
@@ -268,6 +272,10 @@ class Protector:
         for _, t, j in sorted(pairs, reverse=True):     # without attention: in order
             if t not in at_copy and j not in at_copy.values():
                 at_copy[t] = j
+        # The source's own words spelled like a placeholder (src_pos beyond the spans): as many
+        # unmatched copies, first first, are those words and stay; the others are repeats, dropped.
+        spare = set([t for t in copies if t not in at_copy][:max(0, len(src_pos) - len(p.spans))])
+        copies = [t for t in copies if t not in spare]
         final = len(tokens)               # the final punctuation's position, spans go before it
         if tokens and not any(c.isalnum() for c in self.tok.pieces(tokens[-1:])[0]):
             final -= 1
@@ -333,6 +341,7 @@ class Protector:
             out.append((" " if out and spaced and not (glued[0] or glue[0]) else "") + p.spans[j])
             glue[0] = glued[1]
 
+        after_copy = False                # inside the word a copied placeholder starts
         for t in range(len(tokens) + 1):
             for j in before.get(t, []):
                 span(j, True)
@@ -340,8 +349,11 @@ class Protector:
                 break
             if t in at_copy:
                 span(at_copy[t], pieces[t].startswith("▁"))
-            elif t not in copies and not (t - 1 in copies and _continues(pieces[t])):
-                chunk.append(tokens[t])     # (extra copies of a placeholder, and pieces glued to one, are dropped)
+            elif not (t in copies or (after_copy and _continues(pieces[t]))):
+                chunk.append(tokens[t])     # (extra copies of a placeholder, and the pieces glued to a
+                after_copy = False          # copy, "▁5" "0" "8" after a "5", are dropped)
+                continue
+            after_copy = True
         flush()
         return "".join(out)
 

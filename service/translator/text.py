@@ -8,7 +8,8 @@ Splitting never fails: where pysbd raises on a line (it does on some brackets an
 the text has used up ``SEGMENTER_BUDGET_S`` of segmenter time, that line is cut by ``simple_split``
 instead (``Split.fallbacks`` says why; the translator counts it in ``mt_sentence_split_fallbacks_total``).
 Pieces without a letter (``needs_model`` is false: "1.", "12345", "-", "...", emoji) are not
-translated: ``Split.translatable`` moves them into the glue, so they come back verbatim.
+translated: ``Split.translatable`` moves them into the glue, so they come back verbatim; so does a
+list marker that starts a sentence ("1. ", "2) ", "(a) ", "- ", "• ": ``_LIST_MARKER``).
 Invariant: ``Split.join(split.pieces) == text`` — the whitespace between and around pieces (line
 breaks, double spaces, indentation), and the control and format characters at their edges
 (``is_glue``: zero-width space, direction marks, soft hyphen), are kept verbatim in ``glue`` and
@@ -40,6 +41,11 @@ _OPENERS = "\"'„“‘«»‹(["
 # and 60k random lines in de, en, fr) and never reaches it (docs/performance.md#per-request-costs).
 _ONE_SENTENCE = re.compile(r"\s*[^\W_][\w\s,'’\-–/&%€$+]*[.!?]?\s*")
 SEGMENTER_BUDGET_S = 0.5   # seconds of pysbd time per text; the lines after it use simple_split
+# A list marker at the start of a sentence, then whitespace: "1.", "2)", "(3)", "a)", "(b)", a dash or
+# a bullet. It is kept verbatim in the glue, so it stays where it was; given to the model with the
+# sentence, it came back inside it ("1. Ein Hund rennt." -> "A 1 dog runs.") or not at all ("- ").
+_LIST_MARKER = re.compile(r"(?:\(?\d{1,3}[.)]|\(\d{1,3}\)|\(?[^\W\d_]\)|[-\u2013\u2014\u2022\u00b7\u25aa\u25e6"
+                          r"\u2023\u2043*])[ \t\u00a0]+(?=\S)")
 
 
 @dataclass
@@ -201,6 +207,9 @@ def split_text(text: str, language: str = "en") -> Split:
             if at < 0:  # the segmenter changed characters: fall back to the rest of the line as one piece
                 sentence = trim(part[pos:])
                 at = part.find(sentence, pos)
+            marker = _LIST_MARKER.match(sentence)
+            if marker is not None and needs_model(sentence[marker.end():]):
+                at, sentence = at + marker.end(), sentence[marker.end():]   # the marker joins the glue
             pending += part[pos:at]
             glue.append(pending)
             pieces.append(sentence)
