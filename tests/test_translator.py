@@ -21,7 +21,7 @@ def card(tmp_path_factory):
 def request(texts, **kw):
     """The job of a /v1/translate body, built without the gateway's checks (the translator's own run)."""
     req = {"text": texts, "beam_size": 2, "n_best": 1, "length_penalty": 1.0, "max_new_tokens": 6,
-           "min_new_tokens": 0, "return_attention": False, "attention": {"kinds": ["cross"]}}
+           "min_new_tokens": 0, "return_attention": False}
     req.update(kw)
     return TranslateRequest(**req).job()
 

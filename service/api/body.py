@@ -10,9 +10,9 @@ a ``charset`` honoured; one ASGI middleware for every route (``BodyMiddleware``)
                       latin-1, iso-8859-*, cp125x, koi8-*, mac-*, gb*, big5, shift_jis, euc-*,
                       iso-2022-*) is transcoded to UTF-8 (urlencoded forms: their percent-escapes
                       too); any other codec (unicode_escape, idna, undefined, ...), an unknown or a
-                      repeated charset, or one other than utf-8 on multipart/form-data, gets 415. Bytes invalid in the
-                      declared charset: 422 (400 on LibreTranslate routes); so is an empty body
-                      with a Content-Encoding.
+                      repeated charset, or one other than utf-8 on multipart/form-data, gets 415.
+                      Bytes invalid in the declared charset: 422 (400 on LibreTranslate routes); so
+                      is an empty body with a Content-Encoding.
     body arrival      the whole body must arrive within BODY_TIMEOUT_S of the request's start: 408
                       (a client that stalls mid-body holds a connection, not the server); a client
                       that disconnects mid-body gets nothing (it is gone; the access log says 499).

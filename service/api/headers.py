@@ -82,8 +82,8 @@ def bad_header(headers, checked: frozenset[bytes]) -> str | None:
 
 class HeaderCheck:
     """Pure ASGI middleware: 400 with the API's error body for a header ``bad_header`` finds, an
-    X-Request-ID over ``MAX_REQUEST_ID_CHARS`` or two different X-Request-IDs; every other request (and every non-HTTP scope) passes
-    through untouched. Per request it only scans the header list (bytes comparisons). A refused request
+    X-Request-ID over ``MAX_REQUEST_ID_CHARS`` or two different X-Request-IDs; every other request
+    (and every non-HTTP scope) passes through untouched. Per request it only scans the header list (bytes comparisons). A refused request
     id is not echoed: the 400 carries a fresh one."""
 
     def __init__(self, app: Any):
