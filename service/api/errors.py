@@ -148,11 +148,9 @@ def format_validation_error(err: dict) -> tuple[str, str]:
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    named = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", msg)
-    if not field and named:   # a model-level check names its field first ("n_best: ...", "attention: ...")
-        field = named.group(1)
-    if not field:   # the body itself (missing, not an object, unparsable)
-        field = "body"
+    if not field:   # a model-level check names its field first ("n_best: ..."); else the body itself
+        named = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", msg)
+        field = named.group(1) if named else "body"
     if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):
         got = repr(err["input"])
         if len(got) <= 40:

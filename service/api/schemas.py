@@ -84,8 +84,13 @@ class TranslateRequest(_Strict):
     def _names_are_unicode(cls, v: Optional[str], info) -> Optional[str]:
         if v is not None:
             check_unicode([v], info.field_name)
-            if not v.strip() and info.field_name != "model":
-                raise ValueError(f"must be a language code such as 'de', or null for the model's; got {v!r}")
+        return v
+
+    @field_validator("source_lang", "target_lang")
+    @classmethod
+    def _language_code(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.strip():
+            raise ValueError(f"must be a language code such as 'de', or null for the model's; got {v!r}")
         return v
 
     @model_validator(mode="after")
