@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-import httpx
+import aiohttp
 import numpy as np
 
 from .config import REJECTED_STATUSES, LoadConfig, RequestMaker, RequestSpec, load_sentences
@@ -136,11 +136,11 @@ async def _one(target: Target, spec: RequestSpec, timeout: float, t0: float, sch
         reply = await asyncio.wait_for(target.send(spec), timeout)
         status, error, tokens, first = reply.status, reply.error, reply.generated_tokens, reply.first_token_at
         nbytes = reply.response_bytes
-    except (asyncio.TimeoutError, httpx.TimeoutException):
+    except asyncio.TimeoutError:            # aiohttp's own time-outs are asyncio.TimeoutError too
         error = "timeout"
-    except httpx.TransportError:
+    except aiohttp.ClientConnectionError:
         error = "connection"
-    except (httpx.HTTPError, ValueError):   # protocol errors, undecodable JSON
+    except (aiohttp.ClientError, ValueError):   # protocol errors, undecodable JSON or UTF-8
         error = "invalid_response"
     except Exception as e:  # noqa: BLE001 - reported by kind in the error counts, never ends the run
         error = type(e).__name__
