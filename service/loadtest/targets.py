@@ -44,7 +44,7 @@ class HttpTarget:
         check_url(cfg.url, cfg.allow_remote)
         self.cfg = cfg
         self.max_connections = max_connections
-        self.endpoint = cfg.url.rstrip("/") + "/" + cfg.path.lstrip("/")   # as httpx joined base URL and path
+        self.endpoint = cfg.url.rstrip("/") + "/" + cfg.path.lstrip("/")   # a base URL's own path is kept
         self._session: Optional[aiohttp.ClientSession] = None
         self._ids = 0
 
@@ -55,7 +55,7 @@ class HttpTarget:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 trust_env=False, timeout=aiohttp.ClientTimeout(total=self.cfg.timeout),
-                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections))
+                connector=aiohttp.TCPConnector(limit=self.max_connections))
         return self._session
 
     async def send(self, spec: RequestSpec) -> Reply:
@@ -63,14 +63,14 @@ class HttpTarget:
         headers = {"X-Request-ID": f"loadtest-{os.getpid()}-{self._ids}"}
         body = spec.body(self.cfg)
         async with self.session.post(self.endpoint, json=body, headers=headers) as r:
-            content = await r.read() if not spec.stream or r.status != 200 else None
+            if r.status == 200 and spec.stream:
+                return await self._read_events(r, len(spec.texts))
+            content = await r.read()   # read whole, so that the connection goes back to the pool
             if r.status != 200:
                 return Reply(r.status, error=str(r.status))
-            if not spec.stream:
-                reply = self._parse_final(r.status, json.loads(content), len(spec.texts))
-                reply.response_bytes = len(content)
-                return reply
-            return await self._read_events(r, len(spec.texts))
+            reply = self._parse_final(r.status, json.loads(content), len(spec.texts))
+            reply.response_bytes = len(content)
+            return reply
 
     async def _read_events(self, r: aiohttp.ClientResponse, n_texts: int) -> Reply:
         """Reads Server-Sent Events: token events, then one final event with the whole response."""
