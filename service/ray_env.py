@@ -119,3 +119,19 @@ def remove_workdir(env: dict[str, str]) -> None:
     d = env.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE")
     if d and os.path.dirname(d) == tempfile.gettempdir() and os.path.basename(d).startswith("mt-haproxy-"):
         shutil.rmtree(d, ignore_errors=True)
+
+
+def handle_transport(handle):
+    """``handle`` (a Serve ``DeploymentHandle``) calling over the transport that this process's Serve
+    settings choose: gRPC in throughput mode (``THROUGHPUT``), Ray actor calls otherwise.
+
+    A handle's transport (Serve's private ``_by_reference`` option) is fixed where the handle is
+    made, from the settings Serve read when that process imported it. The handles bound into an
+    application are made in the driver that builds it, and a driver that imported ``ray.serve``
+    before ``apply_serve_env`` (the load-test tools, the tests) made actor-call handles even in
+    throughput mode: about twice the CPU per call of gRPC on both sides (docs/performance.md "Serving
+    path"). The replica that holds the handle was started with the settings in its environment, so
+    it decides here.
+    """
+    from ray.serve._private.constants import RAY_SERVE_USE_GRPC_BY_DEFAULT
+    return handle.options(_by_reference=not RAY_SERVE_USE_GRPC_BY_DEFAULT)

@@ -118,7 +118,7 @@ class FakeHandle:
     def __init__(self, translate=(), stream=()):
         self.translate, self.stream = FakeMethod(translate), FakeMethod(stream)
 
-    def options(self, stream=False):
+    def options(self, stream=False, _by_reference=None):   # the options the gateway sets (ray_env.handle_transport)
         return self
 
 

@@ -97,6 +97,25 @@ def test_echo_backend_answers_each_text():
     assert out["usage"]["generated_tokens"] == 5
 
 
+@pytest.mark.parametrize("grpc", [True, False])
+def test_handles_call_over_the_transport_of_the_process_that_holds_them(grpc, monkeypatch):
+    """A handle made where ray.serve was imported before the throughput settings calls by actor
+    calls; the gateway (and the echo app, with the same function) switch it to what their own process's Serve settings say."""
+    from ray.serve._private import constants
+    from ray.serve.handle import DeploymentHandle
+
+    from service.api.backends import RemoteBackend
+    from service.ray_env import handle_transport
+    monkeypatch.setattr(constants, "RAY_SERVE_USE_GRPC_BY_DEFAULT", grpc)
+    # as the driver made it, with the opposite choice (a stand-in router: no Serve instance here)
+    made = DeploymentHandle("Translator-de-en", "mt", _create_router=lambda **kw: object()).options(_by_reference=grpc)
+    for h in (handle_transport(made), RemoteBackend({"de-en": made}).handles["de-en"]):
+        assert h.handle_options._by_reference is (not grpc)
+        assert (h.deployment_name, h.app_name) == ("Translator-de-en", "mt")
+        assert h.options(stream=True).handle_options._by_reference is (not grpc)   # kept by later options
+    assert made.handle_options._by_reference is grpc     # the original is left as it was
+
+
 @pytest.mark.parametrize("extra", [["--stream"], ["-r", "5"], ["--engine", "model/checkpoints/de-en"]])
 def test_compare_echo_runs_one_closed_http_loop(extra, capsys):
     from service.loadtest.cli import main

@@ -22,6 +22,7 @@ from typing import AsyncIterator, Callable, Optional, Protocol, Union
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from service.ray_env import handle_transport
 from service.translator import ModelCard, TranslatorInfo
 
 from .deadline import run_within, stream_within, timeout_error
@@ -117,7 +118,7 @@ class RemoteBackend:
 
     def __init__(self, handles: dict[str, DeploymentHandle],
                  on_retry: Optional[Callable[[str, str, bool], None]] = None):
-        self.handles = handles
+        self.handles = {model: handle_transport(h) for model, h in handles.items()}
         self.on_retry = on_retry or (lambda model, call, ok: None)
 
     async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
