@@ -11,6 +11,14 @@ blocks until Ctrl-C, then shuts down what it started.
 --proxy haproxy (default): Ray Serve's throughput mode, HAProxy in front of the ingress replicas
 (``service/ray_env.py``, docs/deploy.md#ingress-proxy); --proxy ray: Ray Serve's own HTTP proxy.
 
+Layout (``--ingress``; docs/deploy.md#configuration): by default here the translators run inside the
+ingress replicas (``ingress: translator``), two of them on a machine with at least two CPUs and no
+GPU (``local_layout``): no deployment-handle hop per request, and two processes (two event loops,
+two GILs, two engines of one thread) instead of one translator process. ``--ingress separate`` is the
+layout of the Serve config files (a Gateway in front of one translator deployment per model, each
+with its own replicas, resources and autoscaling). A ``--config`` that names ``ingress`` or the
+translators' ``num_replicas`` / ``autoscaling_config`` keeps its choice.
+
 --config takes a YAML (or JSON) file with ``build_app`` arguments (see service/app.py AppArgs),
 e.g.  ``{engine: {max_num_seqs: 32}, translator: {num_replicas: 2}}``; a Serve config file
 (with ``applications:``) is also accepted and its first application's ``args`` are used.
@@ -19,12 +27,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from .ray_env import PROXIES, apply_serve_env, haproxy_ports, remove_workdir
+
+LAYOUTS = ("translator", "separate")
+# Replicas of the one-process layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
+# one torch thread each. docs/performance.md "Serving path": 4.05x 96d0bc0's single-sentence rate at 32
+# clients against about 2.4x for the separate layout, on 2 cores.
+LOCAL_REPLICAS = 2
 
 
 def load_config(path: str | None) -> dict:
@@ -56,6 +71,27 @@ def load_config(path: str | None) -> dict:
     return data
 
 
+def local_layout(config: dict, ingress: str | None, cpus: int | None = None, gpu: bool | None = None) -> dict:
+    """``config`` (build_app arguments) with ``python -m service``'s layout: ``ingress`` ("translator"
+    or "separate"; None: the config's, else "translator"); with "translator" and no replica count or
+    autoscaling in ``config["translator"]``, LOCAL_REPLICAS replicas when the machine has at least
+    that many CPUs (``cpus``, default os.cpu_count()) and no GPU (``gpu``, default
+    torch.cuda.is_available(): one GPU replica per model copy would need a GPU each), else one."""
+    config = dict(config)
+    if ingress is not None:
+        config["ingress"] = ingress
+    config.setdefault("ingress", "translator")
+    translator = dict(config.get("translator") or {})
+    if config["ingress"] == "translator" and not {"num_replicas", "autoscaling_config"} & set(translator):
+        if gpu is None:
+            import torch
+            gpu = torch.cuda.is_available()
+        cpus = (os.cpu_count() or 1) if cpus is None else cpus
+        translator["num_replicas"] = LOCAL_REPLICAS if cpus >= LOCAL_REPLICAS and not gpu else 1
+        config["translator"] = translator
+    return config
+
+
 def _port(value: str) -> int:
     port = int(value)
     if not 1 <= port <= 65535:
@@ -84,6 +120,10 @@ def main(argv=None) -> int:
                     help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default 8080)")
     ap.add_argument("--address", default="local",
                     help="Ray address: 'local' starts a new instance (default); 'auto' or HOST:PORT joins one")
+    ap.add_argument("--ingress", choices=LAYOUTS, default=None,
+                    help="'translator' (default unless --config names one): the translators run in the ingress "
+                         f"replicas, {LOCAL_REPLICAS} of them on a CPU machine; 'separate': a Gateway in front of one "
+                         "translator deployment per model (the Serve configs' layout)")
     ap.add_argument("--proxy", choices=PROXIES, default="haproxy",
                     help="HTTP ingress: 'haproxy' (Ray Serve's throughput mode, default) or 'ray' (its Python proxy)")
     args = ap.parse_args(argv)
@@ -116,6 +156,7 @@ def main(argv=None) -> int:
             config["models"] = models
         if args.api_keys_file:
             config["api_keys_file"] = args.api_keys_file
+        config = local_layout(config, args.ingress, cpus=int(args.num_cpus) if args.num_cpus else None)
         app_args = AppArgs.model_validate(config)
         app = build_app(app_args)        # reads every checkpoint's config: a wrong directory fails here
     except (OSError, ValueError, yaml.YAMLError) as e:   # (pydantic's ValidationError is a ValueError)

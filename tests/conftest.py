@@ -91,6 +91,8 @@ class SharedService:
                            {"name": SECOND_MODEL, "checkpoint": second, "engine": SECOND_ENGINE,
                             "deployment": SECOND_DEPLOYMENT}],
                 "num_cpus": 0.8}
+        if os.environ.get("MT_TEST_INGRESS") == "translator":   # python -m service's layout (service/__main__.py)
+            args.update(ingress="translator", translator={"num_replicas": 2})
         self.args = args
         serve.run(build_app(args), name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         self.url = f"http://127.0.0.1:{http_port}"

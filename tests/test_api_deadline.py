@@ -3,9 +3,12 @@ its ``timeout_s`` is answered 504 (an SSE ``error`` event once a stream has star
 translator's engine has no running or waiting sentence left afterwards."""
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
+
+from conftest import metric_sum, scrape
 
 SENTENCES = ["Ein Mann fährt mit dem Fahrrad die Straße entlang.", "Zwei Hunde spielen im Schnee.",
              "Eine Frau liest ein Buch im Park.", "Kinder spielen Fußball auf der Wiese."]
@@ -15,15 +18,22 @@ SENTENCES = ["Ein Mann fährt mit dem Fahrrad die Straße entlang.", "Zwei Hunde
 LONG = {"text": " ".join(SENTENCES * 16), "beam_size": 4, "max_new_tokens": 200, "min_new_tokens": 200}
 
 
-def engine_counts(model: str = "de-en") -> tuple[int, int]:
+def engine_counts(url: str, model: str = "de-en") -> tuple[int, int]:
+    """(running, waiting) of the model's engine: its translator deployment's stats, or, when the
+    translators run in the ingress replicas (MT_TEST_INGRESS=translator), the sum of every replica's
+    gauges (running sequences, waiting sentences) in /metrics."""
+    if os.environ.get("MT_TEST_INGRESS") == "translator":
+        text = scrape(url)
+        return (int(metric_sum(text, "ray_mt_running_sequences", model=model)),
+                int(metric_sum(text, "ray_mt_waiting_requests", model=model)))
     from ray import serve
     s = serve.get_deployment_handle(f"Translator-{model}", app_name="mt").stats.remote().result()
     return s["running_requests"], s["waiting_requests"]
 
 
-def wait_idle(timeout_s: float = 20) -> tuple[int, int]:
+def wait_idle(url: str, timeout_s: float = 20) -> tuple[int, int]:
     deadline = time.time() + timeout_s
-    while (counts := engine_counts()) != (0, 0) and time.time() < deadline:
+    while (counts := engine_counts(url)) != (0, 0) and time.time() < deadline:
         time.sleep(0.2)
     return counts
 
@@ -36,7 +46,7 @@ def test_deadline_504_and_engine_empty_afterwards(service_url):
     err = r.json()["error"]
     assert err["type"] == "timeout" and err["field"] == "timeout_s" and "0.5 s" in err["message"]
     assert elapsed < 10
-    assert wait_idle() == (0, 0)
+    assert wait_idle(service_url) == (0, 0)
 
 
 def test_deadline_in_a_started_stream_is_an_error_event(service_url):
@@ -47,7 +57,7 @@ def test_deadline_in_a_started_stream_is_an_error_event(service_url):
         assert r.status_code == 200
         events = [line[len("event: "):] for line in r.iter_lines() if line.startswith("event: ")]
     assert events[-1] == "error" and "response" not in events, events
-    assert wait_idle() == (0, 0)
+    assert wait_idle(service_url) == (0, 0)
 
 
 def test_timeout_s_is_validated_against_the_server_maximum(service_url):

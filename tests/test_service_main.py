@@ -37,6 +37,27 @@ def test_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, config, wo
     assert "Traceback" not in r.stderr and "Started a local Ray instance" not in r.stderr + r.stdout
 
 
+@pytest.mark.parametrize("config, ingress, cpus, gpu, want", [
+    ({}, None, 2, False, {"ingress": "translator", "translator": {"num_replicas": 2}}),
+    ({}, None, 16, False, {"ingress": "translator", "translator": {"num_replicas": 2}}),
+    ({}, None, 1, False, {"ingress": "translator", "translator": {"num_replicas": 1}}),       # a second would not fit
+    ({}, None, 8, True, {"ingress": "translator", "translator": {"num_replicas": 1}}),        # one GPU per replica
+    ({"translator": {"max_queued_requests": 32}}, None, 2, False,
+     {"ingress": "translator", "translator": {"max_queued_requests": 32, "num_replicas": 2}}),
+    ({"translator": {"num_replicas": 3}}, None, 2, False, {"ingress": "translator", "translator": {"num_replicas": 3}}),
+    ({"translator": {"autoscaling_config": {"max_replicas": 4}}}, None, 2, False,
+     {"ingress": "translator", "translator": {"autoscaling_config": {"max_replicas": 4}}}),
+    ({"ingress": "separate"}, None, 2, False, {"ingress": "separate"}),                     # the config's choice
+    ({"ingress": "translator"}, "separate", 2, False, {"ingress": "separate"}),             # --ingress wins
+    ({}, "separate", 2, False, {"ingress": "separate"}),
+])
+def test_local_layout(config, ingress, cpus, gpu, want):
+    from service.__main__ import local_layout
+    before = repr(config)
+    assert local_layout(config, ingress, cpus=cpus, gpu=gpu) == want
+    assert repr(config) == before        # the caller's dict is left as it was
+
+
 def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path):
     ckpt = build_tiny_checkpoint(tmp_path / "m", "de", "en", max_len=64)
     port, metrics_port = free_port(), free_port()

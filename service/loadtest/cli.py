@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "layout and Serve options (service/loadtest/echo.py), print the ratio; --url is not used")
     ap.add_argument("--proxy", choices=("haproxy", "ray"), default="haproxy",
                     help="--compare-echo: Ray Serve data plane (default %(default)s, as python -m service)")
-    ap.add_argument("--app-config", metavar="FILE", help="--compare-echo: build_app arguments (as python -m service --config)")
+    ap.add_argument("--app-config", metavar="FILE",
+                    help="--compare-echo: build_app arguments, laid out as python -m service --config FILE "
+                         "would (service.__main__.local_layout)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="--compare-echo: rounds of both apps, alternating which goes first; prints each round's "
                          "ratio and their median (default %(default)s)")
@@ -201,10 +203,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error("--compare-echo runs one closed loop (-c) over HTTP without --stream, --sweep or --engine")
         if args.rounds < 1:
             ap.error(f"--rounds must be >= 1, got {args.rounds}")
-        from service.__main__ import load_config
+        from service.__main__ import load_config, local_layout
 
         from .echo import compare_echo
-        out = compare_echo(cfg, load_config(args.app_config), args.proxy, args.quiet, args.rounds)
+        # the layout python -m service would run with this config (the echo app takes the same)
+        out = compare_echo(cfg, local_layout(load_config(args.app_config), None), args.proxy, args.quiet, args.rounds)
     else:
         out = asyncio.run(_amain(args, cfg))
     if args.json:

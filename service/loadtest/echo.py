@@ -1,10 +1,12 @@
 """``python -m service.loadtest --compare-echo``: the service against a trivial echo app with the same
 Ray Serve settings and layout, under the same closed-loop load; prints both and the ratio.
 
-The echo app has the service's layout (proxy -> FastAPI ingress -> a second deployment through a
-deployment handle) and deployment options (``gateway_options`` / ``translator_options`` of the
-same ``AppArgs``), answers ``POST /v1/translate`` with each text as its own "translation", and does
-nothing else: what it sustains is the ceiling that Ray Serve's data plane puts on this machine, and
+The echo app has the service's layout and deployment options (``gateway_options`` /
+``translator_options`` of the same ``AppArgs``): with ``ingress: separate``, proxy -> FastAPI
+ingress -> a second deployment through a deployment handle (over the transport the ingress
+process's Serve settings choose, ``ray_env.handle_transport``, as the service's gateway does); with
+``ingress: translator``, one deployment that answers itself. It answers ``POST /v1/translate``
+with each text as its own "translation" and does nothing else: what it sustains is the ceiling that Ray Serve's data plane puts on this machine, and
 the ratio says how much of it the service's own per-request work (validation, splitting,
 tokenization, the engine, JSON) leaves. Both run in one Ray instance started here (``ServeApp``, the
 ``--proxy`` data plane), one after the other; the load comes from a separate process, as a real
@@ -21,6 +23,8 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
+
+from service.ray_env import handle_transport
 
 from .config import LoadConfig
 from .generator import Progress, run_load
@@ -44,12 +48,14 @@ class EchoBackend:
 class EchoGateway:
     """The ingress: parses the JSON body, calls the backend, answers JSON (no validation)."""
 
-    def __init__(self, backend):
-        self.backend = backend
+    def __init__(self, backend=None):
+        self.remote = backend is not None          # None: the backend runs in this replica (one deployment)
+        self.backend = handle_transport(backend) if self.remote else EchoBackend()
 
     @echo_api.post("/v1/translate")
     async def translate(self, request: Request):
-        return JSONResponse(await self.backend.translate.remote(await request.json()))
+        body = await request.json()
+        return JSONResponse(await (self.backend.translate.remote(body) if self.remote else self.backend.translate(body)))
 
     @echo_api.get("/readyz")
     async def readyz(self):
@@ -62,6 +68,9 @@ def build_echo_app(app_args: Optional[dict] = None) -> serve.Application:
     args = AppArgs.model_validate(app_args or {})
     backend = translator_options(args, args.models[0])
     backend.pop("user_config", None)
+    if args.ingress == "translator":     # as the service: one deployment, the translator's options
+        backend["name"] = "Gateway"
+        return serve.deployment(EchoGateway, **backend).bind(None)
     backend["name"] = "EchoBackend"
     return serve.deployment(EchoGateway, **gateway_options(args)).bind(
         serve.deployment(EchoBackend, **backend).bind())
