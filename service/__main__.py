@@ -17,7 +17,8 @@ GPU (``local_layout``): no deployment-handle hop per request, and two processes 
 two GILs, two engines of one thread) instead of one translator process. ``--ingress separate`` is the
 layout of the Serve config files (a Gateway in front of one translator deployment per model, each
 with its own replicas, resources and autoscaling). A ``--config`` that names ``ingress`` or the
-translators' ``num_replicas`` / ``autoscaling_config`` keeps its choice.
+translators' ``num_replicas`` / ``autoscaling_config`` keeps its choice (one that names neither
+layout runs ``ingress: translator``).
 
 --config takes a YAML (or JSON) file with ``build_app`` arguments (see service/app.py AppArgs),
 e.g.  ``{engine: {max_num_seqs: 32}, translator: {num_replicas: 2}}``; a Serve config file
@@ -37,8 +38,8 @@ from .ray_env import PROXIES, apply_serve_env, haproxy_ports, remove_workdir
 
 LAYOUTS = ("translator", "separate")
 # Replicas of the one-process layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
-# one torch thread each. docs/performance.md "Serving path": 4.05x 96d0bc0's single-sentence rate at 32
-# clients against about 2.4x for the separate layout, on 2 cores.
+# one torch thread each. On 2 cores: 3.40x commit 96d0bc0's single-sentence rate at 32 clients, where
+# the separate layout had 2.35x (docs/performance.md "One process per replica, and the handles' transport").
 LOCAL_REPLICAS = 2
 
 

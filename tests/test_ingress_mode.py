@@ -100,7 +100,8 @@ def test_echo_backend_answers_each_text():
 @pytest.mark.parametrize("grpc", [True, False])
 def test_handles_call_over_the_transport_of_the_process_that_holds_them(grpc, monkeypatch):
     """A handle made where ray.serve was imported before the throughput settings calls by actor
-    calls; the gateway (and the echo app, with the same function) switch it to what their own process's Serve settings say."""
+    calls; the gateway (and the echo app, with the same function) switch it to what their own
+    process's Serve settings say."""
     from ray.serve._private import constants
     from ray.serve.handle import DeploymentHandle
 

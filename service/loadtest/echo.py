@@ -3,15 +3,15 @@ Ray Serve settings and layout, under the same closed-loop load; prints both and 
 
 The echo app has the service's layout and deployment options (``gateway_options`` /
 ``translator_options`` of the same ``AppArgs``): with ``ingress: separate``, proxy -> FastAPI
-ingress -> a second deployment through a deployment handle (over the transport the ingress
-process's Serve settings choose, ``ray_env.handle_transport``, as the service's gateway does); with
-``ingress: translator``, one deployment that answers itself. It answers ``POST /v1/translate``
-with each text as its own "translation" and does nothing else: what it sustains is the ceiling that Ray Serve's data plane puts on this machine, and
-the ratio says how much of it the service's own per-request work (validation, splitting,
-tokenization, the engine, JSON) leaves. Both run in one Ray instance started here (``ServeApp``, the
-``--proxy`` data plane), one after the other; the load comes from a separate process, as a real
-client's would. ``--rounds N`` repeats the pair N times, alternating which app goes first, and prints
-the median of the rounds' ratios.
+ingress -> a second deployment through a deployment handle (over the transport the ingress process's
+Serve settings choose, ``ray_env.handle_transport``, as the service's gateway does); with ``ingress:
+translator``, one deployment that answers itself. It answers ``POST /v1/translate`` with each text
+as its own "translation" and does nothing else: what it sustains is the ceiling that Ray Serve's
+data plane puts on this machine, and the ratio says how much of it the service's own per-request
+work (validation, splitting, tokenization, the engine, JSON) leaves. Both run in one Ray instance
+started here (``ServeApp``, the ``--proxy`` data plane), one after the other; the load comes from a
+separate process, as a real client's would. ``--rounds N`` repeats the pair N times, alternating
+which app goes first, and prints the median of the rounds' ratios.
 """
 # No `from __future__ import annotations`: Serve's ingress rebinds the routes, and FastAPI must see
 # the ``Request`` class itself, not its name (service/api/gateway.py does the same).
@@ -55,7 +55,8 @@ class EchoGateway:
     @echo_api.post("/v1/translate")
     async def translate(self, request: Request):
         body = await request.json()
-        return JSONResponse(await (self.backend.translate.remote(body) if self.remote else self.backend.translate(body)))
+        out = await (self.backend.translate.remote(body) if self.remote else self.backend.translate(body))
+        return JSONResponse(out)
 
     @echo_api.get("/readyz")
     async def readyz(self):
