@@ -3,6 +3,7 @@ client disconnects cancel work, and the Prometheus metrics on GET /metrics move.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 
@@ -55,7 +56,10 @@ def test_overload_gets_503_with_retry_after_not_a_hang(service_url):
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 503}, statuses
     rejected = [r for r in responses if r.status_code == 503]
-    assert len(rejected) >= 8, statuses
+    # With the translators in the ingress replicas (MT_TEST_INGRESS=translator: two replicas, no
+    # per-model Serve limits) each replica's engine holds one such request and queues max_waiting more.
+    in_ingress = os.environ.get("MT_TEST_INGRESS") == "translator"
+    assert len(rejected) >= (24 - 2 * (1 + SECOND_ENGINE["max_waiting"]) if in_ingress else 8), statuses
     assert statuses.count(200) >= 1
     for r in rejected:
         assert int(r.headers["retry-after"]) >= 1
@@ -136,6 +140,7 @@ def test_metrics_move_after_requests(service_url):
     src0 = metric_sum(before, "ray_mt_source_tokens_total", model="de-en")
     gen0 = metric_sum(before, "ray_mt_generated_tokens_total", model="de-en")
     dur0 = metric_sum(before, "ray_mt_request_duration_seconds_count", model="de-en", endpoint="/v1/translate")
+    fallbacks0 = metric_sum(before, "ray_mt_sentence_split_fallbacks_total", model="de-en")
     r = httpx.post(service_url + "/v1/translate", json={"text": SENTENCES[:3], "beam_size": 2}, timeout=60)
     assert r.status_code == 200
     usage = r.json()["usage"]
@@ -156,7 +161,9 @@ def test_metrics_move_after_requests(service_url):
                 and metric_sum(text, "ray_mt_generated_tokens_total", model="de-en")
                 >= gen0 + usage["generated_tokens"]
                 and metric_sum(text, "ray_mt_request_duration_seconds_count", model="de-en",
-                               endpoint="/v1/translate") >= dur0 + 2)
+                               endpoint="/v1/translate") >= dur0 + 2
+                # (with two replicas the fallback's request may have gone to the other one)
+                and metric_sum(text, "ray_mt_sentence_split_fallbacks_total", model="de-en") >= fallbacks0 + 1)
     text = wait_for_metric(service_url, moved, timeout_s=30)
     assert moved(text)
     # One series per replica, each 0 or 1. A replica that Serve replaced earlier in the run (the load
@@ -167,7 +174,10 @@ def test_metrics_move_after_requests(service_url):
         assert values and set(values) <= {0.0, 1.0} and sum(values) >= 1, (name, values)
     # Every name docs/metrics.md lists is exported (this module runs after traffic of every kind).
     names = set(re.findall(r"^(ray_mt_[a-z_]+)", text, re.M))
-    assert set(exported_names()) <= names, sorted(set(exported_names()) - names)
+    expected = set(exported_names())
+    if os.environ.get("MT_TEST_INGRESS") == "translator":    # no handle call, so no retry counter
+        expected.discard("ray_mt_replica_retries_total")
+    assert expected <= names, sorted(expected - names)
 
 
 def test_metrics_doc_lists_exactly_the_exported_metric_names():
