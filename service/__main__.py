@@ -138,7 +138,8 @@ def main(argv=None) -> int:
     # ray is imported here and before ray.init starts the processes that inherit them.
     ports = haproxy_ports() if args.proxy == "haproxy" else {}
     if ports:
-        print(f"HAProxy's default stats/metrics port is taken (another instance?): using {ports}", flush=True)
+        print(f"Serve's default HAProxy stats/metrics or fallback-proxy ports are taken (another instance?): "
+              f"using {ports}", flush=True)
     serve_env = apply_serve_env(args.proxy, **ports)
     import ray
     import yaml

@@ -39,11 +39,15 @@ GRPC_MESSAGE = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(64 * 1024 * 102
 
 
 def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_port: Optional[int] = None,
-              workdir: Optional[str] = None) -> dict[str, str]:
+              workdir: Optional[str] = None, fallback_http_port: Optional[int] = None,
+              fallback_grpc_port: Optional[int] = None) -> dict[str, str]:
     """Environment variables for ``proxy`` ("haproxy" or "ray"; ValueError otherwise).
 
     stats_port / metrics_port: HAProxy's stats page and Prometheus exporter (Serve's defaults 8404
-    and 9101 when None; give free ports when several instances share a machine). workdir: where
+    and 9101 when None); fallback_http_port / fallback_grpc_port: Serve's fallback proxy, HAProxy's
+    backup server while no ingress replica is up (8500 and 9500). Give free ports when several
+    instances share a machine (``haproxy_ports``): on a taken 8500 this instance's HAProxy would
+    send requests to the other instance's service while its own replicas start. workdir: where
     HAProxy keeps its config, admin socket and state (default: a new directory under the temp dir,
     so two instances on one machine never share /tmp/haproxy-serve).
     """
@@ -65,10 +69,11 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
                RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH=os.path.join(workdir, "metrics.sock"),
                RAY_SERVE_HAPROXY_SERVER_STATE_BASE=workdir,
                RAY_SERVE_HAPROXY_SERVER_STATE_FILE=os.path.join(workdir, "server-state"))
-    if stats_port:
-        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats_port)
-    if metrics_port:
-        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics_port)
+    ports = {"stats_port": stats_port, "metrics_port": metrics_port, "fallback_http_port": fallback_http_port,
+             "fallback_grpc_port": fallback_grpc_port}
+    for arg, (var, _) in HAPROXY_DEFAULT_PORTS.items():
+        if ports[arg]:
+            env[var] = str(ports[arg])
     return env
 
 
@@ -88,7 +93,9 @@ def apply_serve_env(proxy: str = "haproxy", **kw) -> dict[str, str]:
 
 # serve_env's argument -> (the variable it sets, Serve's default port)
 HAPROXY_DEFAULT_PORTS = {"stats_port": ("RAY_SERVE_HAPROXY_STATS_PORT", 8404),
-                         "metrics_port": ("RAY_SERVE_HAPROXY_METRICS_PORT", 9101)}
+                         "metrics_port": ("RAY_SERVE_HAPROXY_METRICS_PORT", 9101),
+                         "fallback_http_port": ("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", 8500),
+                         "fallback_grpc_port": ("RAY_SERVE_FALLBACK_PROXY_GRPC_PORT", 9500)}
 
 
 def _in_use(port: int) -> bool:
@@ -101,9 +108,10 @@ def _in_use(port: int) -> bool:
 
 
 def haproxy_ports() -> dict[str, int]:
-    """stats_port / metrics_port for ``serve_env``: a free port instead of Serve's default (8404,
-    9101) where that one is taken, e.g. by another instance's HAProxy on this machine (HAProxy would
-    not start); nothing for a port the environment sets."""
+    """Ports for ``serve_env`` (``HAPROXY_DEFAULT_PORTS``): a free port instead of Serve's default
+    where that one is taken, e.g. by another instance on this machine (its HAProxy would not start
+    on a taken stats or metrics port, and on a taken fallback port it would forward to the other
+    instance); nothing for a port the environment sets."""
     out = {}
     for arg, (var, default) in HAPROXY_DEFAULT_PORTS.items():
         if var not in os.environ and _in_use(default):

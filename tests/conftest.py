@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from service.loadtest.serve_app import free_port
-from service.ray_env import apply_serve_env, remove_workdir
+from service.ray_env import HAPROXY_DEFAULT_PORTS, apply_serve_env, remove_workdir
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "model" / "data" / "multi30k"
@@ -81,7 +81,8 @@ class SharedService:
         self.metrics_port, http_port = free_port(), free_port()
         # The default data plane of `python -m service` (HAProxy ingress, throughput mode) unless
         # MT_TEST_PROXY=ray; it also raises Serve's proxy start-up timeout for a loaded 2-core machine.
-        apply_serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"), stats_port=free_port(), metrics_port=free_port())
+        apply_serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"),
+                        **{arg: free_port() for arg in HAPROXY_DEFAULT_PORTS})
         ray.init(address="local", num_cpus=2, include_dashboard=False, _metrics_export_port=self.metrics_port,
                  object_store_memory=100 * 1024 ** 2, log_to_driver=bool(os.environ.get("MT_TEST_RAY_LOGS")),
                  _system_config={"metrics_report_interval_ms": 1000}, namespace="mt-tests")

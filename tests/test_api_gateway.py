@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -278,7 +279,11 @@ def test_translator_as_its_own_ingress_gives_the_same_answers(service_url, servi
             "ingress": "translator", "num_cpus": 0.1, "engine": {"max_num_seqs": 4}}
     serve.run(build_app(args), name="embedded", route_prefix="/embedded", blocking=False)
     try:
-        assert httpx.get(service_url + "/embedded/readyz", timeout=30).json()["models"] == {SECOND_MODEL: "ready"}
+        deadline = time.time() + 30     # HAProxy learns the new route prefix from its next config reload
+        while (ready := httpx.get(service_url + "/embedded/readyz", timeout=30)).status_code != 200 \
+                and time.time() < deadline:
+            time.sleep(0.5)
+        assert ready.json()["models"] == {SECOND_MODEL: "ready"}
         body = {"text": ["A dog runs. A cat sleeps.", "Two men."], "beam_size": 2, "max_new_tokens": 8}
         here = post(service_url, body, path="/embedded/v1/translate")
         there = post(service_url, {**body, "model": SECOND_MODEL})

@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import build_tiny_checkpoint, free_port
-from service.ray_env import remove_workdir, serve_env
+from service.ray_env import HAPROXY_DEFAULT_PORTS, remove_workdir, serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deploy" / "serve_config.yaml"
@@ -132,7 +132,8 @@ def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, mon
         monkeypatch.setenv(var, "30")
     # The data plane of `python -m service` (HAProxy + throughput mode; MT_TEST_PROXY=ray: Serve's proxy).
     # (HAProxy's directory: a short path under /tmp, its socket paths must stay under 98 characters)
-    env = serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"), stats_port=free_port(), metrics_port=free_port())
+    env = serve_env(os.environ.get("MT_TEST_PROXY", "haproxy"),
+                    **{arg: free_port() for arg in HAPROXY_DEFAULT_PORTS})
     request.addfinalizer(lambda: remove_workdir(env))
     for var, value in env.items():
         if var != "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S":

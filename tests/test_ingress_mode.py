@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from conftest import metric_sum, post, sse_events
-from service.ray_env import HEADER_CHECK, HEADER_CHECK_VAR, THROUGHPUT, apply_serve_env, remove_workdir, serve_env
+from service.ray_env import (HAPROXY_DEFAULT_PORTS, HEADER_CHECK, HEADER_CHECK_VAR, THROUGHPUT, apply_serve_env,
+                             remove_workdir, serve_env)
 
 
 def test_serve_env_modes(tmp_path):
@@ -129,18 +130,25 @@ def test_compare_echo_runs_one_closed_http_loop(extra, capsys):
 def test_haproxy_ports_move_off_a_taken_default_and_its_directory_is_removed(monkeypatch, tmp_path):
     import socket
     from service.ray_env import haproxy_ports
-    for var in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+    for var, _ in HAPROXY_DEFAULT_PORTS.values():
         monkeypatch.delenv(var, raising=False)
-    holder = socket.socket()
-    try:
-        holder.bind(("0.0.0.0", 8404))      # as another instance's HAProxy would (or it is taken already)
-    except OSError:
-        pass
+    holders = []
+    for port in (8404, 8500):   # as another instance's HAProxy and fallback proxy would (or taken already)
+        holders.append(socket.socket())
+        try:
+            holders[-1].bind(("127.0.0.1", port))
+            holders[-1].listen()
+        except OSError:
+            pass
     try:
         ports = haproxy_ports()
-        assert ports["stats_port"] not in (8404, 0)
+        assert ports["stats_port"] not in (8404, 0) and ports["fallback_http_port"] not in (8500, 0)
+        env = serve_env("haproxy", **ports)
+        assert env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] == str(ports["fallback_http_port"])
+        remove_workdir(env)
     finally:
-        holder.close()
+        for h in holders:
+            h.close()
     monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")      # the operator's choice stands
     assert "stats_port" not in haproxy_ports()
     env = serve_env("haproxy")

@@ -28,8 +28,8 @@ class ServeApp:
     name = "mt"   # the Serve application's name
 
     def __init__(self, num_cpus: Optional[int] = None, namespace: str = "mt-loadtest-report", proxy: str = "haproxy"):
-        from service.ray_env import apply_serve_env
-        apply_serve_env(proxy, stats_port=free_port(), metrics_port=free_port())   # before Ray starts
+        from service.ray_env import HAPROXY_DEFAULT_PORTS, apply_serve_env
+        apply_serve_env(proxy, **{arg: free_port() for arg in HAPROXY_DEFAULT_PORTS})   # before Ray starts
         import ray
         from ray import serve
         self.port = free_port()
