@@ -424,3 +424,54 @@ def test_the_access_log_records_a_client_that_left_as_499_not_500(caplog):
             assert raises is not None and isinstance(e, raises)
         codes += mw.metrics.codes
     assert codes == [499, 499, 500, 200]
+
+
+def test_the_access_log_reaches_a_buffered_handler_s_file_within_a_second_or_so():
+    """Serve's throughput mode buffers log records until 1,000 are held: the middleware writes them
+    every flush_s seconds, so a quiet replica's access lines are not held back (or lost when it stops)."""
+    import asyncio
+    import logging
+    import logging.handlers
+
+    from service.api.access_log import AccessLogMiddleware, logger
+
+    class Metrics:
+        def record(self, model, endpoint, code, seconds):
+            pass
+
+    written: list[str] = []
+
+    class Target(logging.Handler):
+        def emit(self, record):
+            written.append(record.getMessage())
+
+    buffered = logging.handlers.MemoryHandler(capacity=1000, target=Target(), flushLevel=logging.ERROR)
+    logger.addHandler(buffered)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+
+    async def answers(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def main():
+        mw = AccessLogMiddleware(answers, flush_s=0.2)
+        mw.metrics = Metrics()
+        scope = {"type": "http", "method": "POST", "path": "/v1/translate", "headers": [(b"x-request-id", b"quiet-1")]}
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            pass
+        await mw(scope, receive, send)
+        held = list(written)                # still in the buffer right after the request
+        await asyncio.sleep(0.6)
+        return held
+    try:
+        held = asyncio.run(main())
+    finally:
+        logger.removeHandler(buffered)
+        logger.setLevel(level)
+    assert not any("quiet-1" in line for line in held)
+    assert [line for line in written if "request_id=quiet-1" in line and "status=200" in line], written

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import logging.handlers
 import time
 from typing import Optional
 
@@ -20,6 +21,19 @@ ENDPOINTS = frozenset({"/v1/translate", "/v1/models", "/healthz", "/readyz", "/m
                        "/languages", "/docs", "/openapi.json", "/"})
 
 
+# Serve's throughput mode buffers a replica's log records (RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE, 1,000)
+# and writes them only when the buffer fills or an ERROR comes: a quiet replica's access lines waited
+# indefinitely and were lost when it stopped. The middleware writes them every FLUSH_S seconds instead.
+FLUSH_S = 1.0
+
+
+def flush_serve_log() -> None:
+    """Write what Serve's log handlers of this process hold (its ``MemoryHandler`` buffers)."""
+    for handler in logger.handlers:
+        if isinstance(handler, logging.handlers.MemoryHandler):
+            handler.flush()
+
+
 # The status recorded (log and metrics) for a request whose client disconnected before its response
 # started (nginx's "client closed request"): none was sent, and it is not a server error.
 CLIENT_CLOSED = 499
@@ -34,15 +48,27 @@ class AccessLogMiddleware:
     ``model`` (its id), ``usage`` (a ``schemas.Usage``) and ``stream`` into ``request.state``.
     """
 
-    def __init__(self, app):
+    def __init__(self, app, flush_s: float = FLUSH_S):
         self.app = app
         self.metrics: Optional[HttpMetrics] = None
+        self.flush_s = flush_s
+        self._flusher: Optional[asyncio.Task] = None
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            try:
+                flush_serve_log()
+            except Exception:  # noqa: BLE001 - a full disk must not stop the flushing of later lines
+                pass
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.metrics is None:
             self.metrics = HttpMetrics()   # created in the replica process, on its first request
+        if self._flusher is None:          # in the replica's event loop
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_every())
         t0 = time.perf_counter()
         state = scope.setdefault("state", {})
         status = {"code": 500}

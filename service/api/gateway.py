@@ -26,7 +26,7 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 
 from . import explorer, libretranslate, sse
-from .access_log import AccessLogMiddleware
+from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
 from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers
@@ -139,6 +139,11 @@ class Gateway:
         await self.backend.reconfigure(user_config)
         self._configure(user_config.get("engine", {}))
         self.guard.reload()
+
+    def __del__(self):
+        """Serve's shutdown hook, after its drain of ongoing requests: the last access lines reach the
+        log file before the process is killed (``access_log.flush_serve_log``)."""
+        flush_serve_log()
 
     # ---- routing ----
     def resolve(self, model: Optional[str], source_lang: Optional[str], target_lang: Optional[str]) -> ModelCard:
