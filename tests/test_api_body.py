@@ -428,7 +428,8 @@ def test_the_access_log_records_a_client_that_left_as_499_not_500(caplog):
 
 def test_the_access_log_reaches_a_buffered_handler_s_file_within_a_second_or_so():
     """Serve's throughput mode buffers log records until 1,000 are held: the middleware writes them
-    every flush_s seconds, so a quiet replica's access lines are not held back (or lost when it stops)."""
+    every flush_s seconds, so a quiet replica's access lines are not held back (or lost when it stops).
+    A request id with spaces is quoted: it cannot add fields to its line."""
     import asyncio
     import logging
     import logging.handlers
@@ -457,15 +458,16 @@ def test_the_access_log_reaches_a_buffered_handler_s_file_within_a_second_or_so(
     async def main():
         mw = AccessLogMiddleware(answers, flush_s=0.2)
         mw.metrics = Metrics()
-        scope = {"type": "http", "method": "POST", "path": "/v1/translate", "headers": [(b"x-request-id", b"quiet-1")]}
 
         async def receive():
             return {"type": "http.request", "body": b"", "more_body": False}
 
         async def send(message):
             pass
-        await mw(scope, receive, send)
-        held = list(written)                # still in the buffer right after the request
+        for rid in (b"quiet-1", b"x status=500 path=/evil"):     # the second tries to add fields to its line
+            scope = {"type": "http", "method": "POST", "path": "/v1/translate", "headers": [(b"x-request-id", rid)]}
+            await mw(scope, receive, send)
+        held = list(written)                # still in the buffer right after the requests
         await asyncio.sleep(0.6)
         return held
     try:
@@ -475,3 +477,5 @@ def test_the_access_log_reaches_a_buffered_handler_s_file_within_a_second_or_so(
         logger.setLevel(level)
     assert not any("quiet-1" in line for line in held)
     assert [line for line in written if "request_id=quiet-1" in line and "status=200" in line], written
+    [evil] = [line for line in written if "evil" in line]
+    assert 'request_id="x status=500 path=/evil" method=POST path=/v1/translate status=200' in evil, evil

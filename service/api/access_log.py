@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import logging.handlers
+import re
 import time
 from typing import Optional
 
@@ -32,6 +34,16 @@ def flush_serve_log() -> None:
     for handler in logger.handlers:
         if isinstance(handler, logging.handlers.MemoryHandler):
             handler.flush()
+
+
+_PLAIN = re.compile(r'[^\s"=\\]+')
+
+
+def log_value(value: str) -> str:
+    """``value`` as one field of a key=value line: as it is when it has no whitespace, quote, ``=`` or
+    backslash (request ids are usually UUIDs), else JSON-quoted, so that a client's X-Request-ID
+    cannot add fields to its access line."""
+    return value if _PLAIN.fullmatch(value) else json.dumps(value, ensure_ascii=False)
 
 
 # The status recorded (log and metrics) for a request whose client disconnected before its response
@@ -102,6 +114,6 @@ class AccessLogMiddleware:
             usage = state.get("usage")
             self.metrics.record(model, endpoint, status["code"], seconds)
             logger.info("access request_id=%s method=%s path=%s status=%d latency_ms=%.1f model=%s "
-                        "source_tokens=%s generated_tokens=%s stream=%s", rid, scope.get("method"), path,
+                        "source_tokens=%s generated_tokens=%s stream=%s", log_value(rid), scope.get("method"), path,
                         status["code"], seconds * 1000, model, usage.source_tokens if usage else 0,
                         usage.generated_tokens if usage else 0, bool(state.get("stream")))
