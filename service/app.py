@@ -29,6 +29,7 @@ from ray import serve
 
 from model.checkpoint import DEFAULT_CHECKPOINT, SHIPPED_CHECKPOINTS
 
+from .api.access_log import flush_serve_log
 from .api.deadline import run_within, stream_within
 from .api.errors import RETRY_AFTER_S, ErrorRecord, to_service_error
 from .api.gateway import Gateway
@@ -211,11 +212,13 @@ class TranslatorReplica:
 
     async def __del__(self):
         """Serve's shutdown hook, after its drain of ongoing calls: wait for the engine to empty too
-        (sentences of cancelled calls leave at its next step), then stop it."""
+        (sentences of cancelled calls leave at its next step), then stop it, and write out the log
+        lines Serve still buffers (``access_log.flush_serve_log``) before the process is killed."""
         left = await self.translator.drain(self.drain_timeout_s)
         if left:
             logger.warning("translator %s stopping with %d requests unfinished", self.translator.name, left)
         await self.translator.stop()
+        flush_serve_log()
 
 
 def build_app(args: dict | AppArgs | None = None) -> serve.Application:

@@ -30,6 +30,9 @@ DATA = ROOT / "model" / "data" / "multi30k"
 SECOND_MODEL = "tiny-en-de"
 # Small engine limits of the second model, so that overload is cheap to provoke.
 SECOND_ENGINE = {"max_num_seqs": 8, "max_waiting": 8}
+# MT_TEST_INGRESS=translator: the shared service runs python -m service's layout (service/__main__.py),
+# the translators inside two ingress replicas, instead of build_app's default separate layout.
+IN_INGRESS = os.environ.get("MT_TEST_INGRESS") == "translator"
 SECOND_DEPLOYMENT = {"max_ongoing_requests": 4, "max_queued_requests": 4}
 
 
@@ -92,7 +95,7 @@ class SharedService:
                            {"name": SECOND_MODEL, "checkpoint": second, "engine": SECOND_ENGINE,
                             "deployment": SECOND_DEPLOYMENT}],
                 "num_cpus": 0.8}
-        if os.environ.get("MT_TEST_INGRESS") == "translator":   # python -m service's layout (service/__main__.py)
+        if IN_INGRESS:
             args.update(ingress="translator", translator={"num_replicas": 2})
         self.args = args
         serve.run(build_app(args), name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)

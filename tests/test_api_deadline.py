@@ -3,12 +3,11 @@ its ``timeout_s`` is answered 504 (an SSE ``error`` event once a stream has star
 translator's engine has no running or waiting sentence left afterwards."""
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
 
-from conftest import metric_sum, scrape
+from conftest import IN_INGRESS, metric_sum, scrape
 
 SENTENCES = ["Ein Mann fährt mit dem Fahrrad die Straße entlang.", "Zwei Hunde spielen im Schnee.",
              "Eine Frau liest ein Buch im Park.", "Kinder spielen Fußball auf der Wiese."]
@@ -22,7 +21,7 @@ def engine_counts(url: str, model: str = "de-en") -> tuple[int, int]:
     """(running, waiting) of the model's engine: its translator deployment's stats, or, when the
     translators run in the ingress replicas (MT_TEST_INGRESS=translator), the sum of every replica's
     gauges (running sequences, waiting sentences) in /metrics."""
-    if os.environ.get("MT_TEST_INGRESS") == "translator":
+    if IN_INGRESS:
         text = scrape(url)
         return (int(metric_sum(text, "ray_mt_running_sequences", model=model)),
                 int(metric_sum(text, "ray_mt_waiting_requests", model=model)))

@@ -3,13 +3,12 @@ client disconnects cancel work, and the Prometheus metrics on GET /metrics move.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 
 import httpx
 
-from conftest import DATA, SECOND_ENGINE, SECOND_MODEL, metric_sum, scrape, wait_for_metric
+from conftest import DATA, IN_INGRESS, SECOND_ENGINE, SECOND_MODEL, metric_sum, scrape, wait_for_metric
 from model.tokenizer import read_lines
 from service.metrics import exported_names
 
@@ -58,8 +57,7 @@ def test_overload_gets_503_with_retry_after_not_a_hang(service_url):
     rejected = [r for r in responses if r.status_code == 503]
     # With the translators in the ingress replicas (MT_TEST_INGRESS=translator: two replicas, no
     # per-model Serve limits) each replica's engine holds one such request and queues max_waiting more.
-    in_ingress = os.environ.get("MT_TEST_INGRESS") == "translator"
-    assert len(rejected) >= (24 - 2 * (1 + SECOND_ENGINE["max_waiting"]) if in_ingress else 8), statuses
+    assert len(rejected) >= (24 - 2 * (1 + SECOND_ENGINE["max_waiting"]) if IN_INGRESS else 8), statuses
     assert statuses.count(200) >= 1
     for r in rejected:
         assert int(r.headers["retry-after"]) >= 1
@@ -175,7 +173,7 @@ def test_metrics_move_after_requests(service_url):
     # Every name docs/metrics.md lists is exported (this module runs after traffic of every kind).
     names = set(re.findall(r"^(ray_mt_[a-z_]+)", text, re.M))
     expected = set(exported_names())
-    if os.environ.get("MT_TEST_INGRESS") == "translator":    # no handle call, so no retry counter
+    if IN_INGRESS:    # no handle call, so no retry counter
         expected.discard("ray_mt_replica_retries_total")
     assert expected <= names, sorted(expected - names)
 
