@@ -8,8 +8,10 @@ import pytest
 import ray
 from ray.serve.exceptions import BackPressureError
 
-from service.api.errors import (RETRY_AFTER_S, ErrorRecord, ServiceError, error_response, libre_error_response,
-                                mapped_errors, to_service_error)
+from service.api.errors import (MAX_DETAILS, MAX_NAME_CHARS, RETRY_AFTER_S, ErrorRecord, ServiceError,
+                                add_exception_handlers, error_response, libre_error_response, mapped_errors, shown,
+                                to_service_error)
+from service.api.schemas import TranslateRequest
 from service.engine import EngineError, EngineStoppedError, EngineValidationError, QueueFullError
 
 
@@ -99,3 +101,34 @@ def test_body_errors_say_what_is_wrong():
         assert (e.value.status, e.value.field) == (400, "alternatives") and "whole number" in e.value.message
     assert [parse({"q": "x", "source": "de", "target": "en", "alternatives": ok}, cards).alternatives
             for ok in (2, 2.0, "2", None, "")] == [2, 2, 2, 0, 0]
+
+
+def test_errors_do_not_echo_long_names_or_list_thousands_of_errors():
+    """An unknown field named by 100,000 characters is named shortened (its start and length), and a
+    body with 500 unknown fields lists MAX_DETAILS of them and counts the rest: the 422 stays small,
+    whatever the client sent (no Ray: the real request model behind the service's error handlers)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    app = FastAPI()
+    add_exception_handlers(app)
+
+    @app.post("/v1/translate")
+    async def native(body: TranslateRequest):   # module-level name: this file's annotations are strings
+        return {"ok": True}
+    client = TestClient(app)
+    long_name = "x" * 100_000
+    r = client.post("/v1/translate", json={"text": "Hallo", long_name: 1})
+    assert r.status_code == 422 and len(r.content) < 1_000, len(r.content)
+    err = r.json()["error"]
+    assert err["field"] == "x" * (MAX_NAME_CHARS // 2) + "...(100000 characters)", err["field"]
+    assert err["message"].startswith(err["field"] + ": ") and "xxxx" * 100 not in r.text
+
+    r = client.post("/v1/translate", json={"text": "Hallo", **{f"extra_{i}": i for i in range(500)}})
+    err = r.json()["error"]
+    assert r.status_code == 422 and len(err["details"]) == MAX_DETAILS + 1, r.text[:300]
+    assert [d["field"] for d in err["details"][:MAX_DETAILS]] == [f"extra_{i}" for i in range(MAX_DETAILS)]
+    assert err["details"][-1]["message"] == f"body: {500 - MAX_DETAILS} more errors not listed (the first {MAX_DETAILS} are)"
+
+    r = client.post("/v1/translate", json={"text": "Hallo", "extra": 1})   # a short name: whole, as before
+    assert r.json()["error"]["field"] == "extra" and "details" not in r.json()["error"]
+    assert shown("de") == "'de'" and shown(long_name) == repr("x" * (MAX_NAME_CHARS // 2) + "...(100000 characters)")

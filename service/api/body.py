@@ -35,7 +35,7 @@ from typing import Optional
 
 from fastapi.responses import JSONResponse
 
-from .errors import LIBRE_PATHS, ServiceError, error_response, route_path
+from .errors import LIBRE_PATHS, ServiceError, error_response, route_path, shown
 from .guard import check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
@@ -81,7 +81,7 @@ def inflate(data: bytes, coding: str, cap: int = MAX_BODY_BYTES) -> bytes:
     elif coding == "deflate":   # RFC 9110: zlib format; some clients send raw deflate
         wbits = 15 if len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0 else -15
     else:
-        raise ServiceError(415, f"Content-Encoding: {coding!r} is not supported; accepted: {', '.join(ENCODINGS)}",
+        raise ServiceError(415, f"Content-Encoding: {shown(coding)} is not supported; accepted: {', '.join(ENCODINGS)}",
                            "Content-Encoding")
     out = bytearray()
     rest = data
@@ -108,7 +108,7 @@ def transcode(body: bytes, media: str, charset: str) -> bytes:
     except LookupError:
         info = None
     if info is None or not CHARSETS.fullmatch(info.name):
-        raise ServiceError(415, f"Content-Type: charset {charset!r} is not supported; send utf-8 (or another "
+        raise ServiceError(415, f"Content-Type: charset {shown(charset)} is not supported; send utf-8 (or another "
                                 "character encoding such as latin-1, cp1252 or utf-16)", "Content-Type")
     if info.name == "utf-8":
         return body
@@ -147,10 +147,10 @@ def decode_body(path: str, headers: dict[str, str], body: bytes, cap: int = MAX_
         body = inflate(body, coding, cap)
     charset = params.get("charset")
     if charset is not None and not charset.strip():
-        raise ServiceError(415, f"Content-Type: an empty charset ({ctype!r}); name one (utf-8) or leave it out",
+        raise ServiceError(415, f"Content-Type: an empty charset ({shown(ctype)}); name one (utf-8) or leave it out",
                            "Content-Type")
     if sum(p.split("=")[0].strip().lower() == "charset" for p in ctype.split(";")[1:]) > 1:
-        raise ServiceError(415, f"Content-Type: charset given more than once ({ctype!r}); send one", "Content-Type")
+        raise ServiceError(415, f"Content-Type: charset given more than once ({shown(ctype)}); send one", "Content-Type")
     if charset:
         transcoded = transcode(body, media, charset)
         if transcoded is not body:
@@ -164,7 +164,7 @@ def _no_repeated_keys(pairs: list) -> dict:
     if len(obj) < len(pairs):
         seen: set = set()
         key = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ServiceError(422, f"body: the key {key!r} is given more than once in one JSON object; send it "
+        raise ServiceError(422, f"body: the key {shown(key)} is given more than once in one JSON object; send it "
                                 f"once (only one of the values would be read)", key)
     return obj
 

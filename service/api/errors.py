@@ -28,6 +28,8 @@ from service.engine.errors import EngineError, EngineStoppedError, EngineValidat
 RETRY_AFTER_S = 1      # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 LIBRE_PATHS = ("/translate", "/languages")    # routes that answer in LibreTranslate's error shape
 # Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
+MAX_NAME_CHARS = 64   # a field name (or any path part) longer than this is shortened in error messages
+MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
 JSON_TOO_DEEP = (f"JSON nested too deep (arrays and objects inside each other beyond about "
                  f"{sys.getrecursionlimit()} levels; a request needs at most 3)")
 
@@ -136,12 +138,25 @@ def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
                         headers={**(_retry_header(err.retry_after) or {}), **(headers or {})} or None)
 
 
+def short_name(name: str) -> str:
+    """A client-sent name as an error message repeats it: whole up to MAX_NAME_CHARS characters, else
+    its start and its length (an unknown field named by 100,000 characters is not echoed back whole)."""
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    return f"{name[:MAX_NAME_CHARS // 2]}...({len(name)} characters)"
+
+
+def shown(value) -> str:
+    """A client-sent value quoted for an error message (``repr``), shortened as ``short_name``."""
+    return repr(short_name(str(value)))
+
+
 def format_validation_error(err: dict) -> tuple[str, str]:
     """(field, message) for one pydantic error dict: the dotted field path and a message naming it."""
     if err.get("type") == "json_invalid":  # loc is ("body", character offset)
         offset = err.get("loc", (None, None))[-1]
         return "body", f"body: invalid JSON at character {offset}: {err.get('msg', 'JSON decode error')}"
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
+    loc = [short_name(str(p)) for p in err.get("loc", ()) if p not in ("body", "query")]
     # Union members and the model-level validator add noise to the path.
     loc = [p for p in loc if p not in ("str", "list[str]", "function-after[_n_best_within_beam(), TranslateRequest]")]
     field = ".".join(loc)
@@ -176,9 +191,13 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
         return error_response(ServiceError(415, f"Content-Type: {request.url.path} takes a JSON body "
                                                 f"(application/json), got {ctype or 'none'}", "Content-Type"))
     details = []
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:MAX_DETAILS]:
         field, msg = format_validation_error(err)
         details.append({"field": field, "message": msg})
+    if len(errors) > MAX_DETAILS:   # e.g. thousands of unknown fields: the body stays small
+        details.append({"field": "body", "message": f"body: {len(errors) - MAX_DETAILS} more errors not listed "
+                                                    f"(the first {MAX_DETAILS} are)"})
     first = details[0] if details else {"field": None, "message": "invalid request"}
     return error_response(ServiceError(422, first["message"], first["field"]),
                           details=details if len(details) > 1 else None)

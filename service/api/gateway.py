@@ -29,7 +29,7 @@ from . import explorer, libretranslate, sse
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
-from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers
+from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, shown
 from .guard import Guard, GuardMiddleware, GuardSettings
 from .schemas import (ErrorResponse, LibreLanguage, ModelInfo, ModelLimits, ModelsResponse, TranslateRequest,
                       TranslateResponse)
@@ -158,11 +158,11 @@ class Gateway:
         if model is not None:
             card = self.cards.get(model)
             if card is None:
-                raise ServiceError(404, f"model: unknown model {model!r}; available: {sorted(self.cards)}", "model")
+                raise ServiceError(404, f"model: unknown model {shown(model)}; available: {sorted(self.cards)}", "model")
             for field, want, have in (("source_lang", source_lang, (card.source_lang,)),
                                       ("target_lang", target_lang, () if card.target_languages else card.targets)):
                 if want is not None and have and want not in have:
-                    raise ServiceError(404, f"{field}: model {model!r} translates {card.pair}, not {want!r}", field)
+                    raise ServiceError(404, f"{field}: model {shown(model)} translates {card.pair}, not {shown(want)}", field)
             return _checked_target(card, target_lang)
         if source_lang is None and target_lang is None:
             return _checked_target(self.cards[self.default], None)
@@ -199,7 +199,7 @@ class Gateway:
         """
         if request.scope.get("query_string"):   # nothing sent is dropped: the fields are the body's
             name = next(iter(request.query_params.keys()), "")
-            raise ServiceError(422, f"query parameter {name!r}: /v1/translate reads its fields from the JSON body "
+            raise ServiceError(422, f"query parameter {shown(name)}: /v1/translate reads its fields from the JSON body "
                                     f"only; send it there", name or "query")
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id

@@ -20,7 +20,7 @@ from service.engine import GenerationOptions
 from service.translator import ModelCard
 from service.translator.card import match_language
 
-from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response
+from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, shown
 from .guard import check_body_key
 from .html import HtmlText
 from .schemas import MAX_BEAM_SIZE, LibreLanguage, ModelLimits, TranslateJob, TranslateResponse, check_unicode
@@ -232,7 +232,7 @@ async def read_fields(request: Request) -> Fields:
             pairs = form.multi_items()
             for k, v in pairs:
                 if not isinstance(v, str):      # an uploaded file: never read as the field's text
-                    raise ServiceError(400, f"Invalid request: form field {k!r} was sent as a file "
+                    raise ServiceError(400, f"Invalid request: form field {shown(k)} was sent as a file "
                                             f"({v.filename or 'no name'}); send it as a text field", k)
         else:
             # Decoded as UTF-8 ourselves: clients (curl -d) send raw UTF-8 bytes unescaped, and a
@@ -253,7 +253,7 @@ def _merged(query: Fields, body: Fields) -> Fields:
     """The body's fields and the query string's: a field in both is a 400 (one would be dropped)."""
     both = sorted(set(query) & set(body))
     if both:
-        raise ServiceError(400, f"Invalid request: {both[0]!r} given in both the query string and the body; "
+        raise ServiceError(400, f"Invalid request: {shown(both[0])} given in both the query string and the body; "
                                 "send it once", both[0])
     return {**query, **body}
 
@@ -270,7 +270,7 @@ def _grouped(pairs, what: str) -> Fields:
             values = ["\n".join(v.splitlines()) for v in values]
             fields[key] = values if len(values) > 1 else values[0]
         elif len(values) > 1:
-            raise ServiceError(400, f"Invalid request: {what} {key!r} given {len(values)} times; send it once", key)
+            raise ServiceError(400, f"Invalid request: {what} {shown(key)} given {len(values)} times; send it once", key)
         else:
             fields[key] = values[0]
     return fields

@@ -20,7 +20,7 @@ from model.search import ATTENTION_KINDS
 from service.engine.config import EngineConfig
 from service.engine.records import GenerationOptions
 
-from .errors import ServiceError
+from .errors import ServiceError, shown
 
 # Service-wide request limits (the model-dependent ones are in ModelLimits).
 MAX_TEXTS = 64                 # texts in one request (a list `text` / LibreTranslate `q`)
@@ -90,7 +90,7 @@ class TranslateRequest(_Strict):
     @classmethod
     def _language_code(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not v.strip():
-            raise ValueError(f"must be a language code such as 'de', or null for the model's; got {v!r}")
+            raise ValueError(f"must be a language code such as 'de', or null for the model's; got {shown(v)}")
         return v
 
     @model_validator(mode="after")
