@@ -129,3 +129,19 @@ def test_search_step_bench_gives_the_same_hypotheses_both_ways(capsys):
     assert "same hypotheses: True" in out and out.count("ms per step") == 2
     with pytest.raises(SystemExit):
         search_main(["--beam", "1"])
+
+
+def test_head_of_line_bench_sends_a_request_the_api_takes():
+    """service.bench.head_of_line: its large request passes the API's own validation at the limits
+    (MAX_TEXTS texts, MAX_BEAM_SIZE beams), texts of consecutive sentences; too few sentences is an error."""
+    from service.api.schemas import MAX_BEAM_SIZE, MAX_TEXTS, TranslateRequest
+    from service.bench.head_of_line import build_parser, large_request
+    from service.loadtest.config import DEFAULT_SENTENCES, load_sentences
+    lines = load_sentences(DEFAULT_SENTENCES)
+    args = build_parser().parse_args([])
+    body = large_request(lines, args.texts, args.sentences_per_text, args.min_new_tokens, args.max_new_tokens)
+    req = TranslateRequest(**body)
+    assert len(req.text) == MAX_TEXTS and req.beam_size == MAX_BEAM_SIZE and req.min_new_tokens == 100
+    assert body["text"][1] == " ".join(lines[4:8])
+    with pytest.raises(ValueError, match="need 8 sentences"):
+        large_request(lines[:7], 2, 4, 0, 10)

@@ -23,10 +23,10 @@ class Sim:
         self.plans = []
         self._next = 0
 
-    def add(self, length=5, beam=1, src=6) -> int:
+    def add(self, length=5, beam=1, src=6, group=None) -> int:
         rid = self._next
         self._next += 1
-        self.sched.add(ScheduledRequest(rid, src, beam))
+        self.sched.add(ScheduledRequest(rid, src, beam, group=group))
         self.length[rid] = length
         return rid
 
@@ -298,3 +298,61 @@ def test_admission_settings_are_validated():
     with pytest.raises(EngineValidationError) as e:
         EngineConfig(max_wait_steps=0)
     assert e.value.field == "max_wait_steps"
+
+
+def admitted_in_order(sim, steps=200) -> list[int]:
+    order = []
+    for _ in range(steps):
+        if not (sim.sched.running or sim.sched.waiting):
+            break
+        order += ids(sim.step().prefill)
+    return order
+
+
+def test_fifo_takes_turns_between_the_groups_of_api_requests():
+    """Sentences of one API request share a group: a request of 6 sentences puts one of them, not
+    six, ahead of a one-sentence request that arrives after it; two multi-sentence requests
+    alternate; a request arriving mid-way goes in the current turn; without groups, pure FIFO."""
+    sim = Sim(num_slots=1, policy="prefill_first")
+    a = [sim.add(length=2, group="a") for _ in range(6)]
+    b = sim.add(length=2, group="b")
+    c = [sim.add(length=2, group="c") for _ in range(2)]
+    order = []
+    for _ in range(7):                  # a0, b, c0, a1 admitted (one slot, 2 steps each)
+        order += ids(sim.step().prefill)
+    assert order == [a[0], b, c[0], a[1]]
+    d = sim.add(length=2)               # no group, arrives in turn 1: after c1 (turn 1), before a2
+    order += admitted_in_order(sim)
+    assert order == [a[0], b, c[0], a[1], c[1], d, a[2], a[3], a[4], a[5]]
+    assert sorted(sim.finished) == sorted(order) and sim.sched._groups == {} and sim.sched.slots.num_free == 1
+
+    sim = Sim(num_slots=2, policy="prefill_first")
+    e = [sim.add(length=3, group="e") for _ in range(4)]
+    f = [sim.add(length=3, group=("f", 1)) for _ in range(4)]   # any hashable
+    assert admitted_in_order(sim) == [x for pair in zip(e, f) for x in pair]
+
+    sim = Sim(num_slots=1, policy="prefill_first")
+    plain = [sim.add(length=2) for _ in range(5)]
+    assert admitted_in_order(sim) == plain
+
+
+def test_turns_keep_the_head_of_line_rule_and_survive_cancellation():
+    """A large beam at the head of the turns is not passed by smaller requests behind it (the FIFO
+    rule, in turn order), and cancelling waiting sentences of a group leaves no bookkeeping behind."""
+    sim = Sim(num_slots=4, policy="prefill_first")
+    g = [sim.add(length=4, group="g") for _ in range(3)]   # three greedy sentences take 3 slots
+    sim.step()
+    big = sim.add(length=2, beam=4, group="big")
+    small = sim.add(length=2, group="small")
+    order = admitted_in_order(sim)
+    assert order.index(big) < order.index(small)
+    assert set(g) <= set(sim.finished)
+
+    sim = Sim(num_slots=1, policy="prefill_first")
+    many = [sim.add(length=3, group="m") for _ in range(5)]
+    other = sim.add(length=3, group="o")
+    sim.step()
+    for rid in many[2:]:
+        sim.sched.finish(rid)           # the client went away: its waiting sentences are dropped
+    assert admitted_in_order(sim) == [other, many[1]]
+    assert sim.sched._groups == {} and not sim.sched.waiting and sim.sched.slots.num_free == 1

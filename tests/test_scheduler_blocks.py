@@ -22,8 +22,8 @@ class PagedSim:
         self.done: list[int] = []
         self.plans = []
 
-    def add(self, rid, src=6, beam=1, length=10):
-        self.sched.add(ScheduledRequest(rid, src, beam, max_new_tokens=length))
+    def add(self, rid, src=6, beam=1, length=10, group=None):
+        self.sched.add(ScheduledRequest(rid, src, beam, max_new_tokens=length, group=group))
         self.length[rid] = length
 
     def write(self, req, pos):
@@ -129,3 +129,23 @@ def test_block_pool_errors_and_usage():
     assert pool.num_free_blocks == 3 and freed == [[a[0]]] and pool.blocks_for(5) == 3
     with pytest.raises(ValueError):
         BlockPool(2, 4, 0)
+
+
+def test_preemption_with_groups_requeues_at_the_head_and_leaves_no_bookkeeping():
+    """The sentences of two API requests (groups) under block pressure: preempted ones go back to
+    the head whatever their group's turn, everyone finishes, no block and no group entry is left."""
+    sim = PagedSim(num_blocks=24, block_size=4, policy="prefill_first")
+    for rid in range(4):
+        sim.add(rid, src=4, beam=2, length=20, group="long")
+    for rid in range(4, 7):
+        sim.add(rid, src=4, beam=1, length=3, group="short")
+    preempted = []
+    while sim.sched.running or sim.sched.waiting:
+        plan = sim.step()
+        if plan.preempted:
+            preempted += [r.request_id for r in plan.preempted]
+            head = [r.request_id for r in list(sim.sched.waiting)[:len(plan.preempted)]]
+            assert head == sorted(r.request_id for r in plan.preempted)
+        assert len(sim.plans) < 500
+    assert preempted and sorted(sim.done) == list(range(7))
+    assert sim.sched._groups == {} and sim.pool.num_free_blocks == 24 and sim.pool.held == {}

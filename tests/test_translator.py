@@ -124,3 +124,39 @@ def test_card_config_lists_every_model_config_field(tmp_path):
     defaults = ModelConfig.from_dict(cfg)
     assert dropped and all(card.config[k] == getattr(defaults, k) for k in dropped)
     assert card.config["d_model"] == cfg["d_model"]
+
+
+def test_a_later_small_request_is_not_queued_behind_every_sentence_of_a_large_one(card):
+    """The sentences of one request share an engine group, so admission takes turns between
+    requests: with room for one sentence at a time, a one-text request (plain or streamed) sent
+    after an eight-text one finishes long before it, with the translation it gets alone."""
+    from service.translator.translator import StreamStart
+    big = request([f"Ein Hund läuft {i} mal." for i in range(8)], max_new_tokens=6, min_new_tokens=6)
+    small = request(["Zwei Männer."], max_new_tokens=6, min_new_tokens=6)
+
+    async def main():
+        t = Translator(card)
+        await t.reconfigure({"max_num_seqs": 2})     # beam 2: one sentence in flight at a time
+        alone = await t.translate(small)
+        done = []
+
+        async def run(name, job):
+            out = await t.translate(job)
+            done.append(name)
+            return out
+
+        async def streamed(name, job):
+            out = [item async for item in t.stream(job)]
+            done.append(name)
+            assert isinstance(out[0], StreamStart)
+            return out[-1]
+
+        for second in (run, streamed):
+            done.clear()
+            first = asyncio.create_task(run("big", big))
+            await asyncio.sleep(0)                     # the big request's sentences are queued first
+            got = await asyncio.gather(first, second("small", small))
+            assert done == ["small", "big"], done
+            assert got[1].translations == alone.translations and len(got[0].translations) == 8
+        await t.stop()
+    asyncio.run(main())

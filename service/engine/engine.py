@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
@@ -170,21 +170,24 @@ class Engine:
         """Raise EngineValidationError(field, message) if the request can never be served."""
         self._resolve(src_ids, options)
 
-    async def translate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None
-                        ) -> TranslationResult:
-        """Translate one sentence (source ids, EOS included). Raises EngineValidationError,
-        QueueFullError (at once, when max_waiting requests wait), EngineStoppedError, or EngineError
-        if the request failed while running. Cancelling the awaiting task cancels the request; its
-        slots are freed at the next step."""
-        req = self._submit(src_ids, options, stream=False)
+    async def translate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None,
+                        group: Optional[Hashable] = None) -> TranslationResult:
+        """Translate one sentence (source ids, EOS included). ``group``: any hashable the sentences of
+        one caller's request share (fifo admission takes turns between groups, ``scheduler.py``).
+        Raises EngineValidationError, QueueFullError (at once, when max_waiting requests wait),
+        EngineStoppedError, or EngineError if the request failed while running. Cancelling the
+        awaiting task cancels the request; its slots are freed at the next step."""
+        req = self._submit(src_ids, options, stream=False, group=group)
         return await req.future
 
-    def stream(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> TokenStream:
-        """Submit a request and return an async iterator of its token ids, then the TranslationResult.
+    def stream(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None,
+               group: Optional[Hashable] = None) -> TokenStream:
+        """Submit a request and return an async iterator of its token ids, then the TranslationResult
+        (``group`` as in ``translate``).
 
         Validation, QueueFullError and EngineStoppedError are raised here, before any iteration.
         """
-        return TokenStream(self, self._submit(src_ids, options, stream=True))
+        return TokenStream(self, self._submit(src_ids, options, stream=True, group=group))
 
     def stats(self) -> dict:
         """running_sequences, running_requests, waiting_requests, kv_cache_usage (fraction of KV blocks
@@ -207,7 +210,7 @@ class Engine:
                                                      f"KV-cache blocks, the engine has {sched.slots.num_blocks} (kv_blocks)")
         return opts
 
-    def _submit(self, src_ids, options, stream: bool) -> _Request:
+    def _submit(self, src_ids, options, stream: bool, group: Optional[Hashable] = None) -> _Request:
         if self._state == "new":
             self._start_now()
         if self._state != "running" or self._task.done():
@@ -223,7 +226,7 @@ class Engine:
             self._finish(req, hypotheses=search.results())
             return req
         self.scheduler.add(ScheduledRequest(rid, len(req.src_ids), opts.beam_size, tuple(req.src_ids), opts, stream,
-                                            max_new_tokens=opts.max_new_tokens))
+                                            max_new_tokens=opts.max_new_tokens, group=group))
         self._requests[rid] = req
         self._wakeup.set()
         return req

@@ -9,7 +9,7 @@ No torch here: the scheduler and its tests use these without a model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Hashable, Optional
 
 if TYPE_CHECKING:
     from model.search import Hypothesis
@@ -39,6 +39,8 @@ class ScheduledRequest:
     slots: list[int] = field(default_factory=list)  # cache slots, assigned at admission
     max_new_tokens: Optional[int] = None     # target positions per hypothesis at most (KV blocks it may need)
     num_preemptions: int = 0                 # times its blocks were taken back and it was requeued
+    group: Optional[Hashable] = None         # requests of one API call: admission takes turns between groups
+    turn: int = 0                            # its place in those turns (set by the scheduler at add)
 
 
 @dataclass

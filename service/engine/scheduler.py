@@ -9,6 +9,15 @@ finishes or is cancelled. Requests are admitted first-in, first-out; when the ol
 does not fit (slots, KV blocks, token budget, running cap), nobody behind it is admitted either, so a
 large beam request cannot be starved by a stream of small ones.
 
+Requests may carry a ``group`` (the translator gives every sentence of one API request the same
+one); the queue then takes turns between groups, as start-time fair queueing does between flows
+(Goyal et al., 1996): a request's ``turn`` is the scheduler's current turn (that of the last
+admission) when it arrives, or one more than its group's previous request's turn when that is
+later; the waiting queue is kept in turn order (arrival order among equal turns; preempted requests
+at its head). So an API request of 256 sentences puts one sentence, not all 256, ahead of a
+one-sentence request that arrives after it, and two large ones alternate. Requests without a group
+(or one each) are served first-in, first-out, as before.
+
 KV blocks (a paged cache, ``model.slots.BlockPool``; an allocator without blocks, a plain
 ``SlotPool``, is accounted in slots only): a request's source takes ceil(S / B) blocks at its
 prefill and each hypothesis one block per B target positions, taken as its position reaches a new
@@ -84,6 +93,8 @@ class Scheduler:
         self._by_id: dict[int, ScheduledRequest] = {}
         self.admitting = True                              # False pauses admission (engine reconfiguring)
         self._growth = 0                                   # blocks the running requests take this step
+        self.turn = 0                                      # the turn of the last admitted request (fair queueing)
+        self._groups: dict = {}                            # group -> [its last turn, its requests waiting]
         self.num_preemptions = 0                           # requests requeued for blocks, in all
 
     # ---- queue ---------------------------------------------------------------------------------
@@ -139,7 +150,7 @@ class Scheduler:
             self.slots.free(req.slots)
             req.slots, req.admitted_step = [], -1
             req.num_preemptions += 1
-            self.waiting.appendleft(req)
+            self.waiting.appendleft(req)             # its turn came already: first again
             out.append(req)
         self.num_preemptions += len(out)
         self._growth = need
@@ -161,8 +172,33 @@ class Scheduler:
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} sentences waiting)")
         req.arrival_step = self.step_count
-        self.waiting.append(req)
+        self._enqueue(req)
         self._by_id[req.request_id] = req
+
+    def _enqueue(self, req: ScheduledRequest) -> None:
+        """Give ``req`` its turn and put it after every waiting request of an earlier or equal turn."""
+        g = self._groups.get(req.group) if req.group is not None else None
+        req.turn = self.turn if g is None else max(self.turn, g[0] + 1)
+        if req.group is not None:
+            if g is None:
+                self._groups[req.group] = [req.turn, 1]
+            else:
+                g[0], g[1] = req.turn, g[1] + 1
+        w = self.waiting
+        i = len(w)
+        while i and w[i - 1].num_preemptions == 0 and w[i - 1].turn > req.turn:   # usually no step at all
+            i -= 1
+        w.insert(i, req)
+
+    def _dequeued(self, req: ScheduledRequest, admitted: bool) -> None:
+        """Bookkeeping after ``req`` left the waiting queue (admitted, or finished/cancelled there)."""
+        if admitted:
+            self.turn = max(self.turn, req.turn)
+        g = self._groups.get(req.group) if req.group is not None else None
+        if g is not None and req.num_preemptions == 0:   # a preempted request is not counted again
+            g[1] -= 1
+            if not g[1]:
+                del self._groups[req.group]
 
     def finish(self, request_id: int) -> Optional[ScheduledRequest]:
         """Remove a request (finished, failed or cancelled) from whichever queue holds it and free
@@ -174,6 +210,7 @@ class Scheduler:
             self.slots.free(req.slots)
         else:
             self.waiting.remove(req)
+            self._dequeued(req, admitted=False)
         return req
 
     abort = finish
@@ -254,6 +291,8 @@ class Scheduler:
         else:
             for req in batch:
                 self.waiting.remove(req)
+        for req in batch:
+            self._dequeued(req, admitted=True)
         return batch
 
     def schedule(self) -> SchedulerOutput:

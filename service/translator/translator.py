@@ -224,7 +224,8 @@ class Translator:
         rest and raise it."""
         if not pieces:
             return []
-        tasks = [asyncio.create_task(self.engine.translate(p.src_ids, o)) for p, o in zip(pieces, options)]
+        group = object()   # this request's sentences: the engine admits them in turns with other requests'
+        tasks = [asyncio.create_task(self.engine.translate(p.src_ids, o, group)) for p, o in zip(pieces, options)]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
@@ -249,10 +250,10 @@ class Translator:
         streamed. Closing the generator cancels every sentence.
         """
         splits, pieces, prepared = self.prepare(job)
-        streams = []
+        streams, group = [], object()   # group: as in _run_all
         try:
             for p, prot in zip(pieces, prepared):   # QueueFullError comes at once, before anything is streamed
-                streams.append(self.engine.stream(p.src_ids, self._options(prot, job.options)))
+                streams.append(self.engine.stream(p.src_ids, self._options(prot, job.options), group))
         except BaseException:
             for st in streams:
                 st.cancel()
