@@ -28,8 +28,8 @@ async def with_translator(card, body):
     await t.reconfigure({"max_num_seqs": 4})
     calls = []
     inner_translate, inner_stream = t.engine.translate, t.engine.stream
-    t.engine.translate = lambda ids, o: (calls.append(ids), inner_translate(ids, o))[1]
-    t.engine.stream = lambda ids, o: (calls.append(ids), inner_stream(ids, o))[1]
+    t.engine.translate = lambda ids, o, group=None: (calls.append(ids), inner_translate(ids, o, group))[1]
+    t.engine.stream = lambda ids, o, group=None: (calls.append(ids), inner_stream(ids, o, group))[1]
     try:
         return await body(t), calls
     finally:
