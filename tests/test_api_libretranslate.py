@@ -12,7 +12,7 @@ from conftest import DATA, post, translate
 from model.config import ModelConfig
 from model.tokenizer import read_lines
 from service.api.errors import ServiceError
-from service.api.libretranslate import LibreRequest, checked_job, parse
+from service.api.libretranslate import MAX_IGNORED_NAMES, LibreRequest, checked_job, ignored_fields_header, parse
 from service.api.schemas import MAX_TEXT_CHARS, ModelLimits
 from service.engine import EngineConfig
 from service.translator import ModelCard
@@ -33,6 +33,10 @@ def test_libretranslate_translate_json_and_forms(service_url):
     assert one.status_code == 200 and one.json() == {"translatedText": native[0]["text"]}
     many = post(service_url, {"q": [s0, s1], "source": "de", "target": "en", "api_key": ""}, path="/translate")
     assert many.json() == {"translatedText": [native[0]["text"], native[1]["text"]]}
+    assert "x-ignored-fields" not in one.headers and "x-ignored-fields" not in many.headers
+    extra = post(service_url, {"q": s0, "source": "de", "target": "en", "colour": "red", "größe": 2}, path="/translate")
+    assert extra.status_code == 200 and extra.json() == one.json()      # answered as LibreTranslate does,
+    assert extra.headers["x-ignored-fields"] == "colour, gr\\u00f6\\u00dfe"   # but what it did not read is named
     upper = post(service_url, {"q": s0, "source": "DE", "target": "en-US"}, path="/translate")
     assert upper.status_code == 200 and upper.json() == one.json()
     form = httpx.post(service_url + "/translate", data={"q": s0, "source": "de", "target": "en", "format": "text"})
@@ -168,3 +172,13 @@ def test_language_codes_match_ignoring_case_and_fall_back_from_a_region():
     assert match_language("xx", known) == "xx" and match_language("xx-DE", known) == "xx-DE"
     assert match_language(None, known) is None
     assert match_language("de-DE", known | {"de-DE"}) == "de-DE"      # a served full code wins
+
+
+def test_ignored_fields_header_names_each_unread_field_shortened_and_counts_the_rest():
+    assert ignored_fields_header({"q": "x", "source": "de", "target": "en", "format": "text", "alternatives": 1,
+                                  "api_key": "k"}) is None
+    many = {f"f{i}": i for i in range(MAX_IGNORED_NAMES + 3)}
+    value = ignored_fields_header({"q": "x", "a\nb": 1, "x" * 1000: 2, **many})["X-Ignored-Fields"]
+    names = value.split(", ")
+    assert names[0] == "a\\nb" and names[1] == "x" * 32 + "...(1000 characters)"   # no raw newline in a header
+    assert len(names) == MAX_IGNORED_NAMES + 1 and names[-1] == "... (5 more)" and value.isascii()

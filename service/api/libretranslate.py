@@ -20,10 +20,14 @@ from service.engine import GenerationOptions
 from service.translator import ModelCard
 from service.translator.card import match_language
 
-from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, shown
+from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
 from .schemas import MAX_BEAM_SIZE, LibreLanguage, ModelLimits, TranslateJob, TranslateResponse, check_unicode
+
+LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")   # the fields this route reads
+IGNORED_HEADER = "X-Ignored-Fields"     # the other fields a request sent (LibreTranslate ignores them too)
+MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest are counted
 
 LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
                   "nl": "Dutch", "pt": "Portuguese", "cs": "Czech", "ru": "Russian", "zh": "Chinese",
@@ -128,7 +132,20 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
         body["detectedLanguage"] = [detected] * len(out) if req.batch else detected
     if req.alternatives > 0:
         body["alternatives"] = alts if req.batch else alts[0]
-    return JSONResponse(body)
+    return JSONResponse(body, headers=ignored_fields_header(fields))
+
+
+def ignored_fields_header(fields: Fields) -> Optional[dict[str, str]]:
+    """``{X-Ignored-Fields: "a, b"}`` naming the fields sent that the route does not read (as
+    LibreTranslate, it answers without them, but says so; names shortened as ``errors.short_name``,
+    non-ASCII characters as \\uXXXX, at most MAX_IGNORED_NAMES, then "... (N more)"), or None."""
+    ignored = [k for k in fields if k not in LIBRE_FIELDS]
+    if not ignored:
+        return None
+    names = [json.dumps(short_name(k))[1:-1] for k in ignored[:MAX_IGNORED_NAMES]]
+    if len(ignored) > MAX_IGNORED_NAMES:
+        names.append(f"... ({len(ignored) - MAX_IGNORED_NAMES} more)")
+    return {IGNORED_HEADER: ", ".join(names)}
 
 
 async def read_admitted(request: Request) -> tuple[Fields, Optional[JSONResponse]]:
