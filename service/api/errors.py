@@ -27,9 +27,9 @@ from service.engine.errors import EngineError, EngineStoppedError, EngineValidat
 
 RETRY_AFTER_S = 1      # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 LIBRE_PATHS = ("/translate", "/languages")    # routes that answer in LibreTranslate's error shape
-# Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
 MAX_NAME_CHARS = 64   # a field name (or any path part) longer than this is shortened in error messages
 MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
+# Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
 JSON_TOO_DEEP = (f"JSON nested too deep (arrays and objects inside each other beyond about "
                  f"{sys.getrecursionlimit()} levels; a request needs at most 3)")
 
