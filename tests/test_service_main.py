@@ -110,27 +110,34 @@ def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path
 
 def sigterm_under_load(proc: subprocess.Popen, url: str) -> None:
     """4 clients send requests of one to a few seconds back to back (48 sentences each: well over the
-    0.5 s margin below however fast the machine); SIGTERM; every request sent at least 0.5 s before
-    it (accepted by then) gets its 200, some of them were still running when it came, and the
-    process exits 0. The clients send nothing after the signal (with clients still sending, the
-    drain can last up to drain_timeout_s)."""
+    0.5 s margin below however fast the machine); SIGTERM (after 4 s, at a moment when a request sent
+    over 0.6 s ago is still running: the engine takes turns between requests, so clients that started
+    together finish, and send again, together); every request sent at least 0.5 s before it
+    (accepted by then) gets its 200, some of them were still running when it came, and the process
+    exits 0. The clients send nothing after the signal (with clients still sending, the drain can last
+    up to drain_timeout_s)."""
     body = {"text": " ".join(["Ein Mann fährt mit dem Fahrrad."] * 48), "max_new_tokens": 40}
     results: list[tuple[float, float, object]] = []        # (sent, answered, status or error)
     stop = threading.Event()
+    sent: dict[int, float] = {}                              # client -> when its request in flight was sent
 
-    def client():
+    def client(i: int):
         with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
             while not stop.is_set():
-                t0 = time.monotonic()
+                t0 = sent[i] = time.monotonic()
                 try:
                     out = c.post("/v1/translate", json=body).status_code
                 except httpx.HTTPError as e:
                     out = type(e).__name__
+                sent.pop(i, None)
                 results.append((t0, time.monotonic(), out))
-    threads = [threading.Thread(target=client) for _ in range(4)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     time.sleep(4)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(time.monotonic() - t0 > 0.6 for t0 in list(sent.values())):
+        time.sleep(0.02)
     t_term = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     stop.set()          # no new requests after the signal: the drain waits for the accepted ones
