@@ -15,6 +15,7 @@ the container / ``runtime_env`` of the cluster (``deploy/serve_config*.yaml``, `
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -107,6 +108,25 @@ def _in_use(port: int) -> bool:
     return False
 
 
+# Ports for HAProxy's listeners when Serve's defaults are taken: below Linux's ephemeral ports
+# (32768-60999), from which the OS hands ports to Ray's many processes while Serve starts (a port
+# picked there could be taken by the time HAProxy binds it), and above Ray's worker ports (10002-19999).
+SPARE_PORTS = range(20000, 32768)
+
+
+def spare_port() -> int:
+    """A TCP port free on every interface now, drawn at random from SPARE_PORTS (instances starting
+    at once rarely draw the same one), or one the OS picks when 100 draws found none free."""
+    draw = random.Random()
+    for _ in range(100):
+        port = draw.randrange(SPARE_PORTS.start, SPARE_PORTS.stop)
+        if not _in_use(port):
+            return port
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return sock.getsockname()[1]
+
+
 def haproxy_ports() -> dict[str, int]:
     """Ports for ``serve_env`` (``HAPROXY_DEFAULT_PORTS``): a free port instead of Serve's default
     where that one is taken, e.g. by another instance on this machine (its HAProxy would not start
@@ -115,9 +135,7 @@ def haproxy_ports() -> dict[str, int]:
     out = {}
     for arg, (var, default) in HAPROXY_DEFAULT_PORTS.items():
         if var not in os.environ and _in_use(default):
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                out[arg] = sock.getsockname()[1]
+            out[arg] = spare_port()
     return out
 
 

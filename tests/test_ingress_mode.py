@@ -158,3 +158,13 @@ def test_haproxy_ports_move_off_a_taken_default_and_its_directory_is_removed(mon
     assert not os.path.exists(workdir)
     remove_workdir({"RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(tmp_path)})    # not one it made: kept
     assert tmp_path.is_dir()
+
+
+def test_spare_ports_lie_outside_the_ranges_the_os_and_ray_hand_out():
+    """A port the OS picks for any process (32768-60999) could be taken by one of Ray's while Serve
+    starts; HAProxy's replacement ports come from 20000-32767, free when drawn."""
+    from service.ray_env import SPARE_PORTS, _in_use, spare_port
+    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    assert SPARE_PORTS.stop <= low and SPARE_PORTS.start >= 20000
+    ports = [spare_port() for _ in range(20)]
+    assert all(p in SPARE_PORTS and not _in_use(p) for p in ports) and len(set(ports)) > 1

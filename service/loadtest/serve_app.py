@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from typing import Optional
 
@@ -12,10 +11,10 @@ import httpx
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free when asked (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port that was free when asked (``service.ray_env.spare_port``: outside the ports the OS
+    hands Ray's processes while Serve starts, so it is still free when the service binds it)."""
+    from service.ray_env import spare_port
+    return spare_port()
 
 
 class ServeApp:
