@@ -1,5 +1,5 @@
 """The service started by the tools (the report, the ingress benchmark): a local Ray instance and
-the Serve app on free 127.0.0.1 ports; ``free_port``, the one definition the tests use too."""
+the Serve app on free 127.0.0.1 ports; ``free_port`` (``ray_env.spare_port``), the one the tests use too."""
 from __future__ import annotations
 
 import contextlib
@@ -9,12 +9,8 @@ from typing import Optional
 
 import httpx
 
-
-def free_port() -> int:
-    """A TCP port that was free when asked (``service.ray_env.spare_port``: outside the ports the OS
-    hands Ray's processes while Serve starts, so it is still free when the service binds it)."""
-    from service.ray_env import spare_port
-    return spare_port()
+# A port free when asked, outside the ports the OS hands Ray's processes while Serve starts.
+from service.ray_env import spare_port as free_port
 
 
 class ServeApp:
