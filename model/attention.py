@@ -8,11 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import kernels
-from .linear import Linear
-
 # Attention done by a hook instead of over a padded batch: an incremental decoding step read from a KV
-# cache (``model.kv_cache.CacheAttention``) or a packed batch of sequences (``PackedSelfAttention``):
+# cache or a packed batch of sequences (both in ``model/inference/``):
 # (q [B, H, 1, Dh], k_new, v_new [B, H, 1, Dh] or None, need_weights) -> (out [B, H, 1, Dh], weights or None).
 # Its ``self_attention`` attribute says whether the new keys/values of x must be projected and passed.
 CacheAttend = Callable[[Tensor, Optional[Tensor], Optional[Tensor], bool], tuple[Tensor, Optional[Tensor]]]
@@ -58,9 +55,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
-        self.w_q = Linear(d_model, d_model)
-        self.w_kv = Linear(d_model, 2 * d_model)
-        self.w_o = Linear(d_model, d_model)
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_kv = nn.Linear(d_model, 2 * d_model)
+        self.w_o = nn.Linear(d_model, d_model)
 
     def _heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -96,45 +93,3 @@ class MultiHeadAttention(nn.Module):
             out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # [B, T_q, d_model]
         return self.w_o(out), weights
-
-
-def packed_positions(lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """For sequences of ``lengths`` [B] stored one after another (packed, N = sum(lengths) items):
-    the sequence of each item [N] and its position within that sequence [N]."""
-    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-    first = torch.cumsum(lengths, 0) - lengths
-    return seq, torch.arange(seq.numel(), device=lengths.device) - first.index_select(0, seq)
-
-
-class PackedSelfAttention:
-    """Self-attention within each sequence of a packed batch (no padding), with the compiled kernel.
-
-    The B sequences' NT = sum(lengths) tokens are rows of one [NT, 1, d_model] batch; token n of
-    sequence b attends over the tokens of b only (unmasked, as in the encoder). Passed to
-    ``MultiHeadAttention`` as its ``cache_attend`` hook: called with q, k_new, v_new [NT, H, 1, Dh],
-    returns (out [NT, H, 1, Dh], None). Needs ``model.kernels.decode_attention()``; inference only
-    (no gradient); weights are not available (use the padded path for them).
-    """
-
-    self_attention = True   # MultiHeadAttention projects this batch's keys/values
-
-    def __init__(self, lengths: Tensor):
-        seq, pos = packed_positions(lengths)                    # [NT] sequence of each token, position in it
-        per_token = lengths.index_select(0, seq)                # [NT] keys of each token: its sequence's tokens
-        query, within = packed_positions(per_token)             # [sum L^2] the query of each key, key position
-        first = torch.arange(seq.numel(), device=seq.device) - pos  # [NT] row of each token's sequence start
-        self.key_index = first.index_select(0, query) + within  # token rows, query after query
-        self.starts = torch.zeros(seq.numel() + 1, dtype=torch.long, device=seq.device)
-        torch.cumsum(per_token, 0, out=self.starts[1:])
-        self.max_len = int(lengths.max())
-
-    def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
-                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
-        if need_weights:
-            raise ValueError("PackedSelfAttention returns no weights; use the padded path for them")
-        if torch.is_grad_enabled() and q.requires_grad:
-            raise RuntimeError("PackedSelfAttention is for inference: the compiled kernel has no gradient")
-        out, _ = kernels.packed_decode_attention(q.transpose(1, 2), k_new[:, :, 0].contiguous(),
-                                                 v_new[:, :, 0].contiguous(), self.key_index, self.starts,
-                                                 self.max_len)                            # [NT, 1, H, Dh]
-        return out.transpose(1, 2), None

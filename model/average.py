@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from .checkpoint import load_weights, save_checkpoint
 from .config import ModelConfig
+from .tokenizer import Tokenizer
 from .transformer import Transformer
 
 
@@ -43,7 +44,6 @@ def main(argv=None) -> None:
     ap.add_argument("--metadata", default="{}", help="extra metadata as a JSON object")
     args = ap.parse_args(argv)
     run = Path(args.run)
-    from .tokenizer import Tokenizer
     tok = Tokenizer(run / "spm.model")
     if args.config:
         cfg = ModelConfig.from_dict(json.loads(Path(args.config).read_text()))

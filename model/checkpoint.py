@@ -1,8 +1,8 @@
 """Checkpoint directories: ``config.json``, ``model.safetensors``, the tokenizer and ``metadata.json``.
 The tokenizer is ``tokenizer.model`` (our joint SentencePiece model) or, for models imported from
-MarianMT (``model/convert.py``), ``source.spm`` + ``target.spm`` + ``vocab.json``. Loading reads JSON
-and safetensors only; nothing is unpickled. ``load_checkpoint`` also takes a MarianMT directory
-itself (converted at load)."""
+MarianMT (``model/interop/marian.py``), ``source.spm`` + ``target.spm`` + ``vocab.json``. Loading
+reads JSON and safetensors only; nothing is unpickled. ``model.load.load_model`` also takes a
+MarianMT directory itself (converted at load)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ from .transformer import Transformer
 SHIPPED_CHECKPOINTS = {name: Path(__file__).resolve().parent / "checkpoints" / name for name in ("de-en", "en-de")}
 DEFAULT_CHECKPOINT = SHIPPED_CHECKPOINTS["de-en"]
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+WEIGHT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 def unique_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -64,7 +64,7 @@ def save_checkpoint(directory: str | Path, model: Transformer, tokenizer_file: U
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(model.cfg.to_json() + "\n")
-    save_weights(model, d / "model.safetensors", _DTYPES[dtype])
+    save_weights(model, d / "model.safetensors", WEIGHT_DTYPES[dtype])
     copies = ([(Path(f), d / Path(f).name) for f in tokenizer_file] if isinstance(tokenizer_file, (list, tuple))
               else [(Path(tokenizer_file), d / "tokenizer.model")])
     for src, dst in copies:
@@ -82,31 +82,17 @@ def load_metadata(directory: str | Path) -> dict:
 
 
 def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32, pack: bool = True) -> tuple[Transformer, Tokenizer, dict]:
-    """(model in eval mode, tokenizer, metadata). Weights are upcast to ``dtype`` (fp32 by default).
-    With ``pack`` (default), CPU fp32 weights are also prepared for inference: int8 unless
-    ``MT_LINEAR_DTYPE`` says float32 or bfloat16 (``Transformer.pack_for_inference``, ``model/linear.py``;
-    gradients and other devices use the plain weights).
-
-    A MarianMT directory (``config.json`` with ``model_type: marian``) is converted at load
-    (``model.convert.load_marian``).
-    Raises FileNotFoundError when the directory lacks a required file, ValueError (a
-    ``MarianImportError`` for MarianMT directories) when its files disagree.
+                    dtype: torch.dtype = torch.float32) -> tuple[Transformer, Union[Tokenizer, VocabTokenizer], dict]:
+    """(model in eval mode, tokenizer, metadata) of one of this project's checkpoint directories, with
+    the weights upcast to ``dtype`` (fp32 by default) and nothing prepared for inference. For any
+    directory a service or tool may be given (a MarianMT folder too), with the linear layers prepared
+    for CPU inference, use ``model.load.load_model``.
+    Raises FileNotFoundError when the directory lacks a required file, ValueError when its files disagree.
     """
-    d = Path(directory)
-    from .convert import is_marian_dir, load_marian
-    if is_marian_dir(d):
-        model, tok, meta = load_marian(d)
-        model = model.to(device=device, dtype=dtype)
-    else:
-        model, tok = _load_ours(d, device, dtype)
-        meta = load_metadata(d)
+    model, tok = _load_ours(Path(directory), device, dtype)
     if tok.vocab_size != model.cfg.target_vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} pieces, config says {model.cfg.target_vocab_size}")
-    model.eval()
-    if pack:
-        model.pack_for_inference()
-    return model, tok, meta
+    return model.eval(), tok, load_metadata(directory)
 
 
 def _load_ours(d: Path, device, dtype: torch.dtype) -> tuple[Transformer, Union[Tokenizer, VocabTokenizer]]:

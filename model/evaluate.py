@@ -19,7 +19,9 @@ from tqdm import tqdm
 
 from .checkpoint import DEFAULT_CHECKPOINT
 from .tokenizer import read_lines
-from .translate import add_common_args, load_for_cli, translate_lines
+from .inference.generate import translate_lines
+from .inference.linear import linear_dtype
+from .translate import add_common_args, load_for_cli
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
@@ -73,7 +75,7 @@ def main(argv=None) -> dict:
         except OSError as e:
             ap.error(f"--output {e.filename}: {e.strerror}")
     result = {**score(hyps, ref), "sentences": len(src), "seconds": round(seconds, 2),
-              "beam_size": args.beam_size, "max_new_tokens": args.max_new_tokens, "linear_dtype": model.linear_dtype,
+              "beam_size": args.beam_size, "max_new_tokens": args.max_new_tokens, "linear_dtype": linear_dtype(model),
               "target_lang": args.target_lang, "checkpoint": args.checkpoint}
     print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({len(src)} sentences, {seconds:.1f} s, "
           f"beam {args.beam_size})\n{result['bleu_details']}\n{result['bleu_signature']}")

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import CacheAttend, MultiHeadAttention
-from .linear import Linear
 
 
 def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> Tensor:
@@ -33,7 +32,7 @@ def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") ->
 
 def _capturing(x: Tensor) -> bool:
     """Inside a CUDA-graph capture, where reading a value back to the host is not allowed (callers
-    check positions before capturing: ``model/dense_step.py``)."""
+    check positions before capturing: ``model/inference/dense_step.py``)."""
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
@@ -74,7 +73,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()
-        self.w1, self.w2 = Linear(d_model, d_ff), Linear(d_ff, d_model)
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.act = self.ACT[activation]
         self.drop = nn.Dropout(dropout)
 
@@ -114,7 +113,7 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, src_mask: Optional[Tensor], need_weights: bool = False,
                 attend: Optional[CacheAttend] = None) -> tuple[Tensor, Optional[Tensor]]:
         """x [B, S, d_model], src_mask [B, 1, 1, S] -> ([B, S, d_model], weights [B, H, S, S] or None).
-        ``attend`` (a packed batch, see ``Transformer.encode_packed``) replaces the padded attention."""
+        ``attend`` (e.g. a packed batch, ``model.inference.prefill.encode_packed``) replaces the padded attention."""
         y, w = self.self_attn(self.res1.pre(x), mask=src_mask, cache_attend=attend, need_weights=need_weights)
         x = self.res1.post(x, y)
         x = self.res2.post(x, self.ffn(self.res2.pre(x)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import os
 import tempfile
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import sentencepiece as spm
 
@@ -134,3 +134,21 @@ class VocabTokenizer:
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.id_to_piece.get(int(i), "<unk>") for i in ids]
+
+
+def encode_source(tok: Tokenizer, text: str, max_len: int, target_lang: Optional[str] = None) -> list[int]:
+    """Piece ids of text plus EOS, truncated to max_len ids in all. ``target_lang`` (multilingual
+    MarianMT models): the source starts with the token ``>>target_lang<<``; see ``check_target_lang``."""
+    ids = tok.encode(text if target_lang is None else f">>{target_lang}<< {text}")[: max_len - 1]
+    return ids + [tok.eos_id]
+
+
+def check_target_lang(tok: Tokenizer, target_lang: Optional[str]) -> None:
+    """Raise ValueError unless target_lang fits the model: one of ``tok.target_languages`` for a
+    multilingual model (required there), None otherwise."""
+    langs = tok.target_languages
+    if target_lang is None and langs:
+        raise ValueError(f"the model is multilingual: name a target language, one of {', '.join(langs)}")
+    if target_lang is not None and target_lang not in langs:
+        choices = f"one of {', '.join(langs)}" if langs else "none (the model has one target language)"
+        raise ValueError(f"unknown target language {target_lang!r}; the model knows {choices}")

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from .checkpoint import save_checkpoint, save_weights
 from .config import ModelConfig
-from .decoding import pad_batch
+from .inference.generate import pad_batch, translate_lines
 from .tokenizer import Tokenizer, read_lines
 from .transformer import Transformer
 
@@ -93,7 +93,6 @@ def batch_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, label_s
 def validate(model, tok, srcs, tgts, refs, max_tokens, beam_size=1) -> dict:
     """Teacher-forced validation loss / perplexity and greedy BLEU / chrF on raw references."""
     import sacrebleu
-    from .translate import translate_lines
     model.eval()
     total_nll, total_tok = 0.0, 0
     rng = random.Random(0)

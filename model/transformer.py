@@ -1,19 +1,19 @@
 """The encoder-decoder Transformer (Vaswani et al., 2017, section 3, Figure 1).
 
-The model returns logits; choosing tokens lives in ``model/decoding.py``.
+The model returns logits; it knows nothing of int8, compiled kernels or paged caches. Choosing tokens,
+caches and fast CPU paths live in ``model/inference/``.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import fused_step
-from .attention import CacheAttend, PackedSelfAttention, packed_positions
+from .attention import CacheAttend
 from .config import ModelConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
-from .linear import PACKED_DTYPES, Linear, PackedWeight, default_dtype, packed_linear
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -43,8 +43,7 @@ class Transformer(nn.Module):
         self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         tied = cfg.share_embeddings or cfg.tie_target_output
-        self.out_proj = None if tied else Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
-        self._packed_out: Optional[PackedWeight] = None  # prepacked shared output projection (CPU inference)
+        self.out_proj = None if tied else nn.Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
         # [vocab_size] added to the logits (Marian's final_logits_bias); None: no bias (the paper)
         self.logits_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.final_logits_bias else None
         self.reset_parameters()
@@ -76,21 +75,6 @@ class Transformer(nn.Module):
                 weights.append(w)
         return self.enc_norm(x), weights
 
-    def encode_packed(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        """The encoder on a packed batch: tokens [NT] are B sequences of ``lengths`` [B] one after
-        another (no padding) -> memory [NT, d_model]. Same result as ``encode`` on the padded batch
-        (up to float summation order), without computing pads; needs the compiled decode-attention
-        kernel (``model.kernels``) and returns no attention weights."""
-        _, positions = packed_positions(lengths)
-        attend = PackedSelfAttention(lengths)
-        x = self.src_embed(tokens[:, None], positions[:, None])      # [NT, 1, d_model]
-        fused = fused_step.encode_packed(self, x[:, 0], attend)     # each layer one compiled call, where it applies
-        if fused is not None:
-            return self.enc_norm(fused)
-        for layer in self.encoder:
-            x, _ = layer(x, None, False, attend)
-        return self.enc_norm(x)[:, 0]
-
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Encoder-decoder attention keys/values for every decoder layer, each [B, H, S, Dh]."""
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
@@ -100,6 +84,7 @@ class Transformer(nn.Module):
         self, tgt: Tensor, cross_kv: Optional[Sequence[tuple[Tensor, Tensor]]], src_mask: Optional[Tensor],
         tgt_mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
         cache_attend: Optional[Sequence[tuple[CacheAttend, CacheAttend]]] = None, need_weights: bool = False,
+        project: bool = True,
     ) -> tuple[Tensor, Optional[dict[str, list[Tensor]]]]:
         """Decoder stack and output projection.
 
@@ -114,8 +99,10 @@ class Transformer(nn.Module):
                 self-attention K/V and attend over each row's own keys; cross_kv and the masks are
                 then unused (pass None).
             need_weights: also return {"self": [B, H, T, T_k] per layer, "cross": [B, H, T, S] per layer}.
+            project: apply the output projection (``logits``); False returns the decoder's final
+                states [B, T, d_model] instead, for callers that project them their own way.
         Returns:
-            (logits [B, T, vocab_size], weights or None)
+            (logits [B, T, vocab_size] or states [B, T, d_model], weights or None)
         """
         if tgt_mask is None and cache_attend is None:
             tgt_mask = causal_mask(tgt.size(1), tgt.device)
@@ -129,7 +116,8 @@ class Transformer(nn.Module):
             if need_weights:
                 weights["self"].append(w_self)
                 weights["cross"].append(w_cross)
-        return self.logits(self.dec_norm(x)), weights
+        x = self.dec_norm(x)
+        return (self.logits(x) if project else x), weights
 
     def logits(self, x: Tensor) -> Tensor:
         """Output projection [..., d_model] -> [..., vocab_size]; with shared embeddings the target
@@ -137,46 +125,7 @@ class Transformer(nn.Module):
         if self.out_proj is not None:
             x = self.out_proj(x)
             return x if self.logits_bias is None else x + self.logits_bias
-        return packed_linear(x, self.tgt_embed.tok.weight, self.logits_bias, self._packed_out)
-
-    @property
-    def linear_dtype(self) -> str:
-        """The arithmetic of the linear layers at inference: "int8", "bfloat16" or "float32" when
-        prepacked (see ``pack_for_inference``), else the parameters' dtype (e.g. "float32" on CUDA)."""
-        packed = next((m.packed for m in self.modules() if isinstance(m, Linear) and m.packed is not None), None)
-        return str(packed.dtype if packed is not None else next(self.parameters()).dtype).removeprefix("torch.")
-
-    def pack_for_inference(self, enabled: bool = True, dtype: Optional[torch.dtype] = None) -> bool:
-        """Prepack every linear weight (and the shared output projection) for oneDNN CPU inference;
-        see ``model/linear.py``. A no-op off CPU, off fp32 or without oneDNN. Returns whether packing
-        is active. ``enabled=False`` drops the packed copies. ``dtype``: the packed copies' dtype,
-        int8, float32 or bfloat16 (default: ``MT_LINEAR_DTYPE``, else int8).
-        Raises ValueError for another dtype."""
-        dtype = default_dtype() if dtype is None else dtype
-        if dtype not in PACKED_DTYPES:
-            raise ValueError(f"packed linear dtype must be float32, bfloat16 or int8, got {dtype}")
-        linears = [m for m in self.modules() if isinstance(m, Linear)]
-        self._packed_out = None
-        if not enabled:
-            for m in linears:
-                m.unpack()
-            return False
-        ok = all([m.pack(dtype) for m in linears])
-        if ok and self.out_proj is None and PackedWeight.usable(self.tgt_embed.tok.weight):
-            try:
-                self._packed_out = PackedWeight(self.tgt_embed.tok.weight, dtype)
-            except (RuntimeError, AttributeError):
-                ok = False
-        elif self.out_proj is None:
-            ok = False
-        if not ok:
-            for m in linears:
-                m.unpack()
-            self._packed_out = None
-            if dtype != torch.float32 and PackedWeight.usable(self.tgt_embed.tok.weight):
-                # e.g. a torch build without the int8 or bf16 kernels: prepacked float32 instead
-                return self.pack_for_inference(enabled, torch.float32)
-        return ok
+        return F.linear(x, self.tgt_embed.tok.weight, self.logits_bias)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Teacher-forced logits [B, T, V] for src [B, S] and shifted target input tgt [B, T]."""

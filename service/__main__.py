@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--proxy", choices=PROXIES, default="haproxy",
                     help="HTTP ingress: 'haproxy' (Ray Serve's throughput mode, default) or 'ray' (its Python proxy)")
     args = ap.parse_args(argv)
-    from model.linear import default_dtype
+    from model.inference.linear import default_dtype
     try:
         default_dtype()   # MT_LINEAR_DTYPE is read by every replica at load time: refuse a bad value now
     except ValueError as e:

@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("transformers")
 from conftest import post, sse_events, translate  # noqa: E402
-from model.checkpoint import load_checkpoint  # noqa: E402
-from model.convert import convert_marian, marian_config  # noqa: E402
-from model.decoding import generate  # noqa: E402
-from model.translate import encode_source  # noqa: E402
+from model.load import load_model  # noqa: E402
+from model.interop.marian import convert_marian, marian_config  # noqa: E402
+from model.inference.generate import generate  # noqa: E402
+from model.tokenizer import encode_source  # noqa: E402
 from service.translator import model_card  # noqa: E402
 from tiny_marian import DE, make_marian_dir  # noqa: E402
 
@@ -62,11 +62,11 @@ def url(service_info, dirs):
 @pytest.fixture(scope="module")
 def offline(dirs):
     """Each imported model loaded here as the service loads it (same linear layers)."""
-    return {name: load_checkpoint(d)[:2] for name, d in dirs.items()}
+    return {name: load_model(d)[:2] for name, d in dirs.items()}
 
 
 def expected(offline, name: str, text: str, target_lang=None, max_new: int = 8) -> tuple[list[str], list[str]]:
-    """(source pieces, greedy target pieces) of text, by model.translate.encode_source and generate."""
+    """(source pieces, greedy target pieces) of text, by model.tokenizer.encode_source and generate."""
     model, tok = offline[name]
     src = encode_source(tok, text, model.cfg.max_len, target_lang)
     out = generate(model, [src], beam_size=1, max_new_tokens=max_new)[0][0].tokens

@@ -1,17 +1,17 @@
-"""The decode step's attention plan (model/attention_plan.py): padded, packed and compiled attention agree."""
+"""The decode step's attention plan (model/inference/attention_plan.py): padded, packed and compiled attention agree."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.attention_plan import AttentionPlan, CacheAttention
+from model.inference.attention_plan import AttentionPlan, CacheAttention
 
 
 @pytest.mark.parametrize("n_queries", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_packed_attention_equals_padded_and_ignores_other_rows_keys(n_queries, dtype):
     """Padded SDPA, eager packed and (where it builds) the compiled kernel give the same attention."""
-    from model import kernels
+    from model.inference import kernels
     torch.manual_seed(0)
     H, Dh, stride = 2, 4, 9
     K, V = torch.randn(6, stride, H, Dh, dtype=dtype), torch.randn(6, stride, H, Dh, dtype=dtype)
@@ -44,7 +44,7 @@ def test_paged_plan_compiled_index_equals_the_tensor_ops(monkeypatch):
     and starts of the tensor-op construction, for ragged lengths (a zero-length row, rows ending on and
     inside a block boundary); row_of_key and pad_index, computed on demand, agree too; bad slots and
     lengths that overrun a table row are refused."""
-    from model import kernels
+    from model.inference import kernels
     if kernels.paged_key_index_op() is None:
         pytest.skip("compiled kernels unavailable here")
     g = torch.Generator().manual_seed(3)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from service.bench.engine import Run, build_parser, main, median_run, poisson_arrivals, run_engine, run_static
+from service.bench.engine import Run, median_run, poisson_arrivals, run_engine, run_static
+from service.bench_engine import build_parser, main
 from tiny_model import make_model, rand_source
 
 

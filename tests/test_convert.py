@@ -1,4 +1,4 @@
-"""MarianMT import (model/convert.py): tiny random MarianMT directories built with ``transformers`` at
+"""MarianMT import (model/interop/marian.py): tiny random MarianMT directories built with ``transformers`` at
 test time, in the on-disk format of the published OPUS-MT models. Imported, our logits equal
 transformers' (float32), and greedy and beam-4 outputs equal ``generate()``'s token for token for a
 batch of mixed lengths, offline and through the engine; bad directories give one clear error."""
@@ -14,11 +14,14 @@ import torch
 pytest.importorskip("transformers")
 from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint  # noqa: E402
+from model.checkpoint import DEFAULT_CHECKPOINT
+from model.load import load_model  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
-from model.convert import MarianImportError, load_marian, main  # noqa: E402
-from model.decoding import generate, pad_batch  # noqa: E402
+from model.interop.marian import MarianImportError, load_marian
+from model.convert import main  # noqa: E402
+from model.inference.generate import generate, pad_batch  # noqa: E402
 from model.layers import sinusoidal_table  # noqa: E402
+from model.inference.linear import pack_for_inference
 from service.engine import Engine, EngineConfig, GenerationOptions  # noqa: E402
 from tiny_marian import DE, make_marian_dir  # noqa: E402
 from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
@@ -39,8 +42,8 @@ def marian_dirs(tmp_path_factory):
 
 def float32_model(directory):
     """Our model of a MarianMT directory with float32 (prepacked) linear layers, and its tokenizer."""
-    model, tok, meta = load_checkpoint(directory, pack=False)
-    model.pack_for_inference(dtype=torch.float32)
+    model, tok, meta = load_model(directory, pack=False)
+    pack_for_inference(model, dtype=torch.float32)
     return model, tok, meta
 
 
@@ -253,6 +256,8 @@ def test_multilingual_target_language_token(marian_dirs, monkeypatch, capsys):
     import io
 
     from model import translate
+    from model.inference.generate import translate_lines
+    from model.tokenizer import encode_source
     d = marian_dirs["multilingual"]
     hf = MarianMTModel.from_pretrained(d).eval()
     hf_tok = MarianTokenizer.from_pretrained(d)
@@ -261,15 +266,15 @@ def test_multilingual_target_language_token(marian_dirs, monkeypatch, capsys):
     got = {}
     for lang in ("deu", "fra"):
         texts = [f">>{lang}<< {t}" for t in DE]
-        srcs = [translate.encode_source(tok, t, model.cfg.max_len, lang) for t in DE]
+        srcs = [encode_source(tok, t, model.cfg.max_len, lang) for t in DE]
         assert srcs == [hf_tok(t).input_ids for t in texts] and all(s[0] == tok.vocab[f">>{lang}<<"] for s in srcs)
         got[lang] = [h[0].tokens for h in generate(model, srcs, beam_size=4, max_new_tokens=MAX_NEW)]
         assert got[lang] == hf_generate(hf, hf_tok, texts, 4, model.cfg.pad_id)
     assert sum(a != b for a, b in zip(got["deu"], got["fra"])) >= 3       # the token steers the output
     with pytest.raises(ValueError, match="name a target language, one of deu, fra"):
-        translate.translate_lines(model, tok, DE)
+        translate_lines(model, tok, DE)
     with pytest.raises(ValueError, match="unknown target language 'spa'; the model knows one of deu, fra"):
-        translate.translate_lines(model, tok, DE, target_lang="spa")
+        translate_lines(model, tok, DE, target_lang="spa")
     monkeypatch.setattr("sys.stdin", io.StringIO(DE[0] + "\n"))
     monkeypatch.setenv("MT_LINEAR_DTYPE", "float32")
     for argv, message in ((["--target-lang", "spa"], "unknown target language 'spa'"), ([], "one of deu, fra")):

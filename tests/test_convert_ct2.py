@@ -1,4 +1,4 @@
-"""CTranslate2 conversion of the shipped de-en model (``python -m model.convert --to-ct2``, model/ct2.py):
+"""CTranslate2 conversion of the shipped de-en model (``python -m model.convert --to-ct2``, model/interop/ct2.py):
 the conversion runs, and CTranslate2's greedy and beam-4 outputs on test_2016_flickr sentences are our
 engine's (float32 linear layers) token for token, so their BLEU is ours."""
 from __future__ import annotations
@@ -13,11 +13,13 @@ pytest.importorskip("transformers")
 import sacrebleu  # noqa: E402
 
 from conftest import DATA, shipped_model_available  # noqa: E402
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint  # noqa: E402
+from model.checkpoint import DEFAULT_CHECKPOINT
+from model.load import load_model  # noqa: E402
 from model.convert import main  # noqa: E402
-from model.ct2 import CT2Model  # noqa: E402
+from model.interop.ct2 import CT2Model  # noqa: E402
 from model.tokenizer import read_lines  # noqa: E402
-from model.translate import encode_source  # noqa: E402
+from model.tokenizer import encode_source  # noqa: E402
+from model.inference.linear import pack_for_inference
 from service.engine import Engine, EngineConfig, GenerationOptions  # noqa: E402
 from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
 
@@ -46,8 +48,8 @@ def test_shipped_model_in_ctranslate2_translates_as_our_engine(tmp_path, capsys)
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     assert ct2t._MODEL_LOADERS["MarianConfig"] is stock          # the stock loader is back for other models
     ct2 = CT2Model(out, inter_threads=1, intra_threads=1)
-    model, tok, _ = load_checkpoint(DEFAULT_CHECKPOINT, pack=False)
-    model.pack_for_inference(dtype=torch.float32)
+    model, tok, _ = load_model(DEFAULT_CHECKPOINT, pack=False)
+    pack_for_inference(model, dtype=torch.float32)
     assert ct2.pieces[:4] == tok.pieces(range(4)) and len(ct2.pieces) == model.cfg.vocab_size
     lines = read_lines(DATA / "test_2016_flickr.de.gz")[:N_GREEDY]
     refs = read_lines(DATA / "test_2016_flickr.en.gz")[:N_GREEDY]

@@ -1,4 +1,4 @@
-"""MarianMT export (model/marian_export.py, ``python -m model.convert --to-marian``): our checkpoints
+"""MarianMT export (model/interop/marian_export.py, ``python -m model.convert --to-marian``): our checkpoints
 written as MarianMT directories that ``transformers`` loads. import(export(x)) == x (config, weights,
 outputs); transformers' logits on an export equal ours; the shipped de-en model exported gives, under
 ``generate()``, our engine's greedy output token for token on 100 test_2016_flickr sentences."""
@@ -14,11 +14,14 @@ pytest.importorskip("transformers")
 from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
 from conftest import DATA, build_tiny_checkpoint, shipped_model_available  # noqa: E402
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint, unique_state_dict  # noqa: E402
-from model.convert import convert_marian, load_marian, main  # noqa: E402
-from model.decoding import pad_batch  # noqa: E402
+from model.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint, unique_state_dict
+from model.load import load_model  # noqa: E402
+from model.interop.marian import convert_marian, load_marian
+from model.convert import main  # noqa: E402
+from model.inference.generate import pad_batch  # noqa: E402
 from model.tokenizer import read_lines  # noqa: E402
-from model.translate import encode_source  # noqa: E402
+from model.tokenizer import encode_source  # noqa: E402
+from model.inference.linear import pack_for_inference
 from service.engine import Engine, EngineConfig, GenerationOptions  # noqa: E402
 from tiny_marian import DE, make_marian_dir  # noqa: E402
 from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
@@ -29,14 +32,14 @@ MARIAN_FILES = {"config.json", "model.safetensors", "source.spm", "target.spm", 
 
 def float32(model):
     """The model with float32 (prepacked) linear layers, as the comparisons need."""
-    model.pack_for_inference(dtype=torch.float32)
+    pack_for_inference(model, dtype=torch.float32)
     return model
 
 
 def randomize(ckpt, **overrides):
     """Rewrite a checkpoint with random LayerNorm weights and biases (Xavier init leaves them 1 and 0,
     which would not show a wrong permutation) and config ``overrides``; returns the model."""
-    model, tok, meta = load_checkpoint(ckpt, pack=False)
+    model, tok, meta = load_model(ckpt, pack=False)
     cfg = model.cfg
     for k, v in overrides.items():
         setattr(cfg, k, v)
@@ -72,7 +75,7 @@ def test_import_of_export_is_the_same_model(tiny_ckpt, tmp_path, overrides):
     assert back.cfg == ours.cfg and meta["source_lang"] == "de"
     a, b = unique_state_dict(ours), unique_state_dict(back)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)      # exactly, not nearly
-    _, ours_tok, _ = load_checkpoint(ckpt, pack=False)
+    _, ours_tok, _ = load_model(ckpt, pack=False)
     lines = read_lines(DATA / "val.de.gz")[:50]
     assert [tok.encode(t) for t in lines] == [ours_tok.encode(t) for t in lines]
     ids = ours_tok.encode("Ein Mann fährt mit dem Fahrrad.")
@@ -131,7 +134,7 @@ def test_shipped_model_exported_transformers_greedy_equals_engine(tmp_path):
     assert main(["--to-marian", str(DEFAULT_CHECKPOINT), "--out", str(out)]) == 0
     hf = MarianMTModel.from_pretrained(out).eval()
     hf_tok = MarianTokenizer.from_pretrained(out)
-    model, tok, _ = load_checkpoint(DEFAULT_CHECKPOINT, pack=False)
+    model, tok, _ = load_model(DEFAULT_CHECKPOINT, pack=False)
     model = float32(model)
     lines = read_lines(DATA / "test_2016_flickr.de.gz")[:100]
     srcs = [encode_source(tok, t, model.cfg.max_len) for t in lines]

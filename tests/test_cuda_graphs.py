@@ -10,9 +10,10 @@ import sacrebleu
 import torch
 
 from conftest import DATA, ROOT
-from model.decoding import encode_into_cache, generate
-from model.dense_step import dense_forward, plan_dense
-from model.paged_cache import PagedKVCache
+from model.inference.prefill import encode_into_cache
+from model.inference.generate import generate
+from model.inference.dense_step import dense_forward, plan_dense
+from model.inference.paged_cache import PagedKVCache
 from service.engine import Engine, EngineConfig, GenerationOptions
 from service.engine.cuda_graphs import DecodeGraphs
 from tiny_model import make_engine_model, rand_source
@@ -68,13 +69,13 @@ def test_engine_with_graphs_equals_without_and_offline_generate(beam):
 @pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="the shipped model is not in this checkout")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_bleu_within_0_3_of_float32(dtype):
-    from model.checkpoint import load_checkpoint
+    from model.load import load_model
     from model.tokenizer import read_lines
     src = read_lines(DATA / "test_2016_flickr.de.gz")
     refs = read_lines(DATA / "test_2016_flickr.en.gz")
     scores = {}
     for name in ("float32", dtype):
-        model, tok, _ = load_checkpoint(SHIPPED, device="cuda", pack=False)
+        model, tok, _ = load_model(SHIPPED, device="cuda", pack=False)
         ids = [tok.encode(s) + [tok.eos_id] for s in src]
         out, _ = run_engine(model, ids, EngineConfig(max_num_seqs=1024, dtype=name), beam=4)
         scores[name] = sacrebleu.corpus_bleu([tok.decode(t) for t in out], [refs]).score

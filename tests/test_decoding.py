@@ -1,12 +1,13 @@
-"""Incremental decoding (model/decoding.py): cached equals uncached, alone equals inside a padded
+"""Incremental decoding (model/inference/step.py): cached equals uncached, alone equals inside a padded
 batch, greedy equals beam 1, options, attention weights, cache reuse, packed prefill, prefill groups."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.decoding import beam_search, encode_into_cache, generate, greedy_search, length_groups, pad_batch
-from model.kv_cache import KVCache
+from model.inference.generate import beam_search, generate, greedy_search, length_groups, pad_batch
+from model.inference.prefill import encode_into_cache, encode_packed
+from model.inference.kv_cache import KVCache
 from model.transformer import padding_mask
 from tiny_model import make_model, rand_source, uncached_greedy
 
@@ -111,7 +112,7 @@ def test_shared_cache_gives_same_result_as_fresh_cache():
 def test_packed_encoder_prefill_equals_padded():
     """encode_into_cache through the packed encoder (no padding, compiled kernel) stores the same
     cross-attention K/V as the padded encoder, and encode_packed equals encode on real tokens."""
-    from model import kernels
+    from model.inference import kernels
     if kernels.decode_attention() is None:
         pytest.skip("compiled kernel unavailable here: prefill always takes the padded path")
     model = make_model()
@@ -121,7 +122,7 @@ def test_packed_encoder_prefill_equals_padded():
     keep = torch.arange(src.size(1))[None, :] < lengths[:, None]
     memory, _ = model.encode(src, padding_mask(src, model.cfg.pad_id))
     with torch.no_grad():
-        torch.testing.assert_close(model.encode_packed(src[keep], lengths), memory[keep])
+        torch.testing.assert_close(encode_packed(model, src[keep], lengths), memory[keep])
     caches = [KVCache.for_model(model, num_slots=8), KVCache.for_model(model, num_slots=8)]
     caches[1]._kernel = False                      # the padded path
     slots = [[1, 2], [0], [5, 6, 7], [3]]

@@ -1,4 +1,4 @@
-"""The GPU path's pieces that run anywhere: the fixed-shape decode step (model/dense_step.py) against
+"""The GPU path's pieces that run anywhere: the fixed-shape decode step (model/inference/dense_step.py) against
 the packed one, the CUDA-graph bucket and fallback rules (service/engine/cuda_graphs.py) and the
 engine's dtype setting (a bfloat16 engine on CPU against float32 on the shipped model)."""
 from __future__ import annotations
@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from conftest import DATA, ROOT
-from model import decoding
-from model.decoding import generate
-from model.dense_step import dense_forward, key_capacity, pad_rows, plan_dense
-from model.paged_cache import PagedKVCache
+from model.inference import generate as generate_mod, prefill as prefill_mod, step as step_mod
+from model.inference.generate import generate
+from model.inference.dense_step import dense_forward, key_capacity, pad_rows, plan_dense
+from model.inference.paged_cache import PagedKVCache
 from service.engine import Engine, EngineConfig, EngineValidationError, GenerationOptions
 from service.engine.config import resolve_dtype
 from service.engine.cuda_graphs import DecodeGraphs, bucket_for, row_buckets, use_graph
 from tiny_model import make_engine_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
 
 SHIPPED = ROOT / "model" / "checkpoints" / "de-en"
-EAGER_STEP = decoding.decode_step
+EAGER_STEP = step_mod.decode_step
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def graph_like_step(model, cache, slots, tokens, positions, need_weights=False, 
     t = key_capacity(int(positions.max()) + 1, cache.max_tgt_len)
     s = key_capacity(int(cache.src_len[cache.owner[slots]].max()), cache.max_src_len)
     x = pad_rows(plan_dense(cache, slots, tokens, positions, t, s), bucket_for(n, row_buckets(64)))
-    return decoding.StepOutput(dense_forward(model, cache, x)[:n])
+    return step_mod.StepOutput(dense_forward(model, cache, x)[:n])
 
 
 @pytest.mark.parametrize("step", ["dense", "graph_like"])
@@ -46,8 +46,8 @@ def test_fixed_shape_step_equals_the_packed_step(model, monkeypatch, step, beam)
     budgets = [4, 30, 12, 45]
     ref_cache = PagedKVCache.for_model(model, 4 * beam, num_blocks=300, block_size=4)
     ref = generate(model, sources, beam, beam, budgets, cache=ref_cache)
-    fn = functools.partial(decoding.decode_step, dense=True) if step == "dense" else graph_like_step
-    monkeypatch.setattr(decoding, "decode_step", fn)
+    fn = functools.partial(step_mod.decode_step, dense=True) if step == "dense" else graph_like_step
+    monkeypatch.setattr(generate_mod, "decode_step", fn)
     cache = PagedKVCache.for_model(model, 4 * beam, num_blocks=300, block_size=4)
     got = generate(model, sources, beam, beam, budgets, cache=cache)
     assert [[h.tokens for h in r] for r in got] == [[h.tokens for h in r] for r in ref]
@@ -59,7 +59,7 @@ def test_fixed_shape_step_equals_the_packed_step(model, monkeypatch, step, beam)
 def test_padding_rows_repeat_row_zero_and_keys_pad_to_powers_of_two(model):
     cache = PagedKVCache.for_model(model, 8, num_blocks=64, block_size=4)
     slots = cache.slots.allocate(3)
-    decoding.prefill(model, cache, torch.tensor(slots), decoding.pad_batch([rand_source(n, n) for n in (3, 6, 9)], 0))
+    prefill_mod.prefill(model, cache, torch.tensor(slots), generate_mod.pad_batch([rand_source(n, n) for n in (3, 6, 9)], 0))
     x = plan_dense(cache, torch.tensor(slots), torch.tensor([5, 6, 7]), torch.tensor([1, 1, 1]), 32, 32)
     assert x.key_shape == (32, 32)
     assert x.self_mask.sum(1).tolist() == [2, 2, 2] and x.cross_mask.sum(1).tolist() == [3, 6, 9]
@@ -145,10 +145,10 @@ def _engine_tokens(model, sources, dtype):
 
 @pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="the shipped model is not in this checkout")
 def test_bfloat16_engine_matches_float32_on_most_sentences():
-    from model.checkpoint import load_checkpoint
+    from model.load import load_model
     from model.tokenizer import read_lines
     lines = read_lines(DATA / "test_2016_flickr.de.gz")[:8]
-    model, tok, _ = load_checkpoint(SHIPPED, pack=False)
+    model, tok, _ = load_model(SHIPPED, pack=False)
     sources = [tok.encode(s) + [tok.eos_id] for s in lines]
     ref = _engine_tokens(model, sources, "float32")
     got = _engine_tokens(model, sources, "bfloat16")

@@ -350,13 +350,13 @@ def test_dockerfile_references_existing_files_and_is_hardened():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'model\s*=\s*\[[^\]]*"checkpoints/\*/\*"', pyproject)
     # ... as the non-root user the container runs as, so an unreadable checkpoint fails the build.
-    load_at = max(i for i, (op, a) in enumerate(ins) if op == "RUN" and "load_checkpoint()" in a)
+    load_at = max(i for i, (op, a) in enumerate(ins) if op == "RUN" and "load_model()" in a)
     assert load_at > max(i for i, (op, _) in enumerate(ins) if op == "USER")
     # The compiled decode attention can be built in the image: a C++ compiler, its source as package
     # data (ninja is a pip dependency), built once at image build time.
-    assert re.search(r'model\s*=\s*\[[^\]]*"csrc/\*\.cpp"', pyproject)
-    assert re.search(r'model\s*=\s*\[[^\]]*"csrc/\*\.h"', pyproject)    # the sources' shared header
-    assert (ROOT / "model" / "csrc" / "decode_attention.cpp").is_file()
+    assert re.search(r'model\s*=\s*\[[^\]]*"inference/csrc/\*\.cpp"', pyproject)
+    assert re.search(r'model\s*=\s*\[[^\]]*"inference/csrc/\*\.h"', pyproject)    # the sources' shared header
+    assert (ROOT / "model" / "inference" / "csrc" / "decode_attention.cpp").is_file()
     assert any(op == "RUN" and "g++" in a for op, a in ins)
     assert any(op == "RUN" and "kernels.decode_attention()" in a for op, a in ins)
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()

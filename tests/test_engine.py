@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from model import decoding, search
-from model.decoding import generate
+from model.inference import search
+from model.inference import prefill, step
+from model.inference.generate import generate
 from service.engine import runner as runner_mod
 from service.engine import (Engine, EngineConfig, EngineError, EngineStoppedError, EngineValidationError,
                             GenerationOptions, QueueFullError, TranslationResult)
@@ -66,7 +67,7 @@ class Trace:
     def __init__(self, monkeypatch, engine: Engine):
         self.engine = engine
         self.calls, self.steps, self.running_after = [], {}, {}
-        real_decode, real_encode = decoding.decode_step, decoding.encode_into_cache
+        real_decode, real_encode = step.decode_step, prefill.encode_into_cache
 
         def decode_step(model, cache, slots, tokens, positions, need_weights=False, **kw):
             self.calls.append(("decode", slots.tolist(), positions.tolist()))
@@ -76,8 +77,8 @@ class Trace:
             self.calls.append(("encode", [list(r) for r in slots], None))
             return real_encode(model, cache, slots, *a, **kw)
 
-        monkeypatch.setattr(decoding, "decode_step", decode_step)
-        monkeypatch.setattr(decoding, "encode_into_cache", encode_into_cache)
+        monkeypatch.setattr(step, "decode_step", decode_step)
+        monkeypatch.setattr(prefill, "encode_into_cache", encode_into_cache)
 
     def on_step(self, stats):
         self.steps[stats.step] = (stats, self.calls[:])

@@ -7,8 +7,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from model.decoding import generate
-from model.search import BeamSearch
+from model.inference.generate import generate
+from model.inference.search import BeamSearch
 from service.engine import runner as runner_mod
 from service.engine.records import GenerationOptions, ScheduledRequest, SchedulerOutput, StepResult
 from service.engine.runner import ModelRunner

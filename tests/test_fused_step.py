@@ -1,4 +1,4 @@
-"""The compiled decoder-layer step (model/fused_step.py, csrc/decoder_step.cpp) against the module
+"""The compiled decoder-layer step (model/inference/fused_step.py, csrc/decoder_step.cpp) against the module
 path it replaces: the same bits for greedy and beam search, contiguous and paged caches, mixed
 lengths, few and many rows, post-LN and pre-LN, ReLU and SiLU, int8 and float32 weights; and the
 cases where it must step aside."""
@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import fused_step, kernels
-from model.decoding import decode_step, encode_into_cache, generate, pad_batch
-from model.kv_cache import KVCache
-from model.paged_cache import PagedKVCache
+from model.inference import fused_step, kernels
+from model.inference.step import decode_step
+from model.inference.prefill import encode_into_cache, encode_packed
+from model.inference.generate import generate, pad_batch
+from model.inference.kv_cache import KVCache
+from model.inference.paged_cache import PagedKVCache
+from model.inference.linear import linear_dtype, pack_for_inference
 from tiny_model import make_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
 
 pytestmark = pytest.mark.skipif(kernels.decoder_step_op() is None, reason="compiled CPU kernels unavailable")
@@ -23,7 +26,7 @@ CONFIGS = {
 
 def packed_model(config: str, dtype: torch.dtype, seed: int = 0):
     model = make_model(torch.float32, seed, **CONFIGS[config])
-    assert model.pack_for_inference(dtype=dtype)
+    assert pack_for_inference(model, dtype=dtype)
     return model
 
 
@@ -121,7 +124,7 @@ def test_the_compiled_step_steps_aside_where_it_does_not_apply(monkeypatch):
     assert generate(model, sources, 1, 1, 6)[0][0].tokens == ref[0][0].tokens and counter.calls == 0
     # bfloat16 prepacked weights are not served by the compiled step
     bf = make_model(torch.float32, 0)
-    if bf.pack_for_inference(dtype=torch.bfloat16) and bf.linear_dtype == "bfloat16":
+    if pack_for_inference(bf, dtype=torch.bfloat16) and linear_dtype(bf) == "bfloat16":
         generate(bf, sources, 1, 1, 6)
         assert counter.calls == 0
     # MT_FUSED_STEP=0 turns it off alone
@@ -174,16 +177,16 @@ def test_the_compiled_encoder_layers_give_the_module_path_bits(config, dtype, mo
         tokens = torch.cat([torch.tensor(rand_source(int(k), 100 + i)) for i, k in enumerate(lengths)])
         with torch.no_grad():
             monkeypatch.setitem(kernels._loaded, "decoder_step", None)
-            ref = model.encode_packed(tokens, lengths)
+            ref = encode_packed(model, tokens, lengths)
             monkeypatch.delitem(kernels._loaded, "decoder_step")
             assert fused_step.encode_packed(model, model.src_embed(tokens[:, None])[:, 0], _attend(lengths)) is not None
-            got = model.encode_packed(tokens, lengths)
+            got = encode_packed(model, tokens, lengths)
         assert got.shape == ref.shape == (int(lengths.sum()), model.cfg.d_model)
         assert torch.equal(got, ref)
 
 
 def _attend(lengths):
-    from model.attention import PackedSelfAttention
+    from model.inference.prefill import PackedSelfAttention
     return PackedSelfAttention(lengths)
 
 
@@ -193,7 +196,7 @@ def test_repacking_in_another_dtype_is_followed(monkeypatch):
     model = packed_model("post-LN, ReLU, shared embeddings", torch.int8, seed=5)
     sources = [rand_source(5, 1), rand_source(12, 2), rand_source(8, 3)]
     for dtype in (torch.int8, torch.float32, torch.int8):
-        assert model.pack_for_inference(dtype=dtype)
+        assert pack_for_inference(model, dtype=dtype)
         monkeypatch.setitem(kernels._loaded, "decoder_step", None)
         ref = generate(model, sources, 2, 2, 12)
         monkeypatch.delitem(kernels._loaded, "decoder_step")

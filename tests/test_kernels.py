@@ -1,10 +1,10 @@
-"""The compiled CPU kernels (model/kernels.py): input checks, and the eager fallbacks give the same results."""
+"""The compiled CPU kernels (model/inference/kernels.py): input checks, and the eager fallbacks give the same results."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.decoding import generate
+from model.inference.generate import generate
 from tiny_model import make_model, rand_source
 
 
@@ -14,7 +14,7 @@ def test_kernels_build_where_a_compiler_exists():
     broken kernel."""
     import platform
     import shutil
-    from model import kernels
+    from model.inference import kernels
     if not kernels.enabled() or platform.machine() != "x86_64" or shutil.which("c++") is None:
         pytest.skip("no compiler here, or MT_CPU_KERNELS=0")
     assert kernels._module() is not None
@@ -27,14 +27,14 @@ def test_a_lock_left_by_an_interrupted_build_is_removed_not_waited_on():
     import subprocess
     import sys
     from pathlib import Path
-    from model import kernels
+    from model.inference import kernels
     module = kernels._module()
     if module is None:
         pytest.skip("compiled kernels unavailable here")
     stale = Path(module.__file__).parent / "lock"
     stale.touch()
     try:
-        code = "from model import kernels; import sys; sys.exit(0 if kernels._build() is not None else 1)"
+        code = "from model.inference import kernels; import sys; sys.exit(0 if kernels._build() is not None else 1)"
         done = subprocess.run([sys.executable, "-c", code], cwd=Path(kernels.__file__).parents[1], timeout=240,
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -44,7 +44,7 @@ def test_a_lock_left_by_an_interrupted_build_is_removed_not_waited_on():
 
 
 def test_compiled_decode_attention_rejects_bad_indices():
-    from model import kernels
+    from model.inference import kernels
     if kernels.decode_attention() is None:
         pytest.skip("compiled kernel unavailable here (no C++ compiler); eager attention is used")
     q, k = torch.randn(2, 1, 2, 4), torch.randn(10, 2, 4)
@@ -62,7 +62,7 @@ def test_compiled_decode_attention_matches_softmax_attention(H, D, NQ):
     elsewhere) against softmax(q K^T / sqrt(D)) V in float64: ragged rows (an empty one included),
     keys gathered out of order, the weights zero past each row's length; and each row's result the
     same bits alone as in the batch."""
-    from model import kernels
+    from model.inference import kernels
     if kernels.decode_attention() is None:
         pytest.skip("compiled kernel unavailable here (no C++ compiler); eager attention is used")
     g = torch.Generator().manual_seed(H * D + NQ)
@@ -93,7 +93,7 @@ def test_compiled_decode_attention_matches_softmax_attention(H, D, NQ):
 
 def test_eager_fallback_decodes_like_the_compiled_kernel(monkeypatch):
     """Where the kernel cannot be built, decoding takes the eager paths and gives the same results."""
-    from model import kernels
+    from model.inference import kernels
     if kernels.decode_attention() is None:
         pytest.skip("compiled kernel unavailable here: every other test already runs the eager paths")
     model = make_model()
@@ -111,8 +111,8 @@ def test_eager_fallback_decodes_like_the_compiled_kernel(monkeypatch):
 
 
 def test_int8_compiled_and_eager_halves_agree(monkeypatch):
-    from model import kernels
-    from model.linear import PackedWeight, onednn_available
+    from model.inference import kernels
+    from model.inference.linear import PackedWeight, onednn_available
     if not onednn_available() or kernels.int8_ops() is None:
         pytest.skip("no compiled CPU kernels here")
     g = torch.Generator().manual_seed(1)
@@ -138,8 +138,8 @@ def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out
     the same bits for every row count, with and without bias, with inputs and weights at +-127, on
     shapes that pad the weight on both sides, and for a [B, T, in] input; and the layer switching
     between the two paths without a row's result changing."""
-    from model import kernels
-    from model.linear import PackedWeight, onednn_available
+    from model.inference import kernels
+    from model.inference.linear import PackedWeight, onednn_available
     if not onednn_available() or kernels.int8_linear_kernel() is None:
         pytest.skip("no compiled int8 layer kernel here (it needs AVX-512 VNNI or AVX2)")
     kernel = kernels.int8_linear_kernel()
@@ -173,8 +173,8 @@ def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out
 def test_int8_one_call_kernel_over_many_rows_and_features():
     """Past the kernel's cache blocks (chunks of rows and of feature blocks, and a last partial group of
     feature blocks): 150 rows x 1,100 features, the same bits as torch._int_mm between the two halves."""
-    from model import kernels
-    from model.linear import PackedWeight, onednn_available
+    from model.inference import kernels
+    from model.inference.linear import PackedWeight, onednn_available
     if not onednn_available() or kernels.int8_linear_kernel() is None:
         pytest.skip("no compiled int8 layer kernel here (it needs AVX-512 VNNI or AVX2)")
     g = torch.Generator().manual_seed(11)
@@ -193,7 +193,7 @@ def test_compiled_kernels_release_the_gil():
     well under the length of the call."""
     import threading
     import time
-    from model import kernels
+    from model.inference import kernels
     if kernels.int8_linear_kernel() is None:
         pytest.skip("no compiled int8 layer kernel here")
     kernel = kernels.int8_linear_kernel()
@@ -225,7 +225,7 @@ def test_log_softmax_topk_is_log_softmax_then_topk_without_the_banned_token():
     """The compiled top k of a row's log-softmax from its logits: the same ids as log_softmax + topk,
     values within float rounding; a banned id never chosen but still in the normaliser; -inf entries
     (padding, BOS) add nothing; a row with fewer finite entries than k ends in -inf."""
-    from model import kernels
+    from model.inference import kernels
     op = kernels.log_softmax_topk_op()
     if op is None:
         pytest.skip("no compiled CPU kernels here")

@@ -1,11 +1,11 @@
-"""The KV cache's storage (model/kv_cache.py): its slots, beam reorders (direct and indirect)."""
+"""The KV cache's storage (model/inference/kv_cache.py): its slots, beam reorders (direct and indirect)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.decoding import generate
-from model.kv_cache import CacheFullError, KVCache
+from model.inference.generate import generate
+from model.inference.kv_cache import CacheFullError, KVCache
 from tiny_model import make_model, rand_source
 
 

@@ -1,16 +1,17 @@
-"""Linear layers prepared for CPU inference (model/linear.py): bf16 and int8, per-row independence, fallbacks."""
+"""Linear layers prepared for CPU inference (model/inference/linear.py): bf16 and int8, per-row independence, fallbacks."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.decoding import generate
+from model.inference.generate import generate
 from model.transformer import padding_mask
+from model.inference.linear import linear_dtype, pack_for_inference, packed_output
 from tiny_model import make_model, rand_source
 
 
 def test_bf16_packed_linears_are_close_to_fp32_and_optional(monkeypatch):
-    from model.linear import default_dtype, onednn_available
+    from model.inference.linear import default_dtype, onednn_available
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")
     model = make_model(dtype=torch.float32)
@@ -20,18 +21,18 @@ def test_bf16_packed_linears_are_close_to_fp32_and_optional(monkeypatch):
         mask = padding_mask(src, 0)
         memory, _ = model.encode(src, mask)
         plain, _ = model.decode(tgt, model.cross_kv(memory), mask)
-        assert model.pack_for_inference(dtype=torch.bfloat16)
+        assert pack_for_inference(model, dtype=torch.bfloat16)
         memory, _ = model.encode(src, mask)
         bf16, _ = model.decode(tgt, model.cross_kv(memory), mask)
-    if model.linear_dtype == "bfloat16":
-        assert model._packed_out.dtype == torch.bfloat16
+    if linear_dtype(model) == "bfloat16":
+        assert packed_output(model).dtype == torch.bfloat16
         assert bf16.dtype == torch.float32 and not torch.equal(bf16, plain)
         torch.testing.assert_close(bf16, plain, rtol=0.05, atol=0.05 * float(plain.abs().max()))
     else:   # a CPU or torch build without oneDNN's bf16 linear: the documented fallback, prepacked float32
-        assert model.linear_dtype == "float32" and model._packed_out.dtype == torch.float32
+        assert linear_dtype(model) == "float32" and packed_output(model).dtype == torch.float32
         torch.testing.assert_close(bf16, plain, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="float32, bfloat16 or int8"):
-        model.pack_for_inference(dtype=torch.float16)
+        pack_for_inference(model, dtype=torch.float16)
     monkeypatch.setenv("MT_LINEAR_DTYPE", "bfloat16")
     assert default_dtype() == torch.bfloat16
     monkeypatch.setenv("MT_LINEAR_DTYPE", "int8")
@@ -46,7 +47,7 @@ def test_bf16_packed_linears_are_close_to_fp32_and_optional(monkeypatch):
 
 
 def test_int8_linear_quantizes_per_row_and_per_output_feature():
-    from model.linear import PackedWeight, onednn_available
+    from model.inference.linear import PackedWeight, onednn_available
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")
     g = torch.Generator().manual_seed(0)
@@ -81,8 +82,8 @@ def test_int8_row_major_copy_only_where_int_mm_serves_many_rows(monkeypatch):
     with one (AVX-512 VNNI or AVX2) the kernel takes every row count and the layer keeps one int8 copy
     fewer. Whatever the layout, the same bits: the kernel, the three-call path with the
     row-major copy, and the three-call path with the column-major view."""
-    from model import kernels
-    from model.linear import PackedWeight, onednn_available
+    from model.inference import kernels
+    from model.inference.linear import PackedWeight, onednn_available
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")
     g = torch.Generator().manual_seed(5)
@@ -101,13 +102,13 @@ def test_int8_row_major_copy_only_where_int_mm_serves_many_rows(monkeypatch):
 
 
 def test_int8_model_decodes_each_sentence_as_alone_bit_for_bit():
-    from model.linear import onednn_available
+    from model.inference.linear import onednn_available
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")
     model = make_model(dtype=torch.float32)
-    assert model.linear_dtype == "float32"
-    assert model.pack_for_inference(dtype=torch.int8)
-    assert model._packed_out.dtype == torch.int8 and model.linear_dtype == "int8"
+    assert linear_dtype(model) == "float32"
+    assert pack_for_inference(model, dtype=torch.int8)
+    assert packed_output(model).dtype == torch.int8 and linear_dtype(model) == "int8"
     sources = [rand_source(n, seed) for seed, n in enumerate((5, 12, 3, 9, 7, 14))]
     for beam in (1, 3):
         batched = generate(model, sources, beam, 2 if beam > 1 else 1, 12)
@@ -115,11 +116,11 @@ def test_int8_model_decodes_each_sentence_as_alone_bit_for_bit():
             alone = generate(model, [src], beam, 2 if beam > 1 else 1, 12)[0]
             assert [h.tokens for h in hyps] == [h.tokens for h in alone]
             assert [h.log_prob for h in hyps] == [h.log_prob for h in alone]
-    model.pack_for_inference(enabled=False)
+    pack_for_inference(model, enabled=False)
 
 
 def test_packing_falls_back_to_float32_where_int8_is_unavailable(monkeypatch):
-    from model import linear
+    from model.inference import linear
     if not linear.onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")
     model = make_model(dtype=torch.float32)
@@ -132,8 +133,8 @@ def test_packing_falls_back_to_float32_where_int8_is_unavailable(monkeypatch):
     def no_int8(self, x, bias):
         raise RuntimeError("no int8 matrix product in this build")
     monkeypatch.setattr(linear.PackedWeight, "_int8", no_int8)
-    assert model.pack_for_inference(dtype=torch.int8) and model.linear_dtype == "float32"
+    assert pack_for_inference(model, dtype=torch.int8) and linear_dtype(model) == "float32"
     with torch.no_grad():
         memory, _ = model.encode(src, mask)
         torch.testing.assert_close(model.cross_kv(memory)[0][0], plain, rtol=1e-5, atol=1e-5)
-    model.pack_for_inference(enabled=False)
+    pack_for_inference(model, enabled=False)

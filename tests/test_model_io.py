@@ -10,11 +10,13 @@ import pytest
 import sacrebleu
 import torch
 
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint
+from model.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
+from model.load import load_model
 from model.config import ModelConfig
-from model.decoding import generate
+from model.inference.generate import generate
 from model.tokenizer import Tokenizer, read_lines
-from model.translate import encode_source, translate_lines
+from model.tokenizer import encode_source
+from model.inference.generate import translate_lines
 from model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,19 +38,19 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 def test_checkpoint_round_trip(tiny_checkpoint, tmp_path):
-    model, tok, meta = load_checkpoint(tiny_checkpoint)
+    model, tok, meta = load_model(tiny_checkpoint)
     assert meta["source_lang"] == "de" and model.cfg.vocab_size == tok.vocab_size
     src = [encode_source(tok, "Ein Mann fährt Fahrrad.", model.cfg.max_len)]
     before = generate(model, src, beam_size=2, max_new_tokens=10)[0][0]
     save_checkpoint(tmp_path / "copy", model, tok.model_file, meta, dtype="float32")
-    model2, _, meta2 = load_checkpoint(tmp_path / "copy")
+    model2, _, meta2 = load_model(tmp_path / "copy")
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(), model2.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
     after = generate(model2, src, beam_size=2, max_new_tokens=10)[0][0]
     assert before.tokens == after.tokens and before.log_prob == after.log_prob
     # fp16 storage: weights are upcast to fp32 at load and differ by at most fp16 rounding
     save_checkpoint(tmp_path / "half", model, tok.model_file, meta, dtype="float16")
-    model3, _, _ = load_checkpoint(tmp_path / "half")
+    model3, _, _ = load_model(tmp_path / "half")
     p = next(model3.parameters())
     assert p.dtype == torch.float32
     torch.testing.assert_close(model3.state_dict()["decoder.0.ffn.w1.weight"],
@@ -57,7 +59,7 @@ def test_checkpoint_round_trip(tiny_checkpoint, tmp_path):
 
 def test_checkpoint_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        load_checkpoint(tmp_path)
+        load_model(tmp_path)
 
 
 def test_translate_cli_keeps_empty_lines(tiny_checkpoint):
@@ -68,7 +70,7 @@ def test_translate_cli_keeps_empty_lines(tiny_checkpoint):
     lines = out.stdout.split("\n")
     assert len(lines) == 5 and lines[4] == ""  # 4 output lines plus the final newline
     assert lines[1] == "" and lines[2] == ""
-    model, tok, _ = load_checkpoint(tiny_checkpoint)
+    model, tok, _ = load_model(tiny_checkpoint)
     assert lines[0] == translate_lines(model, tok, ["Ein Hund rennt."], beam_size=2)[0]
 
 
@@ -133,7 +135,7 @@ def test_evaluate_cli_json(tiny_checkpoint, tmp_path):
 
 @pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").exists(), reason="no shipped checkpoint yet")
 def test_shipped_model_translates_val_sentences():
-    model, tok, meta = load_checkpoint()
+    model, tok, meta = load_model()
     assert (meta["source_lang"], meta["target_lang"]) == ("de", "en")
     src = read_lines(DATA / "val.de.gz")[:100]
     ref = read_lines(DATA / "val.en.gz")[:100]
@@ -146,7 +148,7 @@ def test_shipped_model_translates_val_sentences():
 def test_shipped_en_de_model_translates_val_sentences_and_is_served_by_default():
     from model.checkpoint import SHIPPED_CHECKPOINTS
     from service.app import AppArgs
-    model, tok, meta = load_checkpoint(SHIPPED_CHECKPOINTS["en-de"])
+    model, tok, meta = load_model(SHIPPED_CHECKPOINTS["en-de"])
     assert (meta["source_lang"], meta["target_lang"]) == ("en", "de")
     src = read_lines(DATA / "val.en.gz")[:100]
     ref = read_lines(DATA / "val.de.gz")[:100]

@@ -1,4 +1,4 @@
-"""The paged KV cache (model/paged_cache.py) against the contiguous one, and the engine on it:
+"""The paged KV cache (model/inference/paged_cache.py) against the contiguous one, and the engine on it:
 same outputs for mixed lengths, beams, preemption and cancellations, and no block leaked."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import torch
 
-from model.decoding import generate
-from model.kv_cache import CacheFullError, KVCache
-from model.paged_cache import PagedKVCache, default_num_blocks
+from model.inference.generate import generate
+from model.inference.kv_cache import CacheFullError, KVCache
+from model.inference.paged_cache import PagedKVCache, default_num_blocks
 from service.engine import Engine, EngineConfig, EngineValidationError, GenerationOptions
 from tiny_model import make_engine_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
 
@@ -39,7 +39,7 @@ def test_paged_generate_equals_contiguous_and_frees_every_block(model, beam, blo
 
 
 def test_paged_equals_contiguous_on_the_eager_path_too(model, monkeypatch):
-    from model import kernels
+    from model.inference import kernels
     monkeypatch.setitem(kernels._loaded, "decode_attention", None)   # no compiled kernel: eager attention
     sources = [rand_source(n, 3 * n) for n in (4, 13, 21)]
     ref = generate(model, sources, 2, 2, 20, cache=KVCache.for_model(model, 6))
@@ -57,7 +57,7 @@ def test_blocks_follow_lengths_and_a_beam_shares_its_source_blocks(model):
     cache = PagedKVCache.for_model(model, num_slots=8, num_blocks=64, block_size=B)
     slots = cache.slots.allocate(4)                        # one beam-4 sentence
     src = torch.tensor([rand_source(S, 1)])
-    from model.decoding import prefill
+    from model.inference.prefill import prefill
     prefill(model, cache, torch.tensor([slots]), src)      # source + the first (BOS) step of slot 0
     assert 64 - cache.slots.num_free_blocks == cache.slots.blocks_for(S) + 1 == 4
     assert cache.slots.held[slots[0]] and all(s not in cache.slots.held for s in slots[1:])  # source held once

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model.slots import SlotPool
+from model.inference.slots import SlotPool
 from service.engine.scheduler import EngineConfig, EngineValidationError, QueueFullError, ScheduledRequest, Scheduler
 
 

@@ -1,11 +1,11 @@
-"""The scheduler's KV-block accounting without a model (model.slots.BlockPool): admission by free
+"""The scheduler's KV-block accounting without a model (model.inference.slots.BlockPool): admission by free
 blocks, growth block by block, preemption of the newest requests and requeueing at the head, refusal
 of a request that could never fit, and no block leaked."""
 from __future__ import annotations
 
 import pytest
 
-from model.slots import BlockPool, CacheFullError
+from model.inference.slots import BlockPool, CacheFullError
 from service.engine.scheduler import EngineConfig, EngineValidationError, ScheduledRequest, Scheduler
 
 

@@ -1,4 +1,4 @@
-"""The one slot allocator (model/slots.py): lowest ids first, errors, and no torch."""
+"""The one slot allocator (model/inference/slots.py): lowest ids first, errors, and no torch."""
 from __future__ import annotations
 
 import ast
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from model.slots import CacheFullError, SlotPool
+from model.inference.slots import CacheFullError, SlotPool
 
 
 def test_lowest_free_ids_are_handed_out_first_and_reused():
@@ -53,7 +53,7 @@ def test_empty_pool():
 
 
 def test_the_kv_cache_owns_one_pool_and_reexports_its_error():
-    import model.kv_cache as kv_cache
+    import model.inference.kv_cache as kv_cache
     from tiny_model import make_model
     cache = kv_cache.KVCache.for_model(make_model(), num_slots=4, max_tgt_len=4, max_src_len=4)
     assert isinstance(cache.slots, SlotPool) and cache.slots.num_slots == 4 and cache.slots.num_free == 4
@@ -61,7 +61,7 @@ def test_the_kv_cache_owns_one_pool_and_reexports_its_error():
 
 
 def test_slots_module_imports_no_torch():
-    tree = ast.parse(Path(__file__).resolve().parents[1].joinpath("model", "slots.py").read_text())
+    tree = ast.parse(Path(__file__).resolve().parents[1].joinpath("model", "inference", "slots.py").read_text())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -1,17 +1,17 @@
-"""Per-row top-k of candidates (model/topk.py)."""
+"""Per-row top-k of candidates (model/inference/topk.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.topk import row_topk
+from model.inference.topk import row_topk
 
 
 @pytest.mark.parametrize("vocab", [8000, 7999, 8001, 300])
 @pytest.mark.parametrize("k", [2, 8])
 @pytest.mark.parametrize("compiled", [True, False])
 def test_row_topk_equals_torch_topk(vocab, k, compiled, monkeypatch):
-    from model import kernels
+    from model.inference import kernels
     if compiled and kernels.topk_op() is None:
         pytest.skip("no compiled CPU kernels here")
     if not compiled:

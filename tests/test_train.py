@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig
-from model.decoding import greedy_search, pad_batch
+from model.inference.generate import greedy_search, pad_batch
 from model.train import batch_loss, inverse_sqrt_lr, token_batches
 from model.transformer import Transformer
 

@@ -40,7 +40,7 @@ def test_reconfigure_applies_user_config_in_place(card):
         assert t.engine is engine and engine.config.policy == "prefill_first" and engine.config.prefill_every == 2
         await t.reconfigure({"max_num_seqs": 8, "max_waiting": 16})   # a new KV-cache shape, same engine
         assert t.engine is engine and engine.config.max_num_seqs == 8 and t.info().engine["max_waiting"] == 16
-        from model.linear import default_dtype, onednn_available   # the CPU default is int8 (MT_LINEAR_DTYPE)
+        from model.inference.linear import default_dtype, onednn_available   # the CPU default is int8 (MT_LINEAR_DTYPE)
         want = str(default_dtype()).removeprefix("torch.") if onednn_available() else "float32"
         assert t.info().engine["linear_dtype"] == want
         kv = t.info().engine["kv_cache"]          # GET /v1/models: the paged cache's block usage

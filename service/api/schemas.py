@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from model.search import ATTENTION_KINDS
+from model.inference.search import ATTENTION_KINDS
 from service.engine.config import EngineConfig
 from service.engine.records import GenerationOptions
 

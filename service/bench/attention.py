@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     if min(args.heads, args.head_dim, args.queries, args.repeats) < 1:
         ap.error("--heads, --head-dim, --queries and --repeats must be >= 1")
     import torch
-    from model import kernels
+    from model.inference import kernels
     if kernels.decode_attention() is None:
         print("the compiled kernels are unavailable here (MT_CPU_KERNELS=0 or no compiler)", file=sys.stderr)
         return 1

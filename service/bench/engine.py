@@ -7,7 +7,7 @@
     python -m service.bench_engine --parts a,b,c --rounds 3     # (b) and (c) alternate, medians shown
 
 Parts (German test_2016_flickr sentences; tokenization is done before any clock starts):
-  (a) sequential: ``model.decoding.generate`` on one sentence at a time (batch 1);
+  (a) sequential: ``model.inference.generate.generate`` on one sentence at a time (batch 1);
   (b) static: ``generate`` on length-sorted batches of 32, each running until its longest member ends;
   (c) the continuous engine with every sentence submitted at once (corpus order);
   (d) the engine with Poisson arrivals at 50% and 90% of (c)'s sentences/s;
@@ -21,18 +21,16 @@ tokens: the best hypothesis' tokens, EOS included when it was generated. Figures
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from service.loadtest.config import DEFAULT_SENTENCES, load_sentences
+from model.inference.linear import linear_dtype, pack_for_inference
 
 E_BATCH = 32                  # sentences per static batch, in (b) and protocol (e)
 
@@ -71,8 +69,8 @@ def n_generated(h) -> int:
 # ---- (a), (b): offline decoding ------------------------------------------------------------------
 
 def run_sequential(model, srcs, beam: int) -> Run:
-    from model.decoding import generate
-    from model.translate import default_max_new_tokens
+    from model.inference.generate import generate
+    from model.inference.generate import default_max_new_tokens
     lat, tokens = [], 0
     t0 = time.perf_counter()
     for s in srcs:
@@ -86,8 +84,8 @@ def run_sequential(model, srcs, beam: int) -> Run:
 def run_static(model, srcs, beam: int, batch_size: int = E_BATCH, max_new: Optional[int] = None,
                part: str = "(b)") -> Run:
     """Length-sorted batches; every sentence is submitted at t=0, so its latency is its batch's end."""
-    from model.decoding import generate
-    from model.translate import default_max_new_tokens
+    from model.inference.generate import generate
+    from model.inference.generate import default_max_new_tokens
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
     lat, tokens = [], 0
     t0 = time.perf_counter()
@@ -215,7 +213,7 @@ def bench_model(spec: dict):
     checkpoint; on ``spec["device"]`` (default cpu) in ``spec["dtype"]`` (default auto: bfloat16 on
     CUDA, float32 on CPU; ``service.engine.config.resolve_dtype``)."""
     import torch
-    from model.checkpoint import load_checkpoint
+    from model.load import load_model
     from service.engine.config import resolve_dtype
     device = torch.device(spec.get("device") or "cpu")
     dtype = resolve_dtype(spec.get("dtype") or "auto", device.type)
@@ -226,10 +224,10 @@ def bench_model(spec: dict):
         tok = Tokenizer(Path(spec["checkpoint"]) / "tokenizer.model")
         torch.manual_seed(spec.get("seed", 0))
         model = Transformer(ModelConfig.from_name(spec["preset"], vocab_size=tok.vocab_size)).eval()
-        model.pack_for_inference()
+        pack_for_inference(model)
         meta = {"note": f"random weights, {spec['preset']} preset"}
     else:
-        model, tok, meta = load_checkpoint(spec["checkpoint"], device=device)
+        model, tok, meta = load_model(spec["checkpoint"], device=device)
     return model.to(device=device, dtype=getattr(torch, dtype)), tok, meta, dtype
 
 
@@ -299,8 +297,8 @@ def median_run(runs: list[Run]) -> Run:
 def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: list[str]) -> None:
     """Parts (a)-(d) on the shipped model: (b) and (c) alternate for --rounds rounds, medians shown."""
     import torch
-    from model.decoding import generate
-    from model.translate import encode_source
+    from model.inference.generate import generate
+    from model.tokenizer import encode_source
     from service.engine import tune_process
     torch.set_num_threads(args.threads)
     where = {"checkpoint": str(ckpt), "preset": args.preset, "device": args.device, "dtype": args.dtype,
@@ -312,7 +310,7 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
           f"{sum(map(len, srcs))} source tokens; {args.threads} torch threads; engine: policy "
           f"{args.policy}, admission {args.admission}, prefill_every {args.prefill_every}, {args.engine_slots} sentences in flight "
           f"({args.engine_slots} x beam slots); linear layers "
-          f"{model.linear_dtype}; {next(model.parameters()).device}, {dtype}")
+          f"{linear_dtype(model)}; {next(model.parameters()).device}, {dtype}")
     generate(model, srcs[:8], 2, 1, 20)  # warm-up outside the clock
     runs, per_round = [], []
     for beam in beams:
@@ -353,94 +351,3 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
         print(line)
     for r in runs:
         print_profile(r)
-
-
-# ---- main -----------------------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m service.bench_engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e,f")
-    ap.add_argument("--limit", type=int, default=None, help="use the first N sentences (default: all 1,000)")
-    ap.add_argument("--beams", default="1,4", help="beam sizes to run (1 = greedy)")
-    ap.add_argument("--checkpoint", default=None, help="model for (a)-(d) (default: model/checkpoints/de-en)")
-    ap.add_argument("--tokenizer", default=None, help="8k SentencePiece model for (e) (default: the checkpoint's)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads for (a)-(d)")
-    ap.add_argument("--engine-slots", type=int, default=256,
-                    help="(c)/(d): sentences in flight; the engine's max_num_seqs (KV-cache slots, one per "
-                         "hypothesis) is this x beam; (f): max_num_seqs")
-    ap.add_argument("--policy", default="decode_first", help="engine scheduling policy for (c)/(d)")
-    ap.add_argument("--admission", default="fifo", choices=("fifo", "shortest_first"),
-                    help="engine admission order for (c)/(d) (EngineConfig.admission)")
-    ap.add_argument("--prefill-every", type=int, default=4, help="engine prefill_every (k) for (c)/(d)")
-    ap.add_argument("--layouts", default="1x2,2x1", help="(e), (f): processes x threads per process")
-    ap.add_argument("--e-systems", default="engine,static", help="(e): engine and/or static")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="(b)/(c), (e) and (f): interleaved rounds; the median is printed")
-    ap.add_argument("--f-systems", default="engine,engine int8,transformers,CTranslate2 float32,CTranslate2 int8",
-                    help="(f): systems to run, comma-separated")
-    ap.add_argument("--json", default=None, metavar="FILE", help="(f): write the table's rows as JSON")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu", help="cpu or cuda: where (a)-(e) run")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help="weights and KV cache, every part (auto: bfloat16 on CUDA, float32 on CPU)")
-    ap.add_argument("--preset", default=None, choices=["tiny", "small", "base", "big"],
-                    help="(a)-(e): random weights of this ModelConfig preset instead of the checkpoint "
-                         "((e) default: small), with the checkpoint's tokenizer")
-    ap.add_argument("--linear-dtype", choices=["float32", "bfloat16", "int8"], default=None,
-                    help="linear layers' arithmetic, for every part (sets MT_LINEAR_DTYPE; default: "
-                         "MT_LINEAR_DTYPE, else int8)")
-    return ap
-
-
-def main(argv=None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    if args.linear_dtype:
-        os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype   # read at load time, here and in child processes
-
-    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    if not parts or not parts <= set("abcdef"):
-        ap.error(f"--parts must be a non-empty subset of a,b,c,d,e,f, got {args.parts!r}")
-    try:
-        beams = [int(b) for b in args.beams.split(",")]
-        layouts = [tuple(int(n) for n in x.split("x")) for x in args.layouts.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--beams takes integers (1,4) and --layouts PROCESSESxTHREADS (1x2,2x1), got {args.beams!r} "
-                 f"and {args.layouts!r}")
-    for name, ok in (("--beams", all(b >= 1 for b in beams)), ("--threads", args.threads >= 1),
-                     ("--layouts", all(len(x) == 2 and min(x) >= 1 for x in layouts)),
-                     ("--limit", args.limit is None or args.limit >= 1), ("--rounds", args.rounds >= 1),
-                     ("--engine-slots", args.engine_slots >= 1)):
-        if not ok:
-            ap.error(f"{name}: every value must be >= 1 (see --help)")
-    if args.device != "cpu":
-        import torch
-        try:
-            cuda = torch.device(args.device).type == "cuda" and torch.cuda.is_available()
-        except RuntimeError:
-            cuda = False
-        if not cuda:
-            ap.error(f"--device {args.device}: no such device here (cpu, or cuda where PyTorch sees a GPU)")
-
-    import torch
-    from model.checkpoint import DEFAULT_CHECKPOINT
-    torch.set_grad_enabled(False)
-    ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
-    lines = load_sentences(DEFAULT_SENTENCES)[: args.limit]
-    need_model = bool(parts & set("abcdf"))
-    if need_model and not args.preset and not (ckpt / "model.safetensors").exists():
-        print(f"parts (a)-(d) and (f) need the shipped model, and {ckpt} has none (training may still be running).\n"
-              f"Pass --checkpoint DIR, or run only part (e): --parts e --tokenizer PATH.", file=sys.stderr)
-        return 2
-
-    if parts & set("abcd"):
-        run_model_parts(args, parts, beams, ckpt, lines)
-
-    status = 0
-    if "e" in parts:
-        from .protocol import run_protocol   # protocol.py builds on this module's runs
-        status = run_protocol(args, lines, beams, ckpt)
-    if "f" in parts and status == 0:
-        from .same_weights import run_same_weights
-        status = run_same_weights(args, beams, ckpt)
-    return status

@@ -1,4 +1,4 @@
-"""The decode step with each decoder layer in one compiled call (``model/fused_step.py``) against the
+"""The decode step with each decoder layer in one compiled call (``model/inference/fused_step.py``) against the
 module path, interleaved, one torch thread:
 
     python -m service.bench.fused_step                         # int8 (the default linear dtype)
@@ -15,21 +15,24 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from model.inference.linear import linear_dtype
 
 ROWS = (1, 4, 16, 32, 64, 128, 256, 512, 690)   # 690: the rows of a beam-4 (c) step
 PATHS = ("compiled layer step", "module path")
 
 
 def _switch(name: str, op) -> None:
-    from model import kernels
+    from model.inference import kernels
     kernels._loaded["decoder_step"] = op if name == PATHS[0] else None
 
 
 def steps(model, srcs, repeats: int = 7) -> None:
     """Part (1): one decode step of R rows, both paths."""
     import torch
-    from model.decoding import decode_step, encode_into_cache, pad_batch
-    from model.paged_cache import PagedKVCache
+    from model.inference.step import decode_step
+    from model.inference.prefill import encode_into_cache
+    from model.inference.generate import pad_batch
+    from model.inference.paged_cache import PagedKVCache
     n = max(ROWS)
     srcs = (srcs * (-(-n // len(srcs))))[:n]
     cache = PagedKVCache.for_model(model, n, max_tgt_len=32)
@@ -41,9 +44,9 @@ def steps(model, srcs, repeats: int = 7) -> None:
         for p in range(9):   # every row's target history up to position 8
             decode_step(model, cache, slots, torch.randint(4, model.cfg.vocab_size, (n,), generator=g),
                         torch.full((n,), p))
-    from model import kernels
+    from model.inference import kernels
     op = kernels.decoder_step_op()
-    print(f"(1) one decode_step, {model.linear_dtype} linear layers, ms (compiled layer step / module path)")
+    print(f"(1) one decode_step, {linear_dtype(model)} linear layers, ms (compiled layer step / module path)")
     print(f"{'rows':>6} {'compiled':>10} {'module':>10} {'ratio':>7}")
     for rows in ROWS:
         s = slots[:rows]

@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from model.inference.linear import linear_dtype, packed_output
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SOURCES = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k" / "test_2016_flickr.de.gz"
@@ -37,13 +38,13 @@ def _median_us(fn, repeats: int, inner: int) -> float:
 def layers(model, repeats: int = 7) -> None:
     """Part (1): every distinct [in, out] of the model's linear layers."""
     import torch
-    from model import kernels
-    from model.linear import Linear, PackedWeight
+    from model.inference import kernels
+    from model.inference.linear import PackedLinear, PackedWeight
     shapes: dict[tuple[int, int], tuple] = {}   # (in, out) -> (float32 weight, bias, int8 PackedWeight)
     for m in model.modules():
-        if isinstance(m, Linear) and m.packed is not None and m.packed.small is not None:
+        if isinstance(m, PackedLinear) and m.packed is not None and m.packed.small is not None:
             shapes.setdefault((m.in_features, m.out_features), (m.weight.detach(), m.bias, m.packed))
-    out_proj = getattr(model, "_packed_out", None)
+    out_proj = packed_output(model)
     if out_proj is not None and getattr(out_proj, "small", None) is not None:
         shapes[(model.cfg.d_model, out_proj.scale.numel())] = (model.tgt_embed.tok.weight.detach(), None, out_proj)
     print("(1) one linear layer, µs: int8 one-call kernel / int8 quantize + _int_mm + dequantize / prepacked float32")
@@ -75,8 +76,8 @@ def batch1_latency(model, srcs, paths: dict[str, dict], rounds: int = 3) -> None
     """``generate`` on one sentence at a time (batch 1, greedy) over ``srcs`` under each path, in
     interleaved rounds; a path is the ``kernels._loaded`` entries it sets (e.g. ``{"int8_layer": None}``
     switches the one-call int8 layer off), and the last path is the baseline of the printed ratios."""
-    from model import kernels
-    from model.decoding import generate
+    from model.inference import kernels
+    from model.inference.generate import generate
     times: dict[str, list[float]] = {name: [] for name in paths}
     tokens = 0
     for s in srcs[:5]:
@@ -91,7 +92,7 @@ def batch1_latency(model, srcs, paths: dict[str, dict], rounds: int = 3) -> None
             finally:
                 for key in switches:
                     kernels._loaded.pop(key, None)
-    print(f"(2) generate, batch 1, greedy, {len(srcs)} sentences ({tokens} tokens), {model.linear_dtype}, median of "
+    print(f"(2) generate, batch 1, greedy, {len(srcs)} sentences ({tokens} tokens), {linear_dtype(model)}, median of "
           f"{rounds} interleaved rounds:")
     base = statistics.median(times[list(paths)[-1]])
     for name, ts in times.items():
@@ -115,14 +116,14 @@ def setup(prog: str, doc: str, argv, parts_help: str):
     if args.sentences < 1:
         ap.error(f"--sentences must be >= 1, got {args.sentences}")
     import torch
-    from model import kernels
-    from model.checkpoint import load_checkpoint
+    from model.inference import kernels
+    from model.load import load_model
     torch.set_num_threads(1)
     if kernels.decoder_step_op() is None:
         print("the compiled CPU kernels are unavailable here (MT_CPU_KERNELS=0, or no compiler)", file=sys.stderr)
         return 1
     try:
-        model, tok, _ = load_checkpoint(args.checkpoint)
+        model, tok, _ = load_model(args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -135,12 +136,12 @@ def main(argv=None) -> int:
     if isinstance(ready, int):
         return ready
     args, parts, model, _, srcs = ready
-    from model import kernels
+    from model.inference import kernels
     if kernels.int8_linear_kernel() is None:
         print("no one-call int8 kernel here (it needs AVX-512 VNNI or AVX2)", file=sys.stderr)
         return 1
-    if model.linear_dtype != "int8":
-        print(f"error: the model's linear layers are {model.linear_dtype}, not int8 (unset MT_LINEAR_DTYPE)",
+    if linear_dtype(model) != "int8":
+        print(f"error: the model's linear layers are {linear_dtype(model)}, not int8 (unset MT_LINEAR_DTYPE)",
               file=sys.stderr)
         return 2
     if "1" in parts:

@@ -58,13 +58,13 @@ def main(argv=None) -> int:
     ap.add_argument("--beams", default="1,4")
     args = ap.parse_args(argv)
     import torch
-    from model.checkpoint import load_checkpoint
-    from model.translate import encode_source
+    from model.load import load_model
+    from model.tokenizer import encode_source
     torch.set_num_threads(1)
     if not (Path(args.checkpoint) / "config.json").exists():
         print(f"{args.checkpoint} holds no model", file=sys.stderr)
         return 2
-    model, tok, _ = load_checkpoint(args.checkpoint)
+    model, tok, _ = load_model(args.checkpoint)
     srcs = [encode_source(tok, line, model.cfg.max_len) for line in load_sentences(args.sentences)[: args.limit]]
     elem = next(model.parameters()).element_size()
     print(f"{args.checkpoint}: {len(srcs)} sentences, mean source {sum(map(len, srcs)) / len(srcs):.1f} tokens; "

@@ -14,12 +14,13 @@ import time
 
 def main(checkpoint: str = "model/checkpoints/de-en", rows: int = 256, src_len: int = 16, position: int = 15) -> int:
     import torch
-    from model.checkpoint import load_checkpoint
-    from model.decoding import decode_step, encode_into_cache
-    from model.kv_cache import KVCache
-    from model.paged_cache import PagedKVCache
+    from model.load import load_model
+    from model.inference.step import decode_step
+    from model.inference.prefill import encode_into_cache
+    from model.inference.kv_cache import KVCache
+    from model.inference.paged_cache import PagedKVCache
     torch.set_num_threads(1)
-    model, _, _ = load_checkpoint(checkpoint)
+    model, _, _ = load_model(checkpoint)
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, model.cfg.vocab_size, (rows, src_len), generator=g)
     src[:, -1] = model.cfg.eos_id

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from .engine import E_BATCH, Run, in_children, median_run, print_profile, print_table, run_engine, run_static
+from model.inference.linear import pack_for_inference
 
 E_TOKENS = 20                 # generated tokens per sentence
 
@@ -31,7 +32,7 @@ def _e_worker(spec: dict, barrier, queue) -> None:
     torch.manual_seed(spec["seed"])
     with torch_threads(1 if spec["system"] == "engine" else spec["threads"]):  # see engine._engine_parts_worker
         model = Transformer(ModelConfig.from_name(spec.get("preset") or "small", vocab_size=spec["vocab_size"])).eval()
-        model.pack_for_inference()
+        pack_for_inference(model)
         model.to(device=spec.get("device") or "cpu", dtype=getattr(torch, spec.get("dtype") or "float32"))
     tune_process()
     srcs, beam = spec["srcs"], spec["beam"]
@@ -77,7 +78,7 @@ def run_protocol(args, lines: list[str], beams: list[int], ckpt: Path) -> int:
     """Runs (e) for every beam, system and layout of args (--rounds rounds each, the median kept) and
     prints the reference table and ours; returns the exit status (2: no tokenizer)."""
     from model.tokenizer import Tokenizer
-    from model.translate import encode_source
+    from model.tokenizer import encode_source
     tok_path = Path(args.tokenizer) if args.tokenizer else ckpt / "tokenizer.model"
     if not tok_path.exists():
         print(f"part (e) needs the shipped 8k tokenizer, and {tok_path} does not exist; pass --tokenizer PATH.",

@@ -3,13 +3,13 @@
     python -m service.bench_engine --parts f --rounds 3 --json same_weights.json
     python -m service.bench_engine --parts f --limit 100 --rounds 1 --beams 1 --layouts 2x1   # a quick look
 
-The shipped model (``--checkpoint``) is exported to MarianMT (``model/marian_export.py``, float32) and
-converted to CTranslate2 (``model/ct2.py``) in a temporary directory; then test_2016_flickr's sentences
+The shipped model (``--checkpoint``) is exported to MarianMT (``model/interop/marian_export.py``, float32) and
+converted to CTranslate2 (``model/interop/ct2.py``) in a temporary directory; then test_2016_flickr's sentences
 (``--limit N``: the first N) are translated by each system (``--f-systems``):
 
   engine               this repository's continuous engine, float32 linear layers, all sentences
                        submitted at once (``--engine-slots`` KV-cache slots)
-  engine int8          the same engine with int8 linear layers (the CPU default, ``model/linear.py``)
+  engine int8          the same engine with int8 linear layers (the CPU default, ``model/inference/linear.py``)
   transformers         ``MarianMTModel.generate()`` on the export (its generation_config: our search)
   CTranslate2 float32  the conversion, ``compute_type`` float32
   CTranslate2 int8     the same weights, ``compute_type`` int8
@@ -61,7 +61,7 @@ def _translator(spec: dict):
     """``translate(srcs) -> (outputs without EOS, generated tokens)`` for spec's system, loaded here."""
     system, threads, beam, eos, budgets = spec["system"], spec["threads"], spec["beam"], spec["eos"], spec["budgets"]
     if system.startswith("CTranslate2"):
-        from model.ct2 import CT2Model
+        from model.interop.ct2 import CT2Model
         ct2 = CT2Model(spec["ct2"], system.split()[1], inter_threads=1, intra_threads=threads)
 
         def translate(srcs):
@@ -77,7 +77,7 @@ def _translator(spec: dict):
     torch.set_grad_enabled(False)
     if system == "transformers":
         from transformers import MarianMTModel
-        from model.decoding import pad_batch
+        from model.inference.generate import pad_batch
         hf = MarianMTModel.from_pretrained(spec["export"]).eval()
 
         def translate(srcs):
@@ -93,11 +93,11 @@ def _translator(spec: dict):
                     n += len(outs[-1]) + ended
             return outs, n
         return translate
-    from model.checkpoint import load_checkpoint
+    from model.load import load_model
     from service.engine import torch_threads, tune_process
     os.environ["MT_LINEAR_DTYPE"] = "int8" if system == "engine int8" else "float32"   # read at load
     with torch_threads(1):                 # see engine._engine_parts_worker
-        model, _, _ = load_checkpoint(spec["checkpoint"])
+        model, _, _ = load_model(spec["checkpoint"])
     tune_process()
 
     def translate(srcs):
@@ -125,7 +125,7 @@ def _f_worker(spec: dict, barrier, queue) -> None:
 
 def run_f_layout(common: dict, srcs: list[list[int]], system: str, layout: str, beam: int) -> Run:
     """One run of ``system`` over srcs in ``layout`` (processes x threads); outputs in srcs' order."""
-    from model.translate import default_max_new_tokens
+    from model.inference.generate import default_max_new_tokens
     procs_n, threads = (int(x) for x in layout.split("x"))
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
     specs = [common | {"system": system, "threads": threads, "beam": beam, "index": order[i::procs_n],
@@ -210,12 +210,12 @@ def run_same_weights(args, beams: list[int], ckpt: Path) -> int:
     if unknown := set(systems) - set(SYSTEMS):
         print(f"--f-systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}", file=sys.stderr)
         return 2
-    from model.checkpoint import load_checkpoint
-    from model.ct2 import convert_export
-    from model.marian_export import export_marian
+    from model.load import load_model
+    from model.interop.ct2 import convert_export
+    from model.interop.marian_export import export_marian
     from model.tokenizer import read_lines
-    from model.translate import encode_source
-    _, tok, _ = load_checkpoint(ckpt, pack=False)
+    from model.tokenizer import encode_source
+    _, tok, _ = load_model(ckpt, pack=False)
     cfg = json.loads((ckpt / "config.json").read_text())
     lines = read_lines(DATA / "test_2016_flickr.de.gz")[: args.limit]
     refs = read_lines(DATA / "test_2016_flickr.en.gz")[: args.limit]

@@ -1,5 +1,5 @@
 """One beam-search step over many sentences: ``search_step`` (every sentence's candidates ranked at
-once, ``model.search.rank_candidates``) against each sentence ranking its own (python lists and a
+once, ``model.inference.search.rank_candidates``) against each sentence ranking its own (python lists and a
 python sort per sentence, ``BeamSearch.step``: the path before), interleaved, on the same candidates:
 
     python -m service.bench.search_step                   # 172 beam-4 sentences (the engine's (c) shape)
@@ -27,9 +27,9 @@ class _NoCache:
 
 def main(argv=None) -> int:
     import torch
-    from model.decoding import StepOutput
-    from model.search import ActiveSearch, BeamSearch, PartialHypothesis, search_step
-    from model.topk import row_topk
+    from model.inference.step import StepOutput
+    from model.inference.search import ActiveSearch, BeamSearch, PartialHypothesis, search_step
+    from model.inference.topk import row_topk
     ap = argparse.ArgumentParser(prog="python -m service.bench.search_step", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sentences", type=int, default=172, help="beam searches per step (default 172)")
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         base.append(ActiveSearch(b, list(range(j * K, j * K + K)), [7] * K, position=12))
 
     def batched(searches) -> None:
-        import model.search as search_mod
+        import model.inference.search as search_mod
         real = search_mod._candidates
         search_mod._candidates = lambda outs, k, masked, eos: candidates
         try:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     for name, v in times.items():
         print(f"  {name:30s} {1000 * statistics.median(v):.2f} ms per step")
     print(f"  same hypotheses: {same}")
-    from model import kernels
+    from model.inference import kernels
     op = kernels.log_softmax_topk_op()
     if op is not None:
         banned = torch.full((S * K,), -1, dtype=torch.long)

@@ -17,7 +17,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")       # the model's weights 
 def resolve_dtype(name: str, device_type: str, loaded: str = "float32") -> str:
     """The weight/KV-cache dtype an engine on ``device_type`` ("cpu", "cuda", ...) runs for the
     ``dtype`` setting ``name``, for a model loaded in ``loaded`` (a torch dtype name): "auto" is
-    bfloat16 on CUDA and the loaded dtype elsewhere (float32 for checkpoints, see load_checkpoint);
+    bfloat16 on CUDA and the loaded dtype elsewhere (float32 for checkpoints, see model.load.load_model);
     an explicit name is kept, except float16 off CUDA, which raises EngineValidationError (CPU
     float16 matmuls are slow and unsupported in places: use bfloat16 or float32 there)."""
     if name not in DTYPES:

@@ -1,10 +1,10 @@
 """CUDA graphs for the engine's decode step: on a GPU a small model's decode step is bound by kernel
-launches, so the step's device work (``model.dense_step.dense_forward``: every layer, attention
+launches, so the step's device work (``model.inference.dense_step.dense_forward``: every layer, attention
 through the block tables, the log-softmax) is captured once per shape and replayed as one launch.
 
 Shapes: the rows are padded to the next of a few row-count buckets (``row_buckets``; the copies
-repeat row 0 and change nothing, ``model.dense_step.pad_rows``) and the keys to a power-of-two
-capacity (``model.dense_step.key_capacity``), so a handful of graphs cover every step. A graph is
+repeat row 0 and change nothing, ``model.inference.dense_step.pad_rows``) and the keys to a power-of-two
+capacity (``model.inference.dense_step.key_capacity``), so a handful of graphs cover every step. A graph is
 captured the first time its shape is needed (at most ``max_graphs``) and replayed after. The eager
 ``decode_step`` is the fallback and the reference: it runs when a step does not fit (more rows than
 the largest bucket, attention weights asked for), when the graph budget is spent, or for good once a
@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from model.dense_step import DenseInputs, dense_forward, key_capacity, pad_rows, plan_dense
+from model.inference.dense_step import DenseInputs, dense_forward, key_capacity, pad_rows, plan_dense
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Invariant (between steps): every KV-cache slot (and block) is free or held by ex
 search state lives in the runner; every request is waiting, running or resolved (exactly one), and
 its future is resolved exactly once. Only the loop task mutates the scheduler and only the worker
 thread runs the model, never at the same time. A request's output does not depend on what shares its
-steps (each hypothesis attends only to its own slot), so it equals offline ``model.decoding.generate``.
+steps (each hypothesis attends only to its own slot), so it equals offline ``model.inference.generate.generate``.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from model.search import BeamSearch, Hypothesis
+from model.inference.search import BeamSearch, Hypothesis
 
 from .config import EngineConfig, resolve_dtype
 from .errors import EngineError, EngineStoppedError, EngineValidationError

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Optional
 
 if TYPE_CHECKING:
-    from model.search import Hypothesis
+    from model.inference.search import Hypothesis
 
 
 @dataclass

@@ -2,8 +2,8 @@
 the scheduler decided for one step.
 
 All model math and search are ``model/``'s, the functions offline ``generate`` uses
-(``encode_into_cache`` and ``decode_step`` in ``model/decoding.py``, ``search_step`` in
-``model/search.py``), so serving and offline decoding share one implementation.
+(``encode_into_cache`` in ``model/inference/prefill.py``, ``decode_step`` in ``model/inference/step.py``, ``search_step`` in
+``model/inference/search.py``), so serving and offline decoding share one implementation.
 One step = (1) prefill of the newly admitted requests: encoder pass and cross-attention K/V for
 every decoder layer (in a few length-sorted groups when that saves padding); (2) ONE
 ``decode_step`` over every running hypothesis of every running request, greedy and beam alike, each
@@ -22,10 +22,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from model import decoding
-from model.decoding import StepOutput, length_groups, pad_batch
-from model.paged_cache import PagedKVCache
-from model.search import ActiveSearch, BeamSearch, decode_inputs, search_step
+from model.inference import prefill, step
+from model.inference.step import StepOutput
+from model.inference.generate import length_groups, pad_batch
+from model.inference.paged_cache import PagedKVCache
+from model.inference.search import ActiveSearch, BeamSearch, decode_inputs, search_step
 
 from .cuda_graphs import DecodeGraphs
 from .records import ScheduledRequest, SchedulerOutput, SequenceOutput, StepResult
@@ -45,7 +46,7 @@ _Part = tuple[StepOutput, list[_Sequence]]   # one decode forward and the sequen
 
 class ModelRunner:
     """Executes ``SchedulerOutput``s on a model with a ``PagedKVCache`` (``num_blocks`` blocks of
-    ``block_size`` positions; default ``model.paged_cache.default_num_blocks``). ``dtype``: the model is
+    ``block_size`` positions; default ``model.inference.paged_cache.default_num_blocks``). ``dtype``: the model is
     cast to it (in place) first; ``cuda_graphs``: on CUDA, replay decode steps from CUDA graphs.
 
     Each ``ScheduledRequest`` carries its ``src_ids`` (EOS-terminated) and ``options``
@@ -166,7 +167,7 @@ class ModelRunner:
         src = pad_batch([s.src_ids for s in seqs], self.cfg.pad_id, dev)
         lengths = torch.tensor([len(s.src_ids) for s in seqs], device=dev)
         need = any("encoder" in s.search.attention_kinds for s in seqs)
-        enc_w = decoding.encode_into_cache(self.model, self.cache, [s.slots for s in seqs], src, lengths, need)
+        enc_w = prefill.encode_into_cache(self.model, self.cache, [s.slots for s in seqs], src, lengths, need)
         for i, s in enumerate(seqs):
             s.search.keep_encoder_attention(enc_w, i)
         return seqs
@@ -182,7 +183,7 @@ class ModelRunner:
             if log_probs is not None:
                 return StepOutput(log_probs), seqs
         self_weights = any("decoder" in s.search.attention_kinds for s in seqs)
-        return decoding.decode_step(self.model, self.cache, *inputs, need, self_weights=self_weights), seqs
+        return step.decode_step(self.model, self.cache, *inputs, need, self_weights=self_weights), seqs
 
     def _update(self, parts: list[_Part], outputs: dict) -> None:
         """``search_step`` over all rows, then each request's output: its hypotheses when done, its

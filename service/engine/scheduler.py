@@ -18,7 +18,7 @@ at its head). So an API request of 256 sentences puts one sentence, not all 256,
 one-sentence request that arrives after it, and two large ones alternate. Requests without a group
 (or one each) are served first-in, first-out, as before.
 
-KV blocks (a paged cache, ``model.slots.BlockPool``; an allocator without blocks, a plain
+KV blocks (a paged cache, ``model.inference.slots.BlockPool``; an allocator without blocks, a plain
 ``SlotPool``, is accounted in slots only): a request's source takes ceil(S / B) blocks at its
 prefill and each hypothesis one block per B target positions, taken as its position reaches a new
 block (``step_blocks``). Admission needs the source blocks plus one per hypothesis, leaving
@@ -59,7 +59,7 @@ from .records import ScheduledRequest, SchedulerOutput
 # ---- slots -----------------------------------------------------------------------------------
 
 class SlotAllocator(Protocol):
-    """What the scheduler needs from a slot allocator: ``model.slots.SlotPool`` (the engine hands it
+    """What the scheduler needs from a slot allocator: ``model.inference.slots.SlotPool`` (the engine hands it
     the KV cache's own, ``KVCache.slots``: a ``BlockPool`` for the paged cache, which adds
     ``num_blocks``, ``num_free_blocks``, ``block_size``, ``block_usage`` and ``blocks_for``; freeing a
     slot frees its blocks). Raises from ``allocate`` when fewer than n are free, and ValueError from

@@ -6,8 +6,8 @@ import math
 import numbers
 from typing import Optional, Sequence
 
-from model.search import ATTENTION_KINDS
-from model.translate import default_max_new_tokens
+from model.inference.search import ATTENTION_KINDS
+from model.inference.generate import default_max_new_tokens
 
 from .config import EngineConfig
 from .errors import EngineValidationError

@@ -122,12 +122,12 @@ class EngineTarget:
     def __init__(self, cfg: LoadConfig, checkpoint: str | os.PathLike, engine_config: Optional[dict] = None,
                  threads: Optional[int] = None):
         import torch
-        from model.checkpoint import load_checkpoint
+        from model.load import load_model
         from service.engine import Engine, EngineConfig
         if threads:
             torch.set_num_threads(threads)
         self.cfg = cfg
-        self.model, self.tok, _ = load_checkpoint(checkpoint)
+        self.model, self.tok, _ = load_model(checkpoint)
         if torch.cuda.is_available():
             self.model = self.model.cuda()
         self.engine = Engine(self.model, EngineConfig.from_dict(engine_config))
@@ -159,7 +159,7 @@ class EngineTarget:
             return Reply(500, error="500")
 
     async def _send(self, spec: RequestSpec) -> Reply:
-        from model.translate import encode_source
+        from model.tokenizer import encode_source
         await self._ensure_started()
         options = self._options(spec)
         srcs = [encode_source(self.tok, text, self.model.cfg.max_len) for text in spec.texts]

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Optional
 
 from model.config import ModelConfig
-from model.convert import is_marian_dir, marian_config, marian_metadata
+from model.interop.marian import is_marian_dir, marian_config, marian_metadata
 from model.tokenizer import target_language_codes
-from model.translate import check_target_lang
+from model.tokenizer import check_target_lang
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from model.search import Hypothesis
+from model.inference.search import Hypothesis
 from service.api.errors import ServiceError
 from service.api.schemas import (MAX_ATTENTION_VALUES, Alternative, AttentionSelection, TranslateJob,
                                  TranslateResponse, Translation, Usage)

@@ -24,8 +24,9 @@ from typing import AsyncIterator, Optional
 
 import torch
 
-from model.checkpoint import load_checkpoint
-from model.translate import check_target_lang
+from model.load import load_model
+from model.tokenizer import check_target_lang
+from model.inference.linear import linear_dtype
 from service.api.errors import RETRY_AFTER_S, ServiceError
 from service.api.schemas import MAX_SENTENCES, StreamItem, StreamStart, TranslateJob, TranslateResponse
 from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
@@ -65,7 +66,7 @@ class Translator:
             torch.set_num_threads(num_threads)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
-            self.model, self.tok, _ = load_checkpoint(card.checkpoint, device=self.device)
+            self.model, self.tok, _ = load_model(card.checkpoint, device=self.device)
         tune_process()
         if protect_spans is None:
             protect_spans = os.environ.get("MT_PROTECT_SPANS", "1") != "0"
@@ -138,7 +139,7 @@ class Translator:
         s = self.engine.stats() if self.engine is not None else {}
         kv = {k: s[k] for k in ("kv_blocks", "free_kv_blocks", "kv_block_size", "kv_cache_bytes",
                                 "kv_cache_bytes_used", "kv_cache_usage", "preemptions") if k in s}
-        return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": self.model.linear_dtype,
+        return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": linear_dtype(self.model),
                                                        "kv_cache": kv})
 
     # ---- request preparation ------------------------------------------------------------------

@@ -12,8 +12,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .attention import packed_positions
-from .attention_plan import AttentionPlan
+from .attention_plan import AttentionPlan, packed_positions
 from .kv_cache import KVCache
 from .slots import BlockPool
 
@@ -35,7 +34,7 @@ class PagedKVCache(KVCache):
     """One block pool per layer, K and V [L, num_blocks, block_size, H, Dh], shared by the target
     (decoder self-attention) and the source (cross-attention) positions of every slot.
 
-    A slot (one hypothesis; ``slots`` is a ``model.slots.BlockPool``) holds blocks for the positions
+    A slot (one hypothesis; ``slots`` is a ``model.inference.slots.BlockPool``) holds blocks for the positions
     it has written: its target blocks are listed in ``table`` [N, ceil(T_max / B)] and taken one at a
     time as it reaches a new block (``plan_step``); a sentence's source blocks in ``src_table``
     [N, ceil(S_max / B)] of its first slot only (the other hypotheses of a beam read them there,

@@ -1,5 +1,5 @@
 // The two elementwise halves of an int8 linear layer with dynamic per-row activation scales
-// (model/linear.py): quantize each input row with its own scale, and turn the exact int32 products
+// (model/inference/linear.py): quantize each input row with its own scale, and turn the exact int32 products
 // back into float32 with the row's and the output feature's scales. In eager PyTorch each half is
 // five or six passes over the data with a temporary per pass, which costs more than the int8 matrix
 // product itself at decoding sizes; here each is one pass. Every element is computed by itself, so a
@@ -13,7 +13,7 @@
 // products are exact and the float arithmetic is the same, element by element and in the same order
 // (``-ffp-contract=off``: no fused multiply-add), so every path gives the same bits.
 //
-// Built with decode_attention.cpp into one extension by model/kernels.py.
+// Built with decode_attention.cpp into one extension by model/inference/kernels.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
@@ -33,7 +33,7 @@
 namespace mt {
 
 // One row: scale = max|x| / 127 (1 for an all-zero row), q = round-half-even(x / scale) + Offset, the same
-// arithmetic as the eager path in model/linear.py (Offset 128 gives the unsigned form VNNI multiplies).
+// arithmetic as the eager path in model/inference/linear.py (Offset 128 gives the unsigned form VNNI multiplies).
 template <typename T, int Offset>
 inline float quantize_row(const float* __restrict xr, T* __restrict qr, const int64_t n) {
   float amax = 0.f;
@@ -51,7 +51,7 @@ inline float quantize_row(const float* __restrict xr, T* __restrict qr, const in
 }
 
 // x [M, K] float32 -> (q [M, K] int8, scale [M] float32): scale = max|x_row| / 127 (1 for an all-zero
-// row), q = round-half-even(x / scale), the same arithmetic as the eager path in model/linear.py.
+// row), q = round-half-even(x / scale), the same arithmetic as the eager path in model/inference/linear.py.
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
               "quantize_rows takes a 2-d float32 CPU tensor");

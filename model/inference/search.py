@@ -20,7 +20,7 @@ from . import kernels
 from .topk import row_topk
 
 if TYPE_CHECKING:
-    from .decoding import StepOutput
+    from .step import StepOutput
     from .kv_cache import KVCache
 
 ATTENTION_KINDS = ("cross", "encoder", "decoder")

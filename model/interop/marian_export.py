@@ -24,7 +24,7 @@ What Marian cannot say directly, and the exact mapping used:
 - No ``final_logits_bias`` in ours: zeros.
 
 ``config.json`` also records ``exported_from`` (our sinusoid layout and bias flag): the importer
-(``model.convert.load_marian``) undoes the permutation, so import(export(x)) has x's weights and config.
+(``model.interop.marian.load_marian``) undoes the permutation, so import(export(x)) has x's weights and config.
 Refused, each with one ``MarianExportError`` naming the field: learned positions, pre-LN
 (transformers' MarianMTModel is post-LN only), an untied output layer, a LayerNorm epsilon other
 than transformers' 1e-5.
@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import _DTYPES, load_checkpoint, load_metadata, unique_state_dict
-from .config import ModelConfig
-from .convert import _layer_map, attention_blocks, permute_residual, split_order
-from .tokenizer import Tokenizer, VocabTokenizer
-from .transformer import Transformer
+from ..checkpoint import WEIGHT_DTYPES, load_checkpoint, load_metadata, unique_state_dict
+from ..config import ModelConfig
+from ..tokenizer import Tokenizer, VocabTokenizer
+from ..transformer import Transformer
+from .marian import attention_blocks, layer_map, permute_residual, split_order
 
 ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 
@@ -109,7 +109,7 @@ def marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
         out["model.decoder.embed_tokens.weight"] = ours.pop("tgt_embed.tok.weight")
     for kind, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
         for i in range(n):
-            for mine, theirs in _layer_map(kind, i).items():
+            for mine, theirs in layer_map(kind, i).items():
                 out[theirs] = ours.pop(mine)
             blocks = attention_blocks(kind)
             for mine, theirs in blocks:
@@ -139,7 +139,7 @@ def _tokenizer_files(tok, out: Path) -> dict[str, dict[str, int]]:
 def export_marian(checkpoint: str | Path, out: str | Path, dtype: str = "float32") -> Path:
     """Write our checkpoint directory as a MarianMT directory ``out`` (weights stored in ``dtype``).
     Raises MarianExportError for a model Marian cannot express, FileNotFoundError for a missing file."""
-    model, tok, _ = load_checkpoint(checkpoint, pack=False)
+    model, tok, _ = load_checkpoint(checkpoint)
     cfg = model.cfg
     check_exportable(cfg)
     weights = marian_weights(model)
@@ -159,7 +159,7 @@ def export_marian(checkpoint: str | Path, out: str | Path, dtype: str = "float32
     for name, data in files.items():
         (out / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     from safetensors.torch import save_file
-    torch_dtype = _DTYPES[dtype]
+    torch_dtype = WEIGHT_DTYPES[dtype]
     save_file({k: v.to(torch_dtype) for k, v in weights.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o644)        # safetensors writes 0600; the other files are 0644

@@ -4,7 +4,7 @@ One slot holds one hypothesis: its decoder self-attention keys/values (one posit
 in place) and its encoder-decoder (cross) attention keys/values (written once at prefill). Slots are
 independent, so sequences of different requests at different positions share one cache. Offline
 decoding uses it (sized for its batch); the serving engine uses its paged subclass
-(``model/paged_cache.py``), whose memory follows the tokens actually held.
+(``model/inference/paged_cache.py``), whose memory follows the tokens actually held.
 """
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from .attention import packed_positions
-from .attention_plan import AttentionPlan, CacheAttention, shared_sources
+from .attention_plan import AttentionPlan, CacheAttention, packed_positions, shared_sources
 from .slots import CacheFullError, SlotPool
 
 __all__ = ["CacheFullError", "KVCache"]
@@ -111,7 +110,7 @@ class KVCache:
         self.src_len.index_copy_(0, slots, self.src_len.index_select(0, owners))
 
     def kernel_ok(self) -> bool:
-        """Whether packed decode attention runs the compiled kernel (``model.kernels``): a CPU cache
+        """Whether packed decode attention runs the compiled kernel (``model.inference.kernels``): a CPU cache
         in float32/float64 where the kernel could be built (decided once, at the first step)."""
         if self._kernel is None:
             self._kernel = kernels.applies(self.self_k.device, self.self_k.dtype)

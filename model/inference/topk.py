@@ -12,7 +12,7 @@ TOPK_CHUNK = 64  # vocabulary entries per chunk of ``row_topk``
 def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``x.topk(k, dim=-1)`` of a [N, V] matrix (values descending), cheaper for small k and large V.
 
-    On CPU (float32/float64) the compiled kernel (``model.kernels.topk_op``) reads each row once,
+    On CPU (float32/float64) the compiled kernel (``model.inference.kernels.topk_op``) reads each row once,
     keeping a sorted list of the k best (ties go to the lower index, as in ``torch.topk`` here).
     Otherwise: the k largest entries of a row lie in the k chunks (of TOPK_CHUNK entries) with the
     largest maxima: any other chunk's maximum is at most the k-th largest of those. So chunk maxima (a
@@ -24,7 +24,7 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     N, V = x.shape
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and 1 <= k <= V:
         compiled = kernels.topk_op()
-        if compiled is not None:  # one pass per row (``model/csrc/row_topk.cpp``)
+        if compiled is not None:  # one pass per row (``model/inference/csrc/row_topk.cpp``)
             v, i = compiled(x, k)
             return v, i
     C = TOPK_CHUNK

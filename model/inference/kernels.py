@@ -6,13 +6,13 @@ the indirect cache of beam search). In eager PyTorch the same computation gather
 new tensor and multiplies it elementwise several times; the kernel reads each key once
 (``python -m service.bench_engine`` shows the effect end to end).
 ``quantize_rows`` and ``dequantize`` (``csrc/int8_linear.cpp``) are the two elementwise halves of
-the int8 linear layers (``model/linear.py``), one pass each instead of five or six;
+the int8 linear layers (``model/inference/linear.py``), one pass each instead of five or six;
 ``int8_linear_vnni`` is a whole int8 layer in one call, any number of rows (AVX-512 VNNI CPUs only;
 the same bits as the three-call path); ``int8_linear_avx2`` the same on AVX2 CPUs without VNNI, where
 oneDNN's int8 product behind ``torch._int_mm`` can be tens of times slower than float32. ``row_topk``
 (``csrc/row_topk.cpp``) is the per-row top-k of beam search's candidates in one pass over each row.
 ``decoder_layer_step`` (``csrc/decoder_step.cpp``) is one decoder layer of a decode step in one call
-(``model/fused_step.py``).
+(``model/inference/fused_step.py``).
 
 Every compiled function releases the GIL while it runs (as PyTorch's own operators do), so that a
 serving process's event loop keeps running during a long kernel call on the engine's thread.
@@ -278,7 +278,7 @@ def rank_beams_op() -> Optional[Callable]:
     """The compiled ``rank_beams(top_v [N, W], top_i [N, W], prefix [R] float64, first [S], count [S],
     beam [S]) -> (log_probs [S, T], parents [S, T], tokens [S, T])`` (sentence s: rows first[s] ..
     first[s] + count[s] - 1, their hypotheses' log-probs the next count[s] of prefix, R = sum(count)):
-    every sentence's best min(2k, all) beam candidates ranked as ``model.search.BeamSearch`` ranks one
+    every sentence's best min(2k, all) beam candidates ranked as ``model.inference.search.BeamSearch`` ranks one
     sentence's (``csrc/row_topk.cpp``), or None (see ``_module``;
     ``_loaded["topk"] = None`` switches it off with ``row_topk``)."""
     if "topk" in _loaded and _loaded["topk"] is None:
@@ -315,13 +315,13 @@ def int8_linear_kernel() -> Optional[Callable]:
 
 
 def decoder_step_op() -> Optional[Callable]:
-    """The compiled ``decoder_layer_step`` (one decoder layer of a decode step, ``model/fused_step.py``),
+    """The compiled ``decoder_layer_step`` (one decoder layer of a decode step, ``model/inference/fused_step.py``),
     or None (see ``_module``)."""
     return _op("decoder_step", "decoder_layer_step")
 
 
 def encoder_step_op() -> Optional[Callable]:
-    """The compiled ``encoder_layer_step`` (one encoder layer over a packed batch, ``model/fused_step.py``),
+    """The compiled ``encoder_layer_step`` (one encoder layer over a packed batch, ``model/inference/fused_step.py``),
     or None (see ``_module``; ``_loaded["decoder_step"] = None`` switches it off with the decoder's)."""
     if "decoder_step" in _loaded and _loaded["decoder_step"] is None:
         return None

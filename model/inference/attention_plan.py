@@ -9,10 +9,18 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from .attention import packed_positions, scaled_dot_product_attention
+from ..attention import scaled_dot_product_attention
 
 if TYPE_CHECKING:
     from .kv_cache import KVCache
+
+
+def packed_positions(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """For sequences of ``lengths`` [B] stored one after another (packed, N = sum(lengths) items):
+    the sequence of each item [N] and its position within that sequence [N]."""
+    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    first = torch.cumsum(lengths, 0) - lengths
+    return seq, torch.arange(seq.numel(), device=lengths.device) - first.index_select(0, seq)
 
 
 def contiguous_rows(slots: Tensor) -> Tensor | slice:
@@ -63,7 +71,7 @@ class AttentionPlan:
     position, for an indirect cache, or with ``kernel``) it is packed: row r attends over the cache rows
     ``key_index[starts[r]:starts[r + 1]]`` (NK = sum(lengths) keys in all), so a row at position 3
     batched with one at position 40 costs 3 keys, not 41, and no call is spent per group of lengths.
-    With ``kernel`` the compiled kernel (``model.kernels``) reads the keys in place; otherwise they are
+    With ``kernel`` the compiled kernel (``model.inference.kernels``) reads the keys in place; otherwise they are
     gathered into one [NK, H, Dh] block and ``row_of_key`` [NK] and ``pad_index`` [NK]
     (= row * T + position) map each key to its row and to a padded [R, T] score grid.
     A paged cache (``PagedKVCache``) passes ``table`` [N_slots, blocks per slot] and ``block_size``:

@@ -1,10 +1,10 @@
 // Per row, the k largest entries of a [N, V] matrix (values descending, ties to the lower index) in
 // one pass over the row: a candidate is compared with the current k-th best, and only the rare ones
 // above it are inserted into a small sorted list. Beam search needs the top 2k of 8k log-probs per
-// hypothesis; torch.topk (or chunk maxima + topk, model/decoding.py's eager path) reads each row
+// hypothesis; torch.topk (or chunk maxima + topk, model/inference/step.py's eager path) reads each row
 // several times. Each row is computed by itself, so the result does not depend on the other rows.
 //
-// Built with decode_attention.cpp into one extension by model/kernels.py.
+// Built with decode_attention.cpp into one extension by model/inference/kernels.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -144,7 +144,7 @@ std::vector<torch::Tensor> row_topk(torch::Tensor x, int64_t k) {
   return {values, ids};
 }
 
-// Beam search's ranking of many sentences at once (model/search.py's rank_candidates; the python
+// Beam search's ranking of many sentences at once (model/inference/search.py's rank_candidates; the python
 // sort of BeamSearch._beam_step is the reference): sentence s owns rows first[s] .. first[s] +
 // count[s] - 1 of top_v/top_i (its alive hypotheses, whose log-probs are the next count[s] entries of
 // prefix) and reads the first w = min(2k, W) columns of each; candidate = (prefix + top_v[row, j] in

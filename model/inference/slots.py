@@ -3,7 +3,7 @@
 A slot is one row of the KV cache and holds one hypothesis. ``KVCache`` owns a ``SlotPool``
 (``cache.slots``); offline ``generate`` allocates a beam's slots from it, and the serving engine hands
 it to its scheduler, which allocates at admission and frees when a request finishes.
-``BlockPool`` adds the fixed-size blocks of a paged cache (``model/paged_cache.py``): the serving
+``BlockPool`` adds the fixed-size blocks of a paged cache (``model/inference/paged_cache.py``): the serving
 engine's scheduler admits by free blocks and preempts when they run out.
 Plain Python (no torch), so the scheduler and its tests can use it without a model.
 """

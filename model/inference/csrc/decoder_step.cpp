@@ -1,6 +1,6 @@
 // One decoder layer of an incremental decoding step (Vaswani et al., 2017, section 3.1: masked
 // self-attention, encoder-decoder attention, FFN, each in a residual connection with layer norm)
-// in one compiled call, over a KV cache read through packed key indices (model/attention_plan.py);
+// in one compiled call, over a KV cache read through packed key indices (model/inference/attention_plan.py);
 // and one encoder layer (self-attention within each sentence, FFN) over a packed batch of sentences.
 //
 // A step of a few rows is mostly fixed cost in eager PyTorch: a layer is ~20 operators, each a
@@ -9,7 +9,7 @@
 // same int8 (int8_linear.cpp) or oneDNN float32 products, the same attention kernel
 // (decode_attention.cpp), ATen's layer_norm, add and activation on the same values in the same
 // order, so the result is the same, bit for bit, as MultiHeadAttention / DecoderLayer with
-// CacheAttention hooks (model/fused_step.py checks it once, tests/test_fused_step.py for many shapes).
+// CacheAttention hooks (model/inference/fused_step.py checks it once, tests/test_fused_step.py for many shapes).
 #include <torch/extension.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -32,7 +32,7 @@ namespace {
 
 constexpr int64_t kLinearParams = 6;   // tensors per linear layer in ``params``
 
-// oneDNN's prepacked float32 linear (torch.ops.mkldnn._linear_pointwise), as model/linear.py calls it.
+// oneDNN's prepacked float32 linear (torch.ops.mkldnn._linear_pointwise), as model/inference/linear.py calls it.
 torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -47,7 +47,7 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
 // x [M, in] float32 -> [M, out] float32 through linear ``i`` of params: six tensors each,
 // int8: {weight [in, out] column-major view, the same row-major, the compiled kernel's weight
 // (kernels.vnni_weight) or empty, its offset or empty,
-// per-feature scale [out], bias [out]} (model/linear.py PackedWeight); float32: {oneDNN weight, 4 x empty, bias}.
+// per-feature scale [out], bias [out]} (model/inference/linear.py PackedWeight); float32: {oneDNN weight, 4 x empty, bias}.
 torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& p, int64_t i, int64_t small_rows) {
   const torch::Tensor& w = p[i * kLinearParams];
   const torch::Tensor& bias = p[i * kLinearParams + 5];
@@ -62,7 +62,7 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& p
 }
 
 // Cross-attention reads each source once: rows -> [U sources x k hypotheses] queries and back
-// (as model/attention_plan.py CacheAttention with ``share``). Returns {out [N, H * Dh]} or, with
+// (as model/inference/attention_plan.py CacheAttention with ``share``). Returns {out [N, H * Dh]} or, with
 // need_weights, {out, weights [N, H, max_len]} (zero past each row's own keys).
 std::vector<torch::Tensor> attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   const torch::Tensor& key_index, const torch::Tensor& starts, int64_t max_len,
@@ -134,7 +134,7 @@ struct Layer {
 // params: 7 linears (self W_Q, W_KV, W_O; cross W_Q, W_O; FFN W1, W2) x 6 tensors, then the three
 // layer norms' weight and bias. self_k / self_v, cross_k / cross_v: the layer's cache buffers (any
 // shape ending in [H, Dh], contiguous); write_at [N]: where this step's keys go, in rows of [*, H, Dh];
-// *_key_index / *_starts / *_max_len: the packed plans (model/attention_plan.py AttentionPlan);
+// *_key_index / *_starts / *_max_len: the packed plans (model/inference/attention_plan.py AttentionPlan);
 // share_flat [N] (with share_u sources x share_k hypotheses) or None: rows sharing a source.
 // Returns {x} or, with cross_weights, {x, the cross-attention weights [N, H, cross_max_len]}.
 std::vector<torch::Tensor> decoder_layer_step(torch::Tensor x, const std::vector<torch::Tensor>& params,

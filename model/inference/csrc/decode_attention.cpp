@@ -7,7 +7,7 @@
 // gathered key several times) by one pass over each key. Each row is computed by itself, in a fixed
 // order, so its result does not depend on which other rows share the call.
 //
-// Built on first use by model/kernels.py (torch.utils.cpp_extension); eager PyTorch is the fallback.
+// Built on first use by model/inference/kernels.py (torch.utils.cpp_extension); eager PyTorch is the fallback.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 

@@ -7,18 +7,18 @@ attention, residual adds, layer norms, the FFN), and each pays a Python call, a 
 dispatch of a few microseconds, more than its arithmetic at one row. The compiled layer runs the
 same operators on the same values in the same order (the same int8 or oneDNN products, the same
 attention kernel, ATen's layer norm), so it gives the same bits as the module path; it only drops
-the Python between them. ``decode_step`` (``model/decoding.py``) takes it whenever it applies:
+the Python between them. ``decode_step`` (``step.py``) takes it whenever it applies:
 
 - CPU inference (no gradient, eval mode) on a KV cache whose plan reads keys with the compiled
   attention kernel (``AttentionPlan.kernel``), no attention weights asked for but cross-attention's
   (the service asks for those to place protected spans: one such sentence used to put a whole step
   on the module path);
-- every decoder linear layer prepacked int8 or float32 (``Transformer.pack_for_inference``) and still
+- every decoder linear layer prepacked int8 or float32 (``linear.pack_for_inference``) and still
   valid for its weight; bfloat16 and unpacked models take the module path;
 - the compiled kernels available (``MT_CPU_KERNELS`` not 0; ``MT_FUSED_STEP=0`` turns off this path
   alone).
 
-``Transformer.encode_packed`` (prefill's encoder, packed sentences) likewise runs each encoder layer in
+``prefill.encode_packed`` (prefill's encoder, packed sentences) likewise runs each encoder layer in
 one call (``encode_packed`` here) under the same conditions.
 
 ``tests/test_fused_step.py`` compares the two paths bit for bit (greedy and beam, contiguous and
@@ -34,7 +34,7 @@ from torch import Tensor
 
 from . import kernels
 from .attention_plan import CacheAttention
-from .linear import PackedWeight
+from .linear import PackedWeight, output_logits
 
 __all__ = ["decode_logits", "enabled", "encode_packed", "layer_params"]
 
@@ -50,7 +50,7 @@ def enabled() -> bool:
 def _linear_params(m) -> Optional[list[Tensor]]:
     """The six tensors of one linear layer for ``decoder_layer_step`` (see ``csrc/decoder_step.cpp``),
     or None when its prepacked copy is missing, stale or bfloat16."""
-    p: Optional[PackedWeight] = m.packed
+    p: Optional[PackedWeight] = getattr(m, "packed", None)   # None: a plain nn.Linear
     if p is None or not p.valid_for(m.weight) or p.dtype == torch.bfloat16:
         return None
     bias = _EMPTY if m.bias is None else m.bias.detach()
@@ -95,7 +95,7 @@ def _stack_params(model, stack: str) -> Optional[list[list[Tensor]]]:
     if stack not in cache:   # the layers' structure is fixed: their linear layers are listed once
         cache[stack] = ([m for layer in layers for m in _linears(layer)], None, None)
     linears, key, value = cache[stack]
-    now = [(m.packed, m.weight._version) for m in linears]   # PackedWeight: compared by identity
+    now = [(getattr(m, "packed", None), m.weight._version) for m in linears]   # PackedWeight: compared by identity
     if now != key:
         params = [layer_params(layer) for layer in layers]
         value = None if any(p is None for p in params) else params
@@ -109,7 +109,7 @@ def _int8_rows() -> int:
 
 
 def encode_packed(model, x: Tensor, attend) -> Optional[Tensor]:
-    """The encoder layers of ``Transformer.encode_packed`` with each layer in one compiled call: x [NT,
+    """The encoder layers of ``prefill.encode_packed`` with each layer in one compiled call: x [NT,
     d_model] embedded tokens of a packed batch, ``attend`` its ``PackedSelfAttention`` -> [NT, d_model]
     before the final norm, the same bits as the module path; None where the compiled step does not
     apply (see the module docstring)."""
@@ -174,4 +174,4 @@ def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tens
         x = out[0]
         if cross is not None:
             cross.append(out[1])
-    return model.logits(model.dec_norm(x)), cross
+    return output_logits(model, model.dec_norm(x)), cross

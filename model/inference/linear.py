@@ -1,8 +1,10 @@
 """Linear layers with a copy of the weight prepared for CPU inference: int8 (the default), or float32
 or bfloat16 in oneDNN's prepacked layout.
 
-``Transformer.pack_for_inference()`` prepares every weight once (``load_checkpoint`` does it); the
-copy is used only when no gradient is needed, on fp32 CPU inputs, and only while the weight is the
+``pack_for_inference(model)`` is a module-swap pass (as gpt-fast quantizes): every ``nn.Linear`` of
+the model becomes a ``PackedLinear`` with the same parameters and state-dict keys, and the shared
+output projection gets its own prepared copy (``output_logits``). ``model.load.load_model`` runs it;
+the network itself (``model/transformer.py``) knows nothing of it. The prepared copy is used only when no gradient is needed, on fp32 CPU inputs, and only while the weight is the
 one that was prepared (an optimizer step or ``load_state_dict`` changes its version, and the plain
 float32 path takes over). Training, float64 and CUDA always use the plain path. The dtype comes from
 ``MT_LINEAR_DTYPE`` (int8, float32 or bfloat16), else int8.
@@ -28,6 +30,7 @@ batch it shares.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Optional
 
 import torch
@@ -144,10 +147,20 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], packed: Opt
     return F.linear(x, weight, bias)
 
 
-class Linear(nn.Linear):
+class PackedLinear(nn.Linear):
     """``nn.Linear`` (same parameters and state-dict keys) that can use a prepacked weight."""
 
     packed: Optional[PackedWeight] = None
+
+    @classmethod
+    def swap(cls, linear: nn.Linear) -> "PackedLinear":
+        """A PackedLinear sharing ``linear``'s weight and bias Parameters (nothing is copied)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias
+        new.train(linear.training)
+        return new
 
     def pack(self, dtype: torch.dtype = torch.float32) -> bool:
         """Prepack the weight (in ``dtype``) for CPU inference; returns whether the packed path is active."""
@@ -167,3 +180,92 @@ class Linear(nn.Linear):
         if packed is not None and packed.applies(x, weight):   # packed_linear, one call fewer per layer
             return packed(x, self.bias)
         return F.linear(x, weight, self.bias)
+
+
+# The prepared copy of each model's shared output projection (the target embedding matrix, which is
+# no nn.Linear to swap): kept beside the model, not on it, so the network stays as defined.
+_OUTPUT: "weakref.WeakKeyDictionary[nn.Module, PackedWeight]" = weakref.WeakKeyDictionary()
+
+
+def _swap_linears(model: nn.Module, to_packed: bool) -> list[nn.Linear]:
+    """Replace every nn.Linear child by a PackedLinear sharing its parameters (or back); returns the
+    model's linear modules after the swap."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if to_packed and type(child) is nn.Linear:
+                setattr(parent, name, PackedLinear.swap(child))
+            elif not to_packed and isinstance(child, PackedLinear):
+                plain = nn.Linear.__new__(nn.Linear)
+                nn.Module.__init__(plain)
+                plain.in_features, plain.out_features = child.in_features, child.out_features
+                plain.weight, plain.bias = child.weight, child.bias
+                plain.train(child.training)
+                setattr(parent, name, plain)
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def _resolve_dtype(dtype) -> torch.dtype:
+    if dtype is None:
+        return default_dtype()
+    if isinstance(dtype, str):
+        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16, "int8": torch.int8}
+        if dtype.strip().lower() not in names:
+            raise ValueError(f"packed linear dtype must be float32, bfloat16 or int8, got {dtype!r}")
+        return names[dtype.strip().lower()]
+    if dtype not in PACKED_DTYPES:
+        raise ValueError(f"packed linear dtype must be float32, bfloat16 or int8, got {dtype}")
+    return dtype
+
+
+def pack_for_inference(model: nn.Module, dtype: "torch.dtype | str | None" = None, enabled: bool = True) -> bool:
+    """Swap every linear layer of ``model`` (a ``Transformer``) for a ``PackedLinear`` and prepare
+    its weight for oneDNN CPU inference, plus the shared output projection (``output_logits``).
+    A no-op off CPU, off fp32 or without oneDNN. Returns whether packing is active.
+    ``enabled=False`` swaps the plain layers back and drops the prepared copies. ``dtype``: int8,
+    float32 or bfloat16 (a torch dtype or its name; default ``MT_LINEAR_DTYPE``, else int8).
+    Raises ValueError for another dtype."""
+    dtype = _resolve_dtype(dtype)
+    _OUTPUT.pop(model, None)
+    if not enabled:
+        _swap_linears(model, to_packed=False)
+        return False
+    linears = _swap_linears(model, to_packed=True)
+    ok = all([m.pack(dtype) for m in linears])
+    tied = getattr(model, "out_proj", None) is None
+    if ok and tied and PackedWeight.usable(model.tgt_embed.tok.weight):
+        try:
+            _OUTPUT[model] = PackedWeight(model.tgt_embed.tok.weight, dtype)
+        except (RuntimeError, AttributeError):
+            ok = False
+    elif tied:
+        ok = False
+    if not ok:
+        for m in linears:
+            m.unpack()
+        _OUTPUT.pop(model, None)
+        if dtype != torch.float32 and PackedWeight.usable(model.tgt_embed.tok.weight):
+            # e.g. a torch build without the int8 or bf16 kernels: prepacked float32 instead
+            return pack_for_inference(model, torch.float32)
+    return ok
+
+
+def packed_output(model: nn.Module) -> Optional[PackedWeight]:
+    """The prepared copy of ``model``'s shared output projection, or None."""
+    return _OUTPUT.get(model)
+
+
+def output_logits(model: nn.Module, x: Tensor) -> Tensor:
+    """The output projection of ``model`` (``Transformer.logits``) on x [..., d_model] -> [..., vocab_size],
+    through the prepared copy of the shared embedding matrix when ``pack_for_inference`` made one."""
+    packed = _OUTPUT.get(model)
+    if packed is not None and model.out_proj is None:
+        return packed_linear(x, model.tgt_embed.tok.weight, model.logits_bias, packed)
+    return model.logits(x)
+
+
+def linear_dtype(model: nn.Module) -> str:
+    """The arithmetic of the model's linear layers at inference: "int8", "bfloat16" or "float32" when
+    prepared (``pack_for_inference``), else the parameters' dtype (e.g. "float32" on CUDA)."""
+    packed = next((m.packed for m in model.modules() if isinstance(m, PackedLinear) and m.packed is not None), None)
+    return str(packed.dtype if packed is not None else next(model.parameters()).dtype).removeprefix("torch.")

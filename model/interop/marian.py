@@ -1,0 +1,332 @@
+"""Import of MarianMT directories (OPUS-MT) into this project's model.
+
+A MarianMT directory (as ``transformers``' ``save_pretrained`` writes it, and as the OPUS-MT models
+are published) holds ``config.json`` (``model_type: marian``), ``model.safetensors`` or
+``pytorch_model.bin`` (read with ``weights_only=True``), ``source.spm``, ``target.spm``,
+``vocab.json`` and ``tokenizer_config.json``. The architecture is ours (encoder-decoder, post-LN,
+sinusoidal positions); what differs from the paper maps onto ``ModelConfig`` fields: the FFN
+activation (``swish``), the sinusoid layout (sines then cosines), ``scale_embedding``,
+``final_logits_bias``, the decoder start token (the pad token) and special ids from ``vocab.json``.
+A bad directory raises ``MarianImportError`` naming the file or field. Export: ``marian_export.py``;
+the command line: ``python -m model.convert``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..checkpoint import save_checkpoint, unique_state_dict
+from ..config import ACTIVATIONS, ModelConfig
+from ..tokenizer import VocabTokenizer
+from ..transformer import Transformer
+
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+SPECIALS = {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"}   # VocabTokenizer argument -> default piece
+
+
+class MarianImportError(ValueError):
+    """A MarianMT directory this importer cannot read; the message names the file or field."""
+
+
+def is_marian_dir(directory: str | Path) -> bool:
+    """Whether ``directory/config.json`` is a transformers MarianMT config (``model_type: marian``)."""
+    try:
+        return json.loads((Path(directory) / "config.json").read_text()).get("model_type") == "marian"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        raise MarianImportError(f"{path}: missing")
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MarianImportError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(out, dict):
+        raise MarianImportError(f"{path}: expected a JSON object")
+    return out
+
+
+def split_order(d_model: int) -> torch.Tensor:
+    """[d_model] index from the interleaved sinusoid layout to the split one: dimension k of the split
+    layout is dimension ``order[k]`` of ours (the even dimensions, sines, then the odd, cosines)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+_READS_STREAM = (".tok.weight", "out_proj.weight", ".w_q.weight", ".w_kv.weight", ".w1.weight", "pos.weight")
+_WRITES_STREAM = (".w_o.weight", ".w2.weight")
+_STREAM_VECTORS = (".w_o.bias", ".w2.bias", "norm.weight", "norm.bias")
+_OTHER = (".w_q.bias", ".w_kv.bias", ".w1.bias", "logits_bias")
+
+
+def permute_residual(state: dict[str, torch.Tensor], order: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Our state dict with the residual stream's dimensions reordered (new dimension k = old
+    ``order[k]``): an exact symmetry of the model (LayerNorm does not depend on the order; logits
+    are dot products with the tied embedding). Raises KeyError for a parameter it does not know."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith(_READS_STREAM):
+            out[name] = t[:, order]              # [out, d_model]: input columns
+        elif name.endswith(_WRITES_STREAM):
+            out[name] = t[order, :]              # [d_model, in]: output rows
+        elif name.endswith(_STREAM_VECTORS):
+            out[name] = t[order]
+        elif name.endswith(_OTHER):
+            out[name] = t
+        else:
+            raise KeyError(f"permute_residual: unknown parameter {name!r}")
+    return out
+
+
+def marian_config(hf: dict, where: str = "config.json") -> ModelConfig:
+    """Our ModelConfig for a transformers MarianConfig dict. Raises MarianImportError for another
+    architecture or a setting this model does not implement (named by its field)."""
+    if hf.get("model_type") != "marian":
+        raise MarianImportError(f"{where}: model_type is {hf.get('model_type')!r}, not 'marian' "
+                                f"(architectures {hf.get('architectures')})")
+
+    def field(name, default=None):
+        if name not in hf and default is None:
+            raise MarianImportError(f"{where}: field {name!r} is missing")
+        return hf.get(name, default)
+
+    checks = [("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")]
+    for a, b in checks:
+        if field(a) != field(b):
+            raise MarianImportError(f"{where}: {a} ({hf[a]}) != {b} ({hf[b]}) is not supported")
+    act = field("activation_function")
+    if act not in ACTIVATIONS:
+        raise MarianImportError(f"{where}: activation_function {act!r} is not supported (choose from {ACTIVATIONS})")
+    unsupported = {"normalize_before": True, "tie_word_embeddings": False,
+                   "static_position_embeddings": False, "add_bias_logits": True, "normalize_embedding": True,
+                   "add_final_layer_norm": True}
+    for name, bad in unsupported.items():
+        if hf.get(name) is bad:
+            why = (" (transformers' MarianMTModel ignores it and runs post-LN: no reference to import against)"
+                   if name == "normalize_before" else "")
+            raise MarianImportError(f"{where}: {name}={json.dumps(bad)} is not supported{why}")
+    vocab, shared = field("vocab_size"), hf.get("share_encoder_decoder_embeddings", True)
+    if shared and hf.get("decoder_vocab_size") not in (None, vocab):
+        raise MarianImportError(f"{where}: decoder_vocab_size ({hf['decoder_vocab_size']}) differs from vocab_size "
+                                f"({vocab}) with share_encoder_decoder_embeddings=true")
+    ours = hf.get("exported_from") if isinstance(hf.get("exported_from"), dict) else {}   # our export's marker
+    try:
+        return ModelConfig(
+            vocab_size=vocab, d_model=field("d_model"), n_heads=hf["encoder_attention_heads"],
+            d_ff=hf["encoder_ffn_dim"], n_encoder_layers=field("encoder_layers"),
+            n_decoder_layers=field("decoder_layers"), dropout=float(hf.get("dropout", 0.0)),
+            attention_dropout=float(hf.get("attention_dropout", 0.0)), activation=act, positional="sinusoidal",
+            sinusoid_layout=ours.get("sinusoid_layout", "split"), scale_embedding=bool(field("scale_embedding", False)),
+            max_len=field("max_position_embeddings"), final_logits_bias=True, share_embeddings=shared,
+            tie_target_output=not shared, tgt_vocab_size=0 if shared else field("decoder_vocab_size"),
+            pad_id=field("pad_token_id"), eos_id=field("eos_token_id"),
+            bos_id=field("decoder_start_token_id", hf.get("pad_token_id")), unk_id=1)
+    except (TypeError, ValueError) as e:
+        raise MarianImportError(f"{where}: {e}") from None
+
+
+def read_marian_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The state dict of ``model.safetensors`` (preferred) or ``pytorch_model.bin`` (unpickled with
+    ``weights_only=True``: tensors only), with the file name. Raises MarianImportError."""
+    st, pt = directory / "model.safetensors", directory / "pytorch_model.bin"
+    try:
+        if st.exists():
+            from safetensors.torch import load_file
+            return load_file(str(st)), st.name
+        if pt.exists():
+            return torch.load(str(pt), map_location="cpu", weights_only=True), pt.name
+    except Exception as e:  # noqa: BLE001 - any unreadable weights file is one clear error
+        raise MarianImportError(f"{st if st.exists() else pt}: cannot read weights ({type(e).__name__}: {e})") from None
+    raise MarianImportError(f"{directory}: no model.safetensors or pytorch_model.bin")
+
+
+def attention_blocks(kind: str) -> list[tuple[str, str]]:
+    """(our attention module, transformers' Marian module) of an encoder or decoder layer."""
+    return [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if kind == "decoder" else [])
+
+
+def layer_map(kind: str, i: int) -> dict[str, str]:
+    """Our parameter names -> transformers' for layer i of the encoder or decoder (q/k/v separate
+    there, K and V fused in our ``w_kv``: handled by the caller)."""
+    src, dst = f"model.{kind}.layers.{i}.", f"{kind}.{i}."
+    attn = {"w_q": "q_proj", "w_o": "out_proj"}
+    out = {}
+    blocks = attention_blocks(kind)
+    for ours, theirs in blocks:
+        for a, b in attn.items():
+            for p in ("weight", "bias"):
+                out[f"{dst}{ours}.{a}.{p}"] = f"{src}{theirs}.{b}.{p}"
+    norms = (["self_attn_layer_norm", "final_layer_norm"] if kind == "encoder"
+             else ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"])
+    our_norms = ["res1", "res2"] if kind == "encoder" else ["res.0", "res.1", "res.2"]
+    for ours, theirs in zip(our_norms, norms):
+        for p in ("weight", "bias"):
+            out[f"{dst}{ours}.norm.{p}"] = f"{src}{theirs}.{p}"
+    for ours, theirs in (("w1", "fc1"), ("w2", "fc2")):
+        for p in ("weight", "bias"):
+            out[f"{dst}ffn.{ours}.{p}"] = f"{src}{theirs}.{p}"
+    return out
+
+
+def marian_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig, where: str,
+                      source_order: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+    """Our unique state dict (``checkpoint.unique_state_dict`` names) from a transformers MarianMTModel
+    state dict; ``source_order`` [vocab_size]: our source id -> theirs (separate vocabularies only).
+    Raises MarianImportError naming a missing tensor."""
+    def get(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise MarianImportError(f"{where}: tensor {name!r} is missing")
+        return hf[name].float()
+
+    def first(names: tuple[str, ...]) -> torch.Tensor:
+        found = next((hf[n] for n in names if n in hf), None)
+        if found is None:
+            raise MarianImportError(f"{where}: no embedding matrix ({names[0]})")
+        return found.float()
+
+    enc, dec = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
+    out = {"logits_bias": get("final_logits_bias").reshape(-1) if "final_logits_bias" in hf
+           else torch.zeros(cfg.target_vocab_size)}
+    if cfg.share_embeddings:
+        out["src_embed.tok.weight"] = first(("model.shared.weight", enc, dec, "lm_head.weight"))
+    else:  # separate vocabularies: the output layer is the decoder's embedding (tie_word_embeddings)
+        out["src_embed.tok.weight"] = first((enc, "model.shared.weight"))[source_order]
+        out["tgt_embed.tok.weight"] = first((dec, "lm_head.weight"))
+    for kind, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
+        for i in range(n):
+            for ours, theirs in layer_map(kind, i).items():
+                out[ours] = get(theirs)
+            blocks = attention_blocks(kind)
+            for ours, theirs in blocks:
+                for p in ("weight", "bias"):
+                    k, v = (get(f"model.{kind}.layers.{i}.{theirs}.{x}_proj.{p}") for x in "kv")
+                    out[f"{kind}.{i}.{ours}.w_kv.{p}"] = torch.cat([k, v])
+    return out
+
+
+def _special(tok_cfg: dict, field: str, default: str) -> str:
+    """A special token's piece from tokenizer_config.json (a string or an AddedToken dict)."""
+    piece = tok_cfg.get(field, default)
+    return piece.get("content", default) if isinstance(piece, dict) else piece
+
+
+def _vocab(path: Path, size: int, size_field: str) -> dict[str, int]:
+    """A vocabulary file (piece -> id), checked: ids 0..n-1 once each, n = config.json ``size_field``."""
+    vocab = _read_json(path)
+    ids = sorted(vocab.values()) if all(isinstance(i, int) for i in vocab.values()) else None
+    if ids != list(range(len(vocab))):
+        raise MarianImportError(f"{path}: ids must be the integers 0..{len(vocab) - 1}, each once")
+    if len(vocab) != size:
+        raise MarianImportError(f"{path}: {len(vocab)} entries, but config.json {size_field} is {size}")
+    return vocab
+
+
+def _specials(path: Path, vocab: dict[str, int], cfg: ModelConfig, tok_cfg: dict) -> dict[str, str]:
+    """The eos/unk/pad pieces (tokenizer_config.json, default ``</s>``, ``<unk>``, ``<pad>``), each in
+    the target vocabulary at config.json's eos_token_id / pad_token_id; sets ``cfg.unk_id``."""
+    pieces = {k: _special(tok_cfg, f"{k}_token", v) for k, v in SPECIALS.items()}
+    for k, piece in pieces.items():
+        if piece not in vocab:
+            raise MarianImportError(f"{path}: no {k}_token {piece!r}")
+        want = {"eos": cfg.eos_id, "pad": cfg.pad_id}.get(k)
+        if want is not None and vocab[piece] != want:
+            raise MarianImportError(f"{path}: {piece!r} has id {vocab[piece]}, but config.json {k}_token_id is {want}")
+    cfg.unk_id = vocab[pieces["unk"]]
+    return pieces
+
+
+def _align_source(path: Path, source: dict[str, int], cfg: ModelConfig, pieces: dict[str, str]
+                  ) -> tuple[dict[str, int], torch.Tensor]:
+    """A separate source vocabulary renumbered so that its eos and pad have the target's ids (one
+    eos id is appended to sources, one pad id pads them): (vocabulary, order [V_src]: our id -> theirs)."""
+    order = list(range(len(source)))
+    for k, want in (("eos", cfg.eos_id), ("pad", cfg.pad_id)):
+        if pieces[k] not in source:
+            raise MarianImportError(f"{path}: no {k}_token {pieces[k]!r}")
+        if want >= len(source):
+            raise MarianImportError(f"{path}: {len(source)} entries, too few for the target's {k} id {want}")
+        have = order.index(source[pieces[k]])
+        order[want], order[have] = order[have], order[want]
+    inverse = {theirs: ours for ours, theirs in enumerate(order)}
+    return {p: inverse[i] for p, i in source.items()}, torch.tensor(order)
+
+
+def read_vocabularies(d: Path, cfg: ModelConfig, tok_cfg: dict
+                      ) -> tuple[dict[str, int], Optional[dict[str, int]], dict[str, str], Optional[torch.Tensor]]:
+    """(source vocabulary, separate target vocabulary or None, special pieces, source order or None)."""
+    separate = bool(tok_cfg.get("separate_vocabs", False))
+    if separate == cfg.share_embeddings:
+        raise MarianImportError(f"{d / 'tokenizer_config.json'}: separate_vocabs={json.dumps(separate)} but "
+                                f"config.json share_encoder_decoder_embeddings={json.dumps(cfg.share_embeddings)}")
+    source = _vocab(d / "vocab.json", cfg.vocab_size, "vocab_size")
+    if not separate:
+        return source, None, _specials(d / "vocab.json", source, cfg, tok_cfg), None
+    target = _vocab(d / "target_vocab.json", cfg.target_vocab_size, "decoder_vocab_size")
+    pieces = _specials(d / "target_vocab.json", target, cfg, tok_cfg)
+    source, order = _align_source(d / "vocab.json", source, cfg, pieces)
+    return source, target, pieces, order
+
+
+def load_marian(directory: str | Path) -> tuple[Transformer, VocabTokenizer, dict]:
+    """(model in float32 eval mode, unpacked; tokenizer; metadata) of a MarianMT directory.
+    Raises MarianImportError naming the file or field that is missing or inconsistent."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise MarianImportError(f"{d}: not a directory")
+    hf = _read_json(d / "config.json")
+    cfg = marian_config(hf, str(d / "config.json"))
+    for name in TOKENIZER_FILES:
+        if not (d / name).exists():
+            raise MarianImportError(f"{d / name}: missing (a MarianMT directory needs {', '.join(TOKENIZER_FILES)})")
+    tok_cfg = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").exists() else {}
+    source, target, pieces, order = read_vocabularies(d, cfg, tok_cfg)
+    weights, wname = read_marian_weights(d)
+    state = marian_state_dict(weights, cfg, str(d / wname), order)
+    if cfg.sinusoid_layout == "interleaved":      # our export: undo its permutation to the split layout
+        state = permute_residual(state, torch.argsort(split_order(cfg.d_model)))
+    marker = hf.get("exported_from") if isinstance(hf.get("exported_from"), dict) else {}
+    if marker.get("final_logits_bias") is False and not state["logits_bias"].any():
+        cfg.final_logits_bias = False             # ours had none: the export wrote zeros
+        del state["logits_bias"]
+    model = Transformer(cfg)
+    expected = unique_state_dict(model)
+    with torch.no_grad():
+        for name, t in expected.items():
+            if tuple(state[name].shape) != tuple(t.shape):
+                raise MarianImportError(f"{d / wname}: {name} has shape {tuple(state[name].shape)}, but config.json "
+                                        f"implies {tuple(t.shape)}")
+            t.copy_(state[name])
+    try:
+        tok = VocabTokenizer(d / "source.spm", d / "target.spm", source, target, decoder_start_id=cfg.bos_id, **pieces)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise MarianImportError(f"{d}: cannot load source.spm / target.spm ({e})") from None
+    return model.eval(), tok, marian_metadata(d, tok_cfg)
+
+
+def marian_metadata(directory: Path, tok_cfg: Optional[dict] = None) -> dict:
+    """Our metadata of a MarianMT directory: its languages (``tokenizer_config.json``), where it came
+    from, the float32 dtype it loads in. Reads JSON only (``service/translator/card.py`` uses it)."""
+    d = Path(directory)
+    if tok_cfg is None:
+        tok_cfg = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").exists() else {}
+    meta = {"source_lang": tok_cfg.get("source_lang"), "target_lang": tok_cfg.get("target_lang"),
+            "imported_from": f"MarianMT directory {d.name}", "dtype": "float32"}
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def convert_marian(directory: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """Write a MarianMT directory as our checkpoint (config.json, model.safetensors in ``dtype``,
+    source.spm, target.spm, vocab.json (+ target_vocab.json with separate vocabularies, the source
+    renumbered as loaded), metadata.json). Raises MarianImportError."""
+    model, tok, meta = load_marian(directory)
+    d = Path(directory)
+    out = save_checkpoint(out, model, [d / "source.spm", d / "target.spm"], {**meta, "dtype": dtype}, dtype)
+    vocabs = {"vocab.json": tok.vocab} | ({"target_vocab.json": tok.target_vocab} if tok.target_vocab is not tok.vocab
+                                          else {})
+    for name, vocab in vocabs.items():
+        (out / name).write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    return out
