@@ -5,7 +5,7 @@
     python -m service.loadtest --rate 4 -d 20 --texts 1:4,3:1 --attention 0.1 --stream --json run.json
     python -m service.loadtest --sweep rate=1,2,4,8 -d 20 --plot sweep.png   # latency/throughput plot
     python -m service.loadtest --engine model/checkpoints/de-en -c 4 -d 10   # the engine alone, no HTTP
-    python -m service.loadtest report --out deploy/performance               # docs/performance.md figures
+    python -m service.loadtest report --out deploy/performance               # the load-test report
     python -m service.loadtest --compare-echo -c 32 -d 15 --beam-size 1      # service / echo app ratio
     python -m service.loadtest --compare-echo -c 32 -d 15 --beam-size 1 --rounds 3   # median of 3 rounds
     python -m service.loadtest soak                                          # 10,000 mixed requests, a replica killed
@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 from .config import DEFAULT_SENTENCES, DEFAULT_URL, LoadConfig
 from .generator import Progress, run_load, run_sweep
-from .markdown import DOCS_PERFORMANCE, SECTION_MARKER, report_markdown, update_section
+from .markdown import report_markdown
 from .plots import plot_sweep
 from .report import ReportPlan, run_report
 from .stats import format_summary, saturation
@@ -140,8 +140,9 @@ def _describe_saturation(sat: Optional[dict[str, Any]]) -> str:
 
 def build_report_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m service.loadtest report",
-                                 description="Measure the figures of docs/performance.md in one bounded run: starts "
-                                             "the service itself on a free 127.0.0.1 port (its own Ray instance).")
+                                 description="Measure the load-test report in one bounded run: starts the service "
+                                             "itself on a free 127.0.0.1 port (its own Ray instance) and writes "
+                                             "report.json, the plots and performance.md into --out.")
     from model.checkpoint import DEFAULT_CHECKPOINT
     ap.add_argument("--out", default="deploy/performance", help="plots, report.json, performance.md (default %(default)s)")
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="served model (default: the shipped one)")
@@ -150,12 +151,6 @@ def build_report_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget", type=float, default=ReportPlan.budget_s,
                     help="seconds by which every load run has ended, shortened or skipped if need be (default "
                          "%(default)g; with service start-up and shut-down the report stays under 15 minutes)")
-    docs = ap.add_mutually_exclusive_group()
-    docs.add_argument("--docs", "--readme", dest="docs", default=str(DOCS_PERFORMANCE), metavar="FILE",
-                      help="markdown file whose performance section (between the loadtest section markers) is "
-                           "replaced (default: docs/performance.md; --readme is the former name)")
-    docs.add_argument("--no-docs", dest="docs", action="store_const", const=None,
-                      help="write only into --out, no markdown file outside it")
     ap.add_argument("-q", "--quiet", action="store_true")
     return ap
 
@@ -167,18 +162,12 @@ def report_main(argv: Sequence[str]) -> int:
         ap.error("--scale and --budget must be > 0")
     if not (Path(args.checkpoint) / "config.json").exists():
         ap.error(f"--checkpoint {args.checkpoint}: no config.json there")
-    if args.docs and SECTION_MARKER not in (Path(args.docs).read_text() if Path(args.docs).is_file() else ""):
-        ap.error(f"--docs {args.docs}: no such file, or no {SECTION_MARKER!r} line in it")   # before any run
     out = Path(args.out)
     plan = ReportPlan(scale=args.scale, budget_s=args.budget)
     data = run_report(out, args.checkpoint, plan, args.quiet, args.sentences)
     command = "python -m service.loadtest report" + (" " + shlex.join(argv) if argv else "")
-    (out / "performance.md").write_text(report_markdown(data, out.resolve(), out.resolve(), command,
-                                                        heading="# Load-test report"))
-    if args.docs:
-        update_section(Path(args.docs), report_markdown(data, out.resolve(), Path(args.docs).resolve().parent, command))
-    print(f"report written to {out}/ (report.json, performance.md, plots)"
-          + (f" and {args.docs}" if args.docs else "") + f" in {data['elapsed_s'] / 60:.1f} min")
+    (out / "performance.md").write_text(report_markdown(data, command))
+    print(f"report written to {out}/ (report.json, performance.md, plots) in {data['elapsed_s'] / 60:.1f} min")
     return 0
 
 

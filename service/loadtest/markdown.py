@@ -1,16 +1,10 @@
-"""The report as markdown: the section of docs/performance.md between SECTION_MARKER and
-SECTION_END, with the date of the run and the exact commands that repeat each figure."""
+"""The load-test report as markdown: ``performance.md`` beside ``report.json`` and the plots (by
+default in deploy/performance/), with the date and machine of the run and the exact commands that
+repeat each figure. It is the only copy: docs/performance.md links to it, so no tool rewrites docs."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional
-
-SECTION_MARKER = "<!-- section: performance (loadtest) -->"
-SECTION_END = "<!-- /section: performance (loadtest) -->"
-DOCS_PERFORMANCE = Path(__file__).resolve().parents[2] / "docs" / "performance.md"   # the default target
-README_MARKER, README_END = SECTION_MARKER, SECTION_END   # former names (the section was in the README)
-
 
 def _ms(v: Optional[float]) -> str:
     return "n/a" if v is None else f"{v * 1000:.0f} ms"
@@ -26,15 +20,22 @@ def _describe_model(m: dict[str, Any]) -> str:
             f"{c.get('n_encoder_layers')}+{c.get('n_decoder_layers')} layers, vocabulary {c.get('vocab_size')})")
 
 
-def report_markdown(data: dict[str, Any], out: Path, docs_dir: Path, command: str, heading: str = "") -> str:
-    """The performance section for report data (plots linked relative to docs_dir): the date of the
-    run, the command that produced it, and the commands that repeat each figure against a running
-    service; subsections are level-3 headings, under ``heading`` when given (docs/performance.md
-    gives its own). Phases missing from data (out of time) are left out and named at the end."""
+def _describe_cpu(m: dict[str, Any]) -> str:
+    """The cores, the CPU model and its vector extensions (they decide which int8 kernel runs)."""
+    what = [m["cpu_model"]] if m.get("cpu_model") else []
+    if m.get("cpu_flags"):
+        what.append(", ".join(m["cpu_flags"]))
+    return f"{m['cpus']} CPU cores" + (f" ({'; '.join(what)})" if what else "")
+
+
+def report_markdown(data: dict[str, Any], command: str) -> str:
+    """The report for report data, to be written beside its plots (linked by file name): the date
+    and machine of the run, the command that produced it, and the commands that repeat each figure
+    against a running service. Phases missing from data (out of time) are left out and named at the end."""
     m, svc = data["machine"], data["service"]
-    lines = [heading, ""] if heading else []
+    lines = ["# Load-test report", ""]
     lines += [f"Measured on {m.get('date', 'an unrecorded date')} with the load generator (`python -m service.loadtest`) "
-              f"on {m['cpus']} CPU cores, {'a GPU' if m.get('cuda') else 'no GPU'}, load average "
+              f"on {_describe_cpu(m)}, {'a GPU' if m.get('cuda') else 'no GPU'}, load average "
               f"{m.get('load_average_at_start')} when the run started, serving {_describe_model(m)}, with sentences "
               f"from test_2016_flickr (German). The service ran its default deployment: the HTTP ingress and one "
               f"translator replica with {svc['num_cpus_per_replica']} CPU ({svc['torch_threads_per_replica']} torch "
@@ -51,7 +52,7 @@ def report_markdown(data: dict[str, Any], out: Path, docs_dir: Path, command: st
                                           ("batching_beam4", "continuous batching, beam 4"))
               if data.get(k, {}).get("points")]
     if sweeps:
-        lines += ["", "### Continuous batching against batching off, greedy against beam 4", "",
+        lines += ["", "## Continuous batching against batching off, greedy against beam 4", "",
                   "| service | saturation (offered req/s) | achieved there | peak achieved | "
                   "p50 / p99 at 50% of saturation |", "|---|---|---|---|---|"]
         for k, label in sweeps:
@@ -73,7 +74,7 @@ def report_markdown(data: dict[str, Any], out: Path, docs_dir: Path, command: st
             lines.append(f"Beam 4 saturates at {b['achieved_rate'] / g['achieved_rate']:.2f}× the greedy request rate "
                          f"({b['generated_tokens_per_s']:.0f} against {g['generated_tokens_per_s']:.0f} returned "
                          "tokens/s): each beam-4 sentence keeps four hypotheses in the batch.")
-        lines += ["", " ".join(f"![{data[k]['title']}]({os.path.relpath(data[k]['plot'], docs_dir)})"
+        lines += ["", " ".join(f"![{data[k]['title']}]({Path(data[k]['plot']).name})"
                                for k, _ in sweeps), "",
                   "Each row is a closed-loop capacity probe, a Poisson sweep around it, and a run at half the "
                   "saturation rate. Against a running service at $URL the same runs are:", "", "```bash"]
@@ -90,7 +91,7 @@ def report_markdown(data: dict[str, Any], out: Path, docs_dir: Path, command: st
     a = data.get("attention", {})
     if all(k in a for k in ("off_1", "on_1", "off_n", "on_n")):
         n_users = a["off_n"]["concurrency"]
-        lines += ["", "### The cost of `return_attention`", "",
+        lines += ["", "## The cost of `return_attention`", "",
                   "Greedy, closed loop; attention on returns the cross-attention of every layer and head.", "",
                   "| users | attention | latency p50 | latency p99 | requests/s | mean response size |",
                   "|---|---|---|---|---|---|"]
@@ -103,7 +104,7 @@ def report_markdown(data: dict[str, Any], out: Path, docs_dir: Path, command: st
                       f"{a['on_1']['latency_s']['p50'] / a['off_1']['latency_s']['p50']:.2f}× that without."]
     o = data.get("overhead", {})
     if all(k in o for k in ("engine_1", "engine_n")) and all(k in a for k in ("off_1", "off_n")):
-        lines += ["", "### HTTP and Ray Serve overhead: the engine alone against the same engine through HTTP", "",
+        lines += ["", "## HTTP and Ray Serve overhead: the engine alone against the same engine through HTTP", "",
                   "The engine alone runs inside the load generator's process (`--engine`): same checkpoint, same "
                   "torch thread count as a replica, default engine settings. The HTTP rows are the attention-off "
                   "runs above.", "",
@@ -128,18 +129,3 @@ def report_markdown(data: dict[str, Any], out: Path, docs_dir: Path, command: st
     lines += ["", f"The whole report took {data['elapsed_s'] / 60:.1f} minutes."]
     return "\n".join(lines) + "\n"
 
-
-def update_section(path: Path, section: str) -> None:
-    """Replaces the performance section of the markdown file at path: the text from SECTION_MARKER
-    to SECTION_END (or just the marker line, the first time). Raises ValueError when the marker is
-    missing, FileNotFoundError when the file is."""
-    text = Path(path).read_text()
-    start = text.find(SECTION_MARKER)
-    if start < 0:
-        raise ValueError(f"{path}: no {SECTION_MARKER!r} marker")
-    end_at = text.find(SECTION_END, start)
-    end = end_at + len(SECTION_END) if end_at >= 0 else start + len(SECTION_MARKER)
-    Path(path).write_text(text[:start] + SECTION_MARKER + "\n" + section + SECTION_END + text[end:])
-
-
-update_readme = update_section   # former name

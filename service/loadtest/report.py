@@ -174,11 +174,30 @@ class Report:
         (self.out / "report.json").write_text(json.dumps(self.data, indent=2) + "\n")
 
 
+# CPU flags that change the figures: the int8 kernel is VNNI's, AVX2's or torch's by what the CPU has,
+# and bfloat16 linear layers need AVX512-BF16. (/proc/cpuinfo name, how the report writes it.)
+CPU_FLAGS = (("avx512_vnni", "AVX-512 VNNI"), ("avx512_bf16", "AVX512-BF16"), ("avx2", "AVX2"), ("fma", "FMA"))
+
+
+def cpu_facts(cpuinfo: str) -> dict[str, Any]:
+    """The CPU model name and its CPU_FLAGS, from the text of /proc/cpuinfo (first processor)."""
+    fields = dict(line.split(":", 1) for line in cpuinfo.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    facts: dict[str, Any] = {"cpu_flags": [name for flag, name in CPU_FLAGS if flag in flags]}
+    if fields.get("model name"):
+        facts["cpu_model"] = fields["model name"]
+    return facts
+
+
 def machine_facts(checkpoint: str) -> dict[str, Any]:
-    """Where and when the report ran: CPU count, platform, date, load average, torch, the model's shape."""
+    """Where and when the report ran: CPU count, model and flags, platform, date, load average, torch,
+    the model's shape."""
     import platform
     facts: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                              "date": time.strftime("%Y-%m-%d %H:%M %Z"), "checkpoint": str(checkpoint)}
+    with contextlib.suppress(OSError):
+        facts.update(cpu_facts(Path("/proc/cpuinfo").read_text()))
     with contextlib.suppress(OSError):
         facts["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     with contextlib.suppress(Exception):
@@ -194,8 +213,8 @@ def machine_facts(checkpoint: str) -> dict[str, Any]:
 
 def run_report(out: Path, checkpoint: str, plan: ReportPlan, quiet: bool = False,
                sentences: str = str(DEFAULT_SENTENCES)) -> dict[str, Any]:
-    """Starts the service (its default deployment, serving checkpoint), measures every figure of
-    docs/performance.md within plan.budget_s, and writes report.json and the plots into out. Returns the report data.
+    """Starts the service (its default deployment, serving checkpoint), measures every figure of the
+    load-test report within plan.budget_s, and writes report.json and the plots into out. Returns the report data.
 
     Phases, most important first: greedy with continuous batching; the same with batching off
     (``max_running_requests`` = 1, applied by reconfigure); beam 4; return_attention and the engine
