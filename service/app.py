@@ -28,13 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 
 from model.checkpoint import DEFAULT_CHECKPOINT, SHIPPED_CHECKPOINTS
+from service.protocol import StreamItem, TranslateJob, TranslateResponse
 
 from .api.access_log import flush_serve_log
 from .api.deadline import run_within, stream_within
 from .api.errors import RETRY_AFTER_S, ErrorRecord, to_service_error
 from .api.gateway import Gateway
 from .api.guard import GuardSettings, RateLimit
-from .api.schemas import StreamItem, TranslateJob, TranslateResponse
 from .engine import EngineConfig
 from .translator import Translator, TranslatorInfo, model_card
 

@@ -10,8 +10,7 @@ import pytest
 
 from conftest import DATA, SECOND_ENGINE, SECOND_MODEL, post, sse_events, translate
 from model.tokenizer import read_lines
-from service.api.schemas import MAX_BEAM_SIZE, MAX_TEXT_CHARS, MAX_TEXTS
-
+from service.protocol import MAX_BEAM_SIZE, MAX_TEXT_CHARS, MAX_TEXTS
 SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[:12]
 
 
@@ -136,7 +135,7 @@ def test_attention_shapes_match_tokens_and_rows_sum_to_one(service_url, service_
 def test_long_attention_crosses_the_hop_and_too_much_is_a_413(service_url, service_info):
     """Over 4 MiB of weights (gRPC's default message cap between deployments) come through; more
     than MAX_ATTENTION_VALUES is a 413 naming the field, as JSON or as a stream's error event."""
-    from service.api.schemas import MAX_ATTENTION_VALUES
+    from service.protocol import MAX_ATTENTION_VALUES
     text = " ".join(SENTENCES)       # 12 sentences: ~800k cross weights
     out = translate(service_url, text, return_attention=True)["translations"][0]     # cross only
     T, S = len(out["tokens"]), len(out["source_tokens"])

@@ -13,7 +13,8 @@ from model.config import ModelConfig
 from model.tokenizer import read_lines
 from service.api.errors import ServiceError
 from service.api.libretranslate import MAX_IGNORED_NAMES, LibreRequest, checked_job, ignored_fields_header, parse
-from service.api.schemas import MAX_TEXT_CHARS, ModelLimits
+from service.protocol import MAX_TEXT_CHARS
+from service.engine.validation import ModelLimits
 from service.engine import EngineConfig
 from service.translator import ModelCard
 

@@ -1,4 +1,5 @@
-"""The request schema and the model limits the gateway checks (service/api/schemas.py), in-process."""
+"""The request schema (service/api/schemas.py) and the model limits the gateway checks
+(service/engine/validation.py), mapped to HTTP errors as the gateway maps them, in-process."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,12 +8,20 @@ import pytest
 from pydantic import ValidationError
 
 from model.config import ModelConfig
-from service.api.errors import ServiceError
-from service.api.schemas import MAX_TEXT_CHARS, MAX_TEXTS, ModelLimits, TranslateRequest
+from service.api.errors import ServiceError, mapped_errors
+from service.api.schemas import TranslateRequest
+from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS
+from service.engine.validation import ModelLimits
 from service.engine import EngineConfig
 
 TINY = dataclasses.asdict(ModelConfig.from_name("tiny", vocab_size=500, max_len=64))   # 2 layers, 4 heads
 LIMITS = ModelLimits.of("tiny", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))
+
+
+def gateway_check(limits: ModelLimits, job) -> None:
+    """``limits.check(job)`` with its domain errors mapped to ServiceError, as the gateway does."""
+    with mapped_errors(limits.model):
+        limits.check(job)
 
 
 def job(**fields):
@@ -35,7 +44,7 @@ def test_limits_come_from_the_model_config_and_the_engine():
 ])
 def test_model_limits_are_service_errors_naming_field_and_limit(fields, status, field, words):
     with pytest.raises(ServiceError) as e:
-        LIMITS.check(job(**fields))
+        gateway_check(LIMITS, job(**fields))
     assert (e.value.status, e.value.field) == (status, field), e.value.message
     assert words in e.value.message and field.split(".")[0] in e.value.message
 
@@ -78,7 +87,7 @@ def test_beam_limit_uses_the_target_vocabulary():
     assert limits.vocab_size == cfg.target_vocab_size == 20
     limits.check(job(beam_size=10))
     with pytest.raises(ServiceError) as e:
-        limits.check(job(beam_size=11))
+        gateway_check(limits, job(beam_size=11))
     assert (e.value.status, e.value.field) == (422, "beam_size")
     assert "must be <= 10 (half the vocabulary)" in e.value.message
     src = [400, 7, cfg.eos_id]                       # a source id beyond the target vocabulary: fine

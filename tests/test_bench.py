@@ -135,7 +135,8 @@ def test_search_step_bench_gives_the_same_hypotheses_both_ways(capsys):
 def test_head_of_line_bench_sends_a_request_the_api_takes():
     """service.bench.head_of_line: its large request passes the API's own validation at the limits
     (MAX_TEXTS texts, MAX_BEAM_SIZE beams), texts of consecutive sentences; too few sentences is an error."""
-    from service.api.schemas import MAX_BEAM_SIZE, MAX_TEXTS, TranslateRequest
+    from service.api.schemas import TranslateRequest
+    from service.protocol import MAX_BEAM_SIZE, MAX_TEXTS
     from service.bench.head_of_line import build_parser, large_request
     from service.loadtest.config import DEFAULT_SENTENCES, load_sentences
     lines = load_sentences(DEFAULT_SENTENCES)

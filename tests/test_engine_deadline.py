@@ -34,8 +34,8 @@ def engine(monkeypatch):
 
 def assert_empty(e: Engine) -> None:
     s = e.stats()
-    assert (s["running_requests"], s["waiting_requests"], s["running_sequences"]) == (0, 0, 0)
-    assert s["free_slots"] == s["num_slots"] and e._requests == {}
+    assert (s.running_requests, s.waiting_requests, s.running_sequences) == (0, 0, 0)
+    assert s.free_slots == s.num_slots and e._requests == {}
 
 
 @pytest.mark.asyncio

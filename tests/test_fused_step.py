@@ -162,8 +162,8 @@ def test_the_engine_on_the_compiled_step_gives_offline_results(monkeypatch):
     assert counter.calls > 0
     for r, want in zip(out, ref):
         assert [(h.tokens, h.score) for h in r.hypotheses] == [(h.tokens, h.score) for h in want]
-    assert stats["preemptions"] > 0
-    assert stats["free_kv_blocks"] == stats["kv_blocks"] == 60
+    assert stats.preemptions > 0
+    assert stats.free_kv_blocks == stats.kv_blocks == 60
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

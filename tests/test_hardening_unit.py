@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect
 from service.api.backends import RemoteBackend, replica_lost
 from service.api.errors import ErrorRecord, ServiceError
 from service.api.guard import Guard, GuardSettings
-from service.api.schemas import StreamStart, StreamToken, TranslateJob, TranslateResponse, Usage
+from service.protocol import StreamStart, StreamToken, TranslateJob, TranslateResponse, Usage
 from service.api.sse import ClosingStreamingResponse
 from service.engine import GenerationOptions
 from service.translator import Translator

@@ -54,7 +54,11 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                     out.add(f"{target}.{a.name}")
                 elif target in modules:
                     out.add(target)
-    out.discard(name)
+    # importing a.b.c runs a/__init__ and a/b/__init__ first: a cycle through a package's __init__ is a cycle too
+    for target in list(out):
+        parts = target.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules)
+    out = {m for m in out if not name.startswith(m + ".") and m != name}   # a module's own packages run before it
     return out
 
 

@@ -119,9 +119,9 @@ def test_engine_preempts_when_blocks_run_out_and_outputs_stay_the_same(model):
         ref = generate(model, [src], o.beam_size, o.n_best, o.max_new_tokens)[0]
         assert [h.tokens for h in r.hypotheses] == [h.tokens for h in ref]
         assert [h.score for h in r.hypotheses] == pytest.approx([h.score for h in ref], abs=1e-10)
-    assert stats["preemptions"] > 0 and sum(s.num_preempted for s in steps) == stats["preemptions"]
+    assert stats.preemptions > 0 and sum(s.num_preempted for s in steps) == stats.preemptions
     assert max(s.kv_cache_usage for s in steps) <= 1.0
-    assert stats["free_kv_blocks"] == stats["kv_blocks"] == 60 and stats["free_slots"] == 64
+    assert stats.free_kv_blocks == stats.kv_blocks == 60 and stats.free_slots == 64
 
 
 def test_engine_cancellations_leak_no_block(model):
@@ -130,7 +130,7 @@ def test_engine_cancellations_leak_no_block(model):
     out, stats = run(engine, reqs, cancel=(1, 4, 7))
     assert all(isinstance(out[i], asyncio.CancelledError) for i in (1, 4, 7))
     assert sum(not isinstance(r, BaseException) for r in out) == 7
-    assert stats["free_kv_blocks"] == stats["kv_blocks"] and stats["running_sequences"] == 0
+    assert stats.free_kv_blocks == stats.kv_blocks and stats.running_sequences == 0
 
 
 def test_engine_streams_each_token_once_across_a_preemption(model):
@@ -149,7 +149,7 @@ def test_engine_streams_each_token_once_across_a_preemption(model):
         await engine.stop()
         return out, stats
     out, stats = asyncio.run(main())
-    assert stats["preemptions"] > 0
+    assert stats.preemptions > 0
     for streamed, result in out:
         assert streamed == result.hypotheses[0].tokens and len(streamed) == 30
 

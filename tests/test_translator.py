@@ -10,6 +10,7 @@ from conftest import build_tiny_checkpoint
 from service.engine import EngineValidationError
 from service.api.errors import ServiceError, to_service_error
 from service.api.schemas import TranslateRequest
+from service.protocol import TooLarge, Unavailable
 from service.translator import Translator, model_card
 
 
@@ -30,9 +31,9 @@ def test_reconfigure_applies_user_config_in_place(card):
     async def main():
         t = Translator(card)
         assert not t.ready()
-        with pytest.raises(ServiceError) as e:     # before the first reconfigure: loading
+        with pytest.raises(Unavailable) as e:     # before the first reconfigure: loading
             await t.translate(request(["Hallo."]))
-        assert e.value.status == 503
+        assert to_service_error(e.value, t.name).status == 503
         await t.reconfigure({"max_num_seqs": 4})
         engine = t.engine
         first = await t.translate(request(["Ein Hund läuft.", "Zwei Männer."]))
@@ -100,9 +101,10 @@ def test_attention_over_the_response_limit_is_a_413_counting_the_weights(card, m
         monkeypatch.setattr(output, "MAX_ATTENTION_VALUES", held)
         assert (await t.translate(req)).translations == res.translations
         monkeypatch.setattr(output, "MAX_ATTENTION_VALUES", held - 1)
-        with pytest.raises(ServiceError) as e:
+        with pytest.raises(TooLarge) as e:
             await t.translate(req)
-        assert (e.value.status, e.value.field) == (413, "return_attention")
+        err = to_service_error(e.value, t.name)
+        assert (err.status, err.field) == (413, "return_attention")
         assert f"holds {held:,} weights" in e.value.message and f"at most {held - 1:,}" in e.value.message
         assert (await t.translate(request(["Ein Hund läuft. Zwei Männer."]))).translations   # no attention: fine
         await t.stop()

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from conftest import build_tiny_checkpoint
-from service.api.schemas import StreamStart, StreamToken, TranslateRequest, TranslateResponse
+from service.api.schemas import TranslateRequest
+from service.protocol import StreamStart, StreamToken, TranslateResponse
 from service.translator import Translator, model_card
 
 NO_LETTERS = ["1.", "12345", "-", "...", "€ 5,00 / 3 %", "🐶🐱", "  (1)\n2.  "]

@@ -16,7 +16,7 @@ from ..transformer import Transformer
 from . import kernels
 from .kv_cache import KVCache
 from .prefill import prefill
-from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, search_step
+from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, max_beam_size, search_step
 from .step import decode_step
 
 __all__ = ["beam_search", "default_max_new_tokens", "generate", "greedy_search", "length_groups", "pad_batch",
@@ -54,8 +54,9 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
     for m in budgets:
         if m > cfg.max_len - 1:
             raise ValueError(f"max_new_tokens must be <= {cfg.max_len - 1}, got {m}")
-    if 2 * beam_size > cfg.target_vocab_size:
-        raise ValueError(f"beam_size must be <= {cfg.target_vocab_size // 2} (half the vocabulary), got {beam_size}")
+    if beam_size > max_beam_size(cfg.target_vocab_size):
+        raise ValueError(f"beam_size must be <= {max_beam_size(cfg.target_vocab_size)} (half the vocabulary), "
+                         f"got {beam_size}")
     for s in sources:
         if not 0 < len(s) <= cfg.max_len:
             raise ValueError(f"source length must be in 1..{cfg.max_len}, got {len(s)}")

@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 ATTENTION_KINDS = ("cross", "encoder", "decoder")
 
 
+def max_beam_size(target_vocab_size: int) -> int:
+    """The largest beam a vocabulary allows: each step ranks 2 x beam_size candidates per sentence
+    (beam_size of them may end with EOS), so a beam may hold at most half the target vocabulary."""
+    return target_vocab_size // 2
+
+
 @dataclass
 class Hypothesis:
     """One finished translation hypothesis."""

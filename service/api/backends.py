@@ -24,11 +24,10 @@ from ray.serve.handle import DeploymentHandle
 
 from service.ray_env import handle_transport
 from service.translator import ModelCard, TranslatorInfo
+from service.protocol import StreamItem, StreamStart, StreamToken, TranslateJob, TranslateResponse
 
 from .deadline import run_within, stream_within, timeout_error
 from .errors import ErrorRecord, ServiceError, mapped_errors
-from .schemas import StreamItem, StreamStart, StreamToken, TranslateJob, TranslateResponse
-
 logger = logging.getLogger("ray.serve")
 LOST = (ActorDiedError, ActorUnavailableError)   # the replica died or cannot be reached: no answer came
 

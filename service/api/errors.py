@@ -1,8 +1,9 @@
-"""Errors of the HTTP API: ``ServiceError`` (an error with its HTTP status), the one mapping of engine
-and Ray handle errors to it, and their rendering as responses.
+"""Errors of the HTTP API: ``ServiceError`` (an error with its HTTP status), the one mapping of the
+service's domain errors (``service/protocol.py``, the engine's among them) and Ray handle errors to
+it, and their rendering as responses.
 
-    raised anywhere                -> ServiceError(status, message, field, retry_after)
-    engine / Ray handle exception  -> to_service_error() -> ServiceError   (the one mapping)
+    raised in the API              -> ServiceError(status, message, field, retry_after)
+    domain / Ray handle exception  -> to_service_error() -> ServiceError   (the one mapping)
     translator replica             -> returns ErrorRecord (a value: no replica failure in Ray's logs)
     FastAPI handlers               -> {"error": {"type", "message", "field"}}   (native API)
                                       {"error": message}, 4xx as 400          (LibreTranslate routes)
@@ -24,8 +25,9 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.engine.errors import EngineError, EngineStoppedError, EngineValidationError, QueueFullError
+from service.protocol import (RETRY_AFTER_S, DeadlineExceeded, InvalidRequest, Overloaded, TooLarge, TranslationError,
+                              Unavailable)
 
-RETRY_AFTER_S = 1      # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 LIBRE_PATHS = ("/translate", "/languages")    # routes that answer in LibreTranslate's error shape
 MAX_NAME_CHARS = 64   # a field name (or any path part) longer than this is shortened in error messages
 MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
@@ -71,6 +73,11 @@ class ServiceError(Exception):
 
 
 # ---- the one mapping -------------------------------------------------------------------------------
+# Each kind of domain error and its status, the most specific first (TranslationError itself: 500).
+DOMAIN_STATUS = ((InvalidRequest, 422), (TooLarge, 413), (Overloaded, 503), (Unavailable, 503),
+                 (DeadlineExceeded, 504), (TranslationError, 500))
+
+
 def engine_message(e: EngineValidationError) -> str:
     """``field: message`` (the engine's message, prefixed with its field once)."""
     msg = e.message or str(e)
@@ -95,6 +102,10 @@ def to_service_error(e: BaseException, model: str) -> Optional[ServiceError]:
         return ServiceError(503, f"engine is restarting: {e}; retry later", retry_after=RETRY_AFTER_S)
     if isinstance(e, EngineError):
         return ServiceError(500, f"engine error: {e}")
+    if isinstance(e, TranslationError):
+        status = next(code for kind, code in DOMAIN_STATUS if isinstance(e, kind))
+        retry = (e.retry_after or RETRY_AFTER_S) if status == 503 else None
+        return ServiceError(status, e.message, e.field, retry)
     if isinstance(e, BackPressureError):
         return ServiceError(503, f"model {model} is overloaded ({e}); retry later", retry_after=RETRY_AFTER_S)
     if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,

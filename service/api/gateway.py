@@ -21,7 +21,9 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from service.engine import EngineConfig
+from service.engine.validation import ModelLimits
 from service.metrics import GuardMetrics, RetryMetrics, scrape_metrics
+from service.protocol import TranslateResponse
 from service.translator import ModelCard
 from service.translator.card import match_language
 
@@ -29,10 +31,9 @@ from . import explorer, libretranslate, sse
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
-from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, shown
+from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, mapped_errors, shown
 from .guard import Guard, GuardMiddleware, GuardSettings
-from .schemas import (ErrorResponse, LibreLanguage, ModelInfo, ModelLimits, ModelsResponse, TranslateRequest,
-                      TranslateResponse)
+from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 
@@ -204,7 +205,8 @@ class Gateway:
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
         job = self._deadline(body.job(), body.timeout_s)
-        self.limits[card.id].check(job)
+        with mapped_errors(card.id):
+            self.limits[card.id].check(job)
         if not body.stream:
             result = await self.backend.translate(card.id, job)
             request.state.usage = result.usage

@@ -19,12 +19,13 @@ from pydantic import BaseModel, Field
 from service.engine import GenerationOptions
 from service.translator import ModelCard
 from service.translator.card import match_language
+from service.protocol import MAX_BEAM_SIZE, TranslateJob, TranslateResponse
+from service.engine.validation import ModelLimits
 
-from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, short_name, shown
+from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, mapped_errors, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
-from .schemas import MAX_BEAM_SIZE, LibreLanguage, ModelLimits, TranslateJob, TranslateResponse, check_unicode
-
+from .schemas import LibreLanguage, check_unicode
 LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")   # the fields this route reads
 IGNORED_HEADER = "X-Ignored-Fields"     # the other fields a request sent (LibreTranslate ignores them too)
 MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest are counted
@@ -175,7 +176,8 @@ def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits,
         check_unicode(job.texts, job.field)
     except ValueError as e:
         raise ServiceError(422, str(e), job.field) from None
-    limits.check(job)
+    with mapped_errors(limits.model):
+        limits.check(job)
     return job
 
 

@@ -21,7 +21,7 @@ import time
 
 import httpx
 
-from service.api.schemas import MAX_BEAM_SIZE, MAX_SENTENCES, MAX_TEXTS
+from service.protocol import MAX_BEAM_SIZE, MAX_SENTENCES, MAX_TEXTS
 from service.loadtest.config import DEFAULT_SENTENCES, load_sentences
 
 

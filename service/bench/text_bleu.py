@@ -20,7 +20,6 @@ import sacrebleu
 
 from model.checkpoint import DEFAULT_CHECKPOINT
 from service.api.schemas import TranslateRequest
-
 DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k"
 
 

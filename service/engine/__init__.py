@@ -14,8 +14,8 @@ from .config import POLICIES, EngineConfig
 from .engine import Engine, TokenStream
 from .errors import EngineError, EngineStoppedError, EngineValidationError, QueueFullError
 from .process import torch_threads, tune_process
-from .records import GenerationOptions, RequestStats, StepStats, TranslationResult
+from .records import EngineStats, GenerationOptions, RequestStats, StepStats, TranslationResult
 
-__all__ = ["Engine", "EngineConfig", "GenerationOptions", "TranslationResult", "StepStats", "RequestStats",
+__all__ = ["Engine", "EngineConfig", "EngineStats", "GenerationOptions", "TranslationResult", "StepStats", "RequestStats",
            "TokenStream", "EngineError", "QueueFullError", "EngineValidationError", "EngineStoppedError",
            "POLICIES", "torch_threads", "tune_process"]

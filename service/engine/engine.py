@@ -20,6 +20,7 @@ steps (each hypothesis attends only to its own slot), so it equals offline ``mod
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -34,8 +35,8 @@ from model.inference.search import BeamSearch, Hypothesis
 from .config import EngineConfig, resolve_dtype
 from .errors import EngineError, EngineStoppedError, EngineValidationError
 from .process import torch_threads
-from .records import (GenerationOptions, RequestStats, ScheduledRequest, SequenceOutput, StepResult, StepStats,
-                      TranslationResult)
+from .records import (EngineStats, GenerationOptions, RequestStats, ScheduledRequest, SequenceOutput, StepResult,
+                      StepStats, TranslationResult)
 from .runner import ModelRunner
 from .streams import TokenStream, _Request
 from .scheduler import Scheduler
@@ -189,16 +190,12 @@ class Engine:
         """
         return TokenStream(self, self._submit(src_ids, options, stream=True, group=group))
 
-    def stats(self) -> dict:
-        """running_sequences, running_requests, waiting_requests, kv_cache_usage (fraction of KV blocks
-        in use), slot_usage, free_slots, num_slots, kv_blocks, free_kv_blocks, kv_block_size,
-        preemptions, steps, kv_cache_bytes, kv_cache_bytes_used, max_waiting, policy, state."""
-        s = self.scheduler.stats()
+    def stats(self) -> EngineStats:
+        """A snapshot of the queues, slots and KV cache, with the settings that bound them."""
         cache = self.runner.cache
-        s.update(kv_cache_bytes=cache.nbytes, kv_cache_bytes_used=cache.bytes_per_block * (
-                     cache.slots.num_blocks - cache.slots.num_free_blocks), max_waiting=self.config.max_waiting,
-                 policy=self.config.policy, state=self._state)
-        return s
+        used = cache.bytes_per_block * (cache.slots.num_blocks - cache.slots.num_free_blocks)
+        return dataclasses.replace(self.scheduler.stats(), kv_cache_bytes=cache.nbytes, kv_cache_bytes_used=used,
+                                   max_waiting=self.config.max_waiting, policy=self.config.policy, state=self._state)
 
     def _resolve(self, src_ids, options) -> GenerationOptions:
         opts = resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
@@ -348,11 +345,15 @@ class Engine:
                 self._finish(req, hypotheses=o.hypotheses)
         if self.on_step is not None:
             s = self.scheduler
-            stats = StepStats(plan.step, len(plan.prefill), plan.num_prefill_tokens, plan.num_prefill_padded,
-                              len(plan.decode), result.num_decode_seqs, result.num_decode_seqs, finished,
-                              result.prefill_s, result.decode_s, result.update_s, time.perf_counter() - t0,
-                              s.num_running, s.num_running_seqs, s.num_waiting,
-                              s.usage, len(plan.preempted))
+            stats = StepStats(step=plan.step, num_prefill_requests=len(plan.prefill),
+                              num_prefill_tokens=plan.num_prefill_tokens,
+                              num_prefill_padded_tokens=plan.num_prefill_padded, num_decode_requests=len(plan.decode),
+                              num_decode_seqs=result.num_decode_seqs, num_scored_rows=result.num_decode_seqs,
+                              num_finished=finished, prefill_s=result.prefill_s, decode_s=result.decode_s,
+                              update_s=result.update_s, duration_s=time.perf_counter() - t0,
+                              running_requests=s.num_running, running_sequences=s.num_running_seqs,
+                              waiting_requests=s.num_waiting, kv_cache_usage=s.usage,
+                              num_preempted=len(plan.preempted))
             self._callback(self.on_step, stats)
 
     def _finish(self, req: _Request, hypotheses: Optional[list[Hypothesis]] = None,

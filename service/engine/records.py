@@ -8,21 +8,14 @@ No torch here: the scheduler and its tests use these without a model.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Optional
 
+from service.protocol import GenerationOptions   # what a caller asks of one sentence (re-exported here)
+
 if TYPE_CHECKING:
     from model.inference.search import Hypothesis
-
-
-@dataclass
-class GenerationOptions:
-    beam_size: int = 4                        # hypotheses kept per sentence (1 = greedy); each holds a cache slot
-    n_best: int = 1                           # hypotheses returned, best first; 1..beam_size
-    max_new_tokens: Optional[int] = None      # None: 2 x source length + 10, capped by the model
-    length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
-    attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
-    min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
 
 
 @dataclass(eq=False)
@@ -123,6 +116,33 @@ class StepStats:
     waiting_requests: int
     kv_cache_usage: float                     # fraction of KV-cache blocks in use, 0..1 (slots without paging)
     num_preempted: int = 0                    # requests preempted (requeued) by this step
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of an engine's queues and KV cache (``Engine.stats()``; the scheduler fills its part)."""
+    running_requests: int                     # requests (sentences) decoding
+    running_sequences: int                    # their hypotheses: rows of the decode step
+    waiting_requests: int                     # requests queued for admission
+    free_slots: int                           # KV-cache slots free
+    num_slots: int                            # KV-cache slots in all (max_num_seqs)
+    kv_cache_usage: float                     # fraction of KV blocks in use, 0..1 (of slots without paging)
+    slot_usage: float                         # fraction of slots in use, 0..1
+    steps: int                                # engine steps so far
+    preemptions: int                          # requests requeued so far to free KV blocks
+    kv_blocks: Optional[int] = None           # paged cache: blocks in all; None without paging
+    free_kv_blocks: Optional[int] = None      # paged cache: blocks free
+    kv_block_size: Optional[int] = None       # paged cache: target positions per block
+    kv_cache_bytes: int = 0                   # the KV cache's memory, bytes
+    kv_cache_bytes_used: int = 0              # bytes of the blocks in use
+    max_waiting: int = 0                      # the waiting queue's bound (EngineConfig.max_waiting)
+    policy: str = ""                          # EngineConfig.policy
+    state: str = ""                           # "new", "running", "stopping" or "stopped"
+
+    def as_dict(self) -> dict:
+        """Plain numbers and strings, for metrics and JSON; the paged-cache fields only with paging."""
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if v is not None}
 
 
 @dataclass

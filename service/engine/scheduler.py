@@ -53,7 +53,7 @@ from typing import Optional, Protocol, Sequence
 
 from .config import EngineConfig
 from .errors import EngineValidationError, QueueFullError
-from .records import ScheduledRequest, SchedulerOutput
+from .records import EngineStats, ScheduledRequest, SchedulerOutput
 
 
 # ---- slots -----------------------------------------------------------------------------------
@@ -310,16 +310,16 @@ class Scheduler:
                                num_prefill_tokens=sum(r.num_src_tokens for r in prefill),
                                num_prefill_padded=longest * len(prefill), preempted=preempted)
 
-    def stats(self) -> dict:
-        """Queue and slot figures (plain numbers, for metrics)."""
-        s = {"running_requests": len(self.running), "running_sequences": self.num_running_seqs,
-             "waiting_requests": len(self.waiting), "free_slots": self.slots.num_free,
-             "num_slots": self.slots.num_slots, "kv_cache_usage": self.usage, "slot_usage": self.slots.usage,
-             "steps": self.step_count, "preemptions": self.num_preemptions}
-        if self.paged:
-            s.update(kv_blocks=self.slots.num_blocks, free_kv_blocks=self.slots.num_free_blocks,
-                     kv_block_size=self.slots.block_size)
-        return s
+    def stats(self) -> EngineStats:
+        """Queue, slot and block figures (the engine adds its cache's bytes and its settings)."""
+        paged = self.paged
+        return EngineStats(running_requests=len(self.running), running_sequences=self.num_running_seqs,
+                           waiting_requests=len(self.waiting), free_slots=self.slots.num_free,
+                           num_slots=self.slots.num_slots, kv_cache_usage=self.usage, slot_usage=self.slots.usage,
+                           steps=self.step_count, preemptions=self.num_preemptions,
+                           kv_blocks=self.slots.num_blocks if paged else None,
+                           free_kv_blocks=self.slots.num_free_blocks if paged else None,
+                           kv_block_size=self.slots.block_size if paged else None)
 
     @property
     def usage(self) -> float:

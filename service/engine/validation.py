@@ -1,69 +1,109 @@
-"""Request validation inside the engine: what ``Engine.translate`` and ``Engine.stream`` accept."""
+"""The one validation of generation options against a model's limits.
+
+``check_options`` holds every rule on ``GenerationOptions``; ``ModelLimits`` is what one model
+accepts (from its config and its engine settings). The gateway calls ``ModelLimits.check`` on each
+job before routing it (the client's 4xx), and the engine calls ``resolve_options`` on each sentence
+(for library users, with the settings the replica really runs with): both end in ``check_options``,
+so both give the same error, field and message. Errors are ``EngineValidationError`` (422 at the API)
+and, for the request's size, ``TooLarge`` (413).
+"""
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from model.inference.search import ATTENTION_KINDS
 from model.inference.generate import default_max_new_tokens
+from model.inference.search import ATTENTION_KINDS, max_beam_size
+from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, AttentionSelection, TooLarge, TranslateJob
 
 from .config import EngineConfig
 from .errors import EngineValidationError
 from .records import GenerationOptions
 
 
-def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions], cfg, config: EngineConfig,
-                    max_src_len: int, max_tgt_len: int) -> GenerationOptions:
-    """The engine's own guard for direct library use (the HTTP schema validates requests first).
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
-    Args:
-        src_ids: source ids, EOS included; options: None for the defaults.
-        cfg: the model's ``ModelConfig``; config: the engine's settings;
-        max_src_len / max_tgt_len: the cache's bounds (source ids, target positions).
-    Returns the options with max_new_tokens resolved (default: ``default_max_new_tokens``) and
-    attention kinds in canonical order. Raises EngineValidationError(field, message).
-    """
-    o = GenerationOptions() if options is None else options
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What one model accepts: from its config (``config.json`` as a dict) and its engine settings."""
+    model: str                 # model id, named in messages
+    max_new_tokens: int        # target tokens per sentence: min(engine max_tgt_len, max_len - 1)
+    max_num_seqs: int          # KV-cache slots: the largest beam
+    vocab_size: int            # the TARGET vocabulary: a beam may hold at most half of it
+    n_heads: int
+    n_encoder_layers: int
+    n_decoder_layers: int
+
+    @classmethod
+    def of(cls, model: str, config: dict, engine: EngineConfig) -> "ModelLimits":
+        max_len = config["max_len"]
+        target_vocab = config.get("tgt_vocab_size") or config["vocab_size"]   # separate vocabularies: the target's
+        return cls(model, min(engine.max_tgt_len or max_len, max_len - 1), engine.max_num_seqs, target_vocab,
+                   config["n_heads"], config["n_encoder_layers"], config["n_decoder_layers"])
+
+    def check(self, job: TranslateJob) -> None:
+        """The gateway's check of a whole job. Raises TooLarge for too many or too long texts,
+        EngineValidationError for an option or attention selection beyond this model."""
+        f, o = job.field, job.options
+        n_texts = len(job.texts) if job.n_texts is None else job.n_texts
+        if n_texts > MAX_TEXTS:
+            raise TooLarge(f"{f}: at most {MAX_TEXTS} texts per request, got {n_texts}", f)
+        check_options(o, self)
+        if o.attention_kinds:
+            self._check_attention(job.attention, o.attention_kinds)
+        for i, text in enumerate(job.texts):
+            if len(text) > MAX_TEXT_CHARS:
+                where = f"{f}[{i}]" if job.is_list else f
+                raise TooLarge(f"{where}: at most {MAX_TEXT_CHARS} characters per text, got {len(text)}", f)
+
+    def _check_attention(self, att: AttentionSelection, kinds: tuple[str, ...]) -> None:
+        n_layers = {"cross": self.n_decoder_layers, "decoder": self.n_decoder_layers, "encoder": self.n_encoder_layers}
+        limit = min(n_layers[k] for k in kinds)
+        for layer in att.layers or ():
+            if not 0 <= layer < limit:
+                raise EngineValidationError("attention.layers", f"layer indices must be in 0..{limit - 1} for model "
+                                                                f"{self.model} ({'/'.join(kinds)}), got {layer}")
+        for head in att.heads or ():
+            if not 0 <= head < self.n_heads:
+                raise EngineValidationError("attention.heads", f"head indices must be in 0..{self.n_heads - 1} "
+                                                               f"for model {self.model}, got {head}")
+
+
+def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Optional[int] = None) -> GenerationOptions:
+    """Every rule on one sentence's options against ``limits``. ``default_max_new``: the sentence's
+    own budget when ``o.max_new_tokens`` is None (the engine knows it, the gateway does not: then
+    min_new_tokens is checked per sentence by the engine). Returns the options with their types made
+    exact, max_new_tokens resolved where known and attention kinds in canonical order.
+    Raises EngineValidationError(field, message)."""
     if not isinstance(o, GenerationOptions):
         raise EngineValidationError("options", f"must be GenerationOptions, got {type(o).__name__}")
-
-    def is_int(v) -> bool:
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-    if not isinstance(src_ids, (list, tuple)):
-        raise EngineValidationError("src_ids", "must be a list of token ids")
-    if not src_ids:
-        raise EngineValidationError("src_ids", "must not be empty (an encoded sentence ends with EOS)")
-    if len(src_ids) > max_src_len:
-        raise EngineValidationError("src_ids", f"has {len(src_ids)} tokens, the limit is {max_src_len}")
-    for t in src_ids:
-        if not is_int(t) or not 0 <= t < cfg.vocab_size or t == cfg.pad_id:
-            raise EngineValidationError("src_ids", f"ids must be integers in 0..{cfg.vocab_size - 1} other than "
-                                                   f"the pad id {cfg.pad_id}, got {t!r}")
-    if not is_int(o.beam_size) or o.beam_size < 1:
+    if not _is_int(o.beam_size) or o.beam_size < 1:
         raise EngineValidationError("beam_size", f"must be an integer >= 1, got {o.beam_size!r}")
-    if 2 * o.beam_size > cfg.target_vocab_size:     # a beam's candidates are target tokens
-        raise EngineValidationError("beam_size", f"must be <= {cfg.target_vocab_size // 2} (half the vocabulary), "
+    if o.beam_size > max_beam_size(limits.vocab_size):     # a beam's candidates are target tokens
+        raise EngineValidationError("beam_size", f"must be <= {max_beam_size(limits.vocab_size)} (half the "
+                                                 f"vocabulary), got {o.beam_size}")
+    if o.beam_size > limits.max_num_seqs:
+        raise EngineValidationError("beam_size", f"must be <= max_num_seqs ({limits.max_num_seqs}), "
                                                  f"got {o.beam_size}")
-    if o.beam_size > config.max_num_seqs:
-        raise EngineValidationError("beam_size", f"must be <= max_num_seqs ({config.max_num_seqs}), "
-                                                 f"got {o.beam_size}")
-    if not is_int(o.n_best) or not 1 <= o.n_best <= o.beam_size:
+    if not _is_int(o.n_best) or not 1 <= o.n_best <= o.beam_size:
         raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), "
                                               f"got {o.n_best!r}")
-    limit = min(max_tgt_len, cfg.max_len - 1)
     max_new = o.max_new_tokens
     default = max_new is None
     if default:
-        max_new = min(default_max_new_tokens(len(src_ids), cfg.max_len), limit)
-    elif not is_int(max_new) or not 0 <= max_new <= limit:
-        raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limit}, got {max_new!r}")
-    if not is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= max_new:
-        which = "the default max_new_tokens for this sentence's length" if default else "max_new_tokens"
-        raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}: "
-                                                      f"{which}), got {o.min_new_tokens!r}")
+        max_new = None if default_max_new is None else min(default_max_new, limits.max_new_tokens)
+    elif not _is_int(max_new) or not 0 <= max_new <= limits.max_new_tokens:
+        raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limits.max_new_tokens}, "
+                                                      f"got {max_new!r}")
+    if max_new is not None and (not _is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= max_new):
+        which = ": the default max_new_tokens for this sentence's length" if default else ""
+        raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}{which}), "
+                                                      f"got {o.min_new_tokens!r}")
     lp = o.length_penalty
     if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
         raise EngineValidationError("length_penalty", f"must be a finite number, got {lp!r}")
@@ -71,6 +111,35 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
     if (isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset))
             or not all(isinstance(k, str) and k in ATTENTION_KINDS for k in kinds)):
         raise EngineValidationError("attention_kinds", f"must be a subset of {ATTENTION_KINDS}, got {kinds!r}")
-    return dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best), max_new_tokens=int(max_new),
+    return dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best),
+                               max_new_tokens=None if max_new is None else int(max_new),
                                min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
                                attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds))
+
+
+def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions], cfg, config: EngineConfig,
+                    max_src_len: int, max_tgt_len: int) -> GenerationOptions:
+    """The engine's guard for one sentence (direct library use included): its source ids, then
+    ``check_options`` with the limits the engine runs with.
+
+    Args:
+        src_ids: source ids, EOS included; options: None for the defaults.
+        cfg: the model's ``ModelConfig``; config: the engine's settings;
+        max_src_len / max_tgt_len: the cache's bounds (source ids, target positions).
+    Returns the options with max_new_tokens resolved (default: ``default_max_new_tokens``).
+    Raises EngineValidationError(field, message).
+    """
+    o = GenerationOptions() if options is None else options
+    if not isinstance(src_ids, (list, tuple)):
+        raise EngineValidationError("src_ids", "must be a list of token ids")
+    if not src_ids:
+        raise EngineValidationError("src_ids", "must not be empty (an encoded sentence ends with EOS)")
+    if len(src_ids) > max_src_len:
+        raise EngineValidationError("src_ids", f"has {len(src_ids)} tokens, the limit is {max_src_len}")
+    for t in src_ids:
+        if not _is_int(t) or not 0 <= t < cfg.vocab_size or t == cfg.pad_id:
+            raise EngineValidationError("src_ids", f"ids must be integers in 0..{cfg.vocab_size - 1} other than "
+                                                   f"the pad id {cfg.pad_id}, got {t!r}")
+    limits = ModelLimits("", min(max_tgt_len, cfg.max_len - 1), config.max_num_seqs, cfg.target_vocab_size,
+                         cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers)
+    return check_options(o, limits, default_max_new_tokens(len(src_ids), cfg.max_len))

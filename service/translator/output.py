@@ -8,9 +8,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from model.inference.search import Hypothesis
-from service.api.errors import ServiceError
-from service.api.schemas import (MAX_ATTENTION_VALUES, Alternative, AttentionSelection, TranslateJob,
-                                 TranslateResponse, Translation, Usage)
+from service.protocol import (MAX_ATTENTION_VALUES, Alternative, AttentionSelection, TooLarge, TranslateJob,
+                              TranslateResponse, Translation, Usage)
 from service.engine import TranslationResult
 
 from .text import Piece, Split
@@ -27,7 +26,7 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
     ``text_of`` turns a hypothesis into its sentence's text (the translator's: protected spans and
     case restored, ``protect.py``). ``config``: the model's config (``n_heads``, ``n_encoder_layers``,
     ``n_decoder_layers``), which gives a text without tokens its attention shape ([layers][heads] of
-    empty matrices). Raises ServiceError 413 when the attention asked for would hold more than
+    empty matrices). Raises TooLarge when the attention asked for would hold more than
     MAX_ATTENTION_VALUES weights (checked before any matrix is built).
     """
     by_text: dict[int, list[tuple[Piece, TranslationResult]]] = {}
@@ -38,11 +37,11 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
         n = sum(attention_values(kind, [r.hypotheses[0] for _, r in items], [p.src_ids for p, _ in items],
                                  job.attention) for items in by_text.values() for kind in kinds)
         if n > MAX_ATTENTION_VALUES:
-            raise ServiceError(413, f"return_attention: the attention asked for holds {n:,} weights, at most "
-                                    f"{MAX_ATTENTION_VALUES:,} per response (each text's matrix is layers x heads "
-                                    "x its tokens x its tokens, per kind): select fewer attention.kinds, "
-                                    "attention.layers or attention.heads, or send shorter texts",
-                               "return_attention")
+            raise TooLarge(f"return_attention: the attention asked for holds {n:,} weights, at most "
+                           f"{MAX_ATTENTION_VALUES:,} per response (each text's matrix is layers x heads "
+                           "x its tokens x its tokens, per kind): select fewer attention.kinds, "
+                           "attention.layers or attention.heads, or send shorter texts",
+                           "return_attention")
     translations, src_total, gen_total = [], 0, 0
     for i, split in enumerate(splits):
         items = by_text.get(i, [])

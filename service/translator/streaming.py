@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Callable, Optional, Sequence, Union
 
-from service.api.schemas import StreamToken
+from service.protocol import StreamToken
 from service.engine import TokenStream, TranslationResult
 
 from .text import Piece, Split

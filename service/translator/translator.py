@@ -9,8 +9,8 @@ translated sentences are rejoined with the original whitespace (``output.build_r
 The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); the
 translator checks what needs tokenization: tokens per sentence and sentences per request. A
 multilingual MarianMT model's sources start with the job's target-language token
-(``target_prefix``). Engine errors propagate as they are; ``service.api.errors.to_service_error``
-maps them to HTTP statuses.
+(``target_prefix``). Its errors and the engine's are the domain errors of ``service/protocol.py``; the API maps them
+to HTTP statuses (``service.api.errors.to_service_error``).
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import torch
 from model.load import load_model
 from model.tokenizer import check_target_lang
 from model.inference.linear import linear_dtype
-from service.api.errors import RETRY_AFTER_S, ServiceError
-from service.api.schemas import MAX_SENTENCES, StreamItem, StreamStart, TranslateJob, TranslateResponse
+from service.protocol import (MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
+                              TranslateResponse, Unavailable)
 from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
 from service.metrics import EngineMetrics
 
@@ -102,8 +102,7 @@ class Translator:
             try:
                 if self.engine is not None:
                     s = self.engine.stats()
-                    self.metrics.set_state(s.get("running_sequences"), s.get("waiting_requests"),
-                                           s.get("kv_cache_usage"))
+                    self.metrics.set_state(s.running_sequences, s.waiting_requests, s.kv_cache_usage)
                     self.metrics.set_ready(True)
             except Exception:  # never let metrics kill the replica
                 logger.exception("gauge refresh failed")
@@ -115,8 +114,8 @@ class Translator:
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, timeout_s)
         while True:
-            s = self.engine.stats() if self.engine is not None else {}
-            left = s.get("running_requests", 0) + s.get("waiting_requests", 0)
+            s = self.engine.stats() if self.engine is not None else None
+            left = 0 if s is None else s.running_requests + s.waiting_requests
             if not left or loop.time() >= end:
                 return left
             await asyncio.sleep(poll_s)
@@ -132,11 +131,12 @@ class Translator:
         return self.engine is not None
 
     def stats(self) -> dict:
-        return {"model": self.name, **(self.engine.stats() if self.engine else {})}
+        """The engine's ``EngineStats`` as a dict, with the model's name (what a replica's ``stats`` returns)."""
+        return {"model": self.name, **(self.engine.stats().as_dict() if self.engine else {})}
 
     def info(self) -> TranslatorInfo:
         engine = dataclasses.asdict(self.engine_config) if self.engine_config else {}
-        s = self.engine.stats() if self.engine is not None else {}
+        s = self.engine.stats().as_dict() if self.engine is not None else {}
         kv = {k: s[k] for k in ("kv_blocks", "free_kv_blocks", "kv_block_size", "kv_cache_bytes",
                                 "kv_cache_bytes_used", "kv_cache_usage", "preemptions") if k in s}
         return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": linear_dtype(self.model),
@@ -150,11 +150,11 @@ class Translator:
         without letters, which comes back verbatim), the flat list of pieces to translate and each
         piece's ``Protected`` (what the model sees of it; a sentence of protected spans only, such as
         a lone URL, needs no model and stays in the glue like a sentence without letters).
-        Raises ServiceError: 503 while the engine is not built yet, 413 for a sentence longer than
-        the model accepts or more sentences than one request may have.
+        Raises Unavailable while the engine is not built yet, TooLarge for a sentence longer than the
+        model accepts or more sentences than one request may have.
         """
         if self.engine is None:
-            raise ServiceError(503, f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
+            raise Unavailable(f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
         field, max_src = job.field, self.engine.max_src_len
         prefix = self.target_prefix(job.target_lang)
         splits: list[Optional[Split]] = []
@@ -175,26 +175,25 @@ class Translator:
                 ids = prefix + self.protector.encode(prepared[-1])
                 if len(ids) > max_src:
                     where = f"{field}[{i}]" if job.is_list else field
-                    raise ServiceError(
-                        413, f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
-                             f"accepts at most {max_src} per sentence: split it", field)
+                    raise TooLarge(f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
+                                   f"accepts at most {max_src} per sentence: split it", field)
                 pieces.append(Piece(i, j, ids))
         limit = min(MAX_SENTENCES, self.engine_config.max_waiting)
         if len(pieces) > limit:
-            raise ServiceError(413, f"{field}: at most {limit} sentences per request, got {len(pieces)}", field)
+            raise TooLarge(f"{field}: at most {limit} sentences per request, got {len(pieces)}", field)
         return splits, pieces, prepared
 
     def target_prefix(self, target_lang: Optional[str]) -> list[int]:
         """The ids every source starts with: a multilingual model's ``>>target_lang<<`` token, as
-        ``model.translate.encode_source`` puts it; [] for a model of one target (the gateway has
-        matched target_lang to it). Raises ServiceError 422 naming the choices for a multilingual
+        ``model.tokenizer.encode_source`` puts it; [] for a model of one target (the gateway has
+        matched target_lang to it). Raises InvalidRequest naming the choices for a multilingual
         model's missing or unknown target_lang."""
         if not self.tok.target_languages:
             return []
         try:
             check_target_lang(self.tok, target_lang)
         except ValueError as e:
-            raise ServiceError(422, f"target_lang: model {self.name!r}: {e}", "target_lang") from None
+            raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
         return self.tok.encode(f">>{target_lang}<<")
 
     def _options(self, prepared: Protected, options: GenerationOptions) -> GenerationOptions:
@@ -214,7 +213,7 @@ class Translator:
 
     # ---- translate ----------------------------------------------------------------------------
     async def translate(self, job: TranslateJob) -> TranslateResponse:
-        """Translate every text of the job. Raises ServiceError (see ``prepare``) or the engine's errors."""
+        """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
         splits, pieces, prepared = self.prepare(job)
         results = await self._run_all(pieces, [self._options(p, job.options) for p in prepared])
         return build_response(self.name, self.tok, job, splits, pieces, results, self._text_of(prepared, pieces),

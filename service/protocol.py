@@ -1,0 +1,146 @@
+"""What the gateway, the translators and the engine hand each other, and the errors they raise on
+purpose. Imports neither FastAPI nor Ray (nor torch): the API maps these errors to HTTP in its one
+place (``service/api/errors.py``), a Ray replica passes the records as they are.
+
+    gateway --TranslateJob--> translator --source ids + GenerationOptions--> engine
+    gateway <--TranslateResponse | StreamStart, StreamToken..., TranslateResponse-- translator
+
+Errors: ``TranslationError`` and its kinds, each one HTTP status in the API: ``InvalidRequest`` (422),
+``TooLarge`` (413), ``Overloaded`` and ``Unavailable`` (503 with Retry-After), ``DeadlineExceeded``
+(504). The engine's own errors (``service/engine/errors.py``) are kinds of these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, Field
+
+# Service-wide request limits (the model-dependent ones are in ``service/engine/validation.ModelLimits``).
+MAX_TEXTS = 64                 # texts in one request (a list `text` / LibreTranslate `q`)
+MAX_TEXT_CHARS = 5_000         # characters in one text (the per-text cap; each sentence has the model's cap)
+MAX_SENTENCES = 256            # sentences in one request after splitting every text
+MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds one KV-cache slot)
+MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)
+RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+class TranslationError(Exception):
+    """An error raised on purpose: ``message`` names the field and the limit; ``field`` is the dotted
+    request field (or None); ``retry_after`` seconds for the kinds a client should retry."""
+
+    def __init__(self, message: str, field: Optional[str] = None, retry_after: Optional[float] = None):
+        super().__init__(message)
+        self.message, self.field, self.retry_after = message, field, retry_after
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidRequest(TranslationError, ValueError):
+    """A field's value is out of range for this model or service (HTTP 422)."""
+
+
+class TooLarge(TranslationError):
+    """The request holds more than a limit allows: texts, characters, sentences, attention (HTTP 413)."""
+
+
+class Overloaded(TranslationError):
+    """Too much work is waiting; retry after ``retry_after`` seconds (HTTP 503)."""
+
+
+class Unavailable(TranslationError):
+    """The model is loading or restarting; retry after ``retry_after`` seconds (HTTP 503)."""
+
+
+class DeadlineExceeded(TranslationError):
+    """The request ran past its deadline; its sentences were cancelled (HTTP 504)."""
+
+
+# ---- what a caller asks of one sentence --------------------------------------------------------------
+@dataclass
+class GenerationOptions:
+    """Decoding options of one sentence, checked against a model by ``service.engine.validation``."""
+    beam_size: int = 4                        # hypotheses kept per sentence (1 = greedy); each holds a cache slot
+    n_best: int = 1                           # hypotheses returned, best first; 1..beam_size
+    max_new_tokens: Optional[int] = None      # None: 2 x source length + 10, capped by the model
+    length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
+    attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
+    min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
+
+
+
+# ---- the gateway -> translator hand-off ----------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionSelection:
+    layers: Optional[tuple[int, ...]] = None   # layer indices to return; None = all
+    heads: Optional[tuple[int, ...]] = None    # head indices to return; None = all
+
+
+@dataclass
+class TranslateJob:
+    """One request for one translator: texts and the options every sentence of them is decoded with."""
+    texts: list[str]                           # each split into sentences by the translator
+    options: GenerationOptions                 # attention_kinds: those to return (in request order), or ()
+    attention: AttentionSelection = AttentionSelection()
+    field: str = "text"                        # the request field the texts came from, for error messages
+    is_list: bool = False                      # the texts came as a list: errors name field[i]
+    deadline: Optional[float] = None           # time.time() seconds when it is cancelled (504); None = never
+    timeout_s: Optional[float] = None          # the timeout that set the deadline, named in the 504's message
+    target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
+    n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
+
+
+# ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------
+class Alternative(BaseModel):
+    text: str
+    tokens: list[str]
+    score: float
+    finish_reason: Literal["eos", "length"]
+
+
+class Translation(BaseModel):
+    text: str = Field(..., description="the translation, with the input's whitespace and line breaks")
+    tokens: list[str] = Field(..., description="target SentencePiece pieces (EOS excluded), all sentences")
+    source_tokens: list[str] = Field(..., description="source pieces, each sentence ending in </s>")
+    score: float = Field(..., description="mean over sentences of log_prob / length ** length_penalty")
+    finish_reason: Literal["eos", "length"] = Field(..., description="length if any sentence hit max_new_tokens")
+    alternatives: list[Alternative] = Field(default_factory=list, description="hypotheses 2..n_best")
+    attention: Optional[dict[str, list]] = Field(
+        None, description="kind -> [layer][head][rows][cols]: cross [len(tokens)][len(source_tokens)], "
+                          "encoder [len(source_tokens)]^2, decoder [len(tokens)]^2; block-diagonal over sentences")
+
+
+class Usage(BaseModel):
+    source_tokens: int = Field(..., description="source token ids fed to the encoder (EOS included)")
+    generated_tokens: int = Field(..., description="target tokens of the returned best hypotheses")
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    translations: list[Translation]
+    usage: Usage
+
+    def body(self) -> dict:
+        """The JSON body: ``attention`` only where it was asked for."""
+        return self.model_dump(exclude_none=True)
+
+    def body_bytes(self) -> bytes:
+        """``body()`` encoded as JSON by pydantic's serializer in one step (the same bytes as
+        ``JSONResponse(body())``, without the intermediate dicts)."""
+        return self.__pydantic_serializer__.to_json(self, exclude_none=True)
+
+
+class StreamStart(BaseModel):
+    """First item of a translator's stream: the request was admitted (errors before it are HTTP errors)."""
+
+
+class StreamToken(BaseModel):
+    """One SSE `token` event: text delta of translation `index` (concatenated deltas = final text)."""
+    index: int
+    text: str
+    token: Optional[str] = None     # the SentencePiece piece; null for whitespace-only deltas
+
+
+StreamItem = Union[StreamStart, StreamToken, TranslateResponse]
