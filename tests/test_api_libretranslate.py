@@ -2,7 +2,6 @@
 /languages of the running service over real HTTP, and its checks in-process."""
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import httpx
@@ -104,7 +103,7 @@ def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
 
 
 # ---- in-process -------------------------------------------------------------------------------------
-TINY = dataclasses.asdict(ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+TINY = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)
 CARDS = [ModelCard("de-en", "", "de", "en", TINY), ModelCard("en-de", "", "en", "de", TINY)]
 
 

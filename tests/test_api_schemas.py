@@ -2,7 +2,6 @@
 (service/engine/validation.py), mapped to HTTP errors as the gateway maps them, in-process."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 from pydantic import ValidationError
@@ -14,7 +13,7 @@ from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS
 from service.engine.validation import ModelLimits
 from service.engine import EngineConfig
 
-TINY = dataclasses.asdict(ModelConfig.from_name("tiny", vocab_size=500, max_len=64))   # 2 layers, 4 heads
+TINY = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)   # 2 layers, 4 heads
 LIMITS = ModelLimits.of("tiny", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))
 
 
@@ -83,7 +82,7 @@ def test_beam_limit_uses_the_target_vocabulary():
     cfg = ModelConfig.from_name("tiny", vocab_size=500, tgt_vocab_size=20, share_embeddings=False,
                                 tie_target_output=True, max_len=64)
     engine = EngineConfig(max_num_seqs=64)
-    limits = ModelLimits.of("separate", dataclasses.asdict(cfg), engine)
+    limits = ModelLimits.of("separate", cfg, engine)
     assert limits.vocab_size == cfg.target_vocab_size == 20
     limits.check(job(beam_size=10))
     with pytest.raises(ServiceError) as e:

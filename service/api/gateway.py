@@ -237,7 +237,7 @@ class Gateway:
                 engine = (await asyncio.wait_for(self.backend.info(c.id), timeout=5)).engine
             except Exception:  # noqa: BLE001 - still loading: the configured settings
                 engine = {**self.engine, **c.engine}
-            return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config,
+            return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config.to_dict(),
                              target_lang=None if c.target_languages else c.target_lang, target_langs=list(c.targets),
                              test_bleu=c.test_bleu, metadata=c.metadata, engine=engine)
         return ModelsResponse(data=list(await asyncio.gather(*(one(c) for c in self.cards.values()))))

@@ -15,6 +15,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from model.config import ModelConfig
 from model.inference.generate import default_max_new_tokens
 from model.inference.search import ATTENTION_KINDS, max_beam_size
 from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, AttentionSelection, TooLarge, TranslateJob
@@ -30,7 +31,7 @@ def _is_int(v) -> bool:
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What one model accepts: from its config (``config.json`` as a dict) and its engine settings."""
+    """What one model accepts: from its config and its engine settings."""
     model: str                 # model id, named in messages
     max_new_tokens: int        # target tokens per sentence: min(engine max_tgt_len, max_len - 1)
     max_num_seqs: int          # KV-cache slots: the largest beam
@@ -40,11 +41,10 @@ class ModelLimits:
     n_decoder_layers: int
 
     @classmethod
-    def of(cls, model: str, config: dict, engine: EngineConfig) -> "ModelLimits":
-        max_len = config["max_len"]
-        target_vocab = config.get("tgt_vocab_size") or config["vocab_size"]   # separate vocabularies: the target's
-        return cls(model, min(engine.max_tgt_len or max_len, max_len - 1), engine.max_num_seqs, target_vocab,
-                   config["n_heads"], config["n_encoder_layers"], config["n_decoder_layers"])
+    def of(cls, model: str, cfg: ModelConfig, engine: EngineConfig) -> "ModelLimits":
+        """The limits of a model of config ``cfg`` served with the engine settings ``engine``."""
+        return cls(model, min(engine.max_tgt_len or cfg.max_len, cfg.max_len - 1), engine.max_num_seqs,
+                   cfg.target_vocab_size, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers)
 
     def check(self, job: TranslateJob) -> None:
         """The gateway's check of a whole job. Raises TooLarge for too many or too long texts,
@@ -141,5 +141,5 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
             raise EngineValidationError("src_ids", f"ids must be integers in 0..{cfg.vocab_size - 1} other than "
                                                    f"the pad id {cfg.pad_id}, got {t!r}")
     limits = ModelLimits("", min(max_tgt_len, cfg.max_len - 1), config.max_num_seqs, cfg.target_vocab_size,
-                         cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers)
+                         cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers)   # the cache's bounds, not max_tgt_len
     return check_options(o, limits, default_max_new_tokens(len(src_ids), cfg.max_len))

@@ -1,7 +1,7 @@
 """A model's card: what the gateway needs to know about a model without loading it, read from the
 checkpoint's JSON files (``config.json``, ``metadata.json``, ``vocab.json``; see ``model/checkpoint.py``).
 A MarianMT (OPUS-MT) directory served as it is has the same card: its ``config.json`` read as our
-``ModelConfig`` (``model.convert.marian_config``), its languages from ``tokenizer_config.json``.
+``ModelConfig`` (``model.interop.marian.marian_config``), its languages from ``tokenizer_config.json``.
 
 Multilingual MarianMT models (a vocabulary with ``>>xx<<`` target-language tokens, ``vocab.json`` of
 the directory or of its converted checkpoint) list those codes as ``target_languages``; a request
@@ -25,7 +25,7 @@ class ModelCard:
     checkpoint: str               # checkpoint directory
     source_lang: str
     target_lang: str
-    config: dict                  # the checkpoint's config.json (every ModelConfig field)
+    config: ModelConfig           # the checkpoint's config.json
     metadata: dict = field(default_factory=dict)      # the checkpoint's metadata.json
     test_bleu: Optional[float] = None                 # BLEU on the test set, from the metadata
     engine: dict = field(default_factory=dict)        # EngineConfig overrides for this model
@@ -62,9 +62,9 @@ def model_card(name: str, checkpoint: str | Path, source_lang: Optional[str] = N
         raise FileNotFoundError(f"model {name!r}: checkpoint {d} has no config.json")
     config = json.loads((d / "config.json").read_text())
     if is_marian_dir(d):
-        config, meta = marian_config(config, str(d / "config.json")).to_dict(), marian_metadata(d)
-    else:   # every ModelConfig field, the ones an older config.json leaves out at their defaults
-        config = ModelConfig.from_dict(config).to_dict()
+        config, meta = marian_config(config, str(d / "config.json")), marian_metadata(d)
+    else:   # the fields an older config.json leaves out take their defaults
+        config = ModelConfig.from_dict(config)
         meta = json.loads((d / "metadata.json").read_text()) if (d / "metadata.json").exists() else {}
     codes = target_language_codes(json.loads((d / "vocab.json").read_text(encoding="utf-8"))) \
         if (d / "vocab.json").exists() else ()

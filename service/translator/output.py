@@ -58,8 +58,8 @@ def empty_attention(kind: str, config: Optional[dict], selection: AttentionSelec
     shape a client indexes as for any other text; [] without a config."""
     if not config:
         return []
-    n_layers = config["n_encoder_layers"] if kind == "encoder" else config["n_decoder_layers"]
-    return [[[] for _ in (selection.heads or range(config["n_heads"]))] for _ in (selection.layers or range(n_layers))]
+    n_layers = config.n_encoder_layers if kind == "encoder" else config.n_decoder_layers
+    return [[[] for _ in (selection.heads or range(config.n_heads))] for _ in (selection.layers or range(n_layers))]
 
 
 def _translation(tok, split: Optional[Split], items: list[tuple[Piece, TranslationResult]], n_best: int,
