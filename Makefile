@@ -1,13 +1,14 @@
 # One command sets up and runs each main job:
 #   make serve   - create .venv, install, start the HTTP service on 127.0.0.1:8000 (shipped models; ARGS="--port N ...")
 #   make test    - create .venv, install, run the whole test suite (what .ci/run calls)
+#   make test-quick - the quick loop: every test but those marked slow (no Ray, browser or other server)
 #   make bench   - the engine benchmark on the shipped model (figures, not a test; docs/performance.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve test bench clean
+.PHONY: setup serve test test-quick bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,9 @@ bench: setup
 test: setup
 	bash deploy/install_browser.sh   # chromium + chromedriver for tests/test_explorer.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-quick: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 clean:
 	rm -rf $(VENV)

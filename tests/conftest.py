@@ -8,12 +8,18 @@
 - ``stop_shared_service()``: shuts the shared service and its Ray instance down (only what this
   conftest started; never ``ray stop``). Tests that start their own Ray cluster call it first, or use
   the ``no_shared_service`` fixture. Tests marked ``cluster`` run after all others.
+- The quick loop, ``pytest -m "not slow"``: a test that uses these fixtures, or starts Ray, a browser,
+  Prometheus, HAProxy or ``python -m service`` while it sets up or runs, must carry the ``slow`` mark;
+  one without it fails, naming what it started (``_no_server_unless_slow``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +171,70 @@ def no_shared_service():
     """For tests that start their own Ray cluster: the shared one is shut down first."""
     stop_shared_service()
     yield
+
+
+# ---- the quick loop starts no server -----------------------------------------------------------------
+SERVICE_FIXTURES = {"service_info", "service_url", "no_shared_service"}
+# Programs that only tests marked slow may start: Ray's daemons (ray.init, serve.start), a browser and
+# its driver, Prometheus, HAProxy, the ray CLI.
+SERVER_PROGRAMS = {"gcs_server", "raylet", "ray", "chromium", "chromium-browser", "chrome", "google-chrome",
+                   "chromedriver", "prometheus", "haproxy"}
+
+
+def _server_started_by(args) -> Optional[str]:
+    """What server the argument list of a new process starts (None: none of SERVER_PROGRAMS and no
+    `python -m service`)."""
+    argv = [os.fsdecode(args)] if isinstance(args, (str, bytes, os.PathLike)) else [os.fsdecode(a) for a in args]
+    if not argv:
+        return None
+    if len(argv) == 1:
+        argv = argv[0].split()
+    name = os.path.basename(argv[0])
+    if name in SERVER_PROGRAMS:
+        return name
+    if name.startswith("python") and any(argv[i:i + 2] == ["-m", "service"] for i in range(len(argv))):
+        return "python -m service"
+    return None
+
+
+@contextlib.contextmanager
+def _no_server_unless_slow(item):
+    """While a test without the slow mark sets up (its fixtures of any scope) and runs, starting Ray,
+    a browser, Prometheus, HAProxy or `python -m service` from its own thread fails, naming it: mark
+    it slow, so that pytest -m "not slow" stays the quick loop. Every process starts through
+    Popen._execute_child."""
+    if item.get_closest_marker("slow") is not None:
+        yield
+        return
+    real = subprocess.Popen._execute_child
+    test_thread = threading.current_thread()
+
+    def guarded(self, args, *rest, **kwargs):
+        started = _server_started_by(args) if threading.current_thread() is test_thread else None
+        if started is not None:
+            raise AssertionError(f"{item.nodeid} starts {started} but is not marked slow "
+                                 "(@pytest.mark.slow): the quick loop (pytest -m 'not slow') starts no server")
+        return real(self, args, *rest, **kwargs)
+    subprocess.Popen._execute_child = guarded
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = real
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slow") is None and SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        pytest.fail(f"{item.nodeid} uses the shared Ray service ({', '.join(sorted(SERVICE_FIXTURES))}, "
+                    "directly or through a fixture) but is not marked slow (@pytest.mark.slow)", pytrace=False)
+    with _no_server_unless_slow(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _no_server_unless_slow(item):
+        return (yield)
 
 
 _EXIT_STATUS = pytest.StashKey[int]()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from conftest import IN_INGRESS, metric_sum, scrape
 
@@ -15,6 +16,9 @@ SENTENCES = ["Ein Mann fährt mit dem Fahrrad die Straße entlang.", "Zwei Hunde
 # sentences are 200 steps of 256 rows, seconds on any machine of this kind; 8 of them could finish
 # within 0.5 s on a fast one).
 LONG = {"text": " ".join(SENTENCES * 16), "beam_size": 4, "max_new_tokens": 200, "min_new_tokens": 200}
+
+
+pytestmark = pytest.mark.slow      # every test runs against the shared Ray Serve app (service_url)
 
 
 def engine_counts(url: str, model: str = "de-en") -> tuple[int, int]:

@@ -27,6 +27,7 @@ def same_json(a, b, tol: float = 1e-4) -> bool:
 
 
 # ---- service endpoints -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_health_ready_models_docs(service_url, service_info):
     assert httpx.get(service_url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(service_url + "/readyz")
@@ -47,6 +48,7 @@ def test_health_ready_models_docs(service_url, service_info):
     assert {"/v1/translate", "/v1/models", "/translate", "/languages", "/healthz", "/readyz"} <= set(spec["paths"])
 
 
+@pytest.mark.slow
 def test_request_id_on_every_response(service_url):
     ok = httpx.get(service_url + "/healthz", headers={"X-Request-ID": "client-id-1"})
     assert ok.headers["x-request-id"] == "client-id-1"
@@ -57,6 +59,7 @@ def test_request_id_on_every_response(service_url):
 
 
 # ---- translations ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_list_request_returns_results_in_order(service_url):
     singles = [translate(service_url, s, beam_size=2)["translations"][0] for s in SENTENCES[:5]]
     batch = translate(service_url, SENTENCES[:5], beam_size=2)
@@ -67,6 +70,7 @@ def test_list_request_returns_results_in_order(service_url):
     assert batch["usage"]["generated_tokens"] == sum(len(t["tokens"]) for t in singles)
 
 
+@pytest.mark.slow
 def test_paragraph_of_three_sentences_comes_back_as_three_translated_sentences(service_url):
     a, b, c = SENTENCES[:3]
     alone = [translate(service_url, s, beam_size=1)["translations"][0] for s in (a, b, c)]
@@ -76,6 +80,7 @@ def test_paragraph_of_three_sentences_comes_back_as_three_translated_sentences(s
     assert paragraph["source_tokens"].count("</s>") == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["", "   ", "\n\t ", "\u200b\x7f", " \x00 "])
 def test_empty_text_translates_to_empty_without_the_model(service_url, text):
     out = translate(service_url, [text, SENTENCES[0]], beam_size=1)
@@ -93,6 +98,7 @@ def _rows_sum_to_one(mat, n_rows, n_cols):
         assert abs(sum(row) - 1.0) < 1e-3
 
 
+@pytest.mark.slow
 def test_attention_shapes_match_tokens_and_rows_sum_to_one(service_url, service_info):
     models = {m["id"]: m for m in httpx.get(service_url + "/v1/models").json()["data"]}
     cfg = models["de-en"]["config"]
@@ -132,6 +138,7 @@ def test_attention_shapes_match_tokens_and_rows_sum_to_one(service_url, service_
                                                                  "encoder": [[[], []]] * cfg["n_encoder_layers"]}
 
 
+@pytest.mark.slow
 def test_long_attention_crosses_the_hop_and_too_much_is_a_413(service_url, service_info):
     """Over 4 MiB of weights (gRPC's default message cap between deployments) come through; more
     than MAX_ATTENTION_VALUES is a 413 naming the field, as JSON or as a stream's error event."""
@@ -152,6 +159,7 @@ def test_long_attention_crosses_the_hop_and_too_much_is_a_413(service_url, servi
     assert "return_attention" in sse_events(r.text)[-1][1]["error"]["message"]
 
 
+@pytest.mark.slow
 def test_n_best_alternatives(service_url):
     t = translate(service_url, SENTENCES[2], beam_size=4, n_best=3)["translations"][0]
     assert 1 <= len(t["alternatives"]) <= 2
@@ -161,6 +169,7 @@ def test_n_best_alternatives(service_url):
     assert translate(service_url, SENTENCES[2], beam_size=4)["translations"][0]["alternatives"] == []
 
 
+@pytest.mark.slow
 def test_routing_by_model_and_by_languages(service_url):
     by_pair = translate(service_url, "A dog runs.", source_lang="en", target_lang="de", max_new_tokens=5)
     by_name = translate(service_url, "A dog runs.", model=SECOND_MODEL, max_new_tokens=5)
@@ -176,6 +185,7 @@ def test_routing_by_model_and_by_languages(service_url):
 LONG_SENTENCE = " ".join(["Hund"] * 400)   # one "sentence" longer than any model's max_len
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, status, field, words", [
     ({"text": "x", "beam_size": 0}, 422, "beam_size", ["1"]),
     ({"text": "x", "beam_size": MAX_BEAM_SIZE + 1}, 422, "beam_size", [str(MAX_BEAM_SIZE)]),
@@ -213,6 +223,7 @@ def test_bad_input_gets_its_status_and_a_message(service_url, body, status, fiel
         assert w in err["message"], err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("raw", [b"{", b"[]", b"null", b'"text"', b'{"text": {"a": 1}}', b'{"text": [["x"]]}',
                                  b'{"text": "x", "beam_size": 1e309}', b'{"text": "x", "attention": []}',
                                  b'{"text": "\\ud800"}', b'{"text": "x", "stream": "yes"}'])
@@ -222,6 +233,7 @@ def test_malformed_bodies_never_cause_a_500(service_url, raw):
     assert r.json()["error"]["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["model", "source_lang", "target_lang"])
 def test_a_lone_surrogate_in_a_name_is_invalid_unicode_not_unknown(service_url, field):
     raw = b'{"text": "Hallo", "%s": "de\\ud800"}' % field.encode()
@@ -230,6 +242,7 @@ def test_a_lone_surrogate_in_a_name_is_invalid_unicode_not_unknown(service_url, 
     assert "Unicode" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_engine_limits_are_422_with_the_limit(service_url):
     # beam_size within the API limit but above the second model's KV-cache slots
     r = post(service_url, {"text": "A dog.", "model": SECOND_MODEL, "beam_size": SECOND_ENGINE["max_num_seqs"] + 1})
@@ -242,6 +255,7 @@ def test_engine_limits_are_422_with_the_limit(service_url):
 
 
 # ---- streaming ---------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_streamed_tokens_concatenate_to_the_final_text(service_url, beam_size):
     texts = [f"  {SENTENCES[3]}\n{SENTENCES[4]} ", SENTENCES[5], " "]
@@ -263,12 +277,14 @@ def test_streamed_tokens_concatenate_to_the_final_text(service_url, beam_size):
     assert plain["translations"] == final["translations"] and plain["usage"] == final["usage"]
 
 
+@pytest.mark.slow
 def test_stream_validation_errors_are_http_errors(service_url):
     r = post(service_url, {"text": "x", "max_new_tokens": 100000, "stream": True})
     assert r.status_code == 422 and r.headers["content-type"].startswith("application/json")
     assert r.json()["error"]["field"] == "max_new_tokens"
 
 
+@pytest.mark.slow
 def test_translator_as_its_own_ingress_gives_the_same_answers(service_url, service_info):
     """The other layout (``ingress: translator``, the translator inside the ingress replica)."""
     from ray import serve
@@ -297,6 +313,7 @@ def test_translator_as_its_own_ingress_gives_the_same_answers(service_url, servi
         serve.delete("embedded")
 
 
+@pytest.mark.slow
 def test_invalid_json_names_the_body(service_url):
     r = httpx.post(service_url + "/v1/translate", content=b'{"text": ', headers={"Content-Type": "application/json"})
     assert r.status_code == 422
@@ -304,6 +321,7 @@ def test_invalid_json_names_the_body(service_url):
     assert err["field"] == "body" and "invalid JSON" in err["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ctype, content", [("text/plain", b"Ein Hund"),
                                             ("application/x-www-form-urlencoded", b"text=Ein+Hund")])
 def test_a_body_that_is_not_json_gets_415_naming_the_content_type(service_url, ctype, content):
@@ -318,6 +336,7 @@ def test_a_body_that_is_not_json_gets_415_naming_the_content_type(service_url, c
     assert r.status_code == 200 and r.json()["translations"][0]["text"] == ""
 
 
+@pytest.mark.slow
 def test_framework_errors_use_the_error_shape(service_url):
     r = httpx.get(service_url + "/v1/translate")
     assert r.status_code == 405 and "/v1/translate" in r.json()["error"]["message"]
@@ -334,6 +353,7 @@ def test_framework_errors_use_the_error_shape(service_url):
     assert r.status_code == 422 and r.json()["error"]["field"] == "body"
 
 
+@pytest.mark.slow
 def test_unknown_target_language_blames_target_lang(service_url):
     r = httpx.post(service_url + "/v1/translate", json={"text": "Hallo", "target_lang": "xx"})
     assert r.status_code == 404 and r.json()["error"]["field"] == "target_lang"

@@ -20,12 +20,14 @@ from service.translator import ModelCard
 SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[:12]
 
 
+@pytest.mark.slow
 def test_libretranslate_languages(service_url):
     langs = httpx.get(service_url + "/languages").json()
     assert {"code": "de", "name": "German", "targets": ["en"]} in langs
     assert {"code": "en", "name": "English", "targets": ["de"]} in langs
 
 
+@pytest.mark.slow
 def test_libretranslate_translate_json_and_forms(service_url):
     s0, s1 = SENTENCES[6], SENTENCES[7]
     native = translate(service_url, [s0, s1], beam_size=4)["translations"]
@@ -66,6 +68,7 @@ def test_libretranslate_translate_json_and_forms(service_url):
     assert html.startswith(kept) and "&amp;amp;" not in html, html
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, words", [
     ({"source": "de", "target": "en"}, ["missing q"]),
     ({"q": "Hallo", "target": "en"}, ["missing source"]),
@@ -88,6 +91,7 @@ def test_libretranslate_errors(service_url, body, words):
 
 
 
+@pytest.mark.slow
 def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
     raw = "q=Ein Hund läuft.&source=de&target=en".encode("utf-8")  # what `curl -d` sends
     r = httpx.post(service_url + "/translate", content=raw,
@@ -126,6 +130,7 @@ def test_a_lone_surrogate_in_q_is_invalid_unicode():
     assert "Unicode" in e.value.message and "q" in e.value.message
 
 
+@pytest.mark.slow
 def test_html_alternatives_are_the_rebuilt_html_of_each_hypothesis(service_url):
     """format=html with alternatives: each alternative is the fragment rebuilt around hypothesis i of
     every segment, markup kept (it was [] before)."""
@@ -137,6 +142,7 @@ def test_html_alternatives_are_the_rebuilt_html_of_each_hypothesis(service_url):
     assert all(tags(a) == tags(q) for a in r["alternatives"]), r
 
 
+@pytest.mark.slow
 def test_html_blocks_count_as_sentences_not_as_texts(service_url):
     """The 64-texts limit counts q items; an HTML text's blocks count against sentences per request."""
     def html(n: int) -> str:

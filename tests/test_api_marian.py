@@ -73,6 +73,7 @@ def expected(offline, name: str, text: str, target_lang=None, max_new: int = 8) 
     return tok.pieces(src), tok.pieces([t for t in out if t != tok.eos_id])
 
 
+@pytest.mark.slow
 def test_models_and_languages_list_the_targets(url, dirs):
     models = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
     assert list(models) == ["de-en", "opus-tiny", "opus-multi"]
@@ -88,6 +89,7 @@ def test_models_and_languages_list_the_targets(url, dirs):
     assert langs["de"] == sorted({"en", *TARGETS}) and all(langs[t] == [] for t in TARGETS)
 
 
+@pytest.mark.slow
 def test_routing_by_model_and_by_languages(url, offline):
     for text in SINGLE:
         got = translate(url, text, model="opus-tiny", source_lang="de", beam_size=1, max_new_tokens=8)
@@ -107,6 +109,7 @@ def test_routing_by_model_and_by_languages(url, offline):
     assert translate(url, MULTI[0], source_lang="de", max_new_tokens=3)["model"] == "de-en"   # one target first
 
 
+@pytest.mark.slow
 def test_attention_shapes_follow_the_tiny_model(url, dirs, offline):
     hf = json.loads((dirs["opus-tiny"] / "config.json").read_text())
     layers, heads = hf["decoder_layers"], hf["decoder_attention_heads"]
@@ -121,6 +124,7 @@ def test_attention_shapes_follow_the_tiny_model(url, dirs, offline):
         assert all(len(m) == shape[0] and all(len(row) == shape[1] for row in m) for layer in att for m in layer)
 
 
+@pytest.mark.slow
 def test_empty_translations_with_attention(url, offline):
     """A sentence whose first token is EOS, and max_new_tokens 0: a 200 with no tokens, not a 500."""
     assert expected(offline, "opus-tiny", DE[0])[1] == []                # EOS first
@@ -130,6 +134,7 @@ def test_empty_translations_with_attention(url, offline):
         assert tr["tokens"] == [] and tr["text"] == "" and set(tr["attention"]) == set(ALL_KINDS["kinds"])
 
 
+@pytest.mark.slow
 def test_streaming_deltas_equal_the_final_text(url):
     body = {"text": [MULTI[0], " ".join(MULTI[1:])], "model": "opus-multi", "target_lang": "ita",
             "beam_size": 2, "max_new_tokens": 8, "min_new_tokens": 2, "stream": True}
@@ -150,6 +155,7 @@ def test_streaming_deltas_equal_the_final_text(url):
     assert [t["tokens"] for t in plain["translations"]] == [t["tokens"] for t in final]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fields, status, field", [
     ({"model": "opus-multi"}, 422, "target_lang"),                       # missing target
     ({"model": "opus-multi", "target_lang": "spa"}, 422, "target_lang"),   # unknown target
@@ -163,6 +169,7 @@ def test_missing_or_unknown_target_names_the_choices(url, fields, status, field)
     assert all(t in err["message"] for t in TARGETS), err["message"]
 
 
+@pytest.mark.slow
 def test_libretranslate_picks_the_target_token(url):
     r = httpx.post(url + "/translate", json={"q": MULTI, "source": "de", "target": "fra"}, timeout=60)
     native = translate(url, MULTI, model="opus-multi", target_lang="fra")   # beam 4, as /translate

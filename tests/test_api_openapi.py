@@ -22,6 +22,9 @@ MAX_EXAMPLES = 12     # per operation and phase: the whole fuzz run stays well u
 POSITIVE_ALSO = ["400", "413", "422"]
 
 
+pytestmark = pytest.mark.slow      # every test runs against the shared Ray Serve app (service_url)
+
+
 def load_schema() -> schemathesis.schemas.BaseSchema:
     """The service's OpenAPI document (the gateway's FastAPI app; test_openapi_json_is_that_document
     checks the running service serves the same), with the checks' configuration."""

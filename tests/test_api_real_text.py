@@ -7,6 +7,9 @@ import httpx
 import pytest
 
 
+pytestmark = pytest.mark.slow      # every test runs against the shared Ray Serve app (service_url)
+
+
 @pytest.fixture
 def url(service_url, service_info) -> str:
     if not service_info.shipped:

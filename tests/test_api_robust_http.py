@@ -8,11 +8,15 @@ import json
 import zlib
 
 import httpx
+import pytest
 
 from conftest import metric_sum, scrape, sse_events, wait_for_metric
 from service.api.body import MAX_BODY_BYTES
 
 BREAKS_PYSBD = "Sie hat einen B.A. in Sport. Dazu eine Trainer B(asic) Lizenz."
+
+
+pytestmark = pytest.mark.slow      # every test runs against the shared Ray Serve app (service_url)
 
 
 def test_splitter_failure_is_translated_and_counted(service_url):

@@ -106,6 +106,14 @@ def sentences_by_replica(metrics_port: int) -> dict[str, float]:
     return dict(out)
 
 
+def running_sequences(metrics_port: int, replica: str) -> float:
+    """The running-sequences gauge of one translator replica, from its node's Ray metrics agent."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "ray_mt_running_sequences" and s.labels.get("deployment") == TRANSLATOR
+               and s.labels.get("replica") == replica)
+
+
 async def translate_many(url: str, n: int, max_new_tokens: int, timeout_s: float = 60) -> list[tuple[int, float, dict]]:
     """n concurrent requests; (status, seconds, body) each. A request unanswered in timeout_s fails."""
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s) as client:
@@ -179,7 +187,10 @@ def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, mon
         # Kill it while requests are in flight: each gets 200 or 503 within 60 s, none hangs.
         async def kill_during_load():
             load = asyncio.create_task(translate_many(url, 24, max_new_tokens=48))
-            await asyncio.sleep(1.0)
+            deadline = time.monotonic() + 30     # once its node's agent shows it decoding (exported every ~1 s)
+            while not load.done() and time.monotonic() < deadline and \
+                    not await asyncio.to_thread(running_sequences, worker_metrics, victim_id):
+                await asyncio.sleep(0.2)
             ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
             return await load
         results = asyncio.run(kill_during_load())

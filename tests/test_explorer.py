@@ -60,7 +60,8 @@ def browser(tmp_path_factory):
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1000"):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    from service.ray_env import spare_port     # chromedriver's port: not one the OS could hand a Ray process
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, port=spare_port()), options=opts)
     driver.set_page_load_timeout(WAIT_S)
     yield driver
     driver.quit()

@@ -73,6 +73,7 @@ def wait_for(url: str, model: str, check, timeout_s: float = 30.0) -> dict[str, 
 
 
 # ---- against the real service -------------------------------------------------------------------
+@pytest.mark.slow
 def test_counts_agree_with_prometheus(service_url):
     before = settled(service_url, "de-en")
     # Greedy requests, so that the engine's scored-token counter is exactly the returned tokens plus
@@ -103,6 +104,7 @@ def test_counts_agree_with_prometheus(service_url):
     assert delta["generated"] == tokens + delta["eos"], (delta, tokens)
 
 
+@pytest.mark.slow
 def test_stops_at_its_bounds(service_url):
     # Request count, closed loop: exactly n requests, whatever the concurrency.
     res = asyncio.run(asyncio.wait_for(run_load(LoadConfig(url=service_url, concurrency=3, requests=5,
@@ -124,6 +126,7 @@ def test_stops_at_its_bounds(service_url):
     assert res.stopped_by == "duration" and max(o.scheduled for o in res.outcomes) < 1.0
 
 
+@pytest.mark.slow
 def test_cli_request_bound_and_json(service_url, tmp_path):
     out = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, "-m", "service.loadtest", "--url", service_url, "-c", "2", "-n", "3",
@@ -140,6 +143,7 @@ def test_cli_request_bound_and_json(service_url, tmp_path):
     assert proc.returncode == 2 and "loopback" in proc.stderr
 
 
+@pytest.mark.slow
 def test_sweep_and_plot(service_url, tmp_path):
     cfg = LoadConfig(url=service_url, rate=1.0, duration=1.5, sentences=GERMAN, beam_size="1", seed=5)
     points = asyncio.run(run_sweep(cfg, "rate", [1.0, 3.0], progress=False, log=lambda _: None))
@@ -152,6 +156,7 @@ def test_sweep_and_plot(service_url, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_reports_503_when_overloaded(service_url, tmp_path):
     # Short sentences: the tiny model's max_len (64) would answer long ones with 413.
     short = tmp_path / "short.en"
@@ -174,6 +179,7 @@ def test_reports_503_when_overloaded(service_url, tmp_path):
     assert (now["503"] - before["503"], now["200"] - before["200"]) == (s["rejected"], s["ok"])
 
 
+@pytest.mark.slow
 def test_compare_echo_measures_from_a_process_of_its_own(service_url, capsys):
     """--compare-echo's client runs in a spawned process (not the Ray driver's): its summary comes back
     whole, and a load that cannot run is an error naming it, not a hang."""

@@ -58,7 +58,9 @@ async def _handler(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 def server():
-    """(base URL, the list of (path, body, request id) the server saw), on a free loopback port."""
+    """(base URL, the list of (path, body, request id) the server saw), on a free loopback port from
+    20000-32767 (spare_port: not the OS's ephemeral range, where Ray's processes pick theirs)."""
+    from service.ray_env import spare_port
     loop = asyncio.new_event_loop()
     app = web.Application()
     app[SEEN] = []
@@ -66,7 +68,7 @@ def server():
     app.router.add_post("/prefix/v1/translate", _handler)
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", spare_port())
     loop.run_until_complete(site.start())
     port = site._server.sockets[0].getsockname()[1]
     yield loop, f"http://127.0.0.1:{port}", app[SEEN]

@@ -7,6 +7,7 @@ import re
 import time
 
 import httpx
+import pytest
 
 from conftest import DATA, IN_INGRESS, SECOND_ENGINE, SECOND_MODEL, metric_sum, scrape, wait_for_metric
 from model.tokenizer import read_lines
@@ -26,6 +27,7 @@ def _decode_batches_of_16_or_more(text: str, model: str) -> float:
     return count - metric_sum(text, "ray_mt_decode_batch_size_bucket", model=model, le="15.0")
 
 
+@pytest.mark.slow
 def test_32_concurrent_requests_equal_one_by_one_and_batch(service_url):
     bodies = [{"text": s, "beam_size": 4 if i % 2 else 1} for i, s in enumerate(SENTENCES)]   # greedy and beam mixed
     assert len(bodies) == 32
@@ -44,6 +46,7 @@ def test_32_concurrent_requests_equal_one_by_one_and_batch(service_url):
     assert _decode_batches_of_16_or_more(scrape(service_url), "de-en") > base
 
 
+@pytest.mark.slow
 def test_overload_gets_503_with_retry_after_not_a_hang(service_url):
     # The second model admits 4 requests per replica and queues 4 more; each request below holds
     # every KV-cache slot (beam = max_num_seqs) for the longest allowed output, so 24 at once overflow.
@@ -66,6 +69,7 @@ def test_overload_gets_503_with_retry_after_not_a_hang(service_url):
     assert elapsed < 120
 
 
+@pytest.mark.slow
 def test_engine_queue_full_is_503(service_url):
     # Paragraphs of max_waiting sentences: the engine's waiting queue overflows before Ray's limits.
     text = " ".join(["A man rides a bike."] * SECOND_ENGINE["max_waiting"])
@@ -82,6 +86,7 @@ def test_engine_queue_full_is_503(service_url):
                     and metric_sum(t, "ray_mt_running_sequences", model=SECOND_MODEL) == 0, timeout_s=30)
 
 
+@pytest.mark.slow
 def test_client_disconnects_cancel_work(service_url):
     """Close 3 of 8 streams midway: within 10 s their sentences are cancelled and the running and
     waiting gauges equal what the live requests hold."""
@@ -131,6 +136,7 @@ def test_client_disconnects_cancel_work(service_url):
     assert matched, "running + waiting never matched the live requests within 10 s"
 
 
+@pytest.mark.slow
 def test_metrics_move_after_requests(service_url):
     before = scrape(service_url)
     ok0 = metric_sum(before, "ray_mt_requests_total", model="de-en", endpoint="/v1/translate", status="200")

@@ -110,12 +110,12 @@ def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path
 
 def sigterm_under_load(proc: subprocess.Popen, url: str) -> None:
     """4 clients send requests of one to a few seconds back to back (48 sentences each: well over the
-    0.5 s margin below however fast the machine); SIGTERM (after 4 s, at a moment when a request sent
-    over 0.6 s ago is still running: the engine takes turns between requests, so clients that started
-    together finish, and send again, together); every request sent at least 0.5 s before it
-    (accepted by then) gets its 200, some of them were still running when it came, and the process
-    exits 0. The clients send nothing after the signal (with clients still sending, the drain can last
-    up to drain_timeout_s)."""
+    0.5 s margin below however fast the machine); SIGTERM (once as many answers as clients came back,
+    at a moment when a request sent over 0.6 s ago is still running: the engine takes turns between
+    requests, so clients that started together finish, and send again, together); every request sent
+    at least 0.5 s before it (accepted by then) gets its 200, some of them were still running when it
+    came, and the process exits 0. The clients send nothing after the signal (with clients still
+    sending, the drain can last up to drain_timeout_s)."""
     body = {"text": " ".join(["Ein Mann fährt mit dem Fahrrad."] * 48), "max_new_tokens": 40}
     results: list[tuple[float, float, object]] = []        # (sent, answered, status or error)
     stop = threading.Event()
@@ -134,7 +134,9 @@ def sigterm_under_load(proc: subprocess.Popen, url: str) -> None:
     threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(4)
+    deadline = time.monotonic() + 120         # every client in its stride: as many answers as clients came back
+    while len(results) < len(threads) and time.monotonic() < deadline:
+        time.sleep(0.05)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not any(time.monotonic() - t0 > 0.6 for t0 in list(sent.values())):
         time.sleep(0.02)

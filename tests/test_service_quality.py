@@ -15,6 +15,9 @@ from model.tokenizer import read_lines
 BLEU_FLOOR = 33.0
 
 
+pytestmark = pytest.mark.slow      # the shipped model through the shared Ray Serve app (service_url)
+
+
 def test_twenty_test_sentences_become_sensible_english(service_url, service_info):
     if not service_info.shipped:
         pytest.skip("the shipped model model/checkpoints/de-en is not in this checkout")
