@@ -100,7 +100,16 @@ def test_body_errors_say_what_is_wrong():
             parse({"q": "Hallo", "source": "de", "target": "en", "alternatives": bad}, cards)
         assert (e.value.status, e.value.field) == (400, "alternatives") and "whole number" in e.value.message
     assert [parse({"q": "x", "source": "de", "target": "en", "alternatives": ok}, cards).alternatives
-            for ok in (2, 2.0, "2", None, "")] == [2, 2, 2, 0, 0]
+            for ok in (2, 2.0, "2", None, "", "+2", "002")] == [2, 2, 2, 0, 0, 2, 2]
+    # Whole numbers of any size are refused by their range, never by an OverflowError or ValueError (500)
+    for big, bound in ((10 ** 300, "<= 15"), (-10 ** 300, ">= 0"), ("9" * 5000, "<= 15"), ("-" + "9" * 5000, ">= 0"),
+                       (1e300, "<= 15"), (16, "<= 15"), ("16", "<= 15"), (-1, ">= 0")):
+        with pytest.raises(ServiceError) as e:
+            parse({"q": "x", "source": "de", "target": "en", "alternatives": big}, cards)
+        assert (e.value.status, e.value.field) == (400, "alternatives") and bound in e.value.message, e.value.message
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ServiceError, match="whole number"):
+            parse({"q": "x", "source": "de", "target": "en", "alternatives": bad}, cards)
 
 
 def test_errors_do_not_echo_long_names_or_list_thousands_of_errors():

@@ -100,6 +100,13 @@ def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
     assert r.status_code == 200 and r.json()["translatedText"] == j.json()["translatedText"]
     r = httpx.post(service_url + "/translate", json={"q": "x", "source": "de", "target": "en", "alternatives": -1})
     assert r.status_code == 400 and "alternatives" in r.json()["error"]
+    # integers of any size, as JSON (400 digits, 1e400) or a form (5,000 digits): a 400, never a 500
+    for raw in (b'{"q": "x", "source": "de", "target": "en", "alternatives": 1' + b"0" * 400 + b"}",
+                b'{"q": "x", "source": "de", "target": "en", "alternatives": 1e400}'):
+        r = httpx.post(service_url + "/translate", content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "alternatives" in r.json()["error"], r.text
+    r = httpx.post(service_url + "/translate", data={"q": "x", "source": "de", "target": "en", "alternatives": "9" * 5000})
+    assert r.status_code == 400 and "alternatives parameter must be <= 15" in r.json()["error"], r.text
     for body in (b"q=Hallo&source=%FF&target=en", b"q=%FF%FE&source=de&target=en", b"q=\xff&source=de"):
         r = httpx.post(service_url + "/translate", content=body,
                        headers={"Content-Type": "application/x-www-form-urlencoded"})

@@ -8,6 +8,7 @@ with LibreTranslate's statuses (``errors.libre_error_response``).
 from __future__ import annotations
 
 import json
+import math
 import urllib.parse
 from dataclasses import dataclass
 from typing import Annotated, Callable, Iterable, Literal, Optional, Union
@@ -197,11 +198,6 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     if fmt not in ("text", "html"):
         raise ServiceError(400, f"{fmt} format is not supported", "format")
     n_alt = _whole_number(f.get("alternatives"))
-    if n_alt < 0:
-        raise ServiceError(400, "Invalid request: alternatives parameter must be >= 0", "alternatives")
-    if n_alt > MAX_BEAM_SIZE - 1:
-        raise ServiceError(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM_SIZE - 1}",
-                           "alternatives")
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
     source, target = match_language(source, sources | {"auto"}), match_language(target, targets | sources)
@@ -310,15 +306,32 @@ async def _check_multipart(request: Request) -> None:
 
 def _whole_number(value: object) -> int:
     """``alternatives`` as an int: a JSON integer (2 or 2.0), a form's digits, or 0 when absent.
-    Raises ServiceError 400 for anything else (1.5, true, "two")."""
+    Raises ServiceError 400 for anything else (1.5, true, "two", inf) and for a whole number beyond
+    the field's range, however many digits it has (an integer of thousands of digits is compared,
+    never converted to a float or parsed past what the range needs)."""
     if value is None or value == "":
         return 0
+    n: Optional[int] = None
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        return int(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
-        return int(value)
-    raise ServiceError(400, f"Invalid request: alternatives parameter must be a whole number, got {value!r:.40}",
-                       "alternatives")
+        digits = value.strip().lstrip("+-").lstrip("0") or "0"
+        if len(digits) > 6:      # far beyond the range: never parse it (Python refuses > 4,300 digits)
+            raise _alternatives_out_of_range(value.strip().startswith("-"))
+        n = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        n = int(value)
+    if n is None:
+        raise ServiceError(400, f"Invalid request: alternatives parameter must be a whole number, got {shown(value)}",
+                           "alternatives")
+    if n < 0 or n > MAX_BEAM_SIZE - 1:
+        raise _alternatives_out_of_range(n < 0)
+    return n
+
+
+def _alternatives_out_of_range(negative: bool) -> ServiceError:
+    bound = ">= 0" if negative else f"<= {MAX_BEAM_SIZE - 1}"
+    return ServiceError(400, f"Invalid request: alternatives parameter must be {bound}", "alternatives")
 
 
 def _unique(seq: list[str], exclude: str) -> list[str]:
