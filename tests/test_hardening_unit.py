@@ -14,7 +14,7 @@ from service.api.errors import ErrorRecord, ServiceError
 from service.api.guard import Guard, GuardSettings
 from service.protocol import StreamStart, StreamToken, TranslateJob, TranslateResponse, Usage
 from service.api.sse import ClosingStreamingResponse
-from service.engine import GenerationOptions
+from service.engine import EngineStats, GenerationOptions
 from service.translator import Translator
 
 
@@ -209,8 +209,10 @@ class FakeEngine:
     def __init__(self, running, waiting):
         self.running, self.waiting = running, waiting
 
-    def stats(self):
-        return {"running_requests": self.running, "waiting_requests": self.waiting}
+    def stats(self) -> EngineStats:
+        return EngineStats(running_requests=self.running, running_sequences=self.running,
+                           waiting_requests=self.waiting, free_slots=0, num_slots=4, kv_cache_usage=0.0,
+                           slot_usage=0.0, steps=0, preemptions=0)
 
 
 def test_translator_drain_waits_for_running_and_waiting_to_reach_zero():

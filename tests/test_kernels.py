@@ -35,7 +35,7 @@ def test_a_lock_left_by_an_interrupted_build_is_removed_not_waited_on():
     stale.touch()
     try:
         code = "from model.inference import kernels; import sys; sys.exit(0 if kernels._build() is not None else 1)"
-        done = subprocess.run([sys.executable, "-c", code], cwd=Path(kernels.__file__).parents[1], timeout=240,
+        done = subprocess.run([sys.executable, "-c", code], cwd=Path(kernels.__file__).parents[2], timeout=240,
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "interrupted build" in done.stderr and not stale.exists()
