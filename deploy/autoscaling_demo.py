@@ -1,4 +1,4 @@
-"""Autoscaling demo: the translator deployment goes from 1 replica to 2 under load and back to 1.
+"""Autoscaling demo: the service's deployment goes from 1 replica to 2 under load and back to 1.
 
     .venv/bin/python deploy/autoscaling_demo.py            # ~2-3 minutes, prints a line every 2 s
 
@@ -69,10 +69,18 @@ def demo_config(http_port: int, checkpoint: str | None, target: float, up_s: flo
     if checkpoint:
         for m in app["args"]["models"]:
             m["checkpoint"] = checkpoint
-    tr = next(d for d in app["deployments"] if d["name"].startswith("Translator-"))
-    tr["autoscaling_config"].update(target_ongoing_requests=target, upscale_delay_s=up_s, downscale_delay_s=down_s,
-                                    min_replicas=1, initial_replicas=1, max_replicas=2)
+    app["args"]["translator"]["autoscaling_config"].update(
+        target_ongoing_requests=target, upscale_delay_s=up_s, downscale_delay_s=down_s,
+        min_replicas=1, initial_replicas=1, max_replicas=2)
     return cfg
+
+
+def scaled_deployment(app_args: dict) -> tuple[str, dict]:
+    """(name, autoscaling_config) of the deployment that holds the translator: the ingress ("Gateway")
+    in the default layout, Translator-<model> with ``ingress: separate``."""
+    from service.app import AppArgs, deployment_options
+    return next((name, o["autoscaling_config"]) for name, o in deployment_options(AppArgs.model_validate(app_args)).items()
+                if "autoscaling_config" in o)
 
 
 def replica_counts(deployment: str) -> tuple[int, int]:
@@ -223,8 +231,7 @@ def main() -> None:
     http_port = free_port()
     config = ServeDeploySchema.model_validate(demo_config(http_port, checkpoint, args.target, args.upscale_delay_s,
                                                           args.downscale_delay_s))
-    deployment = next(d.name for d in config.applications[0].deployments if d.name.startswith("Translator-"))
-    auto = next(d for d in config.applications[0].deployments if d.name == deployment).autoscaling_config
+    deployment, auto = scaled_deployment(config.applications[0].args)
     print(f"deployment {deployment}: min/max replicas {auto['min_replicas']}/{auto['max_replicas']}, "
           f"target_ongoing_requests {args.target}, upscale_delay_s {args.upscale_delay_s}, "
           f"downscale_delay_s {args.downscale_delay_s}; {args.clients} clients; http://127.0.0.1:{http_port}")

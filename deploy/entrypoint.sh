@@ -1,6 +1,7 @@
 #!/bin/sh
 # Container entry point: a single-node Ray cluster with a fixed metrics-export port (scraped by
-# Prometheus), then the Serve application from $SERVE_CONFIG (default deploy/serve_config.yaml).
+# Prometheus), then the Serve application from $SERVE_CONFIG (default deploy/serve_config.yaml: the
+# default layout, as `python -m service` runs it; its args are service.app.AppArgs).
 # `serve run` stays in the foreground and streams the replicas' logs.
 set -eu
 cd /app

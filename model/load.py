@@ -23,7 +23,7 @@ def load_model(directory: str | Path = DEFAULT_CHECKPOINT, device: str | torch.d
                ) -> tuple[Transformer, Union[Tokenizer, VocabTokenizer], dict]:
     """(model in eval mode, tokenizer, metadata) of a checkpoint or MarianMT directory, weights upcast
     to ``dtype``. With ``pack`` (default), CPU fp32 linear layers are prepared for inference in
-    ``linear_dtype`` ("int8", "float32" or "bfloat16"; default ``MT_LINEAR_DTYPE``, else int8; see
+    ``linear_dtype`` ("int8", "float32" or "bfloat16"; default ``model.inference.settings.current()``; see
     ``model.inference.linear.pack_for_inference``); gradients and other devices use the plain weights.
     Raises FileNotFoundError when the directory lacks a required file, ValueError (a
     ``MarianImportError`` for MarianMT directories) when its files disagree or ``linear_dtype`` is unknown.

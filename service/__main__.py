@@ -6,23 +6,20 @@ blocks until Ctrl-C, then shuts down what it started.
 
     python -m service [--host 127.0.0.1] [--port 8000] [--config app.yaml] [--checkpoint DIR]
                       [--num-cpus N] [--metrics-export-port 8080] [--address auto] [--api-keys-file FILE]
-                      [--proxy haproxy|ray]
+                      [--ingress translator|separate] [--proxy haproxy|ray]
+
+--config takes the one config shape of the service (``service.app.AppArgs``, docs/deploy.md#configuration):
+a YAML (or JSON) file with ``build_app`` arguments, e.g. ``{engine: {max_num_seqs: 32}, translator:
+{num_replicas: 3}}``, or a Serve config file (``deploy/serve_config.yaml``), whose one application's
+``args`` are the same keys. --checkpoint, --api-keys-file and --ingress override what it says.
+
+Layout: the default (``ingress: translator``) runs the translators inside the ingress replicas, two
+of them on a machine with at least two CPUs and no GPU unless the config sets the translators'
+``num_replicas`` or ``autoscaling_config`` (``local_layout``); ``--ingress separate`` (or
+``ingress: separate``) puts a Gateway in front of one translator deployment per model.
 
 --proxy haproxy (default): Ray Serve's throughput mode, HAProxy in front of the ingress replicas
 (``service/ray_env.py``, docs/deploy.md#ingress-proxy); --proxy ray: Ray Serve's own HTTP proxy.
-
-Layout (``--ingress``; docs/deploy.md#configuration): by default here the translators run inside the
-ingress replicas (``ingress: translator``), two of them on a machine with at least two CPUs and no
-GPU (``local_layout``): no deployment-handle hop per request, and two processes (two event loops,
-two GILs, two engines of one thread) instead of one translator process. ``--ingress separate`` is the
-layout of the Serve config files (a Gateway in front of one translator deployment per model, each
-with its own replicas, resources and autoscaling). A ``--config`` that names ``ingress`` or the
-translators' ``num_replicas`` / ``autoscaling_config`` keeps its choice (one that names neither
-layout runs ``ingress: translator``).
-
---config takes a YAML (or JSON) file with ``build_app`` arguments (see service/app.py AppArgs),
-e.g.  ``{engine: {max_num_seqs: 32}, translator: {num_replicas: 2}}``; a Serve config file
-(with ``applications:``) is also accepted and its first application's ``args`` are used.
 """
 from __future__ import annotations
 
@@ -36,14 +33,15 @@ from pathlib import Path
 
 from .ray_env import PROXIES, apply_serve_env, haproxy_ports, remove_workdir
 
-LAYOUTS = ("translator", "separate")
-# Replicas of the one-process layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
+# Replicas of the default layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
 # one torch thread each. On 2 cores, in one hour: 263.8 single-sentence requests/s at 32 clients against
 # 189.3 for the separate layout (docs/performance.md "One process per replica, and the handles' transport").
 LOCAL_REPLICAS = 2
 
 
 def load_config(path: str | None) -> dict:
+    """``build_app`` arguments from a YAML or JSON file: ``AppArgs``' keys, or a Serve config file
+    whose one application's ``args`` are those keys. Raises OSError, ValueError (yaml's errors too)."""
     if not path:
         return {}
     text = Path(path).read_text()
@@ -52,38 +50,30 @@ def load_config(path: str | None) -> dict:
     else:
         import yaml
         data = yaml.safe_load(text) or {}
-    if "applications" in data:   # a Serve config file: its first application's args and deployments
-        app = (data["applications"] or [{}])[0]
-        args = dict(app.get("args") or {})
-        for d in app.get("deployments") or []:
-            d = dict(d)
-            name = d.pop("name", "")
-            if name == "Gateway":
-                args["gateway"] = {**args.get("gateway", {}), **d}
-            elif name.startswith("Translator-"):
-                models = args.setdefault("models", [{}])
-                spec = next((m for m in models if m.get("name", "de-en") == name[len("Translator-"):]), None)
-                if spec is None:
-                    raise SystemExit(f"{path}: deployment {name} names no model in args.models")
-                spec["deployment"] = {**spec.get("deployment", {}), **d}
-            else:
-                raise SystemExit(f"{path}: unknown deployment {name!r} (Gateway or Translator-<model>)")
-        data = args
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of build_app arguments, got {type(data).__name__}")
+    if "applications" in data:   # a Serve config file: the args of its one application
+        apps = data["applications"] or []
+        if len(apps) != 1:
+            raise ValueError(f"{path}: expected one application, got {len(apps)}")
+        if apps[0].get("deployments"):
+            raise ValueError(f"{path}: deployment options go in the application's args (translator:, "
+                             "gateway:, models[].deployment:), not in deployments:")
+        data = dict(apps[0].get("args") or {})
     return data
 
 
-def local_layout(config: dict, ingress: str | None, cpus: int | None = None, gpu: bool | None = None) -> dict:
-    """``config`` (build_app arguments) with ``python -m service``'s layout: ``ingress`` ("translator"
-    or "separate"; None: the config's, else "translator"); with "translator" and no replica count or
-    autoscaling in ``config["translator"]``, LOCAL_REPLICAS replicas when the machine has at least
-    that many CPUs (``cpus``, default os.cpu_count()) and no GPU (``gpu``, default
-    torch.cuda.is_available(): one GPU replica per model copy would need a GPU each), else one."""
+def local_layout(config: dict, cpus: int | None = None, gpu: bool | None = None) -> dict:
+    """``config`` (build_app arguments) sized for this machine as ``python -m service`` runs it: in
+    the default layout (``ingress: translator``) with no ``num_replicas`` or ``autoscaling_config``
+    in ``config["translator"]``, LOCAL_REPLICAS replicas when the machine has at least that many CPUs
+    (``cpus``, default os.cpu_count()) and no GPU (``gpu``, default torch.cuda.is_available(): one
+    GPU replica per model copy would need a GPU each), else one. The caller's dict is left as it was."""
+    from .app import AppArgs      # here: Ray Serve reads its settings when imported (see main)
     config = dict(config)
-    if ingress is not None:
-        config["ingress"] = ingress
-    config.setdefault("ingress", "translator")
     translator = dict(config.get("translator") or {})
-    if config["ingress"] == "translator" and not {"num_replicas", "autoscaling_config"} & set(translator):
+    layout = config.get("ingress", AppArgs.model_fields["ingress"].default)
+    if layout == "translator" and not {"num_replicas", "autoscaling_config"} & set(translator):
         if gpu is None:
             import torch
             gpu = torch.cuda.is_available()
@@ -121,16 +111,16 @@ def main(argv=None) -> int:
                     help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default 8080)")
     ap.add_argument("--address", default="local",
                     help="Ray address: 'local' starts a new instance (default); 'auto' or HOST:PORT joins one")
-    ap.add_argument("--ingress", choices=LAYOUTS, default=None,
-                    help="'translator' (default unless --config names one): the translators run in the ingress "
-                         f"replicas, {LOCAL_REPLICAS} of them on a CPU machine; 'separate': a Gateway in front of one "
-                         "translator deployment per model (the Serve configs' layout)")
+    ap.add_argument("--ingress", default=None, metavar="{translator,separate}",
+                    help="the layout, overriding the config's: 'translator' (the default): the translators run in "
+                         f"the ingress replicas, {LOCAL_REPLICAS} of them on a CPU machine; 'separate': a Gateway "
+                         "in front of one translator deployment per model")
     ap.add_argument("--proxy", choices=PROXIES, default="haproxy",
                     help="HTTP ingress: 'haproxy' (Ray Serve's throughput mode, default) or 'ray' (its Python proxy)")
     args = ap.parse_args(argv)
-    from model.inference.linear import default_dtype
+    from model.inference import settings
     try:
-        default_dtype()   # MT_LINEAR_DTYPE is read by every replica at load time: refuse a bad value now
+        settings.from_env()   # MT_LINEAR_DTYPE etc. are read by every replica: refuse a bad value now
     except ValueError as e:
         ap.error(str(e))
 
@@ -150,16 +140,15 @@ def main(argv=None) -> int:
     # Everything a user can get wrong in the arguments is checked before Ray starts, as one line.
     try:
         config = load_config(args.config)
-        if not isinstance(config, dict):
-            raise ValueError(f"{args.config}: expected a mapping of build_app arguments, got {type(config).__name__}")
         if args.checkpoint:
-            models = config.get("models") or [{}]
+            models = list(config.get("models") or [{}])
             models[0] = {**models[0], "checkpoint": args.checkpoint}
             config["models"] = models
         if args.api_keys_file:
             config["api_keys_file"] = args.api_keys_file
-        config = local_layout(config, args.ingress, cpus=int(args.num_cpus) if args.num_cpus else None)
-        app_args = AppArgs.model_validate(config)
+        if args.ingress:
+            config["ingress"] = args.ingress
+        app_args = AppArgs.model_validate(local_layout(config, cpus=int(args.num_cpus) if args.num_cpus else None))
         app = build_app(app_args)        # reads every checkpoint's config: a wrong directory fails here
     except (OSError, ValueError, yaml.YAMLError) as e:   # (pydantic's ValidationError is a ValueError)
         ap.error(" ".join(str(e).split()))

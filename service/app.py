@@ -1,19 +1,21 @@
-"""The Ray Serve application: an HTTP ingress (``service.api.gateway.Gateway``) in front of one
-translator deployment per model.
+"""The Ray Serve application, built from one config shape (``AppArgs``): ``build_app(args)``, a Serve
+config's ``applications[].args`` and ``python -m service --config FILE`` take the same keys.
 
-    serve run service.app:build_app                          # the shipped models (de->en first, en->de)
-    serve run service.app:build_app engine='{"max_num_seqs": 32}'   # or a serve config's `args:`
+    serve run service.app:build_app                                  # the shipped models (de->en first, en->de)
+    serve run service.app:build_app engine='{"max_num_seqs": 32}'    # or a serve config's `args:`
 
-Layout (``build_app``):
-    HTTP proxy -> Gateway (FastAPI, @serve.ingress; validation, routing, SSE, /metrics)
-               -> Translator-<model> replicas (TranslatorReplica: model + continuous-batching Engine)
-Concurrent requests reach a translator replica directly (no @serve.batch): each sentence is one
-engine call, and the engine merges all of them into its prefill and decode batches. Engine knobs come
-from the deployment's ``user_config`` (``TranslatorReplica.reconfigure``). ``max_ongoing_requests`` is
+Layouts (``ingress``; docs/deploy.md#configuration):
+    translator (default): HTTP proxy -> Gateway replicas, each holding every model's Translator
+        (``service.api.gateway.Gateway``: FastAPI, validation, routing, SSE, /metrics; model +
+        continuous-batching Engine in the same process, no hop between processes)
+    separate: HTTP proxy -> Gateway -> Translator-<model> replicas (``TranslatorReplica``), one
+        deployment per model with its own replicas, resources and autoscaling
+Concurrent requests reach a translator directly (no @serve.batch): each sentence is one engine call,
+and the engine merges all of them into its prefill and decode batches. ``engine`` reaches the
+replicas as their ``user_config`` and applies in place (``reconfigure``). ``max_ongoing_requests`` is
 sized from the engine's ``max_num_seqs`` so Serve never caps a batch, ``max_queued_requests`` bounds
 the queue in front of it; both Ray's back-pressure error and the engine's full queue become HTTP 503
-with Retry-After. With ``ingress: translator`` the translators run inside the ingress replica instead
-(one process, no extra hop).
+with Retry-After.
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Optional, Union
 
 import ray
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray import serve
+from ray.serve.schema import DeploymentSchema
 
 from model.checkpoint import DEFAULT_CHECKPOINT, SHIPPED_CHECKPOINTS
 from service.protocol import StreamItem, TranslateJob, TranslateResponse
@@ -64,14 +67,31 @@ def shipped_models() -> list[ModelSpec]:
             if name == "de-en" or (path / "config.json").exists()]
 
 
+# Serve deployment options that ``translator:`` / ``gateway:`` / a model's ``deployment:`` may set:
+# build_app names the deployments, and their user_config is ``engine``.
+DEPLOYMENT_OPTIONS = frozenset(DeploymentSchema.model_fields) - {"name", "user_config"}
+
+
+def _deployment_options(opts: dict) -> dict:
+    unknown = sorted(set(opts) - DEPLOYMENT_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown Serve deployment option {unknown[0]!r} (engine settings go in engine:); "
+                         f"choose from {sorted(DEPLOYMENT_OPTIONS)}")
+    DeploymentSchema.model_validate({"name": "x", **opts})     # Serve's own checks of the values
+    return opts
+
+
 class AppArgs(BaseModel):
-    """``build_app`` arguments (``serve run ... key=value`` or a serve config's ``args:``)."""
+    """The application's one config shape: ``build_app`` arguments = a Serve config's ``args:`` =
+    ``python -m service --config FILE`` (docs/deploy.md#configuration)."""
     model_config = ConfigDict(extra="forbid")
     models: list[ModelSpec] = Field(default_factory=lambda: shipped_models())   # the first is the default
     engine: dict = Field(default_factory=dict)            # EngineConfig fields for every model (user_config)
-    translator: dict = Field(default_factory=dict)        # Serve options of translator deployments
-    gateway: dict = Field(default_factory=dict)           # Serve options of the ingress deployment
-    ingress: Literal["separate", "translator"] = "separate"
+    # translator: every ingress replica holds every model's translator; separate: a Gateway in front
+    # of one translator deployment per model
+    ingress: Literal["translator", "separate"] = "translator"
+    translator: dict = Field(default_factory=dict)        # Serve options of the replicas holding translators
+    gateway: dict = Field(default_factory=dict)           # Serve options of the Gateway (ingress: separate)
     num_cpus: float = 0.8                                 # per translator replica (fractional: 2 fit on 2 cores)
     num_gpus: Optional[float] = None                      # per translator replica; None = 1 if the cluster has GPUs
     # hardening (docs/api.md#limits): all off by default
@@ -91,6 +111,31 @@ class AppArgs(BaseModel):
     def _json_text(cls, v: Any) -> Any:
         # `serve run service.app:build_app engine='{"max_num_seqs": 32}'` passes strings
         return json.loads(v) if isinstance(v, str) else v
+
+    @field_validator("translator", "gateway")
+    @classmethod
+    def _serve_options(cls, v: dict) -> dict:
+        return _deployment_options(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AppArgs":
+        names = [m.name for m in self.models]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"models: expected at least one, with unique names, got {names}")
+        engines = {m.name: EngineConfig.from_dict({**self.engine, **m.engine}) for m in self.models}
+        for m in self.models:
+            _deployment_options(m.deployment)
+        if self.ingress == "translator":
+            if self.gateway:
+                raise ValueError("gateway: options of the separate layout's Gateway; with ingress: translator "
+                                 "the one deployment takes translator: options")
+            if any(m.deployment for m in self.models):
+                raise ValueError("models[].deployment: per-model replicas need ingress: separate; with ingress: "
+                                 "translator every replica holds every model (translator: options)")
+            for name in ("cpu_kernels", "fused_step"):      # process-wide (service/engine/process.py)
+                if len({getattr(e, name) for e in engines.values()}) > 1:
+                    raise ValueError(f"engine.{name}: the models of one process must agree (ingress: translator)")
+        return self
 
 
 def _cluster_has_gpu() -> bool:
@@ -221,28 +266,36 @@ class TranslatorReplica:
         flush_serve_log()
 
 
+def deployment_options(args: AppArgs) -> dict[str, dict]:
+    """Serve options of every deployment ``build_app(args)`` makes, by name (no checkpoint is read):
+    ``Gateway`` alone, its replicas holding every model's translator (ingress: translator), or
+    ``Gateway`` and one ``Translator-<model>`` per model (separate)."""
+    if args.ingress == "translator":
+        opts = translator_options(args, args.models[0])
+        opts.update(name="Gateway", user_config={"engine": args.engine,
+                                                 "per_model": {s.name: s.engine for s in args.models}})
+        return {"Gateway": opts}
+    translators = [translator_options(args, s) for s in args.models]
+    return {"Gateway": gateway_options(args), **{o["name"]: o for o in translators}}
+
+
 def build_app(args: dict | AppArgs | None = None) -> serve.Application:
     """The bound application for ``serve.run`` / ``serve run`` / a serve config's ``import_path``.
 
-    args: see AppArgs (models, engine, translator/gateway deployment options, ingress layout,
-    num_cpus, num_gpus). Raises FileNotFoundError / ValueError for a missing or incomplete checkpoint.
+    args: ``AppArgs`` or its fields. Raises FileNotFoundError / ValueError for a missing or incomplete
+    checkpoint, ValueError (pydantic's ValidationError) for arguments AppArgs does not take.
     """
     args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
     cards = [dataclasses.replace(model_card(s.name, s.checkpoint, s.source_lang, s.target_lang), engine=s.engine)
              for s in args.models]
-    if len({c.id for c in cards}) != len(cards):
-        raise ValueError(f"model names must be unique: {[c.id for c in cards]}")
+    opts = deployment_options(args)
+    gateway = opts["Gateway"]
     if args.ingress == "translator":
-        # One deployment: the ingress replica hosts every model's translator itself.
-        opts = translator_options(args, args.models[0])
-        opts["name"] = "Gateway"
-        opts["user_config"] = {"engine": args.engine, "per_model": {s.name: s.engine for s in args.models}}
-        threads = max(1, round(opts["ray_actor_options"].get("num_cpus", 1)))
-        return serve.deployment(Gateway, **opts).bind(cards, None, args.engine, threads, guard_settings(args, opts),
-                                                      args.max_timeout_s)
-    handles = {s.name: serve.deployment(TranslatorReplica, **(o := translator_options(args, s))).bind(
+        threads = max(1, round(gateway["ray_actor_options"].get("num_cpus", 1)))
+        return serve.deployment(Gateway, **gateway).bind(cards, None, args.engine, threads,
+                                                         guard_settings(args, gateway), args.max_timeout_s)
+    handles = {s.name: serve.deployment(TranslatorReplica, **(o := opts[f"Translator-{s.name}"])).bind(
                    card, o["graceful_shutdown_timeout_s"])
                for s, card in zip(args.models, cards)}
-    opts = gateway_options(args)
-    return serve.deployment(Gateway, **opts).bind(cards, handles, args.engine, 1, guard_settings(args, opts),
-                                                  args.max_timeout_s)
+    return serve.deployment(Gateway, **gateway).bind(cards, handles, args.engine, 1, guard_settings(args, gateway),
+                                                     args.max_timeout_s)

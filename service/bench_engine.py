@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from model.inference import settings
 from service.bench.engine import run_model_parts
 from service.bench.engine import __doc__ as bench_doc
 from service.bench.protocol import run_protocol
@@ -54,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.linear_dtype:
-        os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype   # read at load time, here and in child processes
+    if args.linear_dtype:    # this process's default, and through the environment its workers'
+        settings.configure(linear_dtype=args.linear_dtype)
+        os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype
 
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or not parts <= set("abcdef"):

@@ -2,7 +2,9 @@
 
 - ``service_url``: base URL (http://127.0.0.1:PORT) of the running app. It serves the shipped model
   (``model/checkpoints/de-en``) as ``de-en`` when it exists, else a tiny random de->en model, plus a
-  tiny random en->de model ``tiny-en-de`` with small engine limits (routing and overload tests).
+  tiny random en->de model ``tiny-en-de`` with small engine limits (routing and overload tests), in
+  the layout ``python -m service --num-cpus 2`` runs (the default: two ingress replicas holding both
+  translators); ``MT_TEST_INGRESS=separate`` runs the separate layout instead.
 - ``service_info``: what that service runs (model names, whether de-en is the shipped model, the Ray
   metrics export port).
 - ``stop_shared_service()``: shuts the shared service and its Ray instance down (only what this
@@ -36,9 +38,11 @@ DATA = ROOT / "model" / "data" / "multi30k"
 SECOND_MODEL = "tiny-en-de"
 # Small engine limits of the second model, so that overload is cheap to provoke.
 SECOND_ENGINE = {"max_num_seqs": 8, "max_waiting": 8}
-# MT_TEST_INGRESS=translator: the shared service runs python -m service's layout (service/__main__.py),
-# the translators inside two ingress replicas, instead of build_app's default separate layout.
-IN_INGRESS = os.environ.get("MT_TEST_INGRESS") == "translator"
+# The shared service's layout (AppArgs.ingress): the default, "translator", unless MT_TEST_INGRESS=separate.
+LAYOUT = os.environ.get("MT_TEST_INGRESS") or "translator"
+IN_INGRESS = LAYOUT == "translator"
+# Serve's limits in front of the second model's own replica (separate layout only; in the default
+# layout its engine's max_waiting bounds it)
 SECOND_DEPLOYMENT = {"max_ongoing_requests": 4, "max_queued_requests": 4}
 
 
@@ -82,6 +86,7 @@ class SharedService:
         from ray import serve
 
         from model.checkpoint import DEFAULT_CHECKPOINT
+        from service.__main__ import local_layout
         from service.app import LOGGING_CONFIG, build_app
         self.shipped = shipped_model_available()
         first = str(DEFAULT_CHECKPOINT) if self.shipped else str(build_tiny_checkpoint(workdir / "de-en", "de", "en"))
@@ -97,12 +102,12 @@ class SharedService:
                  _system_config={"metrics_report_interval_ms": 1000}, namespace="mt-tests")
         self.ray_started = True
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-        args = {"models": [{"name": "de-en", "checkpoint": first},
-                           {"name": SECOND_MODEL, "checkpoint": second, "engine": SECOND_ENGINE,
-                            "deployment": SECOND_DEPLOYMENT}],
-                "num_cpus": 0.8}
-        if IN_INGRESS:
-            args.update(ingress="translator", translator={"num_replicas": 2})
+        second_model = {"name": SECOND_MODEL, "checkpoint": second, "engine": SECOND_ENGINE}
+        if not IN_INGRESS:
+            second_model["deployment"] = SECOND_DEPLOYMENT
+        # what `python -m service --num-cpus 2` deploys (two ingress replicas in the default layout)
+        args = local_layout({"models": [{"name": "de-en", "checkpoint": first}, second_model],
+                             "num_cpus": 0.8, "ingress": LAYOUT}, cpus=2, gpu=False)
         self.args = args
         serve.run(build_app(args), name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         self.url = f"http://127.0.0.1:{http_port}"

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow      # every test runs against the shared Ray Serv
 
 def engine_counts(url: str, model: str = "de-en") -> tuple[int, int]:
     """(running, waiting) of the model's engine: its translator deployment's stats, or, when the
-    translators run in the ingress replicas (MT_TEST_INGRESS=translator), the sum of every replica's
+    translators run in the ingress replicas (the default layout), the sum of every replica's
     gauges (running sequences, waiting sentences) in /metrics."""
     if IN_INGRESS:
         text = scrape(url)

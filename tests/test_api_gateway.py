@@ -285,13 +285,13 @@ def test_stream_validation_errors_are_http_errors(service_url):
 
 
 @pytest.mark.slow
-def test_translator_as_its_own_ingress_gives_the_same_answers(service_url, service_info):
-    """The other layout (``ingress: translator``, the translator inside the ingress replica)."""
+def test_the_separate_layout_gives_the_same_answers(service_url, service_info):
+    """The other layout (``ingress: separate``, a Gateway in front of the translator's own deployment)."""
     from ray import serve
 
     from service.app import build_app
     args = {"models": [{"name": SECOND_MODEL, "checkpoint": service_info.models[SECOND_MODEL]}],
-            "ingress": "translator", "num_cpus": 0.1, "engine": {"max_num_seqs": 4}}
+            "ingress": "separate", "num_cpus": 0.1, "engine": {"max_num_seqs": 4}}
     serve.run(build_app(args), name="embedded", route_prefix="/embedded", blocking=False)
     try:
         deadline = time.time() + 30     # HAProxy learns the new route prefix from its next config reload

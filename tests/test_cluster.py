@@ -1,15 +1,16 @@
-"""The app on a local two-node Ray cluster: two translator replicas, one per node, both serving;
-killing one replica's actor answers every in-flight request (200 or 503 within 60 s) and Serve
-brings the replica back.
+"""The app on a local two-node Ray cluster in the separate layout: two translator replicas, one per
+node, both serving; killing one replica's actor answers every in-flight request (200 or 503 within
+60 s: the gateway retries it on the other) and Serve brings the replica back.
 
 The cluster is ``ray.cluster_utils.Cluster`` (two nodes on this machine, 1 logical CPU each, both
 advertising 127.0.0.1), started after the shared test service is shut down (``no_shared_service``;
 the ``cluster`` marker moves this test to the end of the run). The app is deployed from
 ``deploy/serve_config.yaml`` the way ``serve run`` deploys a config file, with these substitutions:
 HTTP on 127.0.0.1 and a free port, one proxy (both nodes share the machine's ports), a tiny random
-model, and ``num_replicas: 2`` instead of autoscaling; the proxy's readiness timeout is raised for
-this slow shared machine. Only this cluster's processes are stopped at
-the end (never ``ray stop``).
+model, ``ingress: separate`` (the one field that picks the other layout; in the default one the
+requests in flight on a killed replica are lost) and ``num_replicas: 2`` instead of autoscaling;
+the proxy's readiness timeout is raised for this slow shared machine. Only this cluster's processes
+are stopped at the end (never ``ray stop``).
 """
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ def cluster_serve_config(checkpoint: Path, http_port: int) -> dict:
     cfg["http_options"].update(host="127.0.0.1", port=http_port)
     cfg["proxy_location"] = "HeadOnly"
     [app] = cfg["applications"]
-    app["args"]["models"] = [{"name": "de-en", "checkpoint": str(checkpoint)}]
-    tr = next(d for d in app["deployments"] if d["name"] == TRANSLATOR)
-    tr.pop("autoscaling_config")
-    tr["num_replicas"] = 2
+    args = app["args"]
+    args["models"] = [{"name": "de-en", "checkpoint": str(checkpoint)}]
+    args["ingress"] = "separate"
+    args["translator"].pop("autoscaling_config")
+    args["translator"]["num_replicas"] = 2
     return cfg
 
 

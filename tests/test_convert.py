@@ -21,6 +21,7 @@ from model.interop.marian import MarianImportError, load_marian
 from model.convert import main  # noqa: E402
 from model.inference.generate import generate, pad_batch  # noqa: E402
 from model.layers import sinusoidal_table  # noqa: E402
+from model.inference import settings
 from model.inference.linear import pack_for_inference
 from service.engine import Engine, EngineConfig, GenerationOptions  # noqa: E402
 from tiny_marian import DE, make_marian_dir  # noqa: E402
@@ -241,7 +242,7 @@ def test_translate_cli_on_marian_dir_with_max_new_tokens(marian_dirs, monkeypatc
     model, tok, _ = float32_model(d)
     srcs = [tok.encode(t) + [tok.eos_id] for t in DE]
     want = [tok.decode(h[0].tokens) for h in generate(model, srcs, beam_size=1, max_new_tokens=3)]
-    monkeypatch.setenv("MT_LINEAR_DTYPE", "float32")
+    monkeypatch.setattr(settings, "_current", settings.InferenceSettings(linear_dtype="float32"))
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(DE) + "\n"))
     translate.main(["--checkpoint", str(d), "--beam-size", "1", "--max-new-tokens", "3"])
     assert capsys.readouterr().out.splitlines() == want
@@ -276,7 +277,7 @@ def test_multilingual_target_language_token(marian_dirs, monkeypatch, capsys):
     with pytest.raises(ValueError, match="unknown target language 'spa'; the model knows one of deu, fra"):
         translate_lines(model, tok, DE, target_lang="spa")
     monkeypatch.setattr("sys.stdin", io.StringIO(DE[0] + "\n"))
-    monkeypatch.setenv("MT_LINEAR_DTYPE", "float32")
+    monkeypatch.setattr(settings, "_current", settings.InferenceSettings(linear_dtype="float32"))
     for argv, message in ((["--target-lang", "spa"], "unknown target language 'spa'"), ([], "one of deu, fra")):
         with pytest.raises(SystemExit) as e:
             translate.main(["--checkpoint", str(d)] + argv)

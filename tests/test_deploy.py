@@ -5,7 +5,10 @@ checked here instead: the compose file against the Compose specification's JSON 
 that the check-jsonschema package vendors from the compose-spec project, verified against its
 recorded SHA-256), ports and volumes against the serve config, and every file they reference must
 exist. The serve configs are validated with Ray Serve's own pydantic schema (``ServeDeploySchema``)
-and, because that schema ignores unknown keys, also checked for misspelt field names.
+and, because that schema ignores unknown keys, also checked for misspelt field names; their ``args``
+are the service's one config shape (``service.app.AppArgs``), the same object ``build_app`` and
+``python -m service --config`` read, and the deployments ``build_app`` makes from them pass Serve's
+own checks.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from ray.serve.schema import (DeploymentSchema, HTTPOptionsSchema, LoggingConfig
                               ServeApplicationSchema, ServeDeploySchema)
 
 from service import metrics as service_metrics
-from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, gateway_options, translator_options
+from service.__main__ import load_config
+from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, build_app, deployment_options
 from service.engine import EngineConfig
 from service.ray_env import GRPC_MESSAGE, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, THROUGHPUT, serve_env
 
@@ -48,6 +52,9 @@ NESTED = {
     (ServeApplicationSchema, "logging_config"): LoggingConfig,
     (ServeApplicationSchema, "args"): AppArgs,
     (AppArgs, "models"): ModelSpec,
+    (AppArgs, "translator"): DeploymentSchema,
+    (AppArgs, "gateway"): DeploymentSchema,
+    (ModelSpec, "deployment"): DeploymentSchema,
     (DeploymentSchema, "ray_actor_options"): RayActorOptionsSchema,
     (DeploymentSchema, "autoscaling_config"): AutoscalingConfig,
     (DeploymentSchema, "logging_config"): LoggingConfig,
@@ -73,8 +80,15 @@ def unknown_keys(model: type[BaseModel], data, where: str = "") -> list[str]:
     return out
 
 
-def translator_deployment(app: dict) -> dict:
-    return next(d for d in app["deployments"] if d["name"].startswith("Translator-"))
+def app_args(path: Path) -> dict:
+    """The ``args`` of a serve config's one application."""
+    [app] = load_yaml(path)["applications"]
+    return app["args"]
+
+
+def max_replicas(opts: dict) -> int:
+    auto = opts.get("autoscaling_config")
+    return auto["max_replicas"] if auto else opts.get("num_replicas", 1)
 
 
 # ---- serve configs --------------------------------------------------------------------------------
@@ -92,85 +106,107 @@ def test_serve_config_validates_against_ray_serve_schema(path):
     # as python -m service: Serve's access lines off, the gateway's own access log is the one
     assert config.logging_config is not None
     assert config.logging_config.enable_access_log == LOGGING_CONFIG["enable_access_log"] is False
-    # The args are what build_app accepts, and the deployment names are those build_app creates,
-    # so the config's overrides really reach the deployments.
+    # One config shape: everything is in args (no Serve-side deployment overrides), in the default layout.
+    assert not app.deployments
     args = AppArgs.model_validate(app.args)
-    expected = {gateway_options(args)["name"]} | {translator_options(args, s)["name"] for s in args.models}
-    assert {d.name for d in app.deployments} == expected
-    for dep in app.deployments:
-        assert dep.ray_actor_options.num_cpus is not None and 0 < dep.ray_actor_options.num_cpus
-        assert dep.max_ongoing_requests >= 1 and dep.max_queued_requests >= 1
-    tr = next(d for d in app.deployments if d.name.startswith("Translator-"))
-    engine = EngineConfig.from_dict(tr.user_config)    # raises on a misspelt engine option
+    assert "ingress" not in app.args and args.ingress == AppArgs.model_fields["ingress"].default == "translator"
+    opts = deployment_options(args)
+    assert list(opts) == ["Gateway"]            # the ingress replicas hold the translator
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for o in opts.values():                 # what build_app passes to serve.deployment passes Serve's checks
+            DeploymentSchema.model_validate(o)
+    holder = opts["Gateway"]
+    assert 0 < holder["ray_actor_options"]["num_cpus"]
+    engine = EngineConfig.from_dict(args.engine)     # raises on a misspelt engine option
     # Serve must never cap the engine's batch: a replica may hold more requests than engine slots.
-    assert tr.max_ongoing_requests >= engine.max_num_seqs
-    auto = AutoscalingConfig.model_validate(tr.autoscaling_config)
+    assert holder["max_ongoing_requests"] >= engine.max_num_seqs and holder["max_queued_requests"] >= 1
+    assert holder["user_config"]["engine"] == args.engine
+    auto = AutoscalingConfig.model_validate(holder["autoscaling_config"])
     assert 1 <= auto.min_replicas < auto.max_replicas
-    assert auto.target_ongoing_requests <= tr.max_ongoing_requests
+    assert auto.target_ongoing_requests <= holder["max_ongoing_requests"]
     assert 0 < auto.upscale_delay_s and 0 < auto.downscale_delay_s
 
 
-def test_both_import_paths_build_the_app():
-    """``service.app:build_app`` (the serve configs) and the old ``service.deployment:build_app`` /
-    ``service.deployment:app`` (``serve run service.deployment:app``) give the same application."""
-    import importlib
-
-    from ray import serve
-
+@pytest.mark.parametrize("path", [*SERVE_CONFIGS, DEPLOY / "two_replicas.yaml"], ids=lambda p: p.name)
+def test_one_config_shape(path, tmp_path):
+    """A serve config's args, the same keys as a python -m service --config file (YAML or JSON, or the
+    serve config itself) and as build_app's argument: one parsed AppArgs, the same deployments."""
+    raw = load_yaml(path)
+    args = raw["applications"][0]["args"] if "applications" in raw else raw
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump(args))
+    (tmp_path / "app.json").write_text(json.dumps(args))
+    parsed = AppArgs.model_validate(args)
+    for f in (path, tmp_path / "app.yaml", tmp_path / "app.json"):
+        assert AppArgs.model_validate(load_config(str(f))) == parsed, f
+    assert deployment_options(AppArgs(**args)) == deployment_options(parsed)
     from model.checkpoint import DEFAULT_CHECKPOINT
-    from service.app import build_app
-
-    def resolve(path: str):
-        module, _, attr = path.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-    assert resolve("service.app:build_app") is resolve("service.deployment:build_app") is build_app
     if (DEFAULT_CHECKPOINT / "config.json").exists():
-        app = resolve("service.deployment:app")      # built on access: the shipped model
-        assert isinstance(app, serve.Application)
+        from ray import serve
+        assert isinstance(build_app(args), serve.Application) and isinstance(build_app(parsed), serve.Application)
+
+
+def test_the_other_layout_is_one_field():
+    """``ingress: separate``: a Gateway in front of one translator deployment per model, from the same
+    keys; options that only one layout has are refused in the other, never ignored."""
+    models = [{"name": "de-en"}, {"name": "other", "deployment": {"num_replicas": 3}}]
+    opts = deployment_options(AppArgs(models=models, ingress="separate", num_gpus=0, translator={"num_replicas": 2},
+                                      gateway={"num_replicas": 2}))
+    assert list(opts) == ["Gateway", "Translator-de-en", "Translator-other"]
+    assert opts["Gateway"]["num_replicas"] == 2 and "user_config" not in opts["Gateway"]
+    assert (opts["Translator-de-en"]["num_replicas"], opts["Translator-other"]["num_replicas"]) == (2, 3)
+    assert opts["Translator-de-en"]["user_config"] == {}
+    for bad, words in (({"gateway": {"num_replicas": 2}}, "gateway: options of the separate layout"),
+                       ({"models": models}, "per-model replicas need ingress: separate"),
+                       ({"translator": {"num_replica": 2}}, "unknown Serve deployment option 'num_replica'"),
+                       ({"translator": {"user_config": {}}}, "unknown Serve deployment option 'user_config'"),
+                       ({"translator": {"num_replicas": "x"}}, "num_replicas"),
+                       ({"engine": {"max_num_seq": 8}}, "max_num_seq: unknown engine option"),
+                       ({"models": [{"name": "a"}, {"name": "a"}]}, "unique names"),
+                       ({"models": [{"name": "a"}, {"name": "b", "engine": {"fused_step": False}}]},
+                        "engine.fused_step: the models of one process must agree")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            AppArgs.model_validate(bad)
     with pytest.raises(FileNotFoundError):
         build_app({"models": [{"name": "x", "checkpoint": "/nonexistent"}]})
 
 
 def test_cpu_serve_config_fits_two_cpus():
-    app = load_yaml(SERVE_CONFIGS[0])["applications"][0]
+    args = AppArgs.model_validate(app_args(SERVE_CONFIGS[0]))
     total = 0.0
-    for dep in app["deployments"]:
-        opts = dep["ray_actor_options"]
-        assert opts.get("num_gpus", 0) == 0, dep["name"]
-        n = dep["autoscaling_config"]["max_replicas"] if "autoscaling_config" in dep else dep.get("num_replicas", 1)
-        total += n * opts["num_cpus"]
-        assert opts["num_cpus"] < 1, f"{dep['name']}: fractional CPUs so that replicas share 2 cores"
+    for name, opts in deployment_options(args).items():
+        resources = opts["ray_actor_options"]
+        assert resources.get("num_gpus", 0) == 0, name
+        total += max_replicas(opts) * resources["num_cpus"]
+        assert resources["num_cpus"] < 1, f"{name}: fractional CPUs so that replicas share 2 cores"
     assert total <= 2.0, f"at max scale the app needs {total} CPUs"
-    assert app["args"]["num_cpus"] == translator_deployment(app)["ray_actor_options"]["num_cpus"]
 
 
 def test_two_replica_app_config_fills_two_cpus():
-    """deploy/two_replicas.yaml (``python -m service --config ...``): valid build_app arguments whose
+    """deploy/two_replicas.yaml (``python -m service --config ...``): the separate layout, whose
     translator deployment gets two replicas, and gateway + replicas fit on 2 cores."""
-    from service.__main__ import load_config
     args = AppArgs.model_validate(load_config(str(DEPLOY / "two_replicas.yaml")))
-    spec = args.models[0] if args.models else ModelSpec()
-    tr, gw = translator_options(args, spec), gateway_options(args)
+    assert args.ingress == "separate"
+    opts = deployment_options(args)
+    tr, gw = opts[f"Translator-{args.models[0].name}"], opts["Gateway"]
     assert tr["num_replicas"] == 2 and "autoscaling_config" not in tr
     assert 2 * tr["ray_actor_options"]["num_cpus"] + gw["ray_actor_options"]["num_cpus"] <= 2.0
 
 
 def test_gpu_serve_config_shares_gpus():
-    app = load_yaml(SERVE_CONFIGS[1])["applications"][0]
-    tr = translator_deployment(app)
-    num_gpus = tr["ray_actor_options"]["num_gpus"]
+    args = AppArgs.model_validate(app_args(SERVE_CONFIGS[1]))
+    num_gpus = deployment_options(args)["Gateway"]["ray_actor_options"]["num_gpus"]
+    assert num_gpus == args.num_gpus
     assert 0 < num_gpus < 1 and (1 / num_gpus) == int(1 / num_gpus), "several replicas share one card"
-    assert app["args"]["num_gpus"] == num_gpus
-    cpu_tr = translator_deployment(load_yaml(SERVE_CONFIGS[0])["applications"][0])
-    assert tr["user_config"]["max_num_seqs"] > cpu_tr["user_config"]["max_num_seqs"]
+    cpu = AppArgs.model_validate(app_args(SERVE_CONFIGS[0]))
+    assert args.engine["max_num_seqs"] > cpu.engine["max_num_seqs"]
 
 
 def test_serve_config_typo_is_caught():
     """The strict key check can fail: a misspelt option is reported."""
     raw = load_yaml(SERVE_CONFIGS[0])
-    translator_deployment(raw["applications"][0])["autoscaling_config"]["max_replica"] = 3
-    assert unknown_keys(ServeDeploySchema, raw) == [".applications[0].deployments[1].autoscaling_config.max_replica"]
+    raw["applications"][0]["args"]["translator"]["autoscaling_config"]["max_replica"] = 3
+    assert unknown_keys(ServeDeploySchema, raw) == [".applications[0].args.translator.autoscaling_config.max_replica"]
 
 
 # ---- KubeRay --------------------------------------------------------------------------------------
@@ -195,8 +231,8 @@ def test_rayservice_embeds_the_gpu_serve_config():
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["/app/deploy/drain_node.sh"]
     script = (DEPLOY / "drain_node.sh").read_text()
     wait_s = int(re.search(r"DRAIN_WAIT_S:-(\d+)", script).group(1))
-    drains = [d["graceful_shutdown_timeout_s"] for app in load_yaml(SERVE_CONFIGS[1])["applications"]
-              for d in app.get("deployments", []) if "graceful_shutdown_timeout_s" in d]
+    drains = [o["graceful_shutdown_timeout_s"]
+              for o in deployment_options(AppArgs.model_validate(app_args(SERVE_CONFIGS[1]))).values()]
     assert drains and max(drains) < wait_s < gpu_group["template"]["spec"]["terminationGracePeriodSeconds"]
 
 
@@ -326,6 +362,8 @@ def test_image_and_cluster_carry_the_data_plane_settings():
     assert {k: serve_env("haproxy", workdir="/x")[k] for k in wanted} == wanted
     image = dict(kv.split("=", 1) for op, a in dockerfile_instructions() if op == "ENV" for kv in a.split())
     assert {k: image.get(k) for k in wanted} == wanted
+    # the engine's choices (linear_dtype, kernels) are in the serve config's args, not in the image
+    assert not [k for k in image if k.startswith("MT_")]
     cluster = load_yaml(RAYSERVICE)["spec"]["rayClusterConfig"]
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         env = {e["name"]: e["value"] for e in group["template"]["spec"]["containers"][0]["env"]}
@@ -434,11 +472,13 @@ def test_autoscaling_demo_config_is_a_valid_short_delay_variant():
     cfg = demo.demo_config(18000, None, target=4, up_s=5, down_s=10)
     config = ServeDeploySchema.model_validate(cfg)
     assert config.http_options.host == "127.0.0.1"
-    tr = translator_deployment(cfg["applications"][0])
-    auto = AutoscalingConfig.model_validate(tr["autoscaling_config"])
+    name, auto = demo.scaled_deployment(cfg["applications"][0]["args"])
+    assert name == "Gateway"                    # the default layout: the ingress replicas scale
+    auto = AutoscalingConfig.model_validate(auto)
     assert (auto.min_replicas, auto.max_replicas) == (1, 2)
     assert auto.upscale_delay_s <= 10 and auto.downscale_delay_s <= 10
     # Everything else is the shipped CPU config.
-    base = load_yaml(SERVE_CONFIGS[0])
-    for key in ("user_config", "ray_actor_options", "max_ongoing_requests", "max_queued_requests"):
-        assert tr[key] == translator_deployment(base["applications"][0])[key]
+    args, base = cfg["applications"][0]["args"], app_args(SERVE_CONFIGS[0])
+    for a in (args, base):
+        a["translator"].pop("autoscaling_config")
+    assert args == base

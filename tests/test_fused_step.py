@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.inference import fused_step, kernels
+from model.inference import fused_step, kernels, settings
 from model.inference.step import decode_step
 from model.inference.prefill import encode_into_cache, encode_packed
 from model.inference.generate import generate, pad_batch
@@ -103,7 +103,7 @@ def test_one_step_over_many_rows_gives_the_module_path_bits(dtype, layer_kernel,
 
 
 def test_the_compiled_step_steps_aside_where_it_does_not_apply(monkeypatch):
-    """Attention weights asked for, a bfloat16 model, a weight changed after packing, MT_FUSED_STEP=0:
+    """Attention weights asked for, a bfloat16 model, a weight changed after packing, fused_step off:
     the module path runs (and gives its own results)."""
     model = packed_model("post-LN, ReLU, shared embeddings", torch.int8)
     counter = Counter()
@@ -127,8 +127,8 @@ def test_the_compiled_step_steps_aside_where_it_does_not_apply(monkeypatch):
     if pack_for_inference(bf, dtype=torch.bfloat16) and linear_dtype(bf) == "bfloat16":
         generate(bf, sources, 1, 1, 6)
         assert counter.calls == 0
-    # MT_FUSED_STEP=0 turns it off alone
-    monkeypatch.setenv("MT_FUSED_STEP", "0")
+    # fused_step off (EngineConfig.fused_step, MT_FUSED_STEP=0) turns it off alone
+    monkeypatch.setattr(settings, "_current", settings.InferenceSettings(fused_step=False))
     generate(packed_model("post-LN, ReLU, shared embeddings", torch.int8), sources, 1, 1, 6)
     assert counter.calls == 0 and not fused_step.enabled()
 

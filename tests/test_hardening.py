@@ -36,8 +36,9 @@ LONG = " ".join(["The man rides a bike down the street."] * 40)
 
 
 def app_args(checkpoint: str, **changes) -> dict:
-    # 0.02 CPU each: fits beside the shared service's 1.8 of the session's 2 logical CPUs
-    return {"models": [{"name": MODEL, "checkpoint": checkpoint}], "num_cpus": 0.02,
+    # 0.02 CPU each: fits beside the shared service's 1.6 of the session's 2 logical CPUs. The separate
+    # layout: the gateway retries a request of a stopping or killed translator replica on the other.
+    return {"models": [{"name": MODEL, "checkpoint": checkpoint}], "ingress": "separate", "num_cpus": 0.02,
             "translator": {"num_replicas": 2}, "gateway": {"ray_actor_options": {"num_cpus": 0.02}},
             "engine": {"max_num_seqs": 16}, "max_streams_per_key": STREAMS, "drain_timeout_s": 30, **changes}
 

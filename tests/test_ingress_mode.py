@@ -8,6 +8,7 @@ answers 503 + Retry-After (test_service_load), a request id Serve cannot decode 
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 import pytest
@@ -66,6 +67,31 @@ def test_requests_pass_haproxy_and_keep_their_request_id(service_url):
     bad = post(service_url, {"text": "x", "model": "nope"}, headers={"X-Request-ID": "mode-3"})
     assert bad.status_code == 404 and bad.headers["x-request-id"] == "mode-3"
     assert _haproxy_requests(port) >= before + 3
+
+
+@pytest.mark.slow
+def test_the_shared_service_runs_the_default_layout(service_info):
+    """What python -m service --num-cpus 2 runs: one deployment, two ingress replicas that hold both
+    models' translators (MT_TEST_INGRESS=separate: a Gateway and one deployment per model)."""
+    from ray import serve
+
+    from conftest import LAYOUT
+    from service.app import AppArgs, deployment_options
+    args = AppArgs.model_validate(service_info.args)
+    assert args.ingress == LAYOUT
+    app = serve.status().applications["mt"]
+    assert set(app.deployments) == set(deployment_options(args))
+    if LAYOUT == "translator":
+        assert set(app.deployments) == {"Gateway"}
+        deadline = time.time() + 120          # ready at the first replica's answer; the second may still load
+        while (running := _running(serve.status().applications["mt"], "Gateway")) < 2 and time.time() < deadline:
+            time.sleep(1)
+        assert running == 2
+
+
+def _running(app, deployment: str) -> int:
+    states = app.deployments[deployment].replica_states
+    return {str(getattr(k, "value", k)): v for k, v in states.items()}.get("RUNNING", 0)
 
 
 @pytest.mark.slow

@@ -33,17 +33,11 @@ def test_bf16_packed_linears_are_close_to_fp32_and_optional(monkeypatch):
         torch.testing.assert_close(bf16, plain, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="float32, bfloat16 or int8"):
         pack_for_inference(model, dtype=torch.float16)
-    monkeypatch.setenv("MT_LINEAR_DTYPE", "bfloat16")
-    assert default_dtype() == torch.bfloat16
-    monkeypatch.setenv("MT_LINEAR_DTYPE", "int8")
-    assert default_dtype() == torch.int8
-    monkeypatch.setenv("MT_LINEAR_DTYPE", "int4")
-    with pytest.raises(ValueError, match="MT_LINEAR_DTYPE"):
-        default_dtype()
-    monkeypatch.setenv("MT_LINEAR_DTYPE", "float32")
-    assert default_dtype() == torch.float32
-    monkeypatch.delenv("MT_LINEAR_DTYPE")
-    assert default_dtype() == torch.int8
+    # the default when none is named: the process's settings (MT_LINEAR_DTYPE, else int8; tests/test_settings.py)
+    from model.inference import settings
+    for name in ("bfloat16", "int8", "float32"):
+        monkeypatch.setattr(settings, "_current", settings.InferenceSettings(linear_dtype=name))
+        assert default_dtype() == getattr(torch, name)
 
 
 def test_int8_linear_quantizes_per_row_and_per_output_feature():

@@ -58,7 +58,7 @@ def test_overload_gets_503_with_retry_after_not_a_hang(service_url):
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 503}, statuses
     rejected = [r for r in responses if r.status_code == 503]
-    # With the translators in the ingress replicas (MT_TEST_INGRESS=translator: two replicas, no
+    # With the translators in the ingress replicas (the default layout: two replicas, no
     # per-model Serve limits) each replica's engine holds one such request and queues max_waiting more.
     assert len(rejected) >= (24 - 2 * (1 + SECOND_ENGINE["max_waiting"]) if IN_INGRESS else 8), statuses
     assert statuses.count(200) >= 1

@@ -25,6 +25,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
     (["--config", "{cfg}"], "num_cpus: lots\n", "num_cpus Input should be a valid number"),
     (["--config", "{cfg}"], "a: [\n", "expected the node content"),
     (["--config", "{tmp}/missing.yaml"], None, "No such file or directory"),
+    (["--ingress", "both"], None, "ingress Input should be 'translator' or 'separate'"),
+    (["--config", "{cfg}"], "engine: {max_num_seq: 8}\n", "max_num_seq: unknown engine option"),
+    (["--config", "{cfg}"], "applications: [{args: {}, deployments: [{name: Gateway}]}]\n",
+     "deployment options go in the application's args"),
 ])
 def test_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, config, words):
     cfg = tmp_path / "app.yaml"
@@ -37,24 +41,22 @@ def test_bad_arguments_are_one_line_before_ray_starts(tmp_path, args, config, wo
     assert "Traceback" not in r.stderr and "Started a local Ray instance" not in r.stderr + r.stdout
 
 
-@pytest.mark.parametrize("config, ingress, cpus, gpu, want", [
-    ({}, None, 2, False, {"ingress": "translator", "translator": {"num_replicas": 2}}),
-    ({}, None, 16, False, {"ingress": "translator", "translator": {"num_replicas": 2}}),
-    ({}, None, 1, False, {"ingress": "translator", "translator": {"num_replicas": 1}}),       # a second would not fit
-    ({}, None, 8, True, {"ingress": "translator", "translator": {"num_replicas": 1}}),        # one GPU per replica
-    ({"translator": {"max_queued_requests": 32}}, None, 2, False,
-     {"ingress": "translator", "translator": {"max_queued_requests": 32, "num_replicas": 2}}),
-    ({"translator": {"num_replicas": 3}}, None, 2, False, {"ingress": "translator", "translator": {"num_replicas": 3}}),
-    ({"translator": {"autoscaling_config": {"max_replicas": 4}}}, None, 2, False,
-     {"ingress": "translator", "translator": {"autoscaling_config": {"max_replicas": 4}}}),
-    ({"ingress": "separate"}, None, 2, False, {"ingress": "separate"}),                     # the config's choice
-    ({"ingress": "translator"}, "separate", 2, False, {"ingress": "separate"}),             # --ingress wins
-    ({}, "separate", 2, False, {"ingress": "separate"}),
+@pytest.mark.parametrize("config, cpus, gpu, want", [
+    ({}, 2, False, {"translator": {"num_replicas": 2}}),
+    ({}, 16, False, {"translator": {"num_replicas": 2}}),
+    ({}, 1, False, {"translator": {"num_replicas": 1}}),       # a second would not fit
+    ({}, 8, True, {"translator": {"num_replicas": 1}}),        # one GPU per replica
+    ({"translator": {"max_queued_requests": 32}}, 2, False, {"translator": {"max_queued_requests": 32, "num_replicas": 2}}),
+    ({"translator": {"num_replicas": 3}}, 2, False, {"translator": {"num_replicas": 3}}),
+    ({"translator": {"autoscaling_config": {"max_replicas": 4}}}, 2, False,
+     {"translator": {"autoscaling_config": {"max_replicas": 4}}}),
+    ({"ingress": "translator"}, 2, False, {"ingress": "translator", "translator": {"num_replicas": 2}}),
+    ({"ingress": "separate"}, 2, False, {"ingress": "separate"}),                # the config's choice, as it is
 ])
-def test_local_layout(config, ingress, cpus, gpu, want):
+def test_local_layout(config, cpus, gpu, want):
     from service.__main__ import local_layout
     before = repr(config)
-    assert local_layout(config, ingress, cpus=cpus, gpu=gpu) == want
+    assert local_layout(config, cpus=cpus, gpu=gpu) == want
     assert repr(config) == before        # the caller's dict is left as it was
 
 

@@ -15,8 +15,9 @@ the Python between them. ``decode_step`` (``step.py``) takes it whenever it appl
   on the module path);
 - every decoder linear layer prepacked int8 or float32 (``linear.pack_for_inference``) and still
   valid for its weight; bfloat16 and unpacked models take the module path;
-- the compiled kernels available (``MT_CPU_KERNELS`` not 0; ``MT_FUSED_STEP=0`` turns off this path
-  alone).
+- the compiled kernels available and switched on, and this path too (``settings.current()``:
+  ``cpu_kernels`` and ``fused_step``, the ``EngineConfig`` fields in the service; ``MT_CPU_KERNELS`` /
+  ``MT_FUSED_STEP`` for the tools).
 
 ``prefill.encode_packed`` (prefill's encoder, packed sentences) likewise runs each encoder layer in
 one call (``encode_packed`` here) under the same conditions.
@@ -26,13 +27,12 @@ paged caches, mixed lengths, few and many rows); ``python -m service.bench.fused
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, settings
 from .attention_plan import CacheAttention
 from .linear import PackedWeight, output_logits
 
@@ -43,8 +43,8 @@ _EMPTY = torch.empty(0)
 
 
 def enabled() -> bool:
-    """False when MT_FUSED_STEP is set to 0/false/no/off (the compiled layer step alone is off)."""
-    return os.environ.get("MT_FUSED_STEP", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether the compiled layer step is switched on (``settings.current().fused_step``)."""
+    return settings.current().fused_step
 
 
 def _linear_params(m) -> Optional[list[Tensor]]:

@@ -20,7 +20,8 @@ serving process's event loop keeps running during a long kernel call on the engi
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
 the first build is slow and is cached under ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``, keyed by the source, its directory, torch version and CPU). When the build or a
-self-check fails, or ``MT_CPU_KERNELS=0`` is set, ``decode_attention()`` returns None and callers use
+self-check fails, or the kernels are switched off (``settings.current().cpu_kernels``: ``EngineConfig.cpu_kernels``
+in the service, ``MT_CPU_KERNELS=0`` for the tools), ``decode_attention()`` returns None and callers use
 their eager path: results are the same up to float rounding.
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor
 
+from . import settings
+
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp",
@@ -50,8 +53,8 @@ _loaded: dict[str, Optional[Callable]] = {}
 
 
 def enabled() -> bool:
-    """False when MT_CPU_KERNELS is set to 0/false/no/off."""
-    return os.environ.get("MT_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether the compiled kernels are switched on (``settings.current().cpu_kernels``)."""
+    return settings.current().cpu_kernels
 
 
 def _cpu_id() -> str:
@@ -83,8 +86,8 @@ def _build():
     except Exception:  # noqa: BLE001 - a private helper: without it, no announcement and no stale-lock check
         build_dir = None
     if build_dir is not None and not (build_dir / f"{name}.so").is_file():
-        log.warning("compiling the CPU kernels (once per machine and copy of the sources; MT_CPU_KERNELS=0 "
-                    "skips it)")
+        log.warning("compiling the CPU kernels (once per machine and copy of the sources; cpu_kernels false "
+                    "or MT_CPU_KERNELS=0 skips it)")
     with _build_lock(build_dir):
         module = cpp_extension.load(name, [str(p) for p in SOURCES], extra_cflags=CFLAGS, verbose=False)
     _self_check(module.packed_decode_attention)
@@ -221,12 +224,12 @@ def _self_check_topk(module) -> None:
 
 
 def _module():
-    """The compiled extension, or None where it is disabled or cannot be built (the reason is
-    logged once). Thread-safe; builds at most once per process, and the first answer stands."""
-    if "module" in _loaded:
-        return _loaded["module"]
+    """The compiled extension, or None where it is switched off (``enabled()``) or cannot be built
+    (the reason is logged once). Thread-safe; builds at most once per process, and the first answer stands."""
     if not enabled():
         return None
+    if "module" in _loaded:
+        return _loaded["module"]
     with _lock:
         if "module" not in _loaded:
             try:

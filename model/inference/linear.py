@@ -6,8 +6,9 @@ the model becomes a ``PackedLinear`` with the same parameters and state-dict key
 output projection gets its own prepared copy (``output_logits``). ``model.load.load_model`` runs it;
 the network itself (``model/transformer.py``) knows nothing of it. The prepared copy is used only when no gradient is needed, on fp32 CPU inputs, and only while the weight is the
 one that was prepared (an optimizer step or ``load_state_dict`` changes its version, and the plain
-float32 path takes over). Training, float64 and CUDA always use the plain path. The dtype comes from
-``MT_LINEAR_DTYPE`` (int8, float32 or bfloat16), else int8.
+float32 path takes over). Training, float64 and CUDA always use the plain path. The dtype is the
+caller's (``EngineConfig.linear_dtype`` in the service), else ``settings.current().linear_dtype``
+(int8 unless ``MT_LINEAR_DTYPE`` says otherwise; ``settings.py``).
 
 **int8** (default): the weights are int8 with one scale per output feature (absmax / 127), and each
 input row is quantized to int8 with its own scale at every call (dynamic, per row, like
@@ -29,7 +30,6 @@ batch it shares.
 """
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Optional
 
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import kernels
+from . import kernels, settings
 
 
 def onednn_available() -> bool:
@@ -51,14 +51,9 @@ def onednn_available() -> bool:
 
 
 def default_dtype() -> torch.dtype:
-    """The prepared weights' dtype from MT_LINEAR_DTYPE: int8 (the default, also when unset or
-    empty), float32 (fp32) or bfloat16 (bf16). Raises ValueError for another name."""
-    name = os.environ.get("MT_LINEAR_DTYPE", "").strip().lower() or "int8"   # unset or empty: the default
-    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-              "int8": torch.int8}
-    if name not in dtypes:
-        raise ValueError(f"MT_LINEAR_DTYPE must be float32, bfloat16 or int8, got {name!r}")
-    return dtypes[name]
+    """The prepared weights' dtype when the caller names none: ``settings.current().linear_dtype``
+    (int8, or what MT_LINEAR_DTYPE says). Raises ValueError for a bad MT_LINEAR_DTYPE."""
+    return getattr(torch, settings.current().linear_dtype)
 
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
@@ -208,11 +203,7 @@ def _resolve_dtype(dtype) -> torch.dtype:
     if dtype is None:
         return default_dtype()
     if isinstance(dtype, str):
-        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                 "bf16": torch.bfloat16, "int8": torch.int8}
-        if dtype.strip().lower() not in names:
-            raise ValueError(f"packed linear dtype must be float32, bfloat16 or int8, got {dtype!r}")
-        return names[dtype.strip().lower()]
+        return getattr(torch, settings.linear_dtype_name(dtype, "packed linear dtype"))
     if dtype not in PACKED_DTYPES:
         raise ValueError(f"packed linear dtype must be float32, bfloat16 or int8, got {dtype}")
     return dtype
@@ -223,7 +214,7 @@ def pack_for_inference(model: nn.Module, dtype: "torch.dtype | str | None" = Non
     its weight for oneDNN CPU inference, plus the shared output projection (``output_logits``).
     A no-op off CPU, off fp32 or without oneDNN. Returns whether packing is active.
     ``enabled=False`` swaps the plain layers back and drops the prepared copies. ``dtype``: int8,
-    float32 or bfloat16 (a torch dtype or its name; default ``MT_LINEAR_DTYPE``, else int8).
+    float32 or bfloat16 (a torch dtype or its name; default ``default_dtype()``).
     Raises ValueError for another dtype."""
     dtype = _resolve_dtype(dtype)
     _OUTPUT.pop(model, None)

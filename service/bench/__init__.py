@@ -3,5 +3,5 @@
     engine.py     python -m service.bench_engine: parts (a)-(d) on the shipped model, profiles, tables
     protocol.py   part (e): the shared benchmark protocol on random weights, process x thread layouts
     same_weights.py  part (f): the shipped model exported, in the engine, transformers and CTranslate2
-    ingress.py    python -m service.bench_ingress: a separate ingress against the translator as ingress
+    ingress.py    python -m service.bench.ingress: a separate ingress against the translator as ingress
 """

@@ -2,7 +2,7 @@
 ingress (proxy -> Gateway -> Translator, ``ingress: separate``) and with the translator inside the
 ingress replica (proxy -> Gateway+Translator, ``ingress: translator``), side by side, over HTTP.
 
-    python -m service.bench_ingress [--checkpoint DIR] [--requests 60] [--rounds 2]
+    python -m service.bench.ingress [--checkpoint DIR] [--requests 60] [--rounds 2]
 
 Per layout and round: latency of sequential requests for an empty text (no model work: the pure
 cost of the layers) and for one test sentence (greedy), then the throughput of 32 concurrent
@@ -49,7 +49,7 @@ async def _concurrent(url: str, texts: list[str], n: int, clients: int = 32) -> 
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m service.bench_ingress", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m service.bench.ingress", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--requests", type=int, default=60, help="requests per sequential phase")
@@ -83,3 +83,7 @@ def main(argv=None) -> None:
         name = {"separate": "separate ingress (2 hops)", "translator": "translator as ingress"}[layout]
         print(f"{name:<28} {statistics.median(r['empty']) * 1e3:10.1f} ms {statistics.median(r['one']) * 1e3:11.1f} ms "
               f"{statistics.median(r['rps']):14.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -95,9 +94,8 @@ def _translator(spec: dict):
         return translate
     from model.load import load_model
     from service.engine import torch_threads, tune_process
-    os.environ["MT_LINEAR_DTYPE"] = "int8" if system == "engine int8" else "float32"   # read at load
     with torch_threads(1):                 # see engine._engine_parts_worker
-        model, _, _ = load_model(spec["checkpoint"])
+        model, _, _ = load_model(spec["checkpoint"], linear_dtype="int8" if system == "engine int8" else "float32")
     tune_process()
 
     def translate(srcs):

@@ -1,11 +1,15 @@
 """Engine settings: one small dataclass, validated on construction (no torch here).
 
 Ray Serve passes them as a translator deployment's ``user_config`` (``EngineConfig.from_dict``).
+``linear_dtype``, ``cpu_kernels`` and ``fused_step`` default to ``model.inference.settings.from_env()``:
+the built-in defaults unless MT_LINEAR_DTYPE / MT_CPU_KERNELS / MT_FUSED_STEP say otherwise.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Optional
+
+from model.inference import settings
 
 from .errors import EngineValidationError
 
@@ -47,6 +51,10 @@ class EngineConfig:
     kv_blocks: Optional[int] = None           # KV-cache blocks (default: 64 positions per slot, see paged_cache.py)
     dtype: str = "auto"                       # weights and KV cache: one of DTYPES (see resolve_dtype)
     cuda_graphs: bool = True                  # CUDA: replay the decode step from captured graphs (cuda_graphs.py)
+    # how the model computes on CPU (model/inference/settings.py), fixed when the engine starts (process.py)
+    linear_dtype: str = field(default_factory=lambda: settings.from_env().linear_dtype)  # int8, float32 or bfloat16
+    cpu_kernels: bool = field(default_factory=lambda: settings.from_env().cpu_kernels)   # off: eager PyTorch
+    fused_step: bool = field(default_factory=lambda: settings.from_env().fused_step)     # one call per decoder layer
 
     def __post_init__(self) -> None:
         def bad(name, msg):
@@ -66,8 +74,11 @@ class EngineConfig:
             bad("kv_blocks", f"must be None or a positive integer, got {self.kv_blocks!r}")
         if self.dtype not in DTYPES:
             bad("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            bad("cuda_graphs", f"must be true or false, got {self.cuda_graphs!r}")
+        for name in ("cuda_graphs", "cpu_kernels", "fused_step"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.linear_dtype not in settings.LINEAR_DTYPES:
+            bad("linear_dtype", f"must be one of {settings.LINEAR_DTYPES}, got {self.linear_dtype!r}")
         if self.policy not in POLICIES:
             bad("policy", f"must be one of {POLICIES}, got {self.policy!r}")
         if self.admission not in ADMISSIONS:

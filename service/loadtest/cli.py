@@ -196,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         from .echo import compare_echo
         # the layout python -m service would run with this config (the echo app takes the same)
-        out = compare_echo(cfg, local_layout(load_config(args.app_config), None), args.proxy, args.quiet, args.rounds)
+        out = compare_echo(cfg, local_layout(load_config(args.app_config)), args.proxy, args.quiet, args.rounds)
     else:
         out = asyncio.run(_amain(args, cfg))
     if args.json:

@@ -260,8 +260,8 @@ def soak_main(argv: Sequence[str]) -> int:
     try:
         check_url(app.url)
         print(f"starting the service on {app.url} ({args.replicas} translator replicas)", flush=True)
-        app.deploy({"models": [{"name": "de-en", "checkpoint": args.checkpoint}],
-                    "translator": {"num_replicas": args.replicas}})
+        app.deploy({"models": [{"name": "de-en", "checkpoint": args.checkpoint}], "ingress": "separate",
+                    "translator": {"num_replicas": args.replicas}})   # the gateway retries the killed replica's requests
         cfg = SoakConfig(url=app.url, requests=args.requests, concurrency=args.concurrency, seed=args.seed,
                          max_duration=args.max_duration)
         res = asyncio.run(run_soak(cfg, load_sentences(args.sentences), lambda: kill_replica(app.name),

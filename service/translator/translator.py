@@ -30,6 +30,7 @@ from model.inference.linear import linear_dtype
 from service.protocol import (MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
 from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
+from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
 
 from .card import ModelCard
@@ -66,7 +67,7 @@ class Translator:
             torch.set_num_threads(num_threads)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
-            self.model, self.tok, _ = load_model(card.checkpoint, device=self.device)
+            self.model, self.tok, _ = load_model(card.checkpoint, device=self.device, pack=False)  # prepare_model packs
         tune_process()
         if protect_spans is None:
             protect_spans = os.environ.get("MT_PROTECT_SPANS", "1") != "0"
@@ -86,6 +87,7 @@ class Translator:
         Raises EngineValidationError for unknown fields or bad values.
         """
         config = EngineConfig.from_dict(engine_config)
+        prepare_model(self.model, config, self.engine_config)   # linear_dtype, kernels: before the engine starts
         if self.engine is None:
             self.engine = Engine(self.model, config, on_step=self.metrics.on_step, on_finish=self.metrics.on_finish)
             await self.engine.start()
