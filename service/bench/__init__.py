@@ -4,4 +4,5 @@
     protocol.py   part (e): the shared benchmark protocol on random weights, process x thread layouts
     same_weights.py  part (f): the shipped model exported, in the engine, transformers and CTranslate2
     ingress.py    python -m service.bench_ingress: a separate ingress against the translator as ingress
+    langid.py     python -m service.bench.langid: language identification libraries on Multi30k val
 """
