@@ -105,6 +105,18 @@ def _checked_target(card: ModelCard, target_lang: Optional[str]) -> ModelCard:
     return card
 
 
+async def _rewrite_final(items, final):
+    """The stream's items with its closing TranslateResponse replaced by ``final(response)``. (Defined
+    before the class: Serve's ingress copies the class's methods with the globals of that moment.)"""
+    try:
+        async for item in items:
+            yield final(item) if isinstance(item, TranslateResponse) else item
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 @serve.ingress(api)
 class Gateway:
     """The HTTP ingress in front of one translator per model.
@@ -381,13 +393,3 @@ class Gateway:
         "language": "und"}]`` for text without letters. ``q`` and ``api_key`` as JSON or a form."""
         return await libretranslate.detect(request, self.detector)
 
-
-async def _rewrite_final(items, final):
-    """The stream's items with its closing TranslateResponse replaced by ``final(response)``."""
-    try:
-        async for item in items:
-            yield final(item) if isinstance(item, TranslateResponse) else item
-    finally:
-        aclose = getattr(items, "aclose", None)
-        if aclose is not None:
-            await aclose()

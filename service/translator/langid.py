@@ -5,7 +5,7 @@
                                               [("und", 0.0)] for letters the model knows nothing of
     detect(text)                           -> the same, among COMMON_LANGUAGES
 
-The model is py3langid's (a naive Bayes classifier over byte n-grams of 97 languages, shipped in its
+The model is py3langid's (a naive Bayes classifier over byte n-grams of 139 languages, shipped in its
 wheel as ``py3langid/data/model.npz.xz``: nothing is downloaded). Its probabilities are a softmax of
 the classifier's scores at a temperature of sqrt(text bytes) (py3langid >= 0.4), normalised over the
 candidate languages: a detector's candidates are COMMON_LANGUAGES plus the languages the service
@@ -35,7 +35,7 @@ _model = None               # the full py3langid identifier, loaded once per pro
 
 
 def _full_model():
-    """py3langid's identifier over all its languages (loaded on first use, ~2 s, ~70 MB)."""
+    """py3langid's identifier over all its languages (loaded on first use, ~2 s, ~75 MB)."""
     global _model
     with _lock:
         if _model is None:
