@@ -110,6 +110,13 @@ class Translation(BaseModel):
     attention: Optional[dict[str, list]] = Field(
         None, description="kind -> [layer][head][rows][cols]: cross [len(tokens)][len(source_tokens)], "
                           "encoder [len(source_tokens)]^2, decoder [len(tokens)]^2; block-diagonal over sentences")
+    # source_lang "auto" only (service/api/autodetect.py):
+    detected_language: Optional[str] = Field(None, description='source_lang "auto": the language detected in this '
+                                                               'text ("und": no letters)')
+    detected_confidence: Optional[float] = Field(None, description='source_lang "auto": confidence 0-100 (< 100)')
+    passthrough: Optional[bool] = Field(None, description='source_lang "auto": true when the text comes back '
+                                                          "unchanged (detected == target_lang, or no letters)")
+    model: Optional[str] = Field(None, description='source_lang "auto": the model that translated this text')
 
 
 class Usage(BaseModel):

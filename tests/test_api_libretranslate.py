@@ -50,8 +50,13 @@ def test_libretranslate_translate_json_and_forms(service_url):
     assert alts["translatedText"] == native[0]["text"] and isinstance(alts["alternatives"], list)
     assert len(alts["alternatives"]) <= 2 and native[0]["text"] not in alts["alternatives"]
     auto = post(service_url, {"q": [s0], "source": "auto", "target": "en"}, path="/translate").json()
-    assert auto == {"translatedText": [native[0]["text"]],
-                    "detectedLanguage": [{"confidence": 100.0, "language": "de"}]}
+    assert auto["translatedText"] == [native[0]["text"]] and set(auto) == {"translatedText", "detectedLanguage"}
+    assert auto["detectedLanguage"][0]["language"] == "de" and 50 < auto["detectedLanguage"][0]["confidence"] < 100
+    # auto is detected, not "the one source language serving the target" at confidence 100
+    english = post(service_url, {"q": "A man is riding a bicycle down the street.", "source": "auto", "target": "en"},
+                   path="/translate").json()
+    assert english["translatedText"] == "A man is riding a bicycle down the street." and english["passthrough"] is True
+    assert english["detectedLanguage"]["language"] == "en" and english["detectedLanguage"]["confidence"] < 100
     html = post(service_url, {"q": f"<p>{s0} <b>{s1}</b></p>", "source": "de", "target": "en", "format": "html"},
                 path="/translate").json()["translatedText"]
     assert html.startswith("<p>") and "<b>" in html and html.endswith("</b></p>")
@@ -73,7 +78,9 @@ def test_libretranslate_translate_json_and_forms(service_url):
     ({"source": "de", "target": "en"}, ["missing q"]),
     ({"q": "Hallo", "target": "en"}, ["missing source"]),
     ({"q": "Hallo", "source": "de"}, ["missing target"]),
-    ({"q": "Hallo", "source": "xx", "target": "en"}, ["xx is not supported"]),
+    ({"q": "Hallo", "source": "xx", "target": "en"}, ["xx is not supported", "source languages: de, en"]),
+    ({"q": "Hallo", "source": "de", "target": "auto"}, ["target auto is not supported"]),
+    ({"q": "Un chat noir dort sur le canapé du salon.", "source": "auto", "target": "en"}, ["French (fr)"]),
     ({"q": "Hallo", "source": "de", "target": "de"}, ["not available as a target language"]),
     ({"q": "Hallo", "source": "de", "target": "en", "format": "pdf"}, ["pdf format is not supported"]),
     ({"q": "Hallo", "source": "de", "target": "en", "alternatives": "many"}, ["alternatives"]),
@@ -119,8 +126,10 @@ CARDS = [ModelCard("de-en", "", "de", "en", TINY), ModelCard("en-de", "", "en", 
 
 
 def test_parse_picks_the_model_and_the_options():
-    req = parse({"q": ["a", "b"], "source": "auto", "target": "de", "alternatives": "2"}, CARDS)
-    assert (req.card.id, req.batch, req.auto, req.alternatives, req.html) == ("en-de", True, True, 2, False)
+    req = parse({"q": ["a", "b"], "source": "en", "target": "de", "alternatives": "2"}, CARDS)
+    assert (req.card.id, req.batch, req.auto, req.alternatives, req.html) == ("en-de", True, False, 2, False)
+    auto = parse({"q": ["a", "b"], "source": "auto", "target": "de"}, CARDS)     # the model: per text, once detected
+    assert (auto.card, auto.auto, auto.target) == (None, True, "de")
     job = req.job(req.texts)
     assert (job.options.beam_size, job.options.n_best, job.field, job.is_list) == (4, 3, "q", True)
     with pytest.raises(ServiceError, match="not available as a target language") as e:

@@ -20,7 +20,7 @@ logger = logging.getLogger("ray.serve")
 
 # Paths recorded under their own name in the metrics' endpoint label; any other is "other".
 ENDPOINTS = frozenset({"/v1/translate", "/v1/models", "/healthz", "/readyz", "/metrics", "/translate",
-                       "/languages", "/docs", "/openapi.json", "/"})
+                       "/languages", "/detect", "/docs", "/openapi.json", "/"})
 
 
 # Serve's throughput mode buffers a replica's log records (RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE, 1,000)

@@ -36,7 +36,7 @@ from typing import Optional
 from fastapi.responses import JSONResponse
 
 from .errors import LIBRE_PATHS, ServiceError, error_response, route_path, shown
-from .guard import check_body_key
+from .guard import BODY_KEY_PATHS, check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
                                    # 5,000 characters fit with room for JSON escapes)
@@ -45,7 +45,8 @@ ENCODINGS = ("gzip", "deflate", "identity")
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
-MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART)}   # "+json" types count as JSON
+MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART),   # "+json" types count as JSON
+               "/detect": (JSON, FORM, MULTIPART)}
 JSON_KEY_PATHS = frozenset(MEDIA_TYPES)     # routes whose JSON bodies are checked for repeated keys
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # The charsets honoured, as codecs.lookup() names them: character encodings only, never Python's
@@ -216,7 +217,7 @@ class BodyMiddleware:
                 check_json_keys(body)
         except ServiceError as e:
             # API keys on, no Authorization header, /translate: no readable api_key field -> 401 first
-            denied = check_body_key(scope.get("state", {}), None) if path == "/translate" else None
+            denied = check_body_key(scope.get("state", {}), None) if path in BODY_KEY_PATHS else None
             resp = render(path, e) if denied is None else render(path, denied.error, denied.headers)
             return await resp(scope, receive, send)
         drop = {b"content-encoding", b"content-length", b"content-type", b"transfer-encoding"}

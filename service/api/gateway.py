@@ -6,12 +6,15 @@ a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Ev
     GET  /healthz, /readyz    liveness; readiness of every model
     (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
     GET  /metrics             Prometheus text of the whole cluster (service/metrics.py)
-    POST /translate, GET /languages   LibreTranslate-compatible (libretranslate.py)
+    POST /translate, GET /languages, POST /detect   LibreTranslate-compatible (libretranslate.py)
+    source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
     GET  /, /explorer/{name}  the attention explorer page and its files (explorer.py)
 """
 # No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
 # must see the request model classes themselves, not their names.
 import asyncio
+import dataclasses
+import threading
 import time
 from typing import Optional
 
@@ -26,8 +29,9 @@ from service.metrics import GuardMetrics, RetryMetrics, scrape_metrics
 from service.protocol import TranslateResponse
 from service.translator import ModelCard
 from service.translator.card import match_language
+from service.translator.langid import LanguageDetector
 
-from . import explorer, libretranslate, sse
+from . import autodetect, explorer, libretranslate, sse
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
@@ -48,7 +52,7 @@ def _errors(model, statuses: dict[int, str]) -> dict:
 
 
 NATIVE_ERRORS = _errors(ErrorResponse, {
-    404: "unknown model, or no model for source_lang/target_lang",
+    404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language)',
     401: "API keys are on and the request has no valid Authorization: Bearer key",
     413: "a text, list, sentence or body over its limit (the message names it)",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
@@ -58,7 +62,8 @@ NATIVE_ERRORS = _errors(ErrorResponse, {
     503: "overloaded, queue full, or the model is loading",
     504: "timeout_s (or the server's max_timeout_s) passed; the request's sentences were cancelled"})
 LIBRE_ERRORS = _errors(libretranslate.LibreError, {
-    400: "invalid request: a field missing or invalid, an unsupported language pair, a text over its limit",
+    400: "invalid request: a field missing or invalid, an unsupported language pair (with source auto: a detected "
+         "language no model translates), a text over its limit",
     413: "a body over MAX_BODY_BYTES (service/api/body.py)",
     401: "API keys are on and neither Authorization: Bearer nor api_key holds a valid key",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
@@ -100,6 +105,18 @@ def _checked_target(card: ModelCard, target_lang: Optional[str]) -> ModelCard:
     return card
 
 
+async def _rewrite_final(items, final):
+    """The stream's items with its closing TranslateResponse replaced by ``final(response)``. (Defined
+    before the class: Serve's ingress copies the class's methods with the globals of that moment.)"""
+    try:
+        async for item in items:
+            yield final(item) if isinstance(item, TranslateResponse) else item
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 @serve.ingress(api)
 class Gateway:
     """The HTTP ingress in front of one translator per model.
@@ -120,6 +137,9 @@ class Gateway:
         self.default = cards[0].id
         self._sources = frozenset(c.source_lang for c in cards)             # the codes match_language maps to
         self._targets = frozenset(t for c in cards for t in c.targets)
+        # source "auto": detects among common languages and the served ones; loads in the background (~2 s)
+        self.detector = LanguageDetector(sorted(self._sources | self._targets))
+        threading.Thread(target=self.detector.load, name="langid-load", daemon=True).start()
         self.backend: Backend = (RemoteBackend(handles, RetryMetrics(list(self.cards)).record) if handles is not None
                                  else LocalBackend(cards, num_threads))
         self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
@@ -174,7 +194,10 @@ class Gateway:
         field = "source_lang" if source_lang is not None and not any(
             c.source_lang == source_lang for c in self.cards.values()) else "target_lang"
         raise ServiceError(404, f"{field}: no model for {source_lang or '*'}->{target_lang or '*'}; available "
-                                f"pairs: {', '.join(f'{c.pair} ({c.id})' for c in self.cards.values())}", field)
+                                f"pairs: {self._pairs()}", field)
+
+    def _pairs(self) -> str:
+        return ", ".join(f"{c.pair} ({c.id})" for c in self.cards.values())
 
     def _deadline(self, job, timeout_s: Optional[float] = None):
         """Set the job's deadline: ``timeout_s`` (<= max_timeout_s, else 422) or max_timeout_s."""
@@ -202,6 +225,11 @@ class Gateway:
             name = next(iter(request.query_params.keys()), "")
             raise ServiceError(422, f"query parameter {shown(name)}: /v1/translate reads its fields from the JSON body "
                                     f"only; send it there", name or "query")
+        if autodetect.is_auto(body.target_lang):
+            raise ServiceError(422, "target_lang: auto detects the source language only; target_lang must be a "
+                                    f"language code (one of {', '.join(sorted(self._targets))}) or null", "target_lang")
+        if autodetect.is_auto(body.source_lang):
+            return await self._translate_auto(body, request)
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
         job = self._deadline(body.job(), body.timeout_s)
@@ -211,10 +239,60 @@ class Gateway:
             result = await self.backend.translate(card.id, job)
             request.state.usage = result.usage
             return Response(result.body_bytes(), media_type="application/json")
+        return await self._stream(card.id, job, request)
+
+    async def _translate_auto(self, body: TranslateRequest, request: Request):
+        """source_lang "auto": each text's language detected, each text translated by the model that
+        reads it (one job per model, run together), passed through when it has no letters or is in
+        target_lang already (autodetect.py)."""
+        texts, is_list = body.texts, isinstance(body.text, list)
+        autodetect.check_sizes(texts, "text", is_list)
+        known = self._targets | self._sources
+        target = match_language(body.target_lang, known)
+        if target is not None and target not in known:
+            raise ServiceError(404, f"target_lang: no model translates into {shown(body.target_lang)}; target "
+                                    f"languages: {', '.join(sorted(self._targets))}", "target_lang")
+        named = self.cards.get(body.model) if body.model is not None else None
+        if target is None and named is not None and not named.target_languages:
+            target = named.target_lang      # the named model's one target: text already in it passes through
+        detections = await autodetect.detect_texts(self.detector, texts)
+        routed = autodetect.route(texts, detections, target,
+                                  lambda lang: self.resolve(body.model, lang, body.target_lang).id,
+                                  "text", "source_lang", is_list, self._pairs())
+        by_model = autodetect.groups(routed)
+        request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
+        base = self._deadline(body.job(), body.timeout_s)
+        jobs = {}
+        for model, idx in by_model.items():    # errors name the text: text[i] when alone in its job
+            one = is_list and len(idx) == 1
+            jobs[model] = dataclasses.replace(base, texts=[texts[i] for i in idx], is_list=is_list and not one,
+                                              field=f"text[{idx[0]}]" if one else "text")
+            with mapped_errors(model):
+                self.limits[model].check(jobs[model])
+
+        def merged(results: dict) -> TranslateResponse:
+            return autodetect.merged(texts, routed, results, by_model)
+        if not body.stream:
+            answers = await autodetect.gather_all([self.backend.translate(m, j) for m, j in jobs.items()])
+            result = merged(dict(zip(jobs, answers)))
+            request.state.usage = result.usage
+            return Response(result.body_bytes(), media_type="application/json")
+        if len(jobs) != 1 or any(r.passthrough for r in routed):
+            found = ", ".join(f"{r.language}{' (unchanged)' if r.passthrough else ''}" for r in routed)
+            raise ServiceError(422, "stream: with source_lang auto, a stream takes texts that one model translates "
+                                    f"(detected: {found}); send them without stream, or one language per request",
+                                    "stream")
+        (model, job), = jobs.items()
+        return await self._stream(model, job, request, lambda r: merged({model: r}))
+
+    async def _stream(self, model: str, job, request: Request, final=None):
+        """The SSE answer of ``job`` on ``model``; ``final`` rewrites the closing TranslateResponse."""
         request.state.stream = True
         decision = request.scope.get("state", {}).get("guard_decision")
         release = self.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)   # or 429
-        items = self.backend.stream(card.id, job)
+        items = self.backend.stream(model, job)
+        if final is not None:
+            items = _rewrite_final(items, final)
         try:
             await anext(items)     # StreamStart: validation and admission errors become HTTP errors
         except StopAsyncIteration:
@@ -299,8 +377,19 @@ class Gateway:
     @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses=LIBRE_ERRORS,
               openapi_extra={"requestBody": libretranslate.openapi_request_body()})
     async def libre_translate(self, request: Request):
-        """LibreTranslate: ``q`` (string or list), ``source``, ``target``, ``format`` (text|html),
-        ``alternatives``, ``api_key`` as JSON, form-urlencoded or multipart form. Answers
-        ``{"translatedText": ...}`` (plus ``alternatives`` when asked); errors ``{"error": message}``.
+        """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
+        detected), ``target``, ``format`` (text|html), ``alternatives``, ``api_key`` as JSON,
+        form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus ``alternatives``
+        when asked, ``detectedLanguage`` with auto); errors ``{"error": message}``.
         """
-        return await libretranslate.translate(request, list(self.cards.values()), self.limits, self._translate)
+        return await libretranslate.translate(request, list(self.cards.values()), self.limits, self._translate,
+                                              self.detector)
+
+    @api.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
+              openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})
+    async def libre_detect(self, request: Request):
+        """LibreTranslate: the language of ``q`` (a string; a list: each language's mean over the
+        texts) as ``[{"confidence": 0-100, "language": code}]``, best first; ``[{"confidence": 0.0,
+        "language": "und"}]`` for text without letters. ``q`` and ``api_key`` as JSON or a form."""
+        return await libretranslate.detect(request, self.detector)
+

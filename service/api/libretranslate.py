@@ -1,8 +1,10 @@
-"""The LibreTranslate-compatible API: ``POST /translate`` and ``GET /languages``.
+"""The LibreTranslate-compatible API: ``POST /translate``, ``POST /detect`` and ``GET /languages``.
 
-``q`` (string or list), ``source``, ``target``, ``format`` (text|html), ``alternatives``, ``api_key``
-arrive as JSON, form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus
-``alternatives`` when asked, ``detectedLanguage`` for ``source: auto``); errors ``{"error": message}``
+``q`` (string or list), ``source`` (a code or ``auto``), ``target``, ``format`` (text|html),
+``alternatives``, ``api_key`` arrive as JSON, form-urlencoded or multipart form. Answers
+``{"translatedText": ...}`` (plus ``alternatives`` when asked; with ``source: auto``, each text's
+``detectedLanguage`` ``{"confidence", "language"}`` and, when a text came back unchanged,
+``passthrough``); ``/detect`` answers ``[{"confidence", "language"}]``; errors ``{"error": message}``
 with LibreTranslate's statuses (``errors.libre_error_response``).
 """
 from __future__ import annotations
@@ -20,20 +22,20 @@ from pydantic import BaseModel, Field
 from service.engine import GenerationOptions
 from service.translator import ModelCard
 from service.translator.card import match_language
-from service.protocol import MAX_BEAM_SIZE, TranslateJob, TranslateResponse
+from service.translator.langid import LanguageDetector
+from service.protocol import MAX_BEAM_SIZE, TranslateJob, TranslateResponse, Usage
 from service.engine.validation import ModelLimits
 
+from . import autodetect
+from .autodetect import NAMES as LANGUAGE_NAMES
 from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, mapped_errors, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
 from .schemas import LibreLanguage, check_unicode
 LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")   # the fields this route reads
+DETECT_FIELDS = ("q", "api_key")                                                # the fields /detect reads
 IGNORED_HEADER = "X-Ignored-Fields"     # the other fields a request sent (LibreTranslate ignores them too)
 MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest are counted
-
-LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
-                  "nl": "Dutch", "pt": "Portuguese", "cs": "Czech", "ru": "Russian", "zh": "Chinese",
-                  "ja": "Japanese", "pl": "Polish", "sv": "Swedish", "tr": "Turkish", "ar": "Arabic"}
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 Fields = dict[str, object]      # a JSON body's members, or form fields (str, or list[str] for a repeated q)
@@ -52,19 +54,36 @@ class LibreTranslateBody(BaseModel):
                                                      "header is sent")
 
 
+class LibreDetection(BaseModel):
+    confidence: float = Field(..., ge=0, lt=100, description="0-100, never 100")
+    language: str = Field(..., description='language code; "und" for text without letters')
+
+
 class LibreTranslateAnswer(BaseModel):
     translatedText: Union[str, list[str]]
     alternatives: Optional[Union[list[str], list[list[str]]]] = None
-    detectedLanguage: Optional[Union[dict, list[dict]]] = Field(None, description='with source "auto"')
+    detectedLanguage: Optional[Union[LibreDetection, list[LibreDetection]]] = Field(
+        None, description='with source "auto": the language detected in each text')
+    passthrough: Optional[Union[bool, list[bool]]] = Field(
+        None, description='with source "auto", when a text came back unchanged (detected as the target '
+                          'language, or without letters): true for it')
+
+
+class LibreDetectBody(BaseModel):
+    """POST /detect, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
+    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[str], Field(min_length=1)]] = Field(
+        ..., description="text (a list: each language's mean confidence over the texts)")
+    api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
+                                                     "header is sent")
 
 
 class LibreError(BaseModel):
     error: str
 
 
-def openapi_request_body() -> dict:
-    """The requestBody of POST /translate for the OpenAPI document: one schema, three media types."""
-    schema = LibreTranslateBody.model_json_schema()
+def openapi_request_body(model: type[BaseModel] = LibreTranslateBody) -> dict:
+    """The requestBody of POST /translate (or /detect) for the OpenAPI document: one schema, three media types."""
+    schema = model.model_json_schema()
     return {"required": True, "content": {m: {"schema": schema} for m in
                                           ("application/json", "application/x-www-form-urlencoded",
                                            "multipart/form-data")}}
@@ -75,10 +94,10 @@ class LibreRequest:
     """A validated POST /translate."""
     texts: list[str]            # q as a list
     batch: bool                 # q was a list: answer with lists
-    card: ModelCard             # the model for source -> target
+    card: Optional[ModelCard]   # the model for source -> target (None with source=auto: chosen per text)
     alternatives: int           # alternatives asked for, 0..MAX_BEAM_SIZE - 1
     html: bool                  # format=html
-    auto: bool                  # source=auto (resolved to the model's source language)
+    auto: bool                  # source=auto: each text's language detected
     target: Optional[str] = None    # the target language (a multilingual model's >>target<< token)
 
     def job(self, texts: list[str]) -> TranslateJob:
@@ -99,8 +118,9 @@ def languages(cards: Iterable[ModelCard]) -> list[LibreLanguage]:
 
 
 async def translate(request: Request, cards: list[ModelCard], limits: dict[str, ModelLimits],
-                    run: Callable) -> JSONResponse:
-    """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``)."""
+                    run: Callable, detector: Optional[LanguageDetector] = None) -> JSONResponse:
+    """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``);
+    ``detector`` finds each text's language with ``source: auto`` (one job per model, run together)."""
     try:
         fields, denied = await read_admitted(request)
         if denied is not None:
@@ -108,40 +128,94 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
         req = parse(fields, cards)
     except ServiceError as e:
         return libre_error_response(e)
-    request.state.model = req.card.id
     try:
         htmls = [HtmlText(t) for t in req.texts] if req.html else []
-        job = checked_job(req, [s for h in htmls for s in h.segments] if req.html else req.texts,
-                          limits[req.card.id], n_texts=len(req.texts))
-        result: TranslateResponse = await run(req.card.id, job)
+        if req.auto:
+            autodetect.check_sizes(req.texts, "q", req.batch)
+            plain = [" ".join(h.segments) for h in htmls] if req.html else req.texts
+            detections = await autodetect.detect_texts(detector or LanguageDetector(), plain)
+            routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(cards, lang, req.target).id,
+                                      "q", "source", req.batch,
+                                      "source languages " + ", ".join(sorted({c.source_lang for c in cards})))
+        else:
+            routed = [autodetect.Routed(req.card.id, req.card.source_lang, 0.0)] * len(req.texts)
+        by_model = autodetect.groups(routed)
+        request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
+        jobs = {model: checked_job(req, [s for i in idx for s in htmls[i].segments] if req.html else
+                                   [req.texts[i] for i in idx], limits[model], n_texts=len(idx))
+                for model, idx in by_model.items()}
+        results = await autodetect.gather_all([run(model, job) for model, job in jobs.items()])
     except ServiceError as e:
         return libre_error_response(e)
-    request.state.usage = result.usage
-    if req.html:
-        out, alts, k = [], [], 0
-        for h in htmls:     # alternative i: each segment's hypothesis i + 2 (its best where it has fewer)
-            segs = result.translations[k:k + len(h.segments)]
-            out.append(h.rebuild([t.text for t in segs]))
-            alts.append(_unique([h.rebuild([(t.alternatives[i] if i < len(t.alternatives) else t).text for t in segs])
-                                 for i in range(req.alternatives)], out[-1]))
-            k += len(h.segments)
-    else:
-        out = [t.text for t in result.translations]
-        alts = [_unique([a.text for a in t.alternatives], t.text)[:req.alternatives] for t in result.translations]
+    request.state.usage = Usage(source_tokens=sum(r.usage.source_tokens for r in results),
+                                generated_tokens=sum(r.usage.generated_tokens for r in results))
+    out: list[str] = list(req.texts)                  # a text passed through comes back as it was sent
+    alts: list[list[str]] = [[] for _ in req.texts]
+    for idx, result in zip(by_model.values(), results):
+        _answers(req, idx, htmls, result, out, alts)
     body: dict[str, object] = {"translatedText": out if req.batch else out[0]}
-    if req.auto:    # no detection: "auto" resolved to the only source language served for the target
-        detected = {"confidence": 100.0, "language": req.card.source_lang}
-        body["detectedLanguage"] = [detected] * len(out) if req.batch else detected
+    if req.auto:
+        detected = [{"confidence": r.confidence, "language": r.language} for r in routed]
+        body["detectedLanguage"] = detected if req.batch else detected[0]
+        if any(r.passthrough for r in routed):
+            flags = [r.passthrough for r in routed]
+            body["passthrough"] = flags if req.batch else flags[0]
     if req.alternatives > 0:
         body["alternatives"] = alts if req.batch else alts[0]
     return JSONResponse(body, headers=ignored_fields_header(fields))
 
 
-def ignored_fields_header(fields: Fields) -> Optional[dict[str, str]]:
+def _answers(req: LibreRequest, idx: list[int], htmls: list[HtmlText], result: TranslateResponse,
+             out: list[str], alts: list[list[str]]) -> None:
+    """Fill ``out[i]`` and ``alts[i]`` for the texts ``idx`` that ``result`` translated (in order; with
+    format=html, each text's segments in turn)."""
+    k = 0
+    for i in idx:
+        if req.html:    # alternative j: each segment's hypothesis j + 2 (its best where it has fewer)
+            h = htmls[i]
+            segs = result.translations[k:k + len(h.segments)]
+            k += len(h.segments)
+            out[i] = h.rebuild([t.text for t in segs])
+            alts[i] = _unique([h.rebuild([(t.alternatives[j] if j < len(t.alternatives) else t).text for t in segs])
+                               for j in range(req.alternatives)], out[i])
+        else:
+            t = result.translations[k]
+            k += 1
+            out[i] = t.text
+            alts[i] = _unique([a.text for a in t.alternatives], t.text)[:req.alternatives]
+
+
+async def detect(request: Request, detector: LanguageDetector) -> JSONResponse:
+    """POST /detect: ``[{"confidence", "language"}]`` best first (``autodetect.detect_answer``)."""
+    try:
+        fields, denied = await read_admitted(request)
+        if denied is not None:
+            return denied
+        q = fields.get("q")
+        if not q:
+            raise ServiceError(400, "Invalid request: missing q parameter", "q")
+        batch = isinstance(q, list)
+        if not (isinstance(q, str) or (batch and all(isinstance(t, str) for t in q))):
+            raise ServiceError(400, "Invalid request: q must be a string or a list of strings", "q")
+        if fields.get("api_key") is not None and not isinstance(fields["api_key"], str):
+            raise ServiceError(400, "Invalid request: api_key must be a string", "api_key")
+        texts = list(q) if batch else [q]
+        autodetect.check_sizes(texts, "q", batch)
+        try:
+            check_unicode(texts, "q")
+        except ValueError as e:
+            raise ServiceError(400, str(e), "q") from None
+        detections = await autodetect.detect_texts(detector, texts)
+    except ServiceError as e:
+        return libre_error_response(e)
+    return JSONResponse(autodetect.detect_answer(detections), headers=ignored_fields_header(fields, DETECT_FIELDS))
+
+
+def ignored_fields_header(fields: Fields, read: tuple[str, ...] = LIBRE_FIELDS) -> Optional[dict[str, str]]:
     """``{X-Ignored-Fields: "a, b"}`` naming the fields sent that the route does not read (as
     LibreTranslate, it answers without them, but says so; names shortened as ``errors.short_name``,
     non-ASCII characters as \\uXXXX, at most MAX_IGNORED_NAMES, then "... (N more)"), or None."""
-    ignored = [k for k in fields if k not in LIBRE_FIELDS]
+    ignored = [k for k in fields if k not in read]
     if not ignored:
         return None
     names = [json.dumps(short_name(k))[1:-1] for k in ignored[:MAX_IGNORED_NAMES]]
@@ -183,7 +257,8 @@ def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits,
 
 
 def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
-    """Validate the fields and pick the model. Raises ServiceError 400 naming the field."""
+    """Validate the fields and pick the model (with ``source: auto``, only the target: the models are
+    picked per text once detected). Raises ServiceError 400 naming the field."""
     q, source, target = f.get("q"), f.get("source"), f.get("target")
     for name, value in (("q", q), ("source", source), ("target", target)):
         if not value:
@@ -200,27 +275,38 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     n_alt = _whole_number(f.get("alternatives"))
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
-    source, target = match_language(source, sources | {"auto"}), match_language(target, targets | sources)
-    auto = source == "auto"
-    if auto:
-        candidates = [c for c in cards if target in c.targets]
-        if len({c.source_lang for c in candidates}) != 1:
-            raise ServiceError(400, "auto is not supported: give the source language "
-                                    f"(one of {sorted(sources)})", "source")
-        source = candidates[0].source_lang
+    if autodetect.is_auto(target):
+        raise ServiceError(400, "Invalid request: target auto is not supported: auto detects the source language "
+                                f"only; give the target language (one of {', '.join(sorted(targets))})", "target")
+    texts = list(q) if batch else [q]
+    if autodetect.is_auto(source):
+        target = match_language(target, targets | sources)
+        if target not in targets and target not in sources:
+            raise ServiceError(400, f"{target} is not supported (target languages: {', '.join(sorted(targets))})",
+                               "target")
+        return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target)
+    source, target = match_language(source, sources), match_language(target, targets | sources)
+    return LibreRequest(texts, batch, pick(cards, source, target), n_alt, fmt == "html", False, target)
+
+
+def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
+    """The model for source -> target: models of one target before multilingual ones (GET /v1/models:
+    target_langs). Raises ServiceError 400 naming the field and what is served."""
+    sources = {c.source_lang for c in cards}
+    targets = {t for c in cards for t in c.targets}
     if source not in sources:
-        raise ServiceError(400, f"{source} is not supported", "source")
+        raise ServiceError(400, f"{source} is not supported (source languages: {', '.join(sorted(sources))})",
+                           "source")
     choices = sorted({t for c in cards if c.source_lang == source for t in c.targets})
     if target not in targets and target not in sources:
         raise ServiceError(400, f"{target} is not supported (targets from {source}: {', '.join(choices)})", "target")
-    # models of one target before multilingual ones (GET /v1/models: target_langs)
     card = min((c for c in cards if c.source_lang == source and target in c.targets),
                key=lambda c: bool(c.target_languages), default=None)
     if card is None:
         raise ServiceError(400, f"{LANGUAGE_NAMES.get(target, target)} ({target}) is not available as a target "
                                 f"language from {LANGUAGE_NAMES.get(source, source)} ({source}); choose from "
                                 f"{', '.join(choices)}", "target")
-    return LibreRequest(list(q) if batch else [q], batch, card, n_alt, fmt == "html", auto, target)
+    return card
 
 
 async def read_fields(request: Request) -> Fields:

@@ -37,7 +37,8 @@ class TranslateRequest(_Strict):
     text: Union[str, list[str]] = Field(
         ..., description=f"one text or a list of up to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
-    source_lang: Optional[str] = Field(None, description="source language code; null = the model's")
+    source_lang: Optional[str] = Field(None, description='source language code; null = the model\'s; "auto": each '
+                                                         "text's language detected, each text sent to its model")
     target_lang: Optional[str] = Field(None, description="target language code; null = the model's")
     model: Optional[str] = Field(None, description="model id from GET /v1/models; null = chosen by languages")
     beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search")

@@ -1,0 +1,153 @@
+"""``source_lang: "auto"`` (``/v1/translate``) and ``source: "auto"`` (``/translate``): each text's
+language is detected (``service/translator/langid.py``) and the text goes to the model that reads it;
+a list may mix languages (one job per model, run together, answers put back in request order).
+
+    no letters ("12345", "😀")         passed through unchanged (as the translator does), detected "und" at 0
+    letters, no language found ("A")   422 (400 on /translate) on the source field: send the source language
+    detected == target                 passed through unchanged, ``passthrough: true``
+    detected, a model reads it         translated by that model, with the detected language and confidence
+    detected, no model for it          4xx on the source field naming the text, what was detected (with
+                                       its confidence and runners-up) and what is served
+
+``POST /detect`` answers LibreTranslate's ``[{"confidence", "language"}]`` from the same detector.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, TranslateResponse, Translation, Usage
+from service.translator.langid import NO_LANGUAGE, LanguageDetector
+
+from .errors import ServiceError
+
+AUTO = "auto"
+# Language names for messages (GET /languages uses libretranslate.LANGUAGE_NAMES, a subset)
+NAMES = {"ar": "Arabic", "bg": "Bulgarian", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
+         "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French", "he": "Hebrew",
+         "hi": "Hindi", "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian", "it": "Italian", "ja": "Japanese",
+         "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+         "ro": "Romanian", "ru": "Russian", "sk": "Slovak", "sl": "Slovenian", "sv": "Swedish", "th": "Thai",
+         "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese"}
+
+
+def is_auto(code: object) -> bool:
+    return isinstance(code, str) and code.strip().lower() == AUTO
+
+
+def named(code: str) -> str:
+    return f"{NAMES[code]} ({code})" if code in NAMES else code
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Where one text goes: ``card_id`` None means it is passed through unchanged."""
+    card_id: Optional[str]
+    language: str                   # detected code, or NO_LANGUAGE ("und") for a text without letters
+    confidence: float               # 0-100
+    passthrough: bool = False
+
+
+def check_sizes(texts: Sequence[str], field: str, is_list: bool) -> None:
+    """The service-wide limits checked before any detection (each model's check follows per group).
+    Raises ServiceError 413."""
+    if len(texts) > MAX_TEXTS:
+        raise ServiceError(413, f"{field}: at most {MAX_TEXTS} texts per request, got {len(texts)}", field)
+    for i, t in enumerate(texts):
+        if len(t) > MAX_TEXT_CHARS:
+            where = f"{field}[{i}]" if is_list else field
+            raise ServiceError(413, f"{where}: at most {MAX_TEXT_CHARS} characters per text, got {len(t)}", field)
+
+
+async def detect_texts(detector: LanguageDetector, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
+    """Each text's candidates (``detector.detect``), off the event loop (a list of long texts takes
+    milliseconds; the model loads on first use)."""
+    return await asyncio.to_thread(lambda: [detector.detect(t) for t in texts])
+
+
+def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], target: Optional[str],
+          pick: Callable[[str], str], field: str, source_field: str, is_list: bool, served: str = "") -> list[Routed]:
+    """Each text's destination. ``pick(language)`` is the id of the model that translates it into the
+    target, or raises ServiceError saying what is served (re-raised naming the text and its detection,
+    on ``source_field``); ``served`` names what is served where no language was found."""
+    out = []
+    for i, cands in enumerate(detections):
+        if not cands:
+            out.append(Routed(None, NO_LANGUAGE, 0.0, True))
+            continue
+        lang, conf = cands[0]
+        where = f"{field}[{i}]" if is_list else field
+        if lang == NO_LANGUAGE:
+            raise ServiceError(422, f"{source_field}: auto cannot tell the language of {where} (too little text the "
+                                    f"detector knows); send {source_field} to choose"
+                                    f"{' (served: ' + served + ')' if served else ''}", source_field)
+        if target is not None and lang == target:
+            out.append(Routed(None, lang, conf, True))
+            continue
+        try:
+            out.append(Routed(pick(lang), lang, conf))
+        except ServiceError as e:
+            others = ", ".join(f"{c} {p:g}%" for c, p in cands[1:])
+            reason = e.message[len(e.field) + 2:] if e.field and e.message.startswith(f"{e.field}: ") else e.message
+            raise ServiceError(e.status, f"{source_field}: auto detected {named(lang)} in {where} (confidence "
+                                         f"{conf:g}%{'; then ' + others if others else ''}), which no model here "
+                                         f"translates{' into ' + target if target else ''}: {reason}; send "
+                                         f"{source_field} to choose", source_field) from None
+    return out
+
+
+def groups(routed: Sequence[Routed]) -> dict[str, list[int]]:
+    """model id -> the indices of its texts, in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for i, r in enumerate(routed):
+        if r.card_id is not None:
+            out.setdefault(r.card_id, []).append(i)
+    return out
+
+
+async def gather_all(calls) -> list:
+    """Await every call together; raise the first error once all have ended (none is left running)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def passthrough(text: str, r: Routed) -> Translation:
+    """A text answered unchanged: no model ran (no tokens, no attention)."""
+    return Translation(text=text, tokens=[], source_tokens=[], score=0.0, finish_reason="eos",
+                       detected_language=r.language, detected_confidence=r.confidence, passthrough=True)
+
+
+def merged(texts: Sequence[str], routed: Sequence[Routed], results: dict[str, TranslateResponse],
+           by_model: dict[str, list[int]]) -> TranslateResponse:
+    """One response in request order from each model's response (of its texts, in their order) and
+    the passed-through texts. ``model``: the models that ran, joined by "," ("" when none ran)."""
+    out: list[Optional[Translation]] = [None] * len(texts)
+    for model, idx in by_model.items():
+        for i, t in zip(idx, results[model].translations):
+            out[i] = t.model_copy(update={"detected_language": routed[i].language,
+                                          "detected_confidence": routed[i].confidence, "model": model})
+    for i, r in enumerate(routed):
+        if out[i] is None:
+            out[i] = passthrough(texts[i], r)
+    usage = Usage(source_tokens=sum(r.usage.source_tokens for r in results.values()),
+                  generated_tokens=sum(r.usage.generated_tokens for r in results.values()))
+    return TranslateResponse(model=",".join(by_model), translations=out, usage=usage)
+
+
+def detect_answer(detections: Sequence[list[tuple[str, float]]]) -> list[dict]:
+    """POST /detect's body, LibreTranslate's shape: [{"confidence", "language"}] best first. One text:
+    its candidates; a list: each language's mean confidence over the texts. No letters anywhere:
+    [{"confidence": 0.0, "language": "und"}] (LibreTranslate answers "en" at 0 there)."""
+    total: dict[str, float] = {}
+    for cands in detections:
+        for lang, conf in cands:
+            total[lang] = total.get(lang, 0.0) + conf
+    if not total:
+        return [{"confidence": 0.0, "language": NO_LANGUAGE}]
+    n = len(detections)
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])
+    return [{"confidence": round(c / n, 1), "language": lang} for lang, c in ranked]
