@@ -13,7 +13,7 @@ from conftest import DATA, ROOT
 from model.inference.prefill import encode_into_cache
 from model.inference.generate import generate
 from model.inference.dense_step import dense_forward, plan_dense
-from model.inference.paged_cache import PagedKVCache
+from model.inference.paged_cache import PagedKVCache, allocate_blocks
 from service.engine import Engine, EngineConfig, GenerationOptions
 from service.engine.cuda_graphs import DecodeGraphs
 from tiny_model import make_engine_model, rand_source
@@ -42,6 +42,7 @@ def test_graph_step_equals_the_eager_step():
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(rand_source(n, n)) for n in lengths], batch_first=True)
     for c in caches:
         slots = torch.tensor(c.slots.allocate(len(lengths)), device="cuda")
+        allocate_blocks(c, slots[:, None], 11, lengths)   # positions 0..11 below
         encode_into_cache(model, c, slots[:, None].tolist(), src.cuda(), torch.tensor(lengths, device="cuda"))
     tokens = torch.tensor([1] * len(lengths), device="cuda")
     for pos in range(12):

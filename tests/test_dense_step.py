@@ -13,7 +13,7 @@ from conftest import DATA, ROOT
 from model.inference import generate as generate_mod, prefill as prefill_mod, step as step_mod
 from model.inference.generate import generate
 from model.inference.dense_step import dense_forward, key_capacity, pad_rows, plan_dense
-from model.inference.paged_cache import PagedKVCache
+from model.inference.paged_cache import PagedKVCache, allocate_blocks
 from service.engine import Engine, EngineConfig, EngineValidationError, GenerationOptions
 from service.engine.config import resolve_dtype
 from service.engine.cuda_graphs import DecodeGraphs, bucket_for, row_buckets, use_graph
@@ -59,6 +59,7 @@ def test_fixed_shape_step_equals_the_packed_step(model, monkeypatch, step, beam)
 def test_padding_rows_repeat_row_zero_and_keys_pad_to_powers_of_two(model):
     cache = PagedKVCache.for_model(model, 8, num_blocks=64, block_size=4)
     slots = cache.slots.allocate(3)
+    allocate_blocks(cache, [[s] for s in slots], 1, [3, 6, 9])
     prefill_mod.prefill(model, cache, torch.tensor(slots), generate_mod.pad_batch([rand_source(n, n) for n in (3, 6, 9)], 0))
     x = plan_dense(cache, torch.tensor(slots), torch.tensor([5, 6, 7]), torch.tensor([1, 1, 1]), 32, 32)
     assert x.key_shape == (32, 32)

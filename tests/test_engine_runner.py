@@ -22,7 +22,9 @@ def model():
 
 class Driver:
     """Plays the engine and scheduler around a runner: admits requests into the runner's own slot
-    pool, decodes every running one each step, frees the slots of those that finished."""
+    pool, decodes every running one each step, with the KV blocks each step writes (the pool's rule,
+    handed over in ``SchedulerOutput.blocks``), frees the slots of those that finished. Checks that
+    the runner never touches the pool."""
 
     def __init__(self, model, num_slots: int = 16):
         self.runner = ModelRunner(model, num_slots)
@@ -36,12 +38,20 @@ class Driver:
         o = GenerationOptions(**options)
         return ScheduledRequest(rid, len(src), o.beam_size, tuple(src), o, stream)
 
-    def step(self, admit=()) -> StepResult:
+    def step(self, admit=(), blocks: bool = True) -> StepResult:
+        n = len(self.steps) + 1
+        for r in self.running.values():
+            self.pool.allocate_target(r.slots, n - r.admitted_step)
         for r in admit:
-            r.slots = self.pool.allocate(r.num_slots)
-        plan = SchedulerOutput(len(self.steps) + 1, list(admit), list(self.running.values()))
+            r.slots, r.admitted_step = self.pool.allocate(r.num_slots), n
+            if blocks:
+                self.pool.allocate_source(r.slots[0], r.num_src_tokens)
+                self.pool.allocate_target(r.slots, 0)
+        plan = SchedulerOutput(n, list(admit), list(self.running.values()), blocks=self.pool.pop_update())
         self.running.update((r.request_id, r) for r in admit)
+        before = (self.pool.num_free, self.pool.held)
         result = self.runner.execute(plan)
+        assert (self.pool.num_free, self.pool.held) == before and not self.pool.pop_update()   # never touched
         self.steps.append(result)
         for o in result.outputs:
             self.outputs[o.request_id].append(o)
@@ -171,3 +181,19 @@ def test_slots_are_released_and_reused_with_the_same_results(model):
     assert driver.runner.seqs == {} and driver.pool.num_free == 4
     follow = Driver.request(4, rand_source(7, 1), beam_size=4, max_new_tokens=9)
     assert driver.run({0: [follow]})[4].hypotheses == ref
+    assert driver.pool.num_free_blocks == driver.pool.num_blocks
+
+
+def test_the_runner_writes_only_where_it_is_told(model):
+    """A request admitted without its blocks fails alone with a clear error, and nothing is allocated
+    for it; one admitted with them in the same step is served."""
+    driver = Driver(model)
+    bad = Driver.request(0, rand_source(6, 1), beam_size=2, max_new_tokens=5)
+    driver.step([bad], blocks=False)
+    assert driver.pool.num_free_blocks == driver.pool.num_blocks
+    out = driver.outputs[0][-1]
+    assert isinstance(out.error, ValueError) and "no KV block assigned for source" in str(out.error)
+    assert driver.running == {} and driver.pool.num_free == driver.pool.num_slots   # freed as failed
+    good = Driver.request(1, rand_source(6, 1), beam_size=2, max_new_tokens=5)
+    assert_same(driver.run({0: [good]})[1].hypotheses, offline(model, good))
+    assert driver.pool.num_free_blocks == driver.pool.num_blocks

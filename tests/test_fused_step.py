@@ -12,7 +12,7 @@ from model.inference.step import decode_step
 from model.inference.prefill import encode_into_cache, encode_packed
 from model.inference.generate import generate, pad_batch
 from model.inference.kv_cache import KVCache
-from model.inference.paged_cache import PagedKVCache
+from model.inference.paged_cache import PagedKVCache, allocate_blocks
 from model.inference.linear import linear_dtype, pack_for_inference
 from tiny_model import make_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
 
@@ -85,6 +85,7 @@ def test_one_step_over_many_rows_gives_the_module_path_bits(dtype, layer_kernel,
         cache = PagedKVCache.for_model(model, n, num_blocks=40 * n, block_size=4)
         slots = torch.tensor(cache.slots.allocate(n))
         lengths = torch.tensor([len(s) for s in sources])
+        allocate_blocks(cache, slots[:, None], 4, lengths)   # every position these 5 steps write
         with torch.no_grad():
             encode_into_cache(model, cache, slots[:, None], pad_batch(sources, model.cfg.pad_id), lengths)
             g = torch.Generator().manual_seed(1)
@@ -223,6 +224,7 @@ def test_cross_attention_weights_alone_keep_the_compiled_step(beam, cache_kind, 
         lengths = torch.tensor([len(s) for s in sources])
         g = torch.Generator().manual_seed(2)
         steps = []
+        allocate_blocks(cache, slots, 3, lengths)   # nothing on the contiguous cache
         with torch.no_grad():
             encode_into_cache(model, cache, slots, pad_batch(sources, model.cfg.pad_id), lengths)
             for t in range(4):

@@ -9,8 +9,11 @@ import torch
 
 from model.inference.generate import generate
 from model.inference.kv_cache import CacheFullError, KVCache
-from model.inference.paged_cache import PagedKVCache, default_num_blocks
+from model.inference.paged_cache import PagedKVCache, allocate_blocks, default_num_blocks
+from model.inference.slots import BlockUpdate
 from service.engine import Engine, EngineConfig, EngineValidationError, GenerationOptions
+from service.engine.records import ScheduledRequest
+from service.engine.scheduler import Scheduler
 from tiny_model import make_engine_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
 
 
@@ -58,21 +61,74 @@ def test_blocks_follow_lengths_and_a_beam_shares_its_source_blocks(model):
     slots = cache.slots.allocate(4)                        # one beam-4 sentence
     src = torch.tensor([rand_source(S, 1)])
     from model.inference.prefill import prefill
+    with pytest.raises(ValueError, match="no KV block assigned for source"):
+        prefill(model, cache, torch.tensor([slots]), src)  # the cache never allocates
+    assert cache.slots.num_free_blocks == 64
+    allocate_blocks(cache, [slots], 0, [S])                # the source, and position 0 of every hypothesis
     prefill(model, cache, torch.tensor([slots]), src)      # source + the first (BOS) step of slot 0
-    assert 64 - cache.slots.num_free_blocks == cache.slots.blocks_for(S) + 1 == 4
-    assert cache.slots.held[slots[0]] and all(s not in cache.slots.held for s in slots[1:])  # source held once
+    assert 64 - cache.slots.num_free_blocks == cache.slots.blocks_for(S) + len(slots) == 7
+    assert set(cache.slots.source) == {slots[0]} and cache.slots.held[slots[0]]   # source held once
+    assert (cache.src_table[slots[1:]] == -1).all() and (cache.table[slots, 0] >= 0).all()
     before = cache.k.clone()
     cache.reorder(slots, [0, 0, 0, 0], length=1)           # every hypothesis descends from slot 0
     assert torch.equal(cache.k, before)                    # a reorder moves slot ids, never K/V
     for pos in range(1, 9):                                # 8 more positions, all 4 hypotheses
+        if pos % B == 0:
+            with pytest.raises(ValueError, match=f"no KV block assigned for target positions \\[{pos}, {pos}"):
+                cache.plan_step(torch.tensor(slots), torch.full((4,), pos))
+        allocate_blocks(cache, [slots], pos)
         cache.plan_step(torch.tensor(slots), torch.full((4,), pos))
-        # slot 0: ceil((pos + 1) / B) blocks; the others start at position 1 (block 0)
+        # every hypothesis: ceil((pos + 1) / B) blocks
         expect = 3 + sum(cache.slots.blocks_for(pos + 1) for _ in slots)
         assert 64 - cache.slots.num_free_blocks == expect
     with pytest.raises(CacheFullError):
-        cache.slots.take([slots[0]] * 100)
+        cache.slots.allocate_target([slots[0]], 400)
     cache.slots.free(slots)
-    assert cache.slots.num_free_blocks == 64 and cache.num_tgt_blocks.sum() == 0
+    cache.assign_blocks(cache.slots.pop_update())
+    assert cache.slots.num_free_blocks == 64 and (cache.table == -1).all() and (cache.src_table == -1).all()
+
+
+def test_the_tables_mirror_the_schedulers_blocks_without_a_model():
+    """A scheduler over a paged cache's pool, its updates applied as the runner applies them: every
+    table row is exactly its slot's blocks (-1 beyond), through admissions, growth, cancellations
+    and preemptions; the cache's own pool is never asked for anything but by the scheduler."""
+    B = 2
+    cache = PagedKVCache(1, 1, 2, num_slots=12, num_blocks=30, block_size=B, max_tgt_len=20, max_src_len=8)
+    sched = Scheduler(EngineConfig(max_num_seqs=12, policy="prefill_first"), cache.slots)
+    length = {}
+    for rid in range(8):
+        sched.add(ScheduledRequest(rid, 2 + rid % 5, 1 + rid % 3, max_new_tokens=6 + 2 * (rid % 4)))
+        length[rid] = 6 + 2 * (rid % 4)
+    preempted = 0
+    for _ in range(200):
+        if not (sched.running or sched.waiting):
+            break
+        plan = sched.schedule()
+        preempted += len(plan.preempted)
+        cache.assign_blocks(plan.blocks)
+        for s in range(12):
+            target, source = cache.slots.target.get(s, []), cache.slots.source.get(s, [])
+            assert cache.table[s].tolist() == target + [-1] * (cache.table.size(1) - len(target))
+            assert cache.src_table[s].tolist() == source + [-1] * (cache.src_table.size(1) - len(source))
+        for r in plan.prefill + plan.decode:
+            p = sched.position(r)
+            cache._write_rows(torch.tensor(r.slots), torch.full((r.num_slots,), p))   # raises where unassigned
+            if p + 1 >= length[r.request_id] or (p == 3 and r.request_id == 5):       # finished / cancelled
+                sched.finish(r.request_id)
+    assert not sched.running and not sched.waiting and preempted > 0
+    cache.assign_blocks(cache.slots.pop_update())
+    assert (cache.table == -1).all() and (cache.src_table == -1).all() and cache.slots.num_free_blocks == 30
+
+
+def test_assign_blocks_and_the_missing_block_error():
+    cache = PagedKVCache(1, 1, 2, num_slots=4, num_blocks=8, block_size=2, max_tgt_len=6, max_src_len=4)
+    cache.assign_blocks(BlockUpdate(source=[(1, 0, 5), (1, 1, 6)], target=[(1, 0, 2), (3, 0, 7)]))
+    assert cache.src_table[1].tolist() == [5, 6] and cache.table[:, 0].tolist() == [-1, 2, -1, 7]
+    assert cache._write_rows(torch.tensor([1, 3]), torch.tensor([1, 0])).tolist() == [2 * 2 + 1, 7 * 2]
+    with pytest.raises(ValueError, match=r"no KV block assigned for target positions \[2\] of slots \[1\]"):
+        cache._write_rows(torch.tensor([3, 1]), torch.tensor([1, 2]))
+    cache.assign_blocks(BlockUpdate(freed=[1], target=[(1, 0, 3)]))   # freed, then a new owner's block
+    assert cache.src_table[1].tolist() == [-1, -1] and cache.table[1].tolist() == [3, -1, -1]
 
 
 def test_default_blocks_and_bytes_are_a_fraction_of_the_contiguous_cache(model):

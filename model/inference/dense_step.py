@@ -2,8 +2,8 @@
 the block tables into a padded [R, T, H, Dh] block and attended with PyTorch's fused
 ``scaled_dot_product_attention`` (a boolean mask hides the padding).
 
-The step is split in two: ``plan_dense`` does the host-side bookkeeping (taking blocks, the beam
-``home`` table, the key indices, the capacity check) and ``dense_forward`` is pure device work on
+The step is split in two: ``plan_dense`` does the host-side bookkeeping (each row's write in its
+assigned block, the beam ``home`` table, the key indices, the capacity check) and ``dense_forward`` is pure device work on
 tensors whose shapes depend only on (rows, key capacity), so it can be captured in a CUDA graph and
 replayed (``service/engine/cuda_graphs.py``). It computes the same attention over the same keys as
 the packed path of ``decode_step`` (``tests/test_dense_step.py`` compares them).
@@ -70,10 +70,11 @@ def _gather_index(table: Tensor, slot_of_pos: Tensor, pos: Tensor, block_size: i
 def plan_dense(cache: PagedKVCache, slots: Tensor, tokens: Tensor, positions: Tensor,
                t_cap: Optional[int] = None, s_cap: Optional[int] = None) -> DenseInputs:
     """Bookkeeping of one decode step for rows ``slots`` [N] at ``positions`` [N] (as
-    ``KVCache.plan_step``: takes a block for each row that starts one, records each row's position in
-    ``home``), and the padded key indices: ``t_cap`` >= the longest target (default: that length),
-    ``s_cap`` >= the longest source. Padding points at a row's last real key, masked off.
-    Raises ValueError when a position reaches max_tgt_len or a capacity is too small."""
+    ``KVCache.plan_step``: where each row writes, in the block assigned to its position; records each
+    row's position in ``home``), and the padded key indices: ``t_cap`` >= the longest target (default:
+    that length), ``s_cap`` >= the longest source. Padding points at a row's last real key, masked off.
+    Raises ValueError when a position reaches max_tgt_len, has no block assigned, or a capacity is
+    too small."""
     T = int(positions.max()) + 1
     if T > cache.max_tgt_len:
         raise ValueError(f"target length {T} exceeds the cache's max_tgt_len {cache.max_tgt_len}")

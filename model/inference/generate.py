@@ -15,6 +15,7 @@ from ..tokenizer import Tokenizer, check_target_lang, encode_source
 from ..transformer import Transformer
 from . import kernels
 from .kv_cache import KVCache
+from .paged_cache import allocate_blocks
 from .prefill import prefill
 from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, max_beam_size, search_step
 from .step import decode_step
@@ -87,11 +88,13 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
 
 def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], searches: list[BeamSearch],
          slots: list[list[int]], device) -> None:
-    """Prefill all sentences, then step all alive hypotheses together until every search is done.
+    """Prefill all sentences, then step all alive hypotheses together until every search is done
+    (on a paged cache, ``allocate_blocks`` first gives each step the blocks it writes).
     Raises what a search's step raised."""
     cfg = model.cfg
     need = any(s.attention_kinds for s in searches)
     src = pad_batch(sources, cfg.pad_id, device)
+    allocate_blocks(cache, slots, 0, [len(s) for s in sources])
     out = prefill(model, cache, torch.tensor(slots, device=device), src, need_weights=need)
     running = [ActiveSearch(s, sl, [cfg.bos_id]) for s, sl in zip(searches, slots)]
     for i, s in enumerate(searches):
@@ -102,6 +105,7 @@ def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], s
             raise next(iter(update.failed.values()))
         running = update.running
         if running:
+            allocate_blocks(cache, [s.slots for s in running], [s.position for s in running])
             step_slots, tokens, positions = decode_inputs(running)
             out = decode_step(model, cache, torch.tensor(step_slots, device=device),
                               torch.tensor(tokens, device=device), torch.tensor(positions, device=device), need)

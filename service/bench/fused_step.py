@@ -32,11 +32,12 @@ def steps(model, srcs, repeats: int = 7) -> None:
     from model.inference.step import decode_step
     from model.inference.prefill import encode_into_cache
     from model.inference.generate import pad_batch
-    from model.inference.paged_cache import PagedKVCache
+    from model.inference.paged_cache import PagedKVCache, allocate_blocks
     n = max(ROWS)
     srcs = (srcs * (-(-n // len(srcs))))[:n]
     cache = PagedKVCache.for_model(model, n, max_tgt_len=32)
     slots = torch.tensor(cache.slots.allocate(n))
+    allocate_blocks(cache, slots[:, None], 8, [len(s) for s in srcs])   # positions 0..8 below
     with torch.inference_mode():
         encode_into_cache(model, cache, slots[:, None], pad_batch(srcs, model.cfg.pad_id),
                           torch.tensor([len(s) for s in srcs]))

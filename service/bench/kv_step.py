@@ -18,7 +18,7 @@ def main(checkpoint: str = "model/checkpoints/de-en", rows: int = 256, src_len: 
     from model.inference.step import decode_step
     from model.inference.prefill import encode_into_cache
     from model.inference.kv_cache import KVCache
-    from model.inference.paged_cache import PagedKVCache
+    from model.inference.paged_cache import PagedKVCache, allocate_blocks
     torch.set_num_threads(1)
     model, _, _ = load_model(checkpoint)
     g = torch.Generator().manual_seed(0)
@@ -30,6 +30,7 @@ def main(checkpoint: str = "model/checkpoints/de-en", rows: int = 256, src_len: 
     tokens = torch.full((rows,), 5)
     for c in caches.values():
         c.slots.allocate(rows)
+        allocate_blocks(c, slots[:, None], position, [src_len] * rows)   # nothing on the contiguous cache
         encode_into_cache(model, c, slots[:, None], src)
         for p in range(position):
             decode_step(model, c, slots, tokens, torch.full((rows,), p))

@@ -16,6 +16,7 @@ from service.protocol import GenerationOptions   # what a caller asks of one sen
 
 if TYPE_CHECKING:
     from model.inference.search import Hypothesis
+    from model.inference.slots import BlockUpdate
 
 
 @dataclass(eq=False)
@@ -45,6 +46,8 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0              # real source ids in the prefill batch
     num_prefill_padded: int = 0              # batch size x longest source (the budgeted cost)
     preempted: list[ScheduledRequest] = field(default_factory=list)  # requeued now: drop their state
+    blocks: Optional["BlockUpdate"] = None   # KV blocks the scheduler assigned and freed since the last step
+                                             # (paged cache): the runner applies them before it writes
 
     @property
     def is_empty(self) -> bool:

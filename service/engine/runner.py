@@ -1,5 +1,6 @@
 """Model runner: owns the model, the paged KV cache and the batch tensors, and executes what
-the scheduler decided for one step.
+the scheduler decided for one step, KV blocks included: it applies the block-table changes the
+scheduler hands it (``SchedulerOutput.blocks``) and writes only there, never allocating.
 
 All model math and search are ``model/``'s, the functions offline ``generate`` uses
 (``encode_into_cache`` in ``model/inference/prefill.py``, ``decode_step`` in ``model/inference/step.py``, ``search_step`` in
@@ -48,6 +49,7 @@ class ModelRunner:
     """Executes ``SchedulerOutput``s on a model with a ``PagedKVCache`` (``num_blocks`` blocks of
     ``block_size`` positions; default ``model.inference.paged_cache.default_num_blocks``). ``dtype``: the model is
     cast to it (in place) first; ``cuda_graphs``: on CUDA, replay decode steps from CUDA graphs.
+    The cache's ``BlockPool`` (``cache.slots``) is for the scheduler: the runner never touches it.
 
     Each ``ScheduledRequest`` carries its ``src_ids`` (EOS-terminated) and ``options``
     (``GenerationOptions``, already validated by the engine, max_new_tokens resolved).
@@ -61,7 +63,7 @@ class ModelRunner:
             model.to(dtype)   # in place: weights and buffers; the KV cache below follows the weights' dtype
         self.model = model.eval()
         self.cfg = model.cfg
-        # A paged cache: K/V in blocks taken as sequences grow; beam reorders move slot ids, not K/V.
+        # A paged cache: K/V in the blocks the scheduler assigns; beam reorders move slot ids, not K/V.
         self.cache = PagedKVCache.for_model(model, num_slots, max_tgt_len, max_src_len, num_blocks, block_size)
         self.cache.kernel_ok()  # build/load the compiled decode attention now, not at the first request
         # On CUDA, decode steps replay captured graphs where they fit (cuda_graphs.py); eager otherwise.
@@ -91,11 +93,14 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
-        """Prefill ``plan.prefill`` (encoder and cross K/V), then run ONE decode step over every
-        hypothesis of ``plan.decode`` plus the first (BOS) step of the newly prefilled requests, then
-        advance every search. A failure confined to one request fails only that request."""
+        """Apply the step's block-table changes (``plan.blocks``), prefill ``plan.prefill`` (encoder
+        and cross K/V), then run ONE decode step over every hypothesis of ``plan.decode`` plus the
+        first (BOS) step of the newly prefilled requests, then advance every search. A failure
+        confined to one request fails only that request."""
         outputs: dict[int, SequenceOutput] = {}
         result = StepResult([])
+        if plan.blocks:
+            self.cache.assign_blocks(plan.blocks)
         for r in plan.preempted:
             self.preempt(r.request_id)
         t0 = time.perf_counter()

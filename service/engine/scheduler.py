@@ -18,15 +18,19 @@ at its head). So an API request of 256 sentences puts one sentence, not all 256,
 one-sentence request that arrives after it, and two large ones alternate. Requests without a group
 (or one each) are served first-in, first-out, as before.
 
-KV blocks (a paged cache, ``model.inference.slots.BlockPool``; an allocator without blocks, a plain
-``SlotPool``, is accounted in slots only): a request's source takes ceil(S / B) blocks at its
-prefill and each hypothesis one block per B target positions, taken as its position reaches a new
-block (``step_blocks``). Admission needs the source blocks plus one per hypothesis, leaving
-``reserve`` blocks free; before every step the scheduler counts the blocks the running requests
-will take and, when fewer are free, preempts the most recently admitted ones: their blocks and
-slots are freed and they go back to the head of the waiting queue, to be prefilled again (their
-output is the same: decoding is deterministic). The oldest running request is never preempted, and
-a request that could not fit alone at its longest is refused at ``add``.
+KV blocks (a paged cache; an allocator without blocks, a plain ``SlotPool``, is accounted in slots
+only): the scheduler owns them, as vLLM's KV-cache manager does. Its ``BlockPool``
+(``model.inference.slots``, the rule of how many blocks a hypothesis holds at a position) allocates
+at admission a request's source blocks and each hypothesis' first target block, at every step a
+block for each hypothesis whose position reaches a new one, and frees all of them when the request
+finishes, is cancelled or preempted; ``SchedulerOutput.blocks`` hands those changes to the runner,
+which applies them to the cache's block tables before it writes (the runner never allocates).
+Admission needs the source blocks plus one per hypothesis, leaving ``reserve`` blocks free; before
+every step the scheduler counts the blocks the running requests take (``step_blocks``) and, when
+fewer are free, preempts the most recently admitted ones: their blocks and slots are freed and they
+go back to the head of the waiting queue, to be prefilled again (their output is the same: decoding
+is deterministic). The oldest running request is never preempted, and a request that could not fit
+alone at its longest is refused at ``add``.
 
 Admission order (``EngineConfig.admission``): ``fifo`` (the default) as above; ``shortest_first``
 takes the waiting requests smallest job first (source tokens x beam size: a translation's output
@@ -60,10 +64,11 @@ from .records import EngineStats, ScheduledRequest, SchedulerOutput
 
 class SlotAllocator(Protocol):
     """What the scheduler needs from a slot allocator: ``model.inference.slots.SlotPool`` (the engine hands it
-    the KV cache's own, ``KVCache.slots``: a ``BlockPool`` for the paged cache, which adds
-    ``num_blocks``, ``num_free_blocks``, ``block_size``, ``block_usage`` and ``blocks_for``; freeing a
-    slot frees its blocks). Raises from ``allocate`` when fewer than n are free, and ValueError from
-    ``free`` for a slot that is not allocated."""
+    the KV cache's own, ``KVCache.slots``, used by nobody else while it serves: a ``BlockPool`` for the
+    paged cache, which adds ``num_blocks``, ``num_free_blocks``, ``block_size``, ``block_usage``, the
+    block rule (``blocks_for``, ``target_blocks``, ``new_target_blocks``), ``allocate_source``,
+    ``allocate_target`` and ``pop_update``; freeing a slot frees its blocks). Raises from ``allocate``
+    when fewer than n are free, and ValueError from ``free`` for a slot that is not allocated."""
     num_slots: int
 
     @property
@@ -79,8 +84,9 @@ class SlotAllocator(Protocol):
 class Scheduler:
     """FIFO waiting queue + running set over a fixed pool of cache slots.
 
-    Invariant: every slot is either free in ``slots`` or held by exactly one running request;
-    a request is in at most one of ``waiting`` / ``running``.
+    Invariant: every slot (and KV block) is either free in ``slots`` or held by exactly one running
+    request; a request is in at most one of ``waiting`` / ``running``; after ``schedule`` the cache's
+    block tables, once the runner applies ``SchedulerOutput.blocks``, hold exactly the blocks of ``slots``.
     """
 
     def __init__(self, config: EngineConfig, slots: SlotAllocator):
@@ -92,7 +98,6 @@ class Scheduler:
         self._steps_without_prefill = 0                    # decode steps taken while requests waited
         self._by_id: dict[int, ScheduledRequest] = {}
         self.admitting = True                              # False pauses admission (engine reconfiguring)
-        self._growth = 0                                   # blocks the running requests take this step
         self.turn = 0                                      # the turn of the last admitted request (fair queueing)
         self._groups: dict = {}                            # group -> [its last turn, its requests waiting]
         self.num_preemptions = 0                           # requests requeued for blocks, in all
@@ -121,27 +126,41 @@ class Scheduler:
         return -(-self.slots.num_blocks // 100) if self.paged else 0
 
     def admit_blocks(self, req: ScheduledRequest) -> int:
-        """Blocks a request needs to be admitted: its source, and the first block of each hypothesis."""
-        return self.slots.blocks_for(req.num_src_tokens) + req.num_slots if self.paged else 0
+        """Blocks a request takes at admission (``_admit``): its source, and the first block of each hypothesis."""
+        if not self.paged:
+            return 0
+        return self.slots.blocks_for(req.num_src_tokens) + self.slots.new_target_blocks(req.num_slots, 0)
 
     def max_blocks(self, req: ScheduledRequest) -> int:
         """Blocks a request holds at its longest (source, and max_new_tokens positions per hypothesis)."""
         if not self.paged or req.max_new_tokens is None:
             return 0
-        return self.slots.blocks_for(req.num_src_tokens) + req.num_slots * self.slots.blocks_for(max(req.max_new_tokens, 1))
+        last = max(req.max_new_tokens, 1) - 1                 # the last target position it writes
+        return self.slots.blocks_for(req.num_src_tokens) + req.num_slots * self.slots.target_blocks(last)
+
+    def position(self, req: ScheduledRequest) -> int:
+        """The target position a running request's hypotheses write in the current step (0 at its prefill)."""
+        return self.step_count - req.admitted_step
 
     def step_blocks(self, req: ScheduledRequest) -> int:
-        """Blocks a running request takes in the step about to run (exactly what the paged cache takes):
-        at position p = steps since its prefill, the other hypotheses of a beam their first block at
-        p = 1, every hypothesis a new one when p is a multiple of the block size."""
-        if not self.paged:
-            return 0
-        p = self.step_count - req.admitted_step
-        return (req.num_slots - 1) * (p == 1) + req.num_slots * (p > 0 and p % self.slots.block_size == 0)
+        """Blocks a running request takes in the current step (``_grow``): a new one for each
+        hypothesis whose position reaches a new block."""
+        return self.slots.new_target_blocks(req.num_slots, self.position(req)) if self.paged else 0
 
-    def _preempt(self) -> list[ScheduledRequest]:
-        """Requeue the newest running requests until the blocks this step takes are free."""
-        need = sum(self.step_blocks(r) for r in self.running.values())
+    def _grow(self) -> list[ScheduledRequest]:
+        """Allocate the blocks the running requests write in this step; when fewer are free, first
+        requeue the newest running requests (freeing theirs) until they are. Returns the requeued."""
+        per_slot: dict[int, int] = {}                # position -> blocks a hypothesis takes there
+        growing: list[ScheduledRequest] = []
+        need = 0
+        for r in self.running.values():              # the rule once per position, not once per request
+            p = self.step_count - r.admitted_step
+            n = per_slot.get(p)
+            if n is None:
+                n = per_slot[p] = self.slots.new_target_blocks(1, p)
+            if n:
+                growing.append(r)
+                need += n * r.num_slots
         out: list[ScheduledRequest] = []
         while need > self.slots.num_free_blocks and len(self.running) > 1:
             rid = next(reversed(self.running))
@@ -153,7 +172,9 @@ class Scheduler:
             self.waiting.appendleft(req)             # its turn came already: first again
             out.append(req)
         self.num_preemptions += len(out)
-        self._growth = need
+        for req in growing:
+            if req.admitted_step >= 0:               # not just preempted
+                self.slots.allocate_target(req.slots, self.position(req))
         return out
 
     def add(self, req: ScheduledRequest) -> None:
@@ -202,7 +223,8 @@ class Scheduler:
 
     def finish(self, request_id: int) -> Optional[ScheduledRequest]:
         """Remove a request (finished, failed or cancelled) from whichever queue holds it and free
-        its slots. Unknown ids are ignored (returns None)."""
+        its slots and blocks (the next ``SchedulerOutput.blocks`` says so). Unknown ids are ignored
+        (returns None)."""
         req = self._by_id.pop(request_id, None)
         if req is None:
             return None
@@ -259,12 +281,12 @@ class Scheduler:
         return sorted(self.waiting, key=key)    # stable: the queue's (arrival) order among equal keys
 
     def _free_blocks(self) -> int:
-        """Blocks admission may hand out now: free ones less this step's growth and the reserve."""
-        return self.slots.num_free_blocks - self._growth - self.reserve if self.paged else 0
+        """Blocks admission may hand out now: free ones (this step's growth already taken) less the reserve."""
+        return self.slots.num_free_blocks - self.reserve if self.paged else 0
 
     def _admit(self) -> list[ScheduledRequest]:
-        """Take waiting requests in admission order (``_admission_order``) while slots, the token
-        budget and the running cap allow."""
+        """Take waiting requests in admission order (``_admission_order``) while slots, KV blocks, the
+        token budget and the running cap allow; allocate their slots and blocks."""
         cfg = self.config
         batch: list[ScheduledRequest] = []
         free = self.slots.num_free
@@ -281,10 +303,14 @@ class Scheduler:
                 break  # a lone request longer than the budget still goes (it would never fit otherwise)
             req.slots = self.slots.allocate(req.num_slots)
             req.admitted_step = self.step_count
+            if self.paged:                      # its source, in its first slot
+                self.slots.allocate_source(req.slots[0], req.num_src_tokens)
             free -= req.num_slots
             blocks -= self.admit_blocks(req)
             longest = longest_new
             batch.append(req)
+        for req in batch if self.paged else ():  # then position 0 of every hypothesis (after all sources)
+            self.slots.allocate_target(req.slots, 0)
         if cfg.admission == "fifo":              # the batch is the queue's head
             for _ in batch:
                 self.waiting.popleft()
@@ -296,9 +322,10 @@ class Scheduler:
         return batch
 
     def schedule(self) -> SchedulerOutput:
-        """Decide the next step: which waiting requests to prefill, and decode every running one."""
+        """Decide the next step: which waiting requests to prefill, and decode every running one, with
+        the KV blocks they write (``blocks``: what changed since the last step)."""
         self.step_count += 1
-        preempted = self._preempt() if self.paged else []
+        preempted = self._grow() if self.paged else []
         decode = list(self.running.values())
         prefill = self._admit() if not preempted and self._wants_prefill() else []
         # Steps in a row that left requests waiting; reset by a prefill or an empty queue.
@@ -306,9 +333,12 @@ class Scheduler:
         for req in prefill:
             self.running[req.request_id] = req
         longest = max((r.num_src_tokens for r in prefill), default=0)
-        return SchedulerOutput(self.step_count, prefill, decode,
-                               num_prefill_tokens=sum(r.num_src_tokens for r in prefill),
-                               num_prefill_padded=longest * len(prefill), preempted=preempted)
+        out = SchedulerOutput(self.step_count, prefill, decode,
+                              num_prefill_tokens=sum(r.num_src_tokens for r in prefill),
+                              num_prefill_padded=longest * len(prefill), preempted=preempted)
+        if self.paged and not out.is_empty:      # an empty step is not executed: its frees wait for the next
+            out.blocks = self.slots.pop_update()
+        return out
 
     def stats(self) -> EngineStats:
         """Queue, slot and block figures (the engine adds its cache's bytes and its settings)."""
