@@ -22,6 +22,8 @@ MAX_TEXT_CHARS = 5_000         # characters in one text (the per-text cap; each 
 MAX_SENTENCES = 256            # sentences in one request after splitting every text
 MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds one KV-cache slot)
 MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)
+MAX_KEEP_TERMS = 100           # do-not-translate terms in one request (`keep`)
+MAX_KEEP_CHARS = 200           # characters in one do-not-translate term (a request's or the stored list's)
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 
@@ -90,6 +92,7 @@ class TranslateJob:
     timeout_s: Optional[float] = None          # the timeout that set the deadline, named in the 504's message
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
     n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
+    keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------

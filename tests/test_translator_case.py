@@ -87,6 +87,17 @@ def test_acronyms_and_mixed_capitals(truecaser):
     assert truecaser.recase("Texas AM spielt.", None) == "Texas AM spielt."     # two letters: kept
 
 
+def test_fixed_ranges_are_left_as_they_are(truecaser):
+    """Words overlapping a fixed range (a protected span's placeholder) are not recased; the rest is,
+    and the sentence's first word is still the first word."""
+    text = "EIN HUND SIEHT SEATTLE UND MIAMI-STRAND."
+    fixed = [(text.index("SEATTLE"), text.index("SEATTLE") + 7), (text.index("MIAMI"), text.index("MIAMI") + 5)]
+    assert truecaser.recase(text, "upper", fixed) == "Ein Hund sieht SEATTLE und MIAMI-STRAND."
+    assert truecaser.recase("5 HUNDE LAUFEN.", "upper", [(0, 1)]) == "5 Hunde laufen."
+    assert truecaser.recase("Seattle Hunde Laufen Über Die Straße", "title", [(0, 7)]) == \
+        "Seattle Hunde laufen über die Straße"
+
+
 def test_styles_applied_to_the_translation():
     assert apply_style("upper", "A dog runs through the street.") == "A DOG RUNS THROUGH THE STREET."
     assert apply_style("title", "a man is riding a bicycle.") == "A Man Is Riding A Bicycle."

@@ -7,13 +7,13 @@ sentences per request) is the translator's to check.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from model.inference.search import ATTENTION_KINDS
-from service.protocol import (MAX_BEAM_SIZE, MAX_TEXT_CHARS, MAX_TEXTS, AttentionSelection, GenerationOptions,
-                              TranslateJob)
+from service.protocol import (MAX_BEAM_SIZE, MAX_KEEP_CHARS, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS,
+                              AttentionSelection, GenerationOptions, TranslateJob)
 
 from .errors import shown
 
@@ -55,6 +55,11 @@ class TranslateRequest(_Strict):
     timeout_s: Optional[float] = Field(
         None, gt=0, allow_inf_nan=False, description="seconds until the request is cancelled and answered 504 "
                                                      "(at most the server's max_timeout_s; null = that maximum)")
+    keep: Optional[list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEEP_CHARS)]]] = Field(
+        None, max_length=MAX_KEEP_TERMS,
+        description=f"do-not-translate terms (up to {MAX_KEEP_TERMS}, each up to {MAX_KEEP_CHARS} characters, not "
+                    "blank): each occurrence in the text (case-sensitive, whole words) comes back verbatim; "
+                    "null = none besides the server's stored list")
 
     @field_validator("text", mode="before")
     @classmethod
@@ -67,6 +72,25 @@ class TranslateRequest(_Strict):
         elif not isinstance(v, str):
             raise ValueError("must be a string or a list of strings")
         check_unicode([v] if isinstance(v, str) else v, "text")
+        return v
+
+    @field_validator("keep", mode="before")
+    @classmethod
+    def _keep_terms(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, list):
+            raise ValueError(f"must be a list of strings (do-not-translate terms) or null; got {type(v).__name__}")
+        if len(v) > MAX_KEEP_TERMS:
+            raise ValueError(f"at most {MAX_KEEP_TERMS} terms, got {len(v)}")
+        for i, term in enumerate(v):
+            if not isinstance(term, str):
+                raise ValueError(f"keep[{i}]: must be a string, got {type(term).__name__}")
+            if not term.strip():
+                raise ValueError(f"keep[{i}]: must not be empty or whitespace only, got {shown(term)}")
+            if len(term) > MAX_KEEP_CHARS:
+                raise ValueError(f"keep[{i}]: at most {MAX_KEEP_CHARS} characters, got {len(term)}")
+            check_unicode([term], f"keep[{i}]")
         return v
 
     @field_validator("model", "source_lang", "target_lang")
@@ -106,7 +130,7 @@ class TranslateRequest(_Strict):
         selection = AttentionSelection(tuple(att.layers) if att.layers else None,
                                        tuple(att.heads) if att.heads else None)
         return TranslateJob(self.texts, options, selection, "text", isinstance(self.text, list),
-                            target_lang=self.target_lang)
+                            target_lang=self.target_lang, keep=tuple(self.keep or ()))
 
 
 class ErrorBody(BaseModel):

@@ -35,7 +35,7 @@ from service.metrics import EngineMetrics
 
 from .card import ModelCard
 from .output import build_response
-from .protect import Protected, Protector
+from .protect import Protected, Protector, Terms
 from .streaming import StreamState, merge_streams
 from .text import Piece, Split, has_text, split_text
 from .truecase import Truecaser
@@ -56,11 +56,14 @@ class Translator:
 
     Call ``await reconfigure(engine_config)`` once before use (Ray Serve does so with user_config).
     ``protect_spans`` / ``truecase`` (default on; env ``MT_PROTECT_SPANS=0`` / ``MT_TRUECASE=0``
-    turn them off): protected spans and recasing (``protect.py``, ``truecase.py``).
+    turn them off): protected spans and recasing (``protect.py``, ``truecase.py``). ``keep_file``
+    (default: env ``MT_KEEP_FILE``): the stored list of do-not-translate terms, one a line
+    (``protect.Terms.load``), kept verbatim in every request besides the request's ``keep``.
     """
 
     def __init__(self, card: ModelCard, device: Optional[str] = None, num_threads: Optional[int] = None,
-                 protect_spans: Optional[bool] = None, truecase: Optional[bool] = None):
+                 protect_spans: Optional[bool] = None, truecase: Optional[bool] = None,
+                 keep_file: Optional[str] = None):
         self.card = card
         self.name = card.id
         if num_threads:
@@ -75,6 +78,8 @@ class Translator:
             truecase = os.environ.get("MT_TRUECASE", "1") != "0"
         self.protector = Protector(self.tok, Truecaser.load(card.checkpoint, card.source_lang, self.tok),
                                    protect=protect_spans, recase=truecase)
+        keep_file = keep_file if keep_file is not None else os.environ.get("MT_KEEP_FILE", "")
+        self.keep = Terms.load(keep_file) if keep_file else Terms()   # the stored do-not-translate list
         self.metrics = EngineMetrics(self.name)
         self.engine: Optional[Engine] = None
         self.engine_config: Optional[EngineConfig] = None
@@ -146,7 +151,8 @@ class Translator:
 
     # ---- request preparation ------------------------------------------------------------------
     def prepare(self, job: TranslateJob) -> tuple[list[Optional[Split]], list[Piece], list[Protected]]:
-        """Split the job's texts into sentences, protect their spans, recase and encode them.
+        """Split the job's texts into sentences, protect their spans (and the occurrences of the job's
+        ``keep`` terms and the stored list's), recase and encode them.
 
         Returns per text its Split (None for empty or whitespace-only text; no pieces for a text
         without letters, which comes back verbatim), the flat list of pieces to translate and each
@@ -159,6 +165,7 @@ class Translator:
             raise Unavailable(f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
         field, max_src = job.field, self.engine.max_src_len
         prefix = self.target_prefix(job.target_lang)
+        keep = getattr(self, "keep", Terms()) + Terms(job.keep)    # the stored list and the job's terms
         splits: list[Optional[Split]] = []
         pieces: list[Piece] = []
         prepared: list[Protected] = []
@@ -169,8 +176,8 @@ class Translator:
             split = split_text(text, self.card.source_lang)
             self.metrics.split_fallbacks(split.fallbacks)
             seen: dict[str, Protected] = {}
-            split = self.protector.rejoin(split)    # a URL the splitter cut at its "?" is one sentence again
-            split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s)).needs_model)
+            split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
+            split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s, keep)).needs_model)
             splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
             for j, sentence in enumerate(split.pieces):
                 prepared.append(seen[sentence])   # translatable() prepared every piece it kept

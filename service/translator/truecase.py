@@ -30,7 +30,7 @@ import collections
 import gzip
 import re
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")   # letters, hyphenated compounds ("T-Shirt") as one word
 
@@ -107,10 +107,13 @@ class Truecaser:
                 return "title"
         return None
 
-    def recase(self, text: str, style: Optional[str]) -> str:
-        """text with words recased for the model (see the module docstring); other characters kept."""
+    def recase(self, text: str, style: Optional[str], fixed: Sequence[tuple[int, int]] = ()) -> str:
+        """text with words recased for the model (see the module docstring); other characters kept, and
+        so are the words that overlap a ``fixed`` (start, end) range (protected spans' placeholders)."""
         out, pos = [], 0
         for m in WORD.finditer(text):
+            if any(a < m.end() and m.start() < b for a, b in fixed):
+                continue
             w, u = m.group(), self.usual(m.group())
             if style == "upper":
                 new = u if u is not None else w[:1] + w[1:].lower()
