@@ -18,14 +18,15 @@ import torch
 
 from .checkpoint import DEFAULT_CHECKPOINT
 from .inference.generate import translate_lines
-from .inference.linear import default_dtype
+from .inference.linear import default_dtype, linear_dtype
 from .load import load_model
 from .tokenizer import check_target_lang
 
 
 def load_for_cli(ap: argparse.ArgumentParser, args: argparse.Namespace):
     """The checks ``model.translate`` and ``model.evaluate`` share (MT_LINEAR_DTYPE, --beam-size),
-    then ``load_model(args.checkpoint)``; errors exit through ``ap.error``. --beam-size and
+    then ``load_model(args.checkpoint)``; errors exit through ``ap.error``; an imported model run with
+    int8 / bfloat16 linear layers gets a note on stderr (outputs may differ from transformers'). --beam-size and
     --length-penalty left out take the model's generation defaults (metadata ``generation``: an
     imported model's ``num_beams`` / ``length_penalty``), else 4 and 1.
     Returns (model, tokenizer, metadata)."""
@@ -39,6 +40,10 @@ def load_for_cli(ap: argparse.ArgumentParser, args: argparse.Namespace):
         loaded = load_model(args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         ap.error(f"--checkpoint {args.checkpoint}: {e}")
+    if "imported_from" in loaded[2] and (arithmetic := linear_dtype(loaded[0])) != "float32":
+        print(f"note: {arithmetic} linear layers (MT_LINEAR_DTYPE; int8 is the CPU default) round activations: "
+              f"translations can differ slightly from the imported model's in transformers (near-tied choices "
+              f"flip); MT_LINEAR_DTYPE=float32 gives its outputs", file=sys.stderr)
     generation = loaded[2].get("generation", {})      # an imported model's generation config
     if args.beam_size is None:
         args.beam_size = generation.get("num_beams", 4)

@@ -23,6 +23,7 @@ from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 from model import translate  # noqa: E402
 from model.checkpoint import load_metadata  # noqa: E402
 from model.convert import main as convert  # noqa: E402
+from model.inference import settings  # noqa: E402
 from model.inference.generate import translate_lines  # noqa: E402
 from model.inference.linear import pack_for_inference  # noqa: E402
 from model.inference.search import BeamSearch  # noqa: E402
@@ -69,10 +70,15 @@ def hf_reference(d, texts, beam: int, max_new_tokens: int, **overrides) -> tuple
     return text, [g[: g.index(eos)] if eos in g else g for g in generated]
 
 
+def linear_layers(monkeypatch, dtype: str) -> None:
+    """The process's linear_dtype setting (what MT_LINEAR_DTYPE sets for the command-line tools)."""
+    monkeypatch.setattr(settings, "_current", settings.InferenceSettings(linear_dtype=dtype))
+
+
 def cli_translate(checkpoint, texts, beam: int, max_new_tokens: int, monkeypatch, capsys) -> list[str]:
     """``python -m model.translate --checkpoint DIR --beam-size B --max-new-tokens N < texts``,
-    float32 linear layers (MT_LINEAR_DTYPE; the CPU default int8 rounds activations)."""
-    monkeypatch.setenv("MT_LINEAR_DTYPE", "float32")
+    float32 linear layers (MT_LINEAR_DTYPE's setting; the CPU default int8 rounds activations)."""
+    linear_layers(monkeypatch, "float32")
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))
     capsys.readouterr()
     translate.main(["--checkpoint", str(checkpoint), "--beam-size", str(beam), "--max-new-tokens", str(max_new_tokens)])
@@ -130,6 +136,18 @@ def test_directory_translated_directly(dirs, monkeypatch, capsys):
     assert cli_translate(d, SOURCE, 4, CAP, monkeypatch, capsys) == want
     model, tok, _ = float32_model(d)
     assert translate_lines(model, tok, SOURCE, beam_size=4, max_new_tokens=CAP) == want
+
+
+def test_int8_linear_layers_noted(dirs, monkeypatch, capsys):
+    """The CPU default, int8 linear layers, rounds activations: ``model.translate`` says so for an
+    imported model (not for float32 ones)."""
+    for dtype, noted in (("int8", True), ("float32", False)):
+        monkeypatch.setattr("sys.stdin", io.StringIO(SOURCE[0] + "\n"))
+        linear_layers(monkeypatch, dtype)
+        translate.main(["--checkpoint", str(dirs["shared"]), "--max-new-tokens", str(CAP)])
+        err = capsys.readouterr().err
+        assert ("note: int8 linear layers (MT_LINEAR_DTYPE; int8 is the CPU default)" in err) == noted
+        assert ("note:" in err) == noted
 
 
 def test_float16_import_says_it_rounds(dirs, tmp_path, capsys):
