@@ -112,5 +112,6 @@ def _load_ours(d: Path, device, dtype: torch.dtype) -> tuple[Transformer, Union[
     target = json.loads((d / "target_vocab.json").read_text(encoding="utf-8")) if cfg.tgt_vocab_size else None
     piece = {i: p for p, i in (target or vocab).items()}
     tok = VocabTokenizer(d / "source.spm", d / "target.spm", vocab, target, decoder_start_id=cfg.bos_id,
-                         eos=piece[cfg.eos_id], unk=piece[cfg.unk_id], pad=piece[cfg.pad_id])
+                         eos=piece[cfg.eos_id], unk=piece[cfg.unk_id], pad=piece[cfg.pad_id],
+                         clean_up_spaces=load_metadata(d).get("clean_up_tokenization_spaces") is True)
     return model, tok

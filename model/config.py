@@ -34,6 +34,10 @@ class ModelConfig:
     unk_id: int = 1                 # unknown-piece id
     bos_id: int = 2                 # first decoder input, never generated (Marian: decoder_start_token_id = pad)
     eos_id: int = 3                 # end-of-sentence id, appended to every source and target
+    # how a search ends (model/inference/search.py), as the generation config of an imported model says:
+    forced_eos: bool = False        # the last step a length budget allows emits EOS (MarianMT's forced_eos_token_id)
+    early_stopping: bool | str = True  # beam search: True ends at beam_size finished hypotheses (ours);
+                                    # False / "never": transformers' rules (MarianMT's default: False)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -45,6 +49,8 @@ class ModelConfig:
         if self.tgt_vocab_size and self.share_embeddings and self.tgt_vocab_size != self.vocab_size:
             raise ValueError(f"tgt_vocab_size ({self.tgt_vocab_size}) differs from vocab_size ({self.vocab_size}): "
                              "separate vocabularies need share_embeddings=False")
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
         if self.sinusoid_layout not in ("interleaved", "split"):
             raise ValueError(f"sinusoid_layout must be 'interleaved' or 'split', got {self.sinusoid_layout!r}")
 

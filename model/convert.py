@@ -1,17 +1,22 @@
 """Convert between this project's checkpoints and published formats.
 
-    python -m model.convert --from-marian DIR --out CHECKPOINT_DIR [--dtype float32]
+    python -m model.convert --from-marian DIR --out CHECKPOINT_DIR [--dtype float16]
     python -m model.convert --to-marian CHECKPOINT_DIR --out DIR [--dtype float32]
     python -m model.convert --to-ct2 CHECKPOINT_DIR --out DIR [--quantization int8]
 
 The formats are read and written by ``model/interop/`` (``marian.py``, ``marian_export.py``,
 ``ct2.py``). A bad directory prints one line naming the file or field and exits with status 2.
+--from-marian stores the source's weight dtype unless --dtype says otherwise, applies the model's
+``generation_config.json`` (or refuses a setting it does not implement, naming it) and prints a
+``note:`` line (stderr) for each way the import may translate differently from transformers: a
+float16 / bfloat16 --dtype that rounds float32 weights, a generation setting it cannot reproduce.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from .checkpoint import load_metadata
 from .interop.ct2 import convert_to_ct2
 from .interop.marian import convert_marian
 from .interop.marian_export import export_marian
@@ -26,21 +31,28 @@ def main(argv=None) -> int:
     way.add_argument("--to-ct2", metavar="DIR", help="convert our checkpoint, or a MarianMT export of one, to "
                      "CTranslate2 (model/interop/ct2.py; needs the ctranslate2 package)")
     ap.add_argument("--out", required=True, metavar="DIR", help="where to write the checkpoint / MarianMT directory")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                    help="stored weight dtype (float32 keeps the weights exactly)")
+    ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                    help="stored weight dtype (default: --from-marian the source weights' own, float32 for the "
+                         "published OPUS-MT models; otherwise float32). float16 and bfloat16 halve the file but "
+                         "round the weights: translations can differ slightly (near-tied choices flip)")
     ap.add_argument("--quantization", default=None, help="--to-ct2: CTranslate2 weight type (e.g. int8)")
     args = ap.parse_args(argv)
     try:
         if args.to_ct2:
             out = convert_to_ct2(args.to_ct2, args.out, args.quantization)
         elif args.to_marian:
-            out = export_marian(args.to_marian, args.out, args.dtype)
+            out = export_marian(args.to_marian, args.out, args.dtype or "float32")
         else:
             out = convert_marian(args.from_marian, args.out, args.dtype)
     except (ValueError, FileNotFoundError, ImportError) as e:   # Marian{Import,Export}Error, a missing file/package
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
+    if args.from_marian:
+        meta = load_metadata(out)
+        print(f"weights stored as {meta['dtype']} (source: {meta['source_dtype']})")
+        for note in meta.get("notes", []):
+            print(f"note: {note}", file=sys.stderr)
     return 0
 
 

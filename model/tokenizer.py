@@ -88,15 +88,24 @@ class VocabTokenizer:
     ``<pad>`` come from it, not from the SentencePiece models), as transformers' ``MarianTokenizer``.
 
     ``encode`` splits with the source model (a leading ``>>xx<<`` target-language code stays one
-    piece); ``decode`` maps ids to pieces through the target vocabulary and joins them with the target
-    model. Pieces missing from the vocabulary become ``<unk>``. The decoder's first input
+    piece). Pieces missing from the vocabulary become ``<unk>``. The decoder's first input
     (``bos_id``) is ``decoder_start_id`` (the pad token in MarianMT models).
+
+    ``decode`` gives ``MarianTokenizer.batch_decode(ids, skip_special_tokens=True)``'s text: ids to
+    pieces through the target vocabulary (eos, unk, pad and the decoder start dropped), the pieces
+    joined by a SentencePiece model's ``decode_pieces`` (the source model's with a shared
+    vocabulary, the target model's with separate ones, as transformers 5 chooses), then every ``▁``
+    left as a space and the ends stripped: a piece the joining model does not know (a source-only
+    piece of a joint vocabulary, e.g. a name copied from the source) comes back raw from
+    ``decode_pieces``, ``▁`` included. ``clean_up_spaces`` (``tokenizer_config.json``'s
+    ``clean_up_tokenization_spaces``) removes the space before ``. ? ! ,`` and English clitics, as
+    transformers' ``clean_up_tokenization``.
     Raises ValueError when a special token is missing from the vocabulary.
     """
 
     def __init__(self, source_spm: str | os.PathLike, target_spm: str | os.PathLike, vocab: dict[str, int],
                  target_vocab: dict[str, int] | None = None, decoder_start_id: int | None = None,
-                 eos: str = "</s>", unk: str = "<unk>", pad: str = "<pad>"):
+                 eos: str = "</s>", unk: str = "<unk>", pad: str = "<pad>", clean_up_spaces: bool = False):
         self.model_files = (str(source_spm), str(target_spm))
         self.sp_source = spm.SentencePieceProcessor(model_file=str(source_spm))
         self.sp_target = spm.SentencePieceProcessor(model_file=str(target_spm))
@@ -111,6 +120,8 @@ class VocabTokenizer:
         # multilingual models: the source starts with a target-language token >>xx<<
         self.target_languages = target_language_codes(self.vocab)
         self.special = {self.eos_id, self.target_vocab[unk], self.pad_id, self.bos_id}
+        self.sp_decode = self.sp_source if target_vocab is None else self.sp_target
+        self.clean_up_spaces = clean_up_spaces
 
     @property
     def vocab_size(self) -> int:
@@ -129,11 +140,21 @@ class VocabTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of target ids; eos/unk/pad (and the decoder start) are dropped."""
-        return self.sp_target.decode_pieces([self.id_to_piece[int(i)] for i in ids if int(i) not in self.special])
+        """Text of target ids; eos/unk/pad (and the decoder start) are dropped (see the class docstring)."""
+        pieces = [self.id_to_piece[int(i)] for i in ids if int(i) not in self.special]
+        text = self.sp_decode.decode_pieces(pieces).replace("\u2581", " ").strip()
+        return clean_up_tokenization(text) if self.clean_up_spaces else text
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.id_to_piece.get(int(i), "<unk>") for i in ids]
+
+
+def clean_up_tokenization(text: str) -> str:
+    """transformers' ``clean_up_tokenization``: no space before ``. ? ! ,`` and English clitics."""
+    for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+                 (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(a, b)
+    return text
 
 
 def encode_source(tok: Tokenizer, text: str, max_len: int, target_lang: Optional[str] = None) -> list[int]:

@@ -18,25 +18,37 @@ import torch
 
 from .checkpoint import DEFAULT_CHECKPOINT
 from .inference.generate import translate_lines
-from .inference.linear import default_dtype
+from .inference.linear import default_dtype, linear_dtype
 from .load import load_model
 from .tokenizer import check_target_lang
 
 
 def load_for_cli(ap: argparse.ArgumentParser, args: argparse.Namespace):
     """The checks ``model.translate`` and ``model.evaluate`` share (MT_LINEAR_DTYPE, --beam-size),
-    then ``load_model(args.checkpoint)``; errors exit through ``ap.error``.
+    then ``load_model(args.checkpoint)``; errors exit through ``ap.error``; an imported model run with
+    int8 / bfloat16 linear layers gets a note on stderr (outputs may differ from transformers'). --beam-size and
+    --length-penalty left out take the model's generation defaults (metadata ``generation``: an
+    imported model's ``num_beams`` / ``length_penalty``), else 4 and 1.
     Returns (model, tokenizer, metadata)."""
     try:
         default_dtype()
     except ValueError as e:
         ap.error(str(e))
-    if args.beam_size < 1:
+    if args.beam_size is not None and args.beam_size < 1:
         ap.error("--beam-size must be >= 1")
     try:
         loaded = load_model(args.checkpoint)
     except (FileNotFoundError, ValueError) as e:
         ap.error(f"--checkpoint {args.checkpoint}: {e}")
+    if "imported_from" in loaded[2] and (arithmetic := linear_dtype(loaded[0])) != "float32":
+        print(f"note: {arithmetic} linear layers (MT_LINEAR_DTYPE; int8 is the CPU default) round activations: "
+              f"translations can differ slightly from the imported model's in transformers (near-tied choices "
+              f"flip); MT_LINEAR_DTYPE=float32 gives its outputs", file=sys.stderr)
+    generation = loaded[2].get("generation", {})      # an imported model's generation config
+    if args.beam_size is None:
+        args.beam_size = generation.get("num_beams", 4)
+    if args.length_penalty is None:
+        args.length_penalty = generation.get("length_penalty", 1.0)
     try:
         check_target_lang(loaded[1], args.target_lang)
     except ValueError as e:
@@ -65,12 +77,15 @@ def finite_float(value: str) -> float:
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
     """The options ``model.translate`` and ``model.evaluate`` share."""
-    ap.add_argument("--beam-size", type=int, default=4)
+    ap.add_argument("--beam-size", type=int, default=None,
+                    help="1 = greedy (default: an imported model's num_beams, else 4)")
     ap.add_argument("--batch-size", type=positive_int, default=64)
-    ap.add_argument("--length-penalty", type=finite_float, default=1.0)
+    ap.add_argument("--length-penalty", type=finite_float, default=None,
+                    help="score = log-prob / length ** this (default: an imported model's length_penalty, else 1)")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="a fixed target budget per sentence, EOS included (default: 2 x source length + 10), "
-                         "to compare outputs with other tools at one length")
+                         "to compare outputs with other tools at one length, as transformers' max_new_tokens: a "
+                         "model that forces EOS at the limit (OPUS-MT) gives at most N - 1 tokens, then EOS")
     ap.add_argument("--target-lang", default=None,
                     help="multilingual MarianMT models: the target language (its >>xx<< token starts each source)")
 

@@ -1,7 +1,8 @@
 """MarianMT import (model/interop/marian.py): tiny random MarianMT directories built with ``transformers`` at
 test time, in the on-disk format of the published OPUS-MT models. Imported, our logits equal
-transformers' (float32), and greedy and beam-4 outputs equal ``generate()``'s token for token for a
-batch of mixed lengths, offline and through the engine; bad directories give one clear error."""
+transformers' (float32), and greedy and beam-4 outputs equal ``generate()``'s (with the model's own
+generation config) token for token for a batch of mixed lengths, offline and through the engine; bad
+directories give one clear error. Text, the length cap and generation configs: test_marian_parity.py."""
 from __future__ import annotations
 
 import asyncio
@@ -49,18 +50,12 @@ def float32_model(directory):
 
 
 def hf_generate(hf, tok_hf, texts, beam: int, pad_id: int) -> list[list[int]]:
-    """transformers' generate() as plain greedy / beam search over the same scores as ours: stop when
-    beam_size hypotheses have ended (early_stopping=True), length penalty 1 over generated tokens
-    (EOS included), the pad token never generated, no forced EOS at the length limit,
-    log-probabilities renormalised after masking pad (ours mask before the softmax)."""
+    """transformers' generate() as a user runs it: the directory's generation config (the published
+    one: pad banned, EOS forced at the length limit, early_stopping false, logits renormalised),
+    num_beams and max_new_tokens given; the generated ids, EOS and padding left out."""
     enc = tok_hf(texts, return_tensors="pt", padding=True)
-    opts = dict(num_beams=beam, do_sample=False, max_new_tokens=MAX_NEW, length_penalty=1.0,
-                bad_words_ids=[[pad_id]], forced_eos_token_id=None, renormalize_logits=True, repetition_penalty=1.0,
-                no_repeat_ngram_size=0, min_length=0)
-    if beam > 1:
-        opts["early_stopping"] = True
     with torch.no_grad():
-        out = hf.generate(**enc, **opts)
+        out = hf.generate(**enc, num_beams=beam, max_new_tokens=MAX_NEW)
     eos = hf.config.eos_token_id
     return [[t for t in row[1:] if t != pad_id][: row[1:].index(eos) if eos in row[1:] else None]
             for row in out.tolist()]

@@ -1,7 +1,8 @@
 """Tiny random MarianMT directories, saved the way published OPUS-MT models are (not a test module):
-``save_pretrained`` (config.json, model.safetensors, generation_config.json), two small SentencePiece
-models trained here (source.spm, target.spm), one joint vocab.json (``</s>`` 0, ``<unk>`` 1, the
-pieces of both, ``<pad>`` last) and tokenizer_config.json. Needs ``transformers`` (a dev extra)."""
+``save_pretrained`` (config.json, model.safetensors), generation_config.json as the published models
+have it (``published_generation``), two small SentencePiece models trained here (source.spm,
+target.spm), one joint vocab.json (``</s>`` 0, ``<unk>`` 1, the pieces of both, ``<pad>`` last) and
+tokenizer_config.json. Needs ``transformers`` (a dev extra)."""
 from __future__ import annotations
 
 import json
@@ -43,9 +44,18 @@ def joint_vocab(spm_files: list[Path], codes: tuple = ()) -> dict[str, int]:
     return vocab
 
 
+def published_generation(pad_id: int, eos_id: int = 0) -> dict:
+    """generation_config.json of the published OPUS-MT models (e.g. opus-mt-en-zh): pad never
+    generated, EOS forced at the length limit, beam 4, logits renormalised after masking."""
+    return {"bad_words_ids": [[pad_id]], "bos_token_id": 0, "decoder_start_token_id": pad_id, "eos_token_id": eos_id,
+            "forced_eos_token_id": eos_id, "max_length": 512, "num_beams": 4, "pad_token_id": pad_id,
+            "renormalize_logits": True}
+
+
 def make_marian_dir(directory: Path, activation: str = "swish", scale_embedding: bool = True, seed: int = 0,
                     weights_file: str = "model.safetensors", separate_vocabs: bool = False,
-                    target_languages: tuple = ()) -> Path:
+                    target_languages: tuple = (), generation: dict | None = None, eos_bias: float = 3.0,
+                    source_lines: list[str] = DE, target_lines: list[str] = EN, vocab_sizes: tuple = ()) -> Path:
     """Write a tiny random MarianMT model (d_model 32, 2+2 layers, 4 heads) to directory.
 
     Weights are drawn wider than transformers' init (std 0.02 makes every logit nearly equal, so
@@ -54,11 +64,16 @@ def make_marian_dir(directory: Path, activation: str = "swish", scale_embedding:
     instead of safetensors (older published models). ``separate_vocabs``: a source vocab.json and a
     smaller target_vocab.json ("tc-big" models; ``share_encoder_decoder_embeddings: false``), each laid
     out as the joint one, so the source's ``<pad>`` id differs from the target's (config.json's).
-    ``target_languages``: a multilingual model, whose sources start with ``>>xx<<`` (one per code)."""
+    ``target_languages``: a multilingual model, whose sources start with ``>>xx<<`` (one per code).
+    ``generation``: fields over ``published_generation`` (None drops one) for generation_config.json;
+    the pytorch_model.bin layout (older releases) has no such file, its config.json holds them.
+    ``eos_bias``: added to EOS's logit bias. ``source_lines`` / ``target_lines``: what the source /
+    target SentencePiece models are trained on, ``vocab_sizes`` their sizes."""
     from transformers import MarianConfig, MarianMTModel
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    files = [train_spm(DE, d / "source", 80 if separate_vocabs else 60), train_spm(EN, d / "target")]
+    sizes = vocab_sizes or (80 if separate_vocabs else 60, 60)
+    files = [train_spm(source_lines, d / "source", sizes[0]), train_spm(target_lines, d / "target", sizes[1])]
     vocab = joint_vocab(files[:1] if separate_vocabs else files, target_languages)
     target = joint_vocab(files[1:]) if separate_vocabs else vocab
     V, V_tgt = len(vocab), len(target)
@@ -88,10 +103,14 @@ def make_marian_dir(directory: Path, activation: str = "swish", scale_embedding:
                                                      model.model.decoder.embed_tokens)}.values():
             emb.copy_(emb / emb.norm(dim=1, keepdim=True))    # unit rows: no token wins by its norm alone
         model.final_logits_bias.normal_(0.0, 0.5)
-        model.final_logits_bias[0, 0] += 3.0                  # EOS likelier: outputs of mixed lengths     # EOS a little likelier: some outputs end early
+        model.final_logits_bias[0, 0] += eos_bias             # EOS likelier: outputs of mixed lengths
+    gen = {k: v for k, v in (published_generation(V_tgt - 1) | (generation or {})).items() if v is not None}
     if weights_file == "pytorch_model.bin":
         model.config.save_pretrained(d)
         torch.save(model.state_dict(), d / weights_file)
+        config = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(config | gen, indent=2))
     else:
         model.save_pretrained(d)
+        (d / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return d

@@ -62,7 +62,8 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
         if not 0 < len(s) <= cfg.max_len:
             raise ValueError(f"source length must be in 1..{cfg.max_len}, got {len(s)}")
     B = len(sources)
-    searches = [BeamSearch(beam_size, cfg.eos_id, m, n_best, length_penalty, kinds, len(s))
+    searches = [BeamSearch(beam_size, cfg.eos_id, m, n_best, length_penalty, kinds, len(s),
+                           forced_eos=cfg.forced_eos, early_stopping=cfg.early_stopping)
                 for s, m in zip(sources, budgets)]
     todo = [b for b in range(B) if not searches[b].done]
     if todo:

@@ -7,6 +7,17 @@ within the top k are finished, and the first k non-EOS candidates stay alive. A 
 it has k finished hypotheses or reaches max_new_tokens. Greedy search is beam search with k = 1.
 Scores: log_prob is the sum of token log-probabilities (EOS included); score = log_prob / length **
 length_penalty, where length counts generated tokens including EOS.
+
+Two rules of transformers' ``generate()``, for models whose generation config asks for them
+(``ModelConfig.forced_eos`` / ``early_stopping``, set by the MarianMT import):
+
+- ``forced_eos``: the last step a budget allows emits EOS (``forced_eos_token_id``): hypotheses
+  reaching max_new_tokens - 1 tokens end there with EOS, at log-prob 0 for it (transformers sets
+  every other score to -inf and EOS's to 0), so the model is not asked for that step.
+- ``early_stopping=False``: with k finished hypotheses the search goes on while the best alive
+  hypothesis's log_prob / its length ** length_penalty beats the k-th best finished score;
+  ``"never"`` (length_penalty > 0) divides by max_new_tokens ** length_penalty instead.
+  ``True`` (ours): done at k finished hypotheses.
 """
 from __future__ import annotations
 
@@ -67,6 +78,8 @@ class BeamSearch:
     attention_kinds: tuple = ()             # subset of ATTENTION_KINDS to keep
     src_len: int = 0                        # trims attention rows to the real source length
     encoder_attention: Optional[Tensor] = None  # [L, H, S, S], set at prefill when tracked
+    forced_eos: bool = False                # the last step a budget allows emits EOS (module docstring)
+    early_stopping: object = True           # True, False or "never" (module docstring)
     alive: list = field(default_factory=lambda: [PartialHypothesis()])
     finished: list = field(default_factory=list)
     done: bool = False
@@ -121,9 +134,30 @@ class BeamSearch:
         Returns (parents, tokens): per new alive hypothesis, its parent row and next input token;
         empty when the sentence is done.
         """
+        if self.forced_eos and len(self.alive[0].tokens) >= self.max_new_tokens - 1:
+            return self._end_with_eos()          # max_new_tokens 1: the first step is the forced one
         if self.beam_size == 1:
             return self._greedy_step(top_v[0], top_i[0], cross, decoder)
         return self._beam_step(top_v, top_i, cross, decoder)
+
+    def _end_with_eos(self) -> tuple[list[int], list[int]]:
+        """The forced last step: every alive hypothesis ends with EOS, at its log-prob (EOS's is 0)."""
+        self.finished.extend(self._final(b, "eos") for b in self.alive)
+        self.done = True
+        self.alive = []
+        return [], []
+
+    def _stops(self, best_alive: float, n_generated: int) -> bool:
+        """Whether a search with alive hypotheses of n_generated tokens, the best at log-prob
+        ``best_alive``, is done by its finished ones (``early_stopping``, module docstring)."""
+        k = self.beam_size
+        if len(self.finished) < k:
+            return False
+        if self.early_stopping is True:
+            return True
+        length = self.max_new_tokens if self.early_stopping == "never" and self.length_penalty > 0 else n_generated
+        worst = sorted((h.score for h in self.finished), reverse=True)[k - 1]
+        return best_alive / length ** self.length_penalty <= worst
 
     def _greedy_step(self, tv: list, ti: list, cross, decoder) -> tuple[list[int], list[int]]:
         """``step`` for k = 1 without building and sorting the candidate list (the engine's most
@@ -139,10 +173,10 @@ class BeamSearch:
             self.finished.append(self._final(self._extend(beam, 0, None, lp, cross, decoder), "eos"))
         else:
             new = self._extend(beam, 0, tok, lp, cross, decoder)
-            if len(new.tokens) < self.max_new_tokens:
+            if len(new.tokens) < self.max_new_tokens - self.forced_eos:
                 self.alive = [new]
                 return [0], [tok]
-            self.finished.append(self._final(new, "length"))
+            self.finished.append(self._final(new, "eos" if self.forced_eos else "length"))
         self.done = True
         self.alive = []
         return [], []
@@ -163,6 +197,8 @@ class BeamSearch:
         parent's plus its token's, in float64), parent row and token id. ``step`` ranks them itself;
         ``search_step`` ranks every sentence's at once (``rank_candidates``). Returns as ``step``."""
         k, eos, alive = self.beam_size, self.eos_id, self.alive
+        if self.forced_eos and len(alive[0].tokens) >= self.max_new_tokens - 1:
+            return self._end_with_eos()
         new_alive, new_parents = [], []
         for rank, (lp, b, tok) in enumerate(zip(log_probs, parents, tokens)):
             if tok == eos:
@@ -175,11 +211,13 @@ class BeamSearch:
                 break
         self.alive = new_alive
         n_generated = len(new_alive[0].tokens) if new_alive else 0
-        if len(self.finished) >= k or not new_alive:
+        if not new_alive or self._stops(new_alive[0].log_prob, n_generated):
             self.done = True
         elif n_generated >= self.max_new_tokens:
             self.finished.extend(self._final(b, "length") for b in new_alive)
             self.done = True
+        elif self.forced_eos and n_generated == self.max_new_tokens - 1:
+            return self._end_with_eos()
         if self.done:
             self.alive = []
             return [], []

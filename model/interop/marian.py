@@ -9,16 +9,28 @@ activation (``swish``), the sinusoid layout (sines then cosines), ``scale_embedd
 ``final_logits_bias``, the decoder start token (the pad token) and special ids from ``vocab.json``.
 A bad directory raises ``MarianImportError`` naming the file or field. Export: ``marian_export.py``;
 the command line: ``python -m model.convert``.
+
+``generation_config.json`` (else the generation fields of ``config.json``, as transformers falls back
+to them) is read and applied, not assumed (``generation_rules``): ``forced_eos_token_id`` and
+``early_stopping`` become ``ModelConfig.forced_eos`` / ``early_stopping`` (the search's rules),
+``bad_words_ids`` of single tokens are never generated (pad and the decoder start already are; any
+other id gets -inf in ``final_logits_bias``), ``num_beams``, ``length_penalty`` and the length limits
+are recorded in the metadata as defaults (``python -m model.translate`` uses the first two). A field
+that changes what transformers generates and that this project does not implement (sampling,
+repetition penalties, n-gram blocking, minimum lengths, forced BOS, ...) is refused, naming it; one
+it cannot reproduce exactly (``renormalize_logits`` off, pad not banned) is recorded as a note.
 """
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ..checkpoint import save_checkpoint, unique_state_dict
+from ..checkpoint import WEIGHT_DTYPES, save_checkpoint, unique_state_dict
 from ..config import ACTIVATIONS, ModelConfig
 from ..tokenizer import VocabTokenizer
 from ..transformer import Transformer
@@ -82,9 +94,11 @@ def permute_residual(state: dict[str, torch.Tensor], order: torch.Tensor) -> dic
     return out
 
 
-def marian_config(hf: dict, where: str = "config.json") -> ModelConfig:
-    """Our ModelConfig for a transformers MarianConfig dict. Raises MarianImportError for another
-    architecture or a setting this model does not implement (named by its field)."""
+def marian_config(hf: dict, where: str = "config.json", generation: Optional[tuple[dict, str]] = None) -> ModelConfig:
+    """Our ModelConfig for a transformers MarianConfig dict, with the search rules of ``generation``
+    ((settings, file name) from ``read_generation``; default: config.json's generation fields).
+    Raises MarianImportError for another architecture or a setting this model or its search does
+    not implement (named by its field)."""
     if hf.get("model_type") != "marian":
         raise MarianImportError(f"{where}: model_type is {hf.get('model_type')!r}, not 'marian' "
                                 f"(architectures {hf.get('architectures')})")
@@ -115,7 +129,7 @@ def marian_config(hf: dict, where: str = "config.json") -> ModelConfig:
                                 f"({vocab}) with share_encoder_decoder_embeddings=true")
     ours = hf.get("exported_from") if isinstance(hf.get("exported_from"), dict) else {}   # our export's marker
     try:
-        return ModelConfig(
+        cfg = ModelConfig(
             vocab_size=vocab, d_model=field("d_model"), n_heads=hf["encoder_attention_heads"],
             d_ff=hf["encoder_ffn_dim"], n_encoder_layers=field("encoder_layers"),
             n_decoder_layers=field("decoder_layers"), dropout=float(hf.get("dropout", 0.0)),
@@ -127,6 +141,131 @@ def marian_config(hf: dict, where: str = "config.json") -> ModelConfig:
             bos_id=field("decoder_start_token_id", hf.get("pad_token_id")), unk_id=1)
     except (TypeError, ValueError) as e:
         raise MarianImportError(f"{where}: {e}") from None
+    rules = generation_rules(*(generation or generation_fields(hf, where)), cfg)
+    cfg.forced_eos, cfg.early_stopping = rules["forced_eos"], rules["early_stopping"]
+    return cfg
+
+
+# transformers' GenerationConfig fields, by what the import does with them (``generation_rules``)
+_APPLIED = ("decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_eos_token_id", "bad_words_ids",
+            "early_stopping", "renormalize_logits", "num_beams", "length_penalty", "max_length", "max_new_tokens",
+            "do_sample")
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
+_INERT = ("transformers_version", "_from_model_config", "bos_token_id", "use_cache", "cache_implementation",
+          "cache_config", "max_cache_len", "output_attentions", "output_hidden_states", "output_scores",
+          "output_logits", "return_dict_in_generate", "num_return_sequences", "remove_invalid_values",
+          "compile_config", "disable_compile", "prefill_chunk_size", "low_memory", "continuous_batching_config",
+          "is_assistant", "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+          "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit", "assistant_lookbehind",
+          "target_lookbehind", "assistant_ensemble_weight", "speculation_type", "use_mtp")
+# fields that change the output unless they hold one of these (transformers' "off") values
+_OFF = {"min_length": (None, 0), "min_new_tokens": (None, 0), "max_time": (None,), "stop_strings": (None, [], ""),
+        "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
+        "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "forced_bos_token_id": (None,),
+        "exponential_decay_length_penalty": (None,), "suppress_tokens": (None, []), "begin_suppress_tokens": (None, []),
+        "sequence_bias": (None, {}), "guidance_scale": (None, 1.0), "watermarking_config": (None,),
+        "penalty_alpha": (None, 0.0), "dola_layers": (None,), "diversity_penalty": (None, 0.0),
+        "num_beam_groups": (None, 1), "constraints": (None, []), "force_words_ids": (None, []),
+        "token_healing": (None, False)}
+
+
+def read_generation(directory: Path, hf: dict) -> tuple[dict, str]:
+    """(generation settings, their file): ``generation_config.json`` when the directory has one, else
+    the generation fields of config.json (``hf``), as transformers reads them."""
+    path = Path(directory) / "generation_config.json"
+    if path.exists():
+        return _read_json(path), str(path)
+    return generation_fields(hf, str(Path(directory) / "config.json"))
+
+
+def generation_fields(hf: dict, where: str = "config.json") -> tuple[dict, str]:
+    """The generation settings a config.json dict holds (older MarianMT directories keep them there)."""
+    return {k: v for k, v in hf.items() if k in _APPLIED + _SAMPLING + tuple(_OFF)}, where
+
+
+def _token_ids(value, where: str, name: str) -> list:
+    ids = value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise MarianImportError(f"{where}: {name} must be a token id or a list of them, got {json.dumps(value)}")
+    return ids
+
+
+def generation_rules(gen: dict, where: str, cfg: ModelConfig) -> dict:
+    """What a generation config means here: {"forced_eos", "early_stopping": ModelConfig fields;
+    "banned": other single-token bad_words_ids (-inf logits bias); "defaults": the recorded settings;
+    "notes": what differs from transformers' generate() and why}. Raises MarianImportError naming a
+    field that changes generation and that this project does not implement, or one it cannot read."""
+    def show(v) -> str:
+        return json.dumps(v, default=str)
+
+    for name, value in gen.items():
+        if name in _APPLIED or name in _SAMPLING or name in _INERT:
+            continue
+        if name in _OFF:
+            if value not in _OFF[name]:
+                raise MarianImportError(f"{where}: {name}={show(value)} is not implemented by this project's search "
+                                        f"(greedy and beam search with forced EOS, banned tokens and a length "
+                                        f"penalty only), and transformers applies it")
+        elif value not in (None, False):
+            raise MarianImportError(f"{where}: unknown generation field {name}={show(value)} (not applied by this "
+                                    f"importer)")
+    if gen.get("do_sample") not in (None, False):
+        raise MarianImportError(f"{where}: do_sample={show(gen['do_sample'])}: sampling is not implemented "
+                                f"(greedy and beam search only)")
+    eos = gen.get("eos_token_id")
+    if eos is not None and _token_ids(eos, where, "eos_token_id") != [cfg.eos_id]:
+        raise MarianImportError(f"{where}: eos_token_id {show(gen['eos_token_id'])} is not config.json's "
+                                f"eos_token_id {cfg.eos_id} (one EOS id, the vocabulary's, is supported)")
+    for name, want in (("pad_token_id", cfg.pad_id), ("decoder_start_token_id", cfg.bos_id)):
+        if gen.get(name) is not None and gen[name] != want:
+            raise MarianImportError(f"{where}: {name} {show(gen[name])} differs from config.json's {want} "
+                                    f"(not supported)")
+    forced = gen.get("forced_eos_token_id")
+    if forced is not None and _token_ids(forced, where, "forced_eos_token_id") != [cfg.eos_id]:
+        raise MarianImportError(f"{where}: forced_eos_token_id {show(forced)} is not the EOS id {cfg.eos_id} "
+                                f"(only EOS can be forced at the length limit)")
+    early = gen.get("early_stopping")
+    early = False if early is None else early       # transformers' default
+    if not (isinstance(early, bool) or early == "never"):
+        raise MarianImportError(f"{where}: early_stopping must be true, false or \"never\", got {show(early)}")
+    length_penalty = gen.get("length_penalty")
+    if length_penalty is not None and (isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float))
+                                       or not math.isfinite(length_penalty)):
+        raise MarianImportError(f"{where}: length_penalty must be a finite number, got {show(length_penalty)}")
+    for name in ("num_beams", "max_length", "max_new_tokens"):
+        v = gen.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise MarianImportError(f"{where}: {name} must be a positive integer, got {show(v)}")
+    bad = gen.get("bad_words_ids")
+    if bad is not None and not (isinstance(bad, list) and all(isinstance(seq, list) and seq for seq in bad)):
+        raise MarianImportError(f"{where}: bad_words_ids must be a list of token-id lists, got {show(bad)}")
+    banned = set()
+    for seq in bad or []:
+        ids = _token_ids(seq, where, "bad_words_ids")
+        if ids == [cfg.eos_id]:
+            continue                                 # transformers never bans EOS
+        if len(ids) > 1:
+            raise MarianImportError(f"{where}: bad_words_ids entry {show(seq)}: banned sequences of several tokens "
+                                    f"are not implemented (single tokens are)")
+        if not 0 <= ids[0] < cfg.target_vocab_size:
+            raise MarianImportError(f"{where}: bad_words_ids entry {show(seq)} is not a target token id "
+                                    f"(0..{cfg.target_vocab_size - 1})")
+        banned.add(ids[0])
+    notes = []
+    name = Path(where).name
+    if cfg.pad_id not in banned:
+        notes.append(f"{name}: bad_words_ids does not ban the pad token {cfg.pad_id}: transformers may generate it, "
+                     f"this project never does (outputs differ where it would)")
+    if gen.get("renormalize_logits") is not True:
+        notes.append(f"{name}: renormalize_logits is not true: transformers' beam scores keep the probability of the "
+                     f"tokens it bans, this project renormalises after masking them (as renormalize_logits=true, the "
+                     f"published OPUS-MT setting), so beam search outputs may differ slightly (greedy ones do not)")
+    defaults = {"from": name, "forced_eos": forced is not None, "early_stopping": early,
+                "renormalize_logits": gen.get("renormalize_logits") is True,
+                **{k: gen[k] for k in ("num_beams", "length_penalty", "max_length", "max_new_tokens")
+                   if gen.get(k) is not None}}
+    return {"forced_eos": forced is not None, "early_stopping": early,
+            "banned": sorted(banned - {cfg.pad_id, cfg.bos_id}), "defaults": defaults, "notes": notes}
 
 
 def read_marian_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
@@ -272,13 +411,15 @@ def read_vocabularies(d: Path, cfg: ModelConfig, tok_cfg: dict
 
 
 def load_marian(directory: str | Path) -> tuple[Transformer, VocabTokenizer, dict]:
-    """(model in float32 eval mode, unpacked; tokenizer; metadata) of a MarianMT directory.
-    Raises MarianImportError naming the file or field that is missing or inconsistent."""
+    """(model in float32 eval mode, unpacked; tokenizer; metadata) of a MarianMT directory, with its
+    generation config applied (module docstring). Raises MarianImportError naming the file or field
+    that is missing, inconsistent or not implemented."""
     d = Path(directory)
     if not d.is_dir():
         raise MarianImportError(f"{d}: not a directory")
     hf = _read_json(d / "config.json")
-    cfg = marian_config(hf, str(d / "config.json"))
+    generation = read_generation(d, hf)
+    cfg = marian_config(hf, str(d / "config.json"), generation)
     for name in TOKENIZER_FILES:
         if not (d / name).exists():
             raise MarianImportError(f"{d / name}: missing (a MarianMT directory needs {', '.join(TOKENIZER_FILES)})")
@@ -288,6 +429,9 @@ def load_marian(directory: str | Path) -> tuple[Transformer, VocabTokenizer, dic
     state = marian_state_dict(weights, cfg, str(d / wname), order)
     if cfg.sinusoid_layout == "interleaved":      # our export: undo its permutation to the split layout
         state = permute_residual(state, torch.argsort(split_order(cfg.d_model)))
+    banned = generation_rules(*generation, cfg)["banned"]
+    if banned:                                    # bad_words_ids beyond pad / decoder start: never generated
+        state["logits_bias"][banned] = float("-inf")
     marker = hf.get("exported_from") if isinstance(hf.get("exported_from"), dict) else {}
     if marker.get("final_logits_bias") is False and not state["logits_bias"].any():
         cfg.final_logits_bias = False             # ours had none: the export wrote zeros
@@ -300,31 +444,64 @@ def load_marian(directory: str | Path) -> tuple[Transformer, VocabTokenizer, dic
                 raise MarianImportError(f"{d / wname}: {name} has shape {tuple(state[name].shape)}, but config.json "
                                         f"implies {tuple(t.shape)}")
             t.copy_(state[name])
+    clean_up = tok_cfg.get("clean_up_tokenization_spaces") is True
     try:
-        tok = VocabTokenizer(d / "source.spm", d / "target.spm", source, target, decoder_start_id=cfg.bos_id, **pieces)
+        tok = VocabTokenizer(d / "source.spm", d / "target.spm", source, target, decoder_start_id=cfg.bos_id,
+                             clean_up_spaces=clean_up, **pieces)
     except (OSError, RuntimeError, ValueError) as e:
         raise MarianImportError(f"{d}: cannot load source.spm / target.spm ({e})") from None
-    return model.eval(), tok, marian_metadata(d, tok_cfg)
+    meta = marian_metadata(d, tok_cfg, cfg, generation)
+    return model.eval(), tok, {**meta, "source_dtype": source_dtype(weights)}
 
 
-def marian_metadata(directory: Path, tok_cfg: Optional[dict] = None) -> dict:
+def source_dtype(weights: dict[str, torch.Tensor]) -> str:
+    """The name of the floating dtype most of a state dict's tensors are stored in (float32 when
+    it is not one a checkpoint can store)."""
+    counts = Counter(t.dtype for t in weights.values() if t.is_floating_point())
+    names = {v: k for k, v in WEIGHT_DTYPES.items() if k != "float64"}
+    return names.get(counts.most_common(1)[0][0], "float32") if counts else "float32"
+
+
+def marian_metadata(directory: Path, tok_cfg: Optional[dict] = None, cfg: Optional[ModelConfig] = None,
+                    generation: Optional[tuple[dict, str]] = None) -> dict:
     """Our metadata of a MarianMT directory: its languages (``tokenizer_config.json``), where it came
-    from, the float32 dtype it loads in. Reads JSON only (``service/translator/card.py`` uses it)."""
+    from, the float32 dtype it loads in, its generation settings (``generation``: the recorded
+    defaults, ``notes``: what differs from transformers) and ``clean_up_tokenization_spaces`` when set.
+    Reads JSON only (``service/translator/card.py`` uses it). Raises MarianImportError."""
     d = Path(directory)
     if tok_cfg is None:
         tok_cfg = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").exists() else {}
+    if cfg is None or generation is None:
+        hf = _read_json(d / "config.json")
+        generation = generation or read_generation(d, hf)
+        cfg = cfg or marian_config(hf, str(d / "config.json"), generation)
+    rules = generation_rules(*generation, cfg)
     meta = {"source_lang": tok_cfg.get("source_lang"), "target_lang": tok_cfg.get("target_lang"),
-            "imported_from": f"MarianMT directory {d.name}", "dtype": "float32"}
+            "imported_from": f"MarianMT directory {d.name}", "dtype": "float32", "generation": rules["defaults"],
+            "clean_up_tokenization_spaces": True if tok_cfg.get("clean_up_tokenization_spaces") is True else None,
+            "notes": rules["notes"] or None}
     return {k: v for k, v in meta.items() if v is not None}
 
 
-def convert_marian(directory: str | Path, out: str | Path, dtype: str = "float32") -> Path:
-    """Write a MarianMT directory as our checkpoint (config.json, model.safetensors in ``dtype``,
-    source.spm, target.spm, vocab.json (+ target_vocab.json with separate vocabularies, the source
-    renumbered as loaded), metadata.json). Raises MarianImportError."""
+DTYPE_NOTE = ("{dtype} weights round the {source} ones: translations can differ slightly from the source model's "
+              "(near-tied choices flip); --dtype {source} keeps the weights exactly")
+
+
+def convert_marian(directory: str | Path, out: str | Path, dtype: Optional[str] = None) -> Path:
+    """Write a MarianMT directory as our checkpoint (config.json, model.safetensors in ``dtype``, by
+    default the source weights' own, source.spm, target.spm, vocab.json (+ target_vocab.json with
+    separate vocabularies, the source renumbered as loaded), metadata.json, whose ``notes`` say what
+    differs from the source model in transformers: a narrower dtype, generation settings).
+    Raises MarianImportError."""
     model, tok, meta = load_marian(directory)
     d = Path(directory)
-    out = save_checkpoint(out, model, [d / "source.spm", d / "target.spm"], {**meta, "dtype": dtype}, dtype)
+    source = meta.pop("source_dtype")
+    dtype = dtype or source
+    notes = list(meta.get("notes", []))
+    if WEIGHT_DTYPES[dtype].itemsize < WEIGHT_DTYPES[source].itemsize or {dtype, source} == {"float16", "bfloat16"}:
+        notes.append(DTYPE_NOTE.format(dtype=dtype, source=source))
+    meta = {**meta, "dtype": dtype, "source_dtype": source} | ({"notes": notes} if notes else {})
+    out = save_checkpoint(out, model, [d / "source.spm", d / "target.spm"], meta, dtype)
     vocabs = {"vocab.json": tok.vocab} | ({"target_vocab.json": tok.target_vocab} if tok.target_vocab is not tok.vocab
                                           else {})
     for name, vocab in vocabs.items():

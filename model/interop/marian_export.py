@@ -74,7 +74,7 @@ def marian_config_dict(cfg: ModelConfig) -> dict:
         "vocab_size": cfg.vocab_size, "decoder_vocab_size": cfg.target_vocab_size,
         "share_encoder_decoder_embeddings": cfg.share_embeddings, "tie_word_embeddings": True,
         "pad_token_id": cfg.pad_id, "eos_token_id": cfg.eos_id, "decoder_start_token_id": cfg.bos_id,
-        "bos_token_id": None, "forced_eos_token_id": None,
+        "bos_token_id": None, "forced_eos_token_id": cfg.eos_id if cfg.forced_eos else None,
         "static_position_embeddings": True, "normalize_before": False, "normalize_embedding": False,
         "add_bias_logits": False, "add_final_layer_norm": False, "is_encoder_decoder": True,
         "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout, "activation_dropout": 0.0,
@@ -84,11 +84,12 @@ def marian_config_dict(cfg: ModelConfig) -> dict:
 
 
 def generation_config_dict(cfg: ModelConfig) -> dict:
-    """generation_config.json: our search's defaults (beam 4, no forced EOS at the length limit,
+    """generation_config.json: our search's rules (beam 4; forced EOS at the length limit and
+    early_stopping as ``cfg`` says: none and true for our own models, an imported model's own;
     pad and <s> never generated, log-probabilities renormalised after masking them)."""
     return {"decoder_start_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id,
-            "bad_words_ids": [[cfg.pad_id], [cfg.bos_id]], "forced_eos_token_id": None,
-            "max_length": cfg.max_len, "num_beams": 4, "early_stopping": True, "length_penalty": 1.0,
+            "bad_words_ids": [[cfg.pad_id], [cfg.bos_id]], "forced_eos_token_id": cfg.eos_id if cfg.forced_eos else None,
+            "max_length": cfg.max_len, "num_beams": 4, "early_stopping": cfg.early_stopping, "length_penalty": 1.0,
             "renormalize_logits": True}
 
 
@@ -153,7 +154,8 @@ def export_marian(checkpoint: str | Path, out: str | Path, dtype: str = "float32
     tok_cfg = {"tokenizer_class": "MarianTokenizer", "source_lang": meta.get("source_lang"),
                "target_lang": meta.get("target_lang"), "model_max_length": cfg.max_len,
                "separate_vocabs": "target_vocab.json" in vocabs, "eos_token": piece[cfg.eos_id],
-               "unk_token": piece[cfg.unk_id], "pad_token": piece[cfg.pad_id], "sp_model_kwargs": {}}
+               "unk_token": piece[cfg.unk_id], "pad_token": piece[cfg.pad_id], "sp_model_kwargs": {}} | \
+        ({"clean_up_tokenization_spaces": True} if meta.get("clean_up_tokenization_spaces") is True else {})
     files = {"config.json": marian_config_dict(cfg) | {"dtype": dtype}, "tokenizer_config.json": tok_cfg,
              "generation_config.json": generation_config_dict(cfg)}
     for name, data in files.items():

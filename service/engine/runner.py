@@ -136,7 +136,8 @@ class ModelRunner:
                 o = r.options
                 kinds = tuple(o.attention_kinds)
                 search = BeamSearch(o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty,
-                                    kinds, len(r.src_ids))
+                                    kinds, len(r.src_ids), forced_eos=self.cfg.forced_eos,
+                                    early_stopping=self.cfg.early_stopping)
                 seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=o.min_new_tokens,
                                 request_id=r.request_id, src_ids=list(r.src_ids), stream=r.stream,
                                 emitted=self._emitted.pop(r.request_id, 0))

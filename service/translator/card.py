@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from model.config import ModelConfig
-from model.interop.marian import is_marian_dir, marian_config, marian_metadata
+from model.interop.marian import is_marian_dir, marian_config, marian_metadata, read_generation
 from model.tokenizer import target_language_codes
 from model.tokenizer import check_target_lang
 
@@ -62,7 +62,9 @@ def model_card(name: str, checkpoint: str | Path, source_lang: Optional[str] = N
         raise FileNotFoundError(f"model {name!r}: checkpoint {d} has no config.json")
     config = json.loads((d / "config.json").read_text())
     if is_marian_dir(d):
-        config, meta = marian_config(config, str(d / "config.json")), marian_metadata(d)
+        generation = read_generation(d, config)
+        config = marian_config(config, str(d / "config.json"), generation)
+        meta = marian_metadata(d, cfg=config, generation=generation)
     else:   # the fields an older config.json leaves out take their defaults
         config = ModelConfig.from_dict(config)
         meta = json.loads((d / "metadata.json").read_text()) if (d / "metadata.json").exists() else {}
