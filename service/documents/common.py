@@ -1,0 +1,215 @@
+"""What every document format shares: the ``Document`` interface (segments out, translations in, the
+file's bytes back), the limits on untrusted files, and ``RichText``, a paragraph of formatting runs
+carried through the HTML route's inline-element placement (``service/api/html.HtmlText``).
+
+    load(data) -> Document          a format module parses (and checks) the file
+    document.segments               the texts to translate, in document order
+    document.rebuild(translations)  the file with each segment's translation in its place (bytes)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from html import escape
+from html.parser import HTMLParser
+from typing import Optional, Protocol, Union
+
+from service.api.errors import ServiceError
+from service.api.html import HtmlText
+
+# Limits on one uploaded document (docs/api.md#limits, docs/documents.md).
+MAX_DOCUMENT_BYTES = 4 * 1024 * 1024 - 64 * 1024   # bytes of the uploaded file (the body cap, less the form's room)
+MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024          # bytes of all members of an archive (docx, pptx, odt) unpacked
+MAX_COMPRESSION_RATIO = 100                         # a member's unpacked / packed size (zip bombs: thousands)
+MAX_ARCHIVE_MEMBERS = 2_000                         # files in one archive
+MAX_XML_DEPTH = 200                                 # elements nested inside one another in an XML part
+MAX_DOCUMENT_SEGMENTS = 20_000                      # translatable pieces (paragraphs, cells, cues, runs)
+MAX_DOCUMENT_CHARS = 1_000_000                      # characters to translate in one document
+
+
+class DocumentError(ServiceError):
+    """A file the service refuses (status 4xx): the message names the limit or what is wrong."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(status, f"file: {message}", "file")
+
+
+class Document(Protocol):
+    segments: list[str]
+
+    def rebuild(self, translations: list[str]) -> bytes: ...
+
+
+class Segments:
+    """The segments of a document, gathered unit by unit, and each unit's translations handed back
+    to it (``apply``) in the same order."""
+
+    def __init__(self):
+        self.segments: list[str] = []
+        self._units: list[tuple[int, int, object]] = []      # (first segment, count, callback)
+
+    def add(self, texts: list[str], put) -> None:
+        """Register ``texts``; ``put(translations)`` is called with theirs by ``apply``."""
+        if texts:
+            self._units.append((len(self.segments), len(texts), put))
+            self.segments.extend(texts)
+            check_size(self.segments)
+
+    def apply(self, translations: list[str]) -> None:
+        if len(translations) != len(self.segments):
+            raise ValueError(f"expected {len(self.segments)} translations, got {len(translations)}")
+        for start, n, put in self._units:
+            put(translations[start:start + n])
+
+
+def check_size(segments: list[str]) -> None:
+    """Raises DocumentError 413 past MAX_DOCUMENT_SEGMENTS segments or MAX_DOCUMENT_CHARS characters."""
+    if len(segments) > MAX_DOCUMENT_SEGMENTS:
+        raise DocumentError(413, f"more than {MAX_DOCUMENT_SEGMENTS} pieces of text to translate (MAX_DOCUMENT_SEGMENTS)")
+    if sum(len(s) for s in segments) > MAX_DOCUMENT_CHARS:
+        raise DocumentError(413, f"more than {MAX_DOCUMENT_CHARS} characters to translate (MAX_DOCUMENT_CHARS)")
+
+
+def decode_text(data: bytes, what: str) -> str:
+    """A text file's characters: UTF-8 (a byte-order mark is dropped). Raises DocumentError 422."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DocumentError(422, f"a {what} file must be UTF-8; byte {e.start} is not") from None
+
+
+# ---- a paragraph of formatting runs ----------------------------------------------------------------
+@dataclass
+class Run:
+    """A stretch of text with one formatting: ``key`` names its template in the format module (a docx
+    ``w:r``, an odt text node); ``style`` is what makes two runs look alike (None: an atomic run, an
+    image, a field, a line break, kept as it is, its text not translated)."""
+    key: int
+    text: str
+    style: Optional[object] = ""
+
+
+@dataclass
+class Group:
+    """Runs inside a container with its own markup: a hyperlink, an odt ``text:span``."""
+    key: int
+    items: list["Item"] = field(default_factory=list)
+
+
+Item = Union[Run, Group]
+
+
+class RichText:
+    """One paragraph of runs, translated as one sentence unit with each run put back around the words
+    that translate it, by the HTML route's placement (``HtmlText``: an inline element goes around its
+    own translation where the paragraph's translation holds it, else around the words at its place).
+
+    In each container the style with the most characters is the plain text (``<p>`` text); every
+    other run is an inline element ``<span data-k=key>`` around its text; an atomic run is an empty
+    ``<span data-k=key></span>`` (kept at its place, never translated); a group is ``<a data-k=key>``.
+    ``rebuild`` gives the new items: plain text as runs of the container's first plain run's key (so a
+    key may occur more than once, or not at all when its text merged into another), every other key
+    exactly once (an atomic run's once, with its original text)."""
+
+    def __init__(self, items: list[Item]):
+        self.items = items
+        self.atomic: dict[int, Run] = {}
+        self.base: dict[int, Optional[int]] = {}      # id(container items) -> key of its plain text
+        self.html = self._html(items)
+        self.text = HtmlText(self.html)
+        self.segments = self.text.segments
+
+    def _html(self, items: list[Item]) -> str:
+        weight: dict[object, int] = {}
+        for it in items:
+            if isinstance(it, Run) and it.style is not None:
+                weight[it.style] = weight.get(it.style, 0) + len(it.text.strip())
+        base = max(weight, key=lambda s: weight[s]) if weight else None
+        self.base[id(items)] = next((it.key for it in items if isinstance(it, Run) and it.style == base
+                                     and base is not None), None)
+        out = []
+        for it in items:
+            if isinstance(it, Group):
+                out.append(f'<a data-k="{it.key}">{self._html(it.items)}</a>')
+            elif it.style is None:
+                self.atomic[it.key] = it
+                out.append(f'<span data-k="{it.key}"></span>')
+            elif it.style == base:
+                out.append(escape(it.text, quote=False))
+            else:
+                out.append(f'<span data-k="{it.key}">{escape(it.text, quote=False)}</span>')
+        return "".join(out)
+
+    def rebuild(self, translations: list[str]) -> list[Item]:
+        """The paragraph's items with the translations (one per segment) in place of its text."""
+        parser = _Items(self)
+        parser.feed(self.text.rebuild(translations))
+        parser.close()
+        return parser.root
+
+
+class _Items(HTMLParser):
+    """Reads ``RichText``'s rebuilt HTML back into runs and groups."""
+
+    def __init__(self, rich: RichText):
+        super().__init__(convert_charrefs=True)
+        self.rich = rich
+        self.root: list[Item] = []
+        self.stack: list[tuple[list[Item], list[Item]]] = [(self.root, rich.items)]  # (output, source items)
+        self.span: Optional[int] = None
+
+    def _source(self, items: list[Item], key: int) -> list[Item]:
+        for it in items:
+            if isinstance(it, Group):
+                if it.key == key:
+                    return it.items
+                found = self._source(it.items, key)
+                if found is not None:
+                    return found
+        return None
+
+    def handle_starttag(self, tag, attrs):
+        key = int(dict(attrs)["data-k"])
+        out, source = self.stack[-1]
+        if tag == "a":
+            group = Group(key)
+            out.append(group)
+            self.stack.append((group.items, self._source(self.rich.items, key) or []))
+        elif key in self.rich.atomic:
+            out.append(self.rich.atomic[key])
+            self.span = -1                     # its (empty) text is the original's
+        else:
+            out.append(Run(key, ""))
+            self.span = key
+
+    def handle_endtag(self, tag):
+        if tag == "a":
+            self.stack.pop()
+        else:
+            self.span = None
+
+    def handle_data(self, data):
+        out, source = self.stack[-1]
+        if self.span == -1:
+            return
+        if self.span is not None:
+            out[-1].text += data
+            return
+        key = self.rich.base.get(id(source))
+        if key is None:   # a container without plain text: the text joins the run before it (else after)
+            key = next((it.key for it in reversed(out) if isinstance(it, Run) and it.key not in self.rich.atomic),
+                       next((it.key for it in source if isinstance(it, Run) and it.style is not None), None))
+        if key is None:     # no run of its own at all: the paragraph's first text run
+            key = next((k for k, _ in _runs(self.rich.items)), None)
+        if out and isinstance(out[-1], Run) and out[-1].key == key:
+            out[-1].text += data
+        else:
+            out.append(Run(key, data))
+
+
+def _runs(items: list[Item]):
+    """(key, run) of every text (non-atomic) run, depth first."""
+    for it in items:
+        if isinstance(it, Group):
+            yield from _runs(it.items)
+        elif it.style is not None:
+            yield it.key, it

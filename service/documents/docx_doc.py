@@ -1,0 +1,147 @@
+"""Word documents (.docx, python-docx). Every paragraph (``w:p``) of the body, tables (nested too),
+text boxes, headers, footers, footnotes and endnotes is one ``RichText`` unit: its runs (``w:r``,
+formatting in ``w:rPr``: bold, italic, colour, ...) and hyperlinks (``w:hyperlink``) are carried to the
+translated words; paragraph properties (styles: headings, list numbering) are never touched, so the
+structure stays. Runs that are not plain text (images, fields, footnote marks, tabs and breaks) stay
+as they are, at their place; so does anything else inside a paragraph (bookmarks, comments, tracked
+changes, content controls), its text untranslated.
+"""
+from __future__ import annotations
+
+import copy
+import io
+
+import docx
+from lxml import etree
+from docx.opc.constants import RELATIONSHIP_TYPE as RT
+from docx.oxml.ns import qn
+
+from .common import DocumentError, Group, Item, RichText, Run, Segments
+from .safety import open_archive
+
+_TEXT = {qn("w:t"): None, qn("w:noBreakHyphen"): "-", qn("w:softHyphen"): "\u00ad"}
+_RUN_KEEP = {qn("w:rPr"), qn("w:lastRenderedPageBreak")}
+_PARTS = (RT.HEADER, RT.FOOTER, RT.FOOTNOTES, RT.ENDNOTES, RT.COMMENTS)
+
+
+class DocxDocument:
+    def __init__(self, data: bytes):
+        open_archive(data, "Word (.docx)")
+        try:
+            self.doc = docx.Document(io.BytesIO(data))
+        except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's
+            raise DocumentError(422, f"not a valid Word (.docx) file: {type(e).__name__}: {str(e)[:200]}") from None
+        self._seg = Segments()
+        roots = [self.doc.element.body]
+        for rel in self.doc.part.rels.values():      # parts python-docx parses as XML (others: left as they are)
+            if rel.reltype in _PARTS and not rel.is_external and hasattr(rel.target_part, "element"):
+                roots.append(rel.target_part.element)
+        for root in roots:
+            for p in root.iter(qn("w:p")):
+                self._paragraph(p)
+        self.segments = self._seg.segments
+
+    def _paragraph(self, p) -> None:
+        templates: dict[int, object] = {}      # key -> the w:r / w:hyperlink / other element it copies
+        items = []
+        inline = []                            # the children that the rebuilt items replace
+        for child in p:
+            if child.tag == qn("w:pPr"):
+                continue
+            inline.append(child)
+            if child.tag == qn("w:r"):
+                items += _run_items(child, templates)
+            elif child.tag == qn("w:hyperlink") and all(c.tag == qn("w:r") for c in child):
+                key = len(templates)
+                templates[key] = child
+                group = Group(key)
+                for r in child:
+                    group.items += _run_items(r, templates)
+                items.append(group)
+            else:
+                key = len(templates)
+                templates[key] = child
+                items.append(Run(key, "", None))
+        if not any(isinstance(it, Group) or (it.style is not None and it.text.strip()) for it in items):
+            return
+        rich = RichText(items)
+
+        def put(tr: list[str]) -> None:
+            at = list(p).index(inline[0])
+            for child in inline:
+                p.remove(child)
+            for k, el in enumerate(_elements(rich.rebuild(tr), templates)):
+                p.insert(at + k, el)
+        self._seg.add(rich.segments, put)
+
+    def rebuild(self, translations: list[str]) -> bytes:
+        self._seg.apply(translations)
+        out = io.BytesIO()
+        self.doc.save(out)
+        return out.getvalue()
+
+
+def _run_items(r, templates: dict) -> list[Run]:
+    """A ``w:r`` as runs: its text pieces (one style: its rPr) and, between them, each tab, break,
+    image or field as an atomic run holding a copy of the run with only that child."""
+    rpr = r.find(qn("w:rPr"))
+    style = b"" if rpr is None else etree.tostring(rpr)
+    out: list[Run] = []
+    text = ""
+
+    def flush():
+        nonlocal text
+        if text:
+            key = len(templates)
+            templates[key] = r
+            out.append(Run(key, text, style))
+            text = ""
+    for child in r:
+        if child.tag in _RUN_KEEP:
+            continue
+        if child.tag in _TEXT:
+            text += child.text or "" if _TEXT[child.tag] is None else _TEXT[child.tag]
+            continue
+        flush()
+        key = len(templates)
+        alone = copy.deepcopy(r)
+        for c in list(alone):
+            if c.tag != qn("w:rPr"):
+                alone.remove(c)
+        alone.append(copy.deepcopy(child))
+        templates[key] = alone
+        out.append(Run(key, "", None))
+    flush()
+    return out
+
+
+def _elements(items: list[Item], templates: dict) -> list:
+    """The XML elements of rebuilt items: text runs copied from their template with the new text,
+    groups (hyperlinks) copied without their runs and filled, atomic runs as they were."""
+    out = []
+    for it in items:
+        tpl = templates[it.key]
+        if isinstance(it, Group):
+            link = copy.deepcopy(tpl)
+            for c in list(link):
+                link.remove(c)
+            for el in _elements(it.items, templates):
+                link.append(el)
+            out.append(link)
+        elif it.style is None and not it.text:
+            out.append(tpl)
+        elif it.text:
+            r = copy.deepcopy(tpl)
+            for c in list(r):
+                if c.tag != qn("w:rPr"):
+                    r.remove(c)
+            t = r.makeelement(qn("w:t"), {})
+            t.text = it.text
+            t.set("{http://www.w3.org/XML/1998/namespace}space", "preserve")
+            r.append(t)
+            out.append(r)
+    return out
+
+
+def load(data: bytes) -> DocxDocument:
+    return DocxDocument(data)

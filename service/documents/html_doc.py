@@ -1,0 +1,26 @@
+"""HTML pages (.html, .htm): the whole file through the HTML route's ``HtmlText`` (text nodes and
+runs of inline elements translated, each inline element put back around its words; markup, scripts,
+styles, code and entities byte for byte). UTF-8 only."""
+from __future__ import annotations
+
+from service.api.errors import ServiceError
+from service.api.html import HtmlText
+
+from .common import DocumentError, check_size, decode_text
+
+
+class HtmlDocument:
+    def __init__(self, data: bytes):
+        try:
+            self.html = HtmlText(decode_text(data, "HTML"))
+        except ServiceError as e:       # inline elements nested too deep
+            raise DocumentError(e.status, e.message.removeprefix("q: ")) from None
+        self.segments = self.html.segments
+        check_size(self.segments)
+
+    def rebuild(self, translations: list[str]) -> bytes:
+        return self.html.rebuild(translations).encode("utf-8")
+
+
+def load(data: bytes) -> HtmlDocument:
+    return HtmlDocument(data)
