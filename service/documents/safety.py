@@ -29,9 +29,12 @@ from .common import (MAX_ARCHIVE_MEMBERS, MAX_COMPRESSION_RATIO, MAX_UNCOMPRESSE
 RATIO_MIN_BYTES = 1024 * 1024   # members smaller than this unpacked are not held to the ratio (tiny XML compresses well)
 
 
-def open_archive(data: bytes, what: str) -> zipfile.ZipFile:
+def open_archive(data: bytes, what: str, required: str) -> zipfile.ZipFile:
     """The zip archive of ``data`` once its member names, count and sizes pass; every XML member
-    (``.xml``, ``.rels``) checked with ``check_xml``. Raises DocumentError."""
+    (``.xml``, ``.rels``) checked with ``check_xml``. Raises DocumentError: 415 when ``data`` is not a
+    zip archive or has no member ``required`` (the content is not what the extension says)."""
+    if not data.startswith(b"PK\x03\x04"):
+        raise DocumentError(415, f"the content is not a {what} file (not a zip archive), whatever its name says")
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
         infos = zf.infolist()
@@ -40,6 +43,9 @@ def open_archive(data: bytes, what: str) -> zipfile.ZipFile:
     if len(infos) > MAX_ARCHIVE_MEMBERS:
         raise DocumentError(413, f"the archive has {len(infos)} members; at most {MAX_ARCHIVE_MEMBERS} "
                                  f"(MAX_ARCHIVE_MEMBERS)")
+    if required not in {i.filename for i in infos}:
+        raise DocumentError(415, f"the content is a zip archive but not a {what} file (no {required}), "
+                                 "whatever its name says")
     seen, total = set(), 0
     for info in infos:
         check_member_name(info.filename)

@@ -1,0 +1,75 @@
+"""Document translation: a file's text out as segments, the file rebuilt around their translations,
+structure and formatting kept (docs/documents.md). No HTTP here (the routes: service/api/documents.py).
+
+    text.py          .txt                    blocks between blank lines
+    html_doc.py      .html .htm              the HTML route's HtmlText on the whole page
+    markdown_doc.py  .md .markdown           markdown-it-py; code and front matter untouched
+    subtitles.py     .srt .vtt               srt / webvtt-py; timings untouched
+    docx_doc.py      .docx                   python-docx; runs and hyperlinks carried by RichText
+    pptx_doc.py      .pptx                   python-pptx; likewise
+    odt_doc.py       .odt                    odfpy; spans and links likewise
+    common.py        Document, Segments, RichText, limits, DocumentError
+    safety.py        archive and XML checks before any parser runs
+
+``load(data, filename)`` picks the format by the file name's extension and checks that the content
+matches it (415 otherwise); every refusal is a ``DocumentError`` (a ``ServiceError`` 4xx naming the limit).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .common import MAX_DOCUMENT_BYTES, Document, DocumentError
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str           # what the messages call it
+    media_type: str     # the Content-Type of the translated file
+    loader: str         # "module:function" of this package
+    binary: bool        # a zip archive (else UTF-8 text)
+
+
+FORMATS = {
+    "txt": Format("plain text", "text/plain; charset=utf-8", "text:load", False),
+    "html": Format("HTML", "text/html; charset=utf-8", "html_doc:load", False),
+    "htm": Format("HTML", "text/html; charset=utf-8", "html_doc:load", False),
+    "md": Format("Markdown", "text/markdown; charset=utf-8", "markdown_doc:load", False),
+    "markdown": Format("Markdown", "text/markdown; charset=utf-8", "markdown_doc:load", False),
+    "srt": Format("SubRip subtitles", "application/x-subrip; charset=utf-8", "subtitles:load_srt", False),
+    "vtt": Format("WebVTT subtitles", "text/vtt; charset=utf-8", "subtitles:load_vtt", False),
+    "docx": Format("Word", "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+                   "docx_doc:load", True),
+    "pptx": Format("PowerPoint", "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+                   "pptx_doc:load", True),
+    "odt": Format("OpenDocument text", "application/vnd.oasis.opendocument.text", "odt_doc:load", True),
+}
+EXTENSIONS = tuple("." + e for e in FORMATS)
+_BINARY_MAGIC = (b"PK\x03\x04", b"%PDF", b"\xd0\xcf\x11\xe0", b"\x7fELF", b"\x89PNG", b"\xff\xd8\xff", b"GIF8")
+
+
+def extension(filename: str) -> str:
+    """The lower-case extension of ``filename`` (without the dot). Raises DocumentError 415 for one
+    that is not a supported format."""
+    name = filename.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if ext not in FORMATS:
+        raise DocumentError(415, f"{'.' + ext if ext else 'a file without an extension'} is not a supported "
+                                 f"format; supported: {', '.join(EXTENSIONS)}")
+    return ext
+
+
+def load(data: bytes, filename: str) -> Document:
+    """The document in ``data``, its format from ``filename``'s extension. Raises DocumentError: 413
+    past MAX_DOCUMENT_BYTES (or another limit), 415 for an unsupported extension or content that is
+    not that format, 422 for a damaged file."""
+    ext = extension(filename)
+    fmt = FORMATS[ext]
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise DocumentError(413, f"{len(data)} bytes; at most {MAX_DOCUMENT_BYTES} (MAX_DOCUMENT_BYTES)")
+    if not data.strip():
+        raise DocumentError(422, "the file is empty")
+    if not fmt.binary and (data.startswith(_BINARY_MAGIC) or b"\x00" in data[:8192]):
+        raise DocumentError(415, f"the content is binary, not {fmt.name} as the extension .{ext} says")
+    module, func = fmt.loader.split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)(data)

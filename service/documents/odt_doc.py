@@ -1,0 +1,117 @@
+"""OpenDocument text (.odt, odfpy). Every paragraph and heading (``text:p``, ``text:h``) of the body
+(tables, lists, frames included) and of the page styles (headers, footers) is one ``RichText`` unit:
+spans (``text:span``, their character style: bold, italic, ...) and links (``text:a``) are carried to
+the translated words; paragraph styles (headings, list levels) are never touched. Tabs, line breaks,
+frames, notes, bookmarks, fields and any other element inside a paragraph stay as they are, at their
+place, untranslated. odfpy parses XML with defusedxml (no entities, no network).
+"""
+from __future__ import annotations
+
+import io
+
+from odf.element import Element, Node, Text
+from odf.namespaces import TEXTNS
+from odf.opendocument import load as odf_load
+
+from .common import DocumentError, Group, Item, RichText, Run, Segments
+from .safety import open_archive
+
+TEXT = "text"
+MIMETYPE = "application/vnd.oasis.opendocument.text"
+_GROUPS = {(TEXTNS, "span"), (TEXTNS, "a")}
+_PARAGRAPHS = {(TEXTNS, "p"), (TEXTNS, "h")}
+
+
+class OdtDocument:
+    def __init__(self, data: bytes):
+        zf = open_archive(data, "OpenDocument text (.odt)", "content.xml")
+        if "mimetype" in zf.namelist() and zf.read("mimetype").strip() != MIMETYPE.encode():
+            raise DocumentError(415, f"the content is an OpenDocument file of type {zf.read('mimetype')[:80]!r}, "
+                                     f"not text ({MIMETYPE}), whatever its name says")
+        try:
+            self.doc = odf_load(io.BytesIO(data))
+        except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's
+            raise DocumentError(422, f"not a valid OpenDocument text (.odt) file: {type(e).__name__}: "
+                                     f"{str(e)[:200]}") from None
+        self._seg = Segments()
+        for root in (self.doc.body, self.doc.masterstyles):
+            for p in _paragraphs(root):
+                self._paragraph(p)
+        self.segments = self._seg.segments
+
+    def _paragraph(self, p) -> None:
+        templates: dict[int, object] = {}
+        items = _items(p, templates)
+        if not any(isinstance(it, Run) and it.style is not None and it.text.strip() for it in _flat(items)):
+            return
+        rich = RichText(items)
+
+        def put(tr: list[str]) -> None:
+            for child in list(p.childNodes):
+                if child.nodeType == Node.ELEMENT_NODE:
+                    p.removeChild(child)
+                else:               # odfpy's removeChild takes elements only
+                    p.childNodes.remove(child)
+                    child.parentNode = None
+            for node in _nodes(rich.rebuild(tr), templates):
+                p.appendChild(node)
+        self._seg.add(rich.segments, put)
+
+    def rebuild(self, translations: list[str]) -> bytes:
+        self._seg.apply(translations)
+        out = io.BytesIO()
+        self.doc.write(out)
+        return out.getvalue()
+
+
+def _paragraphs(root):
+    """Every text:p and text:h under root, outermost first (a paragraph inside a frame inside a
+    paragraph is a unit of its own: the frame is atomic in its parent)."""
+    for child in root.childNodes:          # document order; depth is bounded by MAX_XML_DEPTH
+        if child.nodeType == Node.ELEMENT_NODE:
+            if child.qname in _PARAGRAPHS:
+                yield child
+            yield from _paragraphs(child)
+
+
+def _flat(items):
+    for it in items:
+        yield it
+        if isinstance(it, Group):
+            yield from _flat(it.items)
+
+
+def _items(el, templates: dict) -> list[Item]:
+    out: list[Item] = []
+    for child in el.childNodes:
+        key = len(templates)
+        templates[key] = child
+        if child.nodeType == Node.TEXT_NODE:
+            out.append(Run(key, child.data, TEXT))
+        elif child.qname in _GROUPS:
+            out.append(Group(key, _items(child, templates)))
+        elif child.qname == (TEXTNS, "s"):
+            out.append(Run(key, " " * int(child.attributes.get((TEXTNS, "c"), "1") or 1), TEXT))
+        else:
+            out.append(Run(key, "", None))
+    return out
+
+
+def _nodes(items: list[Item], templates: dict) -> list:
+    out = []
+    for it in items:
+        tpl = templates[it.key]
+        if isinstance(it, Group):
+            el = Element(qname=tpl.qname, qattributes=dict(tpl.attributes), check_grammar=False)
+            for node in _nodes(it.items, templates):
+                el.appendChild(node)
+            out.append(el)
+        elif it.style is None and not it.text:
+            out.append(tpl)
+        elif it.text:
+            out.append(Text(it.text))
+    return out
+
+
+def load(data: bytes) -> OdtDocument:
+    return OdtDocument(data)
