@@ -36,6 +36,7 @@ from service.protocol import StreamItem, TranslateJob, TranslateResponse
 from .api.access_log import flush_serve_log
 from .api.deadline import run_within, stream_within
 from .api.errors import RETRY_AFTER_S, ErrorRecord, to_service_error
+from .api.document_store import DocumentSettings
 from .api.gateway import Gateway
 from .api.guard import GuardSettings, RateLimit
 from .engine import EngineConfig
@@ -105,12 +106,21 @@ class AppArgs(BaseModel):
     # graceful shutdown (docs/deploy.md#graceful-shutdown-and-redeploys): how long a stopping replica
     # may finish what it accepted; None = max_timeout_s + 5 s, so every accepted request's deadline fits
     drain_timeout_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    # document translation (docs/documents.md): DocumentSettings fields (store_dir shared by every
+    # ingress replica, ttl_s, max_store_bytes, chunk_segments, parallel_chunks)
+    documents: dict = Field(default_factory=dict)
 
-    @field_validator("models", "engine", "translator", "gateway", "rate_limit", mode="before")
+    @field_validator("models", "engine", "translator", "gateway", "rate_limit", "documents", mode="before")
     @classmethod
     def _json_text(cls, v: Any) -> Any:
         # `serve run service.app:build_app engine='{"max_num_seqs": 32}'` passes strings
         return json.loads(v) if isinstance(v, str) else v
+
+    @field_validator("documents")
+    @classmethod
+    def _documents(cls, v: dict) -> dict:
+        DocumentSettings.model_validate(v)      # refused at start, naming the field, not in a replica
+        return v
 
     @field_validator("translator", "gateway")
     @classmethod
@@ -293,9 +303,10 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
     if args.ingress == "translator":
         threads = max(1, round(gateway["ray_actor_options"].get("num_cpus", 1)))
         return serve.deployment(Gateway, **gateway).bind(cards, None, args.engine, threads,
-                                                         guard_settings(args, gateway), args.max_timeout_s)
+                                                         guard_settings(args, gateway), args.max_timeout_s,
+                                                         args.documents)
     handles = {s.name: serve.deployment(TranslatorReplica, **(o := opts[f"Translator-{s.name}"])).bind(
                    card, o["graceful_shutdown_timeout_s"])
                for s, card in zip(args.models, cards)}
     return serve.deployment(Gateway, **gateway).bind(cards, handles, args.engine, 1, guard_settings(args, gateway),
-                                                     args.max_timeout_s)
+                                                     args.max_timeout_s, args.documents)

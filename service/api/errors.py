@@ -28,7 +28,7 @@ from service.engine.errors import EngineError, EngineStoppedError, EngineValidat
 from service.protocol import (RETRY_AFTER_S, DeadlineExceeded, InvalidRequest, Overloaded, TooLarge, TranslationError,
                               Unavailable)
 
-LIBRE_PATHS = ("/translate", "/languages", "/detect")    # routes that answer in LibreTranslate's error shape
+LIBRE_PATHS = ("/translate", "/languages", "/detect", "/translate_file")    # routes that answer in LibreTranslate's error shape
 MAX_NAME_CHARS = 64   # a field name (or any path part) longer than this is shortened in error messages
 MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
 # Python's JSON parser recurses once per nested array or object and stops at the recursion limit.

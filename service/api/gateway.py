@@ -9,6 +9,8 @@ a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Ev
     POST /translate, GET /languages, POST /detect   LibreTranslate-compatible (libretranslate.py)
     source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
     GET  /, /explorer/{name}  the attention explorer page and its files (explorer.py)
+    POST /v1/documents, POST /translate_file, GET /download_file/{name}   documents (documents.py)
+    POST /v2/document, /v2/document/{id}, /v2/document/{id}/result        DeepL's (deepl_documents.py)
 """
 # No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
 # must see the request model classes themselves, not their names.
@@ -31,10 +33,11 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
-from . import autodetect, explorer, libretranslate, sse
+from . import autodetect, deepl_documents, documents, explorer, libretranslate, sse
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
+from .document_store import DocumentSettings, DocumentStore
 from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, mapped_errors, shown
 from .guard import Guard, GuardMiddleware, GuardSettings
 from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, TranslateRequest
@@ -128,11 +131,12 @@ class Gateway:
         num_threads: torch threads of the in-process translators.
         guard: ``GuardSettings`` fields (API keys, rate limits; service/api/guard.py).
         max_timeout_s: the longest ``timeout_s`` a request may ask for, and every request's deadline.
+        documents: ``DocumentSettings`` fields (where translated files are kept; document_store.py).
     """
 
     def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
                  engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
-                 max_timeout_s: float = 60.0):
+                 max_timeout_s: float = 60.0, documents: Optional[dict] = None):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
         self._sources = frozenset(c.source_lang for c in cards)             # the codes match_language maps to
@@ -147,6 +151,8 @@ class Gateway:
         self.guard = Guard(GuardSettings.model_validate(guard or {}))
         self.guard.metrics = GuardMetrics()
         api.state.guard = self.guard          # read by GuardMiddleware (one Gateway per replica process)
+        self.doc_settings = DocumentSettings.model_validate(documents or {})
+        self.doc_store = DocumentStore(self.doc_settings)
         self._configure(engine or {})
 
     def _configure(self, engine: dict) -> None:
@@ -393,3 +399,41 @@ class Gateway:
         "language": "und"}]`` for text without letters. ``q`` and ``api_key`` as JSON or a form."""
         return await libretranslate.detect(request, self.detector)
 
+
+    # ---- documents (documents.py; DeepL's shapes: deepl_documents.py) ----
+    @api.post("/v1/documents", responses={200: {"description": "the translated file (same format and name), or "
+                                                               "with stream=true SSE progress then document"}},
+              openapi_extra={"requestBody": documents.OPENAPI_NATIVE})
+    async def translate_document(self, request: Request):
+        """Translate a document (multipart ``file``; ``source_lang`` (a code, auto or absent),
+        ``target_lang``, ``model``, ``stream``): .txt .html .md .srt .vtt .docx .pptx .odt, structure
+        and formatting kept (docs/documents.md). Answers the translated file; with ``stream=true``, SSE
+        ``progress`` {"done", "total"} then ``document`` {"url", "filename", "bytes"}."""
+        return await documents.native(self, request)
+
+    @api.post("/translate_file", responses=LIBRE_ERRORS, openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
+    async def libre_translate_file(self, request: Request):
+        """LibreTranslate: multipart ``file``, ``source`` (or auto), ``target``, ``api_key``; answers
+        ``{"translatedFileUrl": ...}`` (GET it while it is kept, with the same key when keys are on)."""
+        return await documents.libre(self, request)
+
+    @api.get("/download_file/{name}")
+    async def download_file(self, name: str, request: Request):
+        """A translated file from /translate_file or a streamed /v1/documents, while it is kept;
+        with keys on, only with the key that uploaded it (Bearer or ``?api_key=``)."""
+        return await documents.download(self, request, name)
+
+    @api.post("/v2/document")
+    async def deepl_document(self, request: Request):
+        """DeepL: upload a document to translate; answers ``{"document_id", "document_key"}``."""
+        return await deepl_documents.upload(self, request)
+
+    @api.post("/v2/document/{document_id}")
+    async def deepl_document_status(self, document_id: str, request: Request):
+        """DeepL: the status of a document translation (``document_key`` in the body)."""
+        return await deepl_documents.status(self, request, document_id)
+
+    @api.post("/v2/document/{document_id}/result")
+    async def deepl_document_result(self, document_id: str, request: Request):
+        """DeepL: the translated document once its status is done (503 before)."""
+        return await deepl_documents.result(self, request, document_id)

@@ -39,7 +39,8 @@ ENV_KEYS = "MT_API_KEYS"
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
 MAX_BUCKETS = 65_536               # token buckets kept (least recently used evicted): bounded memory
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-BODY_KEY_PATHS = ("/translate", "/detect")   # LibreTranslate routes whose body may hold the api_key
+BODY_KEY_PATHS = ("/translate", "/detect", "/translate_file")   # LibreTranslate routes whose body may hold the api_key
+QUERY_KEY_PREFIXES = ("/download_file/",)    # routes that check the key themselves (Bearer or ?api_key=)
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
 METRICS_PATHS = frozenset({"/metrics"})
 ANONYMOUS = "anonymous"            # the metrics' key label when keys are off
@@ -283,7 +284,7 @@ class GuardMiddleware:
             key = cookie_key(headers)      # a browser opening the page sends its key as a cookie
         client = (scope.get("client") or ("unknown",))[0]
         state["guard"], state["guard_client"] = guard, client
-        if not auth and path in BODY_KEY_PATHS and guard.keys_on:
+        if not auth and (path in BODY_KEY_PATHS or path.startswith(QUERY_KEY_PREFIXES)) and guard.keys_on:
             pass        # LibreTranslate's api_key body field: the route checks it (libretranslate.py)
         elif (guard.needs_key(path) and guard.keys_on) or guard.limited(path):
             scheme = auth.split()[0] if auth else ""

@@ -1,0 +1,161 @@
+"""DeepL's document API (https://developers.deepl.com/api-reference/document), as the official
+clients call it (``deepl.Translator(auth_key, server_url=...).translate_document``):
+
+    POST /v2/document                       multipart ``file``, ``target_lang`` (EN-GB, DE, ...), optional
+                                            ``source_lang``, ``filename``, ``formality``, ``output_format``
+                                            -> {"document_id", "document_key"}; translation starts in the
+                                            background of the replica that took the upload
+    POST /v2/document/{document_id}         ``document_key`` (form or JSON) -> {"document_id", "status":
+                                            queued|translating|done|error, "seconds_remaining",
+                                            "billed_characters", "error_message"}
+    POST /v2/document/{document_id}/result  ``document_key`` -> the translated file (503 until done)
+
+The job's record and file live in the shared ``DocumentStore``, so any ingress replica answers the
+status and result. ``document_key`` is the capability (only its SHA-256 is stored); with API keys on,
+the same key must also come with every call (``Authorization: DeepL-Auth-Key`` or Bearer). Errors
+are DeepL's ``{"message": ...}``. ``formality`` is accepted and not applied (the ``X-Unsupported``
+header says so); ``output_format`` other than the input's is a 400; glossaries are not applied here.
+Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the served ones
+(``deepl_language``; the clients helper's service/api/deepl.py is meant to own this at merge).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from typing import Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from service import documents
+
+from . import documents as routes
+from .document_store import owner_of
+from .errors import ServiceError
+
+JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
+FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")
+_tasks: set = set()      # running background translations (a reference keeps each task alive)
+
+
+def deepl_language(code: Optional[str]) -> Optional[str]:
+    """A DeepL language code as the service's (case-insensitive; EN-GB -> en-gb, matched to en by
+    the gateway's ``match_language``); None stays None."""
+    return code.strip().lower() if code and code.strip() else None
+
+
+def message(e: ServiceError) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, round(e.retry_after)))} if e.retry_after else None
+    return JSONResponse({"message": e.message}, status_code=e.status, headers=headers)
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+async def upload(gw, request: Request) -> Response:
+    try:
+        up = await routes.read_upload(request, FIELDS)
+        target = deepl_language(up.fields.get("target_lang"))
+        if not target:
+            raise ServiceError(400, "Value for 'target_lang' not supported. target_lang is required", "target_lang")
+        ext = documents.extension(up.filename)
+        out_fmt = (up.fields.get("output_format") or ext).lower()
+        if out_fmt != ext:
+            raise ServiceError(400, f"output_format: converting .{ext} to .{out_fmt} is not supported; "
+                                    "the translated file has the input's format", "output_format")
+        doc = await routes.parsed(up)
+        source = deepl_language(up.fields.get("source_lang")) or "auto"
+        model, target = await routes.plan(gw, doc, None, source, target, "source_lang")
+    except ServiceError as e:
+        return message(e)
+    job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
+    owner = owner_of(routes.request_key(request, up.fields)) if gw.guard.keys_on else None
+    record = {"status": "queued", "key": _hash(key), "owner": owner, "filename": up.filename, "total": len(doc.segments),
+              "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
+    await asyncio.to_thread(gw.doc_store.put_job, job_id, record)
+    task = asyncio.ensure_future(_run(gw, job_id, record, doc, model, target, up.filename))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
+    return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
+
+
+async def _run(gw, job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str) -> None:
+    store = gw.doc_store
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.time() - last[0] >= 0.5 or done == total:     # at most two record writes a second
+            last[0] = time.time()
+            record.update(status="translating", done=done)
+            store.put_job(job_id, record)
+    try:
+        record["status"] = "translating"
+        await asyncio.to_thread(store.put_job, job_id, record)
+        data, chars = await routes.translated(gw, doc, model, target, progress)
+        media = documents.FORMATS[documents.extension(filename)].media_type
+        rec = await asyncio.to_thread(store.put, data, filename, media, record["owner"])
+        record.update(status="done", result=rec.name, billed_characters=chars, done=record["total"])
+    except ServiceError as e:
+        record.update(status="error", error_message=e.message)
+    except Exception as e:  # noqa: BLE001 - a background job: its error goes to its status, not the log only
+        record.update(status="error", error_message=f"internal error: {type(e).__name__}")
+    await asyncio.to_thread(store.put_job, job_id, record)
+
+
+async def _job(gw, request: Request, job_id: str) -> dict:
+    """The job record once ``document_key`` (and, with keys on, the API key) match. Raises ServiceError 404/400."""
+    try:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype == "application/json":
+            body = json.loads(await request.body() or b"{}")
+            key = body.get("document_key") if isinstance(body, dict) else None
+        else:
+            key = (await request.form()).get("document_key")
+    except (ValueError, UnicodeDecodeError, AssertionError):
+        raise ServiceError(400, "body: cannot be read; send document_key as JSON or a form field", "document_key") from None
+    if not isinstance(key, str) or not key:
+        raise ServiceError(400, "Parameter 'document_key' not specified", "document_key")
+    job = await asyncio.to_thread(gw.doc_store.get_job, job_id)
+    if (job is None or not hmac.compare_digest(job["key"], _hash(key))
+            or (gw.guard.keys_on and job["owner"] != owner_of(routes.request_key(request)))):
+        raise ServiceError(404, "Document not found: unknown document_id, wrong document_key, another API key, "
+                                f"or expired (kept {gw.doc_settings.ttl_s:g} s)", "document_id")
+    if job["status"] in ("queued", "translating") and time.time() - job["updated"] > JOB_STALE_S:
+        job.update(status="error", error_message=f"the replica translating it stopped (no progress for "
+                                                 f"{JOB_STALE_S} s); upload the document again")
+    return job
+
+
+async def status(gw, request: Request, job_id: str) -> Response:
+    try:
+        job = await _job(gw, request, job_id)
+    except ServiceError as e:
+        return message(e)
+    body = {"document_id": job_id, "status": job["status"]}
+    if job["status"] == "translating" and job["done"]:
+        spent = time.time() - job["started"]
+        body["seconds_remaining"] = max(1, round(spent * (job["total"] - job["done"]) / job["done"]))
+    if job["billed_characters"] is not None:
+        body["billed_characters"] = job["billed_characters"]
+    if job["error_message"]:
+        body["error_message"] = job["error_message"]
+    return JSONResponse(body)
+
+
+async def result(gw, request: Request, job_id: str) -> Response:
+    try:
+        job = await _job(gw, request, job_id)
+        if job["status"] != "done":
+            raise ServiceError(503, f"Document not ready: its status is {job['status']}"
+                                    f"{': ' + job['error_message'] if job['error_message'] else ''}",
+                               "document_id", retry_after=1)
+        rec, data = await asyncio.to_thread(gw.doc_store.get, job["result"], job["owner"], False)
+    except ServiceError as e:
+        return message(e)
+    return routes.file_response(data, rec.filename, rec.media_type)

@@ -1,0 +1,346 @@
+"""Document translation over HTTP (formats: ``service/documents``; docs/documents.md).
+
+    POST /v1/documents            multipart ``file``, ``source_lang``, ``target_lang``, ``model``,
+                                  ``stream``: the translated file itself (same name and type), or with
+                                  stream=true Server-Sent Events ``progress`` {"done", "total"} then
+                                  ``document`` {"url", "filename", "bytes"} (download as below)
+    POST /translate_file          LibreTranslate: multipart ``file``, ``source``, ``target``, ``api_key``;
+                                  answers {"translatedFileUrl": ".../download_file/NAME"}
+    GET  /download_file/{name}    a translated file, while it is kept (DocumentStore), same key only
+    (DeepL's /v2/document routes: deepl_documents.py)
+
+A document's segments go to the engine in jobs of ``chunk_segments`` (``translate_segments``), at
+most ``parallel_chunks`` in flight: each job is one group of the scheduler's fair queueing
+(``service/engine/scheduler.py``), so another client's request waits for at most those few jobs'
+sentences, not for the whole document. A job refused as too large (413: a segment over the
+per-text limit, or over the sentence limit) is split in halves until it fits; an overloaded engine
+(503) is retried after its Retry-After, a few times.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import urllib.parse
+from typing import Awaitable, Callable, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from service import documents
+from service.documents import Document
+from service.protocol import GenerationOptions, TranslateJob, TranslateResponse
+from service.translator.card import match_language
+
+from . import autodetect, sse
+from .document_store import DocumentSettings, DocumentStore, owner_of
+from .errors import ServiceError, libre_error_response, mapped_errors, shown
+from .guard import bearer, check_body_key
+
+RETRIES_503 = 5                 # attempts of one job while the engine answers 503 (overloaded, loading)
+DETECT_SAMPLE_CHARS = 2_000     # characters of a document read to detect its language (source auto)
+Run = Callable[[str, TranslateJob], Awaitable[TranslateResponse]]
+
+
+_FILE = {"type": "string", "format": "binary", "description": "the document: " + ", ".join(documents.EXTENSIONS)}
+OPENAPI_NATIVE = {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file"], "properties": {
+        "file": _FILE, "source_lang": {"type": "string", "description": 'a code, "auto" or absent'},
+        "target_lang": {"type": "string"}, "model": {"type": "string"},
+        "stream": {"type": "boolean", "description": "SSE progress, then a download URL"},
+        "filename": {"type": "string", "description": "overrides the file part's name (its extension picks the format)"}}}}}}
+OPENAPI_LIBRE = {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "source", "target"], "properties": {
+        "file": _FILE, "source": {"type": "string", "description": 'a code or "auto"'},
+        "target": {"type": "string"}, "api_key": {"type": "string"}}}}}}
+
+
+# ---- the engine side ----------------------------------------------------------------------------------
+def chunks(n: int, segments: list[str], size: int, max_chars: int = 4_000) -> list[tuple[int, int]]:
+    """(start, end) index ranges of ``segments`` with at most ``size`` segments and, past the first,
+    ``max_chars`` characters each."""
+    out, start, chars = [], 0, 0
+    for i, s in enumerate(segments):
+        if i > start and (i - start >= size or chars + len(s) > max_chars):
+            out.append((start, i))
+            start, chars = i, 0
+        chars += len(s)
+    if start < n:
+        out.append((start, n))
+    return out
+
+
+async def translate_segments(segments: list[str], model: str, target_lang: Optional[str], run: Run,
+                             settings: DocumentSettings,
+                             progress: Optional[Callable[[int, int], None]] = None) -> tuple[list[str], int]:
+    """The translations of ``segments`` (in order) and the source characters translated; jobs as in
+    the module docstring. ``progress(done, total)`` after each job. Raises ServiceError."""
+    out: list[Optional[str]] = [None] * len(segments)
+    todo = [i for i, s in enumerate(segments) if s.strip()]
+    for i, s in enumerate(segments):
+        if not s.strip():
+            out[i] = s
+    texts = [segments[i] for i in todo]
+    gate = asyncio.Semaphore(settings.parallel_chunks)
+    done = 0
+
+    async def one(a: int, b: int) -> None:
+        nonlocal done
+        async with gate:
+            for k, t in zip(todo[a:b], await _translate(texts[a:b], model, target_lang, run)):
+                out[k] = t
+        done += b - a
+        if progress is not None:
+            progress(done, len(texts))
+    tasks = [asyncio.ensure_future(one(a, b)) for a, b in chunks(len(texts), texts, settings.chunk_segments)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+    return [o if o is not None else "" for o in out], sum(len(t) for t in texts)
+
+
+async def _translate(texts: list[str], model: str, target_lang: Optional[str], run: Run) -> list[str]:
+    """One job's translations; a 413 splits the job (a single text: at the space nearest its middle)."""
+    job = TranslateJob(list(texts), GenerationOptions(), field="file", is_list=True, target_lang=target_lang)
+    for attempt in range(RETRIES_503):
+        try:
+            result = await run(model, dataclasses.replace(job))
+            return [t.text for t in result.translations]
+        except ServiceError as e:
+            if e.status == 413:
+                return await _split(texts, model, target_lang, run, e)
+            if e.status != 503 or attempt == RETRIES_503 - 1:
+                raise
+            await asyncio.sleep(e.retry_after or 1)
+    raise AssertionError("unreachable")
+
+
+async def _split(texts: list[str], model: str, target_lang: Optional[str], run: Run, e: ServiceError) -> list[str]:
+    if len(texts) > 1:
+        h = len(texts) // 2
+        return (await _translate(texts[:h], model, target_lang, run)
+                + await _translate(texts[h:], model, target_lang, run))
+    text = texts[0]
+    if len(text) < 2:
+        raise e
+    mid = len(text) // 2
+    cut = text.rfind(" ", 0, mid + 1)
+    cut = cut if cut > 0 else text.find(" ", mid)
+    cut = cut if cut > 0 else mid
+    a, b = await asyncio.gather(_translate([text[:cut]], model, target_lang, run),
+                                _translate([text[cut:]], model, target_lang, run))
+    return [a[0] + (" " if text[cut:cut + 1].isspace() else "") + b[0]]
+
+
+# ---- the request side ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Upload:
+    data: bytes
+    filename: str
+    fields: dict[str, str]
+
+
+async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
+    """The multipart form of a document request: its ``file`` and text fields (each at most once;
+    one not in ``allowed`` is a 400 naming it). Raises ServiceError."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "multipart/form-data":
+        raise ServiceError(415, f"Content-Type: a document is sent as multipart/form-data with a 'file' field, "
+                                f"got {ctype or 'none'}", "Content-Type")
+    try:
+        form = await request.form()
+    except Exception as e:  # noqa: BLE001 - the multipart parser's errors are the body's
+        raise ServiceError(400, f"body: the multipart/form-data body cannot be read: {e}", "body") from None
+    fields: dict[str, str] = {}
+    upload = None
+    for k, v in form.multi_items():
+        if k in fields or (k == "file" and upload is not None):
+            raise ServiceError(400, f"{shown(k)}: given twice; send it once", k)
+        if k == "file":
+            if isinstance(v, str):
+                raise ServiceError(400, "file: must be a file part (with a filename), not a text field", "file")
+            upload = v
+        elif not isinstance(v, str):
+            raise ServiceError(400, f"{shown(k)}: a file was sent where a text field is expected", k)
+        elif k not in allowed:
+            raise ServiceError(400, f"{shown(k)}: unknown field; this route reads file, {', '.join(allowed)}", k)
+        else:
+            fields[k] = v
+    if upload is None:
+        raise ServiceError(400, "file: missing; send the document as the multipart field 'file'", "file")
+    data = await upload.read(documents.MAX_DOCUMENT_BYTES + 1)
+    if len(data) > documents.MAX_DOCUMENT_BYTES:
+        raise ServiceError(413, f"file: at most {documents.MAX_DOCUMENT_BYTES} bytes (MAX_DOCUMENT_BYTES)", "file")
+    return Upload(data, fields.get("filename") or upload.filename or "", fields)
+
+
+def parse_document(upload: Upload) -> Document:
+    """The document, off the event loop (parsing a large file takes a while). Raises DocumentError."""
+    return documents.load(upload.data, upload.filename)
+
+
+async def parsed(upload: Upload) -> Document:
+    return await asyncio.to_thread(parse_document, upload)
+
+
+async def detected_source(detector, doc: Document, field: str) -> str:
+    """The language of the document's text (a sample of its first segments). Raises ServiceError 422."""
+    sample, n = [], 0
+    for s in doc.segments:
+        sample.append(s)
+        n += len(s)
+        if n >= DETECT_SAMPLE_CHARS:
+            break
+    (cands,) = await autodetect.detect_texts(detector, [" ".join(sample)[:DETECT_SAMPLE_CHARS]])
+    if not cands or cands[0][0] == autodetect.NO_LANGUAGE:
+        raise ServiceError(422, f"{field}: auto cannot tell the document's language; send {field}", field)
+    return cands[0][0]
+
+
+def request_key(request: Request, fields: Optional[dict] = None) -> Optional[str]:
+    """The API key a request carries: Authorization Bearer or DeepL-Auth-Key, else an ``api_key``
+    field or query parameter (the guard has admitted it when keys are on)."""
+    auth = request.headers.get("authorization", "")
+    key = bearer({"authorization": auth}) or deepl_auth_key(auth)
+    return key or (fields or {}).get("api_key") or request.query_params.get("api_key") or None
+
+
+def deepl_auth_key(value: str) -> Optional[str]:
+    """The key of an ``Authorization: DeepL-Auth-Key <key>`` header value, else None."""
+    scheme, _, key = value.strip().partition(" ")
+    return key.strip() or None if scheme.lower() == "deepl-auth-key" else None
+
+
+def file_response(data: bytes, filename: str, media_type: str, headers: Optional[dict] = None) -> Response:
+    """The file as an attachment (RFC 6266 / 5987 file name)."""
+    ascii_name = filename.encode("ascii", "replace").decode().replace('"', "'").replace("\\", "_") or "document"
+    disposition = f'attachment; filename="{ascii_name}"; filename*=UTF-8\'\'{urllib.parse.quote(filename)}'
+    return Response(data, media_type=media_type, headers={"Content-Disposition": disposition, **(headers or {})})
+
+
+def progress_events(work: Callable[[Callable[[int, int], None]], Awaitable[dict]]):
+    """SSE text: ``progress`` {"done", "total"} as jobs finish, then ``document`` (work's result) or
+    ``error``; ``work(progress)`` runs as a task that the stream's end cancels."""
+    async def gen():
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(work(lambda d, t: queue.put_nowait(("progress", {"done": d, "total": t}))))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                yield sse.format_event(*item)
+            try:
+                yield sse.format_event("document", task.result())
+            except Exception as e:  # noqa: BLE001 - the status line is sent: report in-band
+                err = e if isinstance(e, ServiceError) else ServiceError(500, f"internal error: {type(e).__name__}")
+                yield sse.format_event("error", {"error": {"type": err.type, "message": err.message,
+                                                           "field": err.field}})
+        finally:
+            task.cancel()
+    return gen()
+
+
+def stored_url(request: Request, name: str) -> str:
+    return str(request.base_url).rstrip("/") + "/download_file/" + name
+
+
+def truthy(value: Optional[str], field: str) -> bool:
+    if value is None or value.strip().lower() in ("", "0", "false", "no"):
+        return False
+    if value.strip().lower() in ("1", "true", "yes"):
+        return True
+    raise ServiceError(400, f"{field}: must be true or false, got {shown(value)}", field)
+
+
+def store_for(settings: Optional[dict]) -> tuple[DocumentSettings, DocumentStore]:
+    s = DocumentSettings.model_validate(settings or {})
+    return s, DocumentStore(s)
+
+
+# ---- the routes' bodies (the Gateway's methods call these with itself) --------------------------------
+async def plan(gw, doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
+               source_field: str) -> tuple[str, Optional[str]]:
+    """(model id, target language) for a document: ``source`` auto (or None with ``auto_default``)
+    detected from its text. Raises ServiceError 404/422 (the gateway's ``resolve``)."""
+    if autodetect.is_auto(source):
+        source = await detected_source(gw.detector, doc, source_field)
+    card = gw.resolve(model, source, target)
+    return card.id, match_language(target, set(card.targets)) if target else None
+
+
+async def translated(gw, doc: Document, model: str, target: Optional[str],
+                     progress: Optional[Callable[[int, int], None]] = None) -> tuple[bytes, int]:
+    """The translated file's bytes and the characters translated."""
+    async def run(m: str, job: TranslateJob) -> TranslateResponse:
+        with mapped_errors(m):
+            gw.limits[m].check(job)
+        return await gw._translate(m, job)
+    out, chars = await translate_segments(doc.segments, model, target, run, gw.doc_settings, progress)
+    return await asyncio.to_thread(doc.rebuild, out), chars
+
+
+async def native(gw, request: Request) -> Response:
+    """POST /v1/documents (module docstring). Errors: ServiceError (the native error shape)."""
+    up = await read_upload(request, ("source_lang", "target_lang", "model", "stream", "filename"))
+    stream = truthy(up.fields.get("stream"), "stream")
+    doc = await parsed(up)
+    model, target = await plan(gw, doc, up.fields.get("model"), up.fields.get("source_lang"),
+                               up.fields.get("target_lang"), "source_lang")
+    request.state.model = model
+    media = documents.FORMATS[documents.extension(up.filename)].media_type
+    if not stream:
+        data, _ = await translated(gw, doc, model, target)
+        return file_response(data, up.filename, media, {"X-Segments": str(len(doc.segments))})
+    owner = owner_of(request_key(request)) if gw.guard.keys_on else None
+
+    async def work(progress) -> dict:
+        data, _ = await translated(gw, doc, model, target, progress)
+        rec = await asyncio.to_thread(gw.doc_store.put, data, up.filename, media, owner)
+        return {"url": stored_url(request, rec.name), "filename": up.filename, "bytes": rec.size}
+    return sse.ClosingStreamingResponse(progress_events(work), lambda: None, media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def libre(gw, request: Request) -> Response:
+    """POST /translate_file: LibreTranslate's shape ({"translatedFileUrl"}; errors {"error"}, 4xx as 400)."""
+    try:
+        try:
+            up, unreadable = await read_upload(request, ("source", "target", "api_key")), None
+        except ServiceError as e:
+            up, unreadable = None, e
+        denied = check_body_key(request.scope.setdefault("state", {}), up.fields.get("api_key") if up else None)
+        if denied is not None:
+            return libre_error_response(denied.error, headers=denied.headers)
+        if unreadable is not None:
+            raise unreadable
+        for name in ("source", "target"):
+            if not up.fields.get(name):
+                raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
+        doc = await parsed(up)
+        model, target = await plan(gw, doc, None, up.fields["source"], up.fields["target"], "source")
+        request.state.model = model
+        data, _ = await translated(gw, doc, model, target)
+        owner = owner_of(request_key(request, up.fields)) if gw.guard.keys_on else None
+        media = documents.FORMATS[documents.extension(up.filename)].media_type
+        rec = await asyncio.to_thread(gw.doc_store.put, data, up.filename, media, owner)
+    except ServiceError as e:
+        return libre_error_response(e)
+    return JSONResponse({"translatedFileUrl": stored_url(request, rec.name)})
+
+
+async def download(gw, request: Request, name: str) -> Response:
+    """GET /download_file/{name}: the kept file (404 once expired or for another key)."""
+    state = request.scope.setdefault("state", {})
+    denied = check_body_key(state, request.query_params.get("api_key"))
+    if denied is not None:
+        return libre_error_response(denied.error, headers=denied.headers)
+    owner = owner_of(request_key(request)) if gw.guard.keys_on else None
+    try:
+        rec, data = await asyncio.to_thread(gw.doc_store.get, name, owner, gw.guard.keys_on)
+    except ServiceError as e:
+        return JSONResponse({"error": e.message}, status_code=e.status)
+    return file_response(data, rec.filename, rec.media_type)
