@@ -129,9 +129,9 @@ async def _split(texts: list[str], model: str, target_lang: Optional[str], run: 
     cut = text.rfind(" ", 0, mid + 1)
     cut = cut if cut > 0 else text.find(" ", mid)
     cut = cut if cut > 0 else mid
-    a, b = await asyncio.gather(_translate([text[:cut]], model, target_lang, run),
-                                _translate([text[cut:]], model, target_lang, run))
-    return [a[0] + (" " if text[cut:cut + 1].isspace() else "") + b[0]]
+    a = await _translate([text[:cut]], model, target_lang, run)      # in turn: the gate's slot is this job's
+    b = await _translate([text[cut:]], model, target_lang, run)
+    return [a[0] + b[0]]          # the second half starts with the space (translations keep edge whitespace)
 
 
 # ---- the request side ----------------------------------------------------------------------------------

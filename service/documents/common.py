@@ -135,8 +135,12 @@ class RichText:
                 out.append(f'<span data-k="{it.key}"></span>')
             elif it.style == base:
                 out.append(escape(it.text, quote=False))
-            else:
-                out.append(f'<span data-k="{it.key}">{escape(it.text, quote=False)}</span>')
+            else:   # its edge whitespace outside the element (inside, the placement would double it)
+                core = it.text.strip()
+                lead = it.text[:len(it.text) - len(it.text.lstrip())] if core else it.text
+                trail = it.text[len(lead) + len(core):]
+                out.append(f'{escape(lead, quote=False)}<span data-k="{it.key}">{escape(core, quote=False)}</span>'
+                           f'{escape(trail, quote=False)}')
         return "".join(out)
 
     def rebuild(self, translations: list[str]) -> list[Item]:
