@@ -24,6 +24,14 @@ MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds on
 MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)
 MAX_KEEP_TERMS = 100           # do-not-translate terms in one request (`keep`)
 MAX_KEEP_CHARS = 200           # characters in one do-not-translate term (a request's or the stored list's)
+# Documents (POST /v1/documents, /translate_file, /v2/document; service/documents, docs/documents.md)
+MAX_DOCUMENT_BYTES = 4 * 1024 * 1024 - 64 * 1024   # bytes of an uploaded file (the body cap, less the form's room)
+MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024          # bytes of all members of an archive (docx, pptx, odt) unpacked
+MAX_COMPRESSION_RATIO = 100                         # a member's unpacked / packed size (over 1 MiB unpacked)
+MAX_ARCHIVE_MEMBERS = 2_000                         # files in one archive
+MAX_XML_DEPTH = 200                                 # elements nested inside one another in an XML part
+MAX_DOCUMENT_SEGMENTS = 20_000                      # translatable pieces (paragraphs, cells, cues, runs)
+MAX_DOCUMENT_CHARS = 1_000_000                      # characters to translate in one document
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 

@@ -15,15 +15,8 @@ from typing import Optional, Protocol, Union
 
 from service.api.errors import ServiceError
 from service.api.html import HtmlText
-
-# Limits on one uploaded document (docs/api.md#limits, docs/documents.md).
-MAX_DOCUMENT_BYTES = 4 * 1024 * 1024 - 64 * 1024   # bytes of the uploaded file (the body cap, less the form's room)
-MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024          # bytes of all members of an archive (docx, pptx, odt) unpacked
-MAX_COMPRESSION_RATIO = 100                         # a member's unpacked / packed size (zip bombs: thousands)
-MAX_ARCHIVE_MEMBERS = 2_000                         # files in one archive
-MAX_XML_DEPTH = 200                                 # elements nested inside one another in an XML part
-MAX_DOCUMENT_SEGMENTS = 20_000                      # translatable pieces (paragraphs, cells, cues, runs)
-MAX_DOCUMENT_CHARS = 1_000_000                      # characters to translate in one document
+from service.protocol import (MAX_ARCHIVE_MEMBERS, MAX_COMPRESSION_RATIO, MAX_DOCUMENT_BYTES,  # noqa: F401 - the limits
+                              MAX_DOCUMENT_CHARS, MAX_DOCUMENT_SEGMENTS, MAX_UNCOMPRESSED_BYTES, MAX_XML_DEPTH)
 
 
 class DocumentError(ServiceError):
