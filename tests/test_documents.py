@@ -12,6 +12,8 @@ import zipfile
 import docx
 import pptx
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
 from odf import teletype
 from odf.opendocument import OpenDocumentText
 from odf.opendocument import load as odf_load
@@ -20,9 +22,12 @@ from odf.table import Table, TableCell, TableColumn, TableRow
 from odf.text import A, H, List, ListItem, P, Span
 
 from service import documents
+from service.api import deepl_documents
 from service.api import documents as routes
+from service.api.body import BodyMiddleware
 from service.api.document_store import DocumentSettings, DocumentStore, owner_of
-from service.api.errors import ServiceError
+from service.api.errors import LIBRE_PATHS, ServiceError, add_exception_handlers
+from service.api.guard import Guard, GuardMiddleware, GuardSettings
 from service.documents import DocumentError, safety
 
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
@@ -291,3 +296,122 @@ async def test_segments_go_in_small_jobs_with_few_in_flight_and_big_ones_split()
     assert out == [s.upper() for s in segments]
     assert peak == 2 and max(len(j) for j in jobs) <= 4 and seen[-1] == (18, 18)
     assert chars == sum(len(s) for s in segments)
+
+
+# ---- the routes with API keys on (in process: the guard and body middleware, upper-casing "model") --
+class _Card:
+    id, targets = "m", ("en",)
+
+
+class _Limits:
+    def check(self, job) -> None:
+        assert all(len(t) <= 5000 for t in job.texts)
+
+
+class _Gateway:
+    """What the document routes use of the Gateway; the translation upper-cases each text."""
+
+    def __init__(self, guard, store_dir):
+        self.guard, self.detector, self.limits = guard, None, {"m": _Limits()}
+        self.doc_settings = DocumentSettings(store_dir=str(store_dir))
+        self.doc_store = DocumentStore(self.doc_settings)
+
+    def resolve(self, model, source, target):
+        if target not in (None, "en", "en-gb"):
+            raise ServiceError(404, f"target_lang: no model for {target}", "target_lang")
+        return _Card()
+
+    async def _translate(self, model, job):
+        from service.protocol import Translation, TranslateResponse, Usage
+        return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
+            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
+
+
+def keyed_client(tmp_path) -> TestClient:
+    gw = _Gateway(Guard(GuardSettings(), env="key-a,key-b"), tmp_path)
+    app = FastAPI()
+    app.add_middleware(BodyMiddleware)
+    app.add_middleware(GuardMiddleware, get_guard=lambda: gw.guard, libre_paths=LIBRE_PATHS)
+    add_exception_handlers(app)
+
+    @app.post("/v1/documents")
+    async def native(request: Request):
+        return await routes.native(gw, request)
+
+    @app.post("/translate_file")
+    async def libre(request: Request):
+        return await routes.libre(gw, request)
+
+    @app.get("/download_file/{name}")
+    async def download(name: str, request: Request):
+        return await routes.download(gw, request, name)
+
+    @app.post("/v2/document")
+    async def deepl_upload(request: Request):
+        return await deepl_documents.upload(gw, request)
+
+    @app.post("/v2/document/{job}")
+    async def deepl_status(job: str, request: Request):
+        return await deepl_documents.status(gw, request, job)
+
+    @app.post("/v2/document/{job}/result")
+    async def deepl_result(job: str, request: Request):
+        return await deepl_documents.result(gw, request, job)
+    return TestClient(app)
+
+
+def test_files_are_downloadable_only_with_the_key_that_uploaded_them(tmp_path):
+    client = keyed_client(tmp_path)
+    txt = {"file": ("brief.txt", "Ein Hund.\n".encode())}
+    assert client.post("/translate_file", files=txt, data={"source": "de", "target": "en"}).status_code == 401
+    r = client.post("/translate_file", files=txt, data={"source": "de", "target": "en", "api_key": "key-a"})
+    assert r.status_code == 200, r.text
+    path = r.json()["translatedFileUrl"].split("testserver")[1]
+    assert client.get(path).status_code == 401                                    # no key
+    assert client.get(path, headers={"Authorization": "Bearer key-b"}).status_code == 404
+    assert client.get(path + "?api_key=key-b").status_code == 404
+    for ok in (client.get(path + "?api_key=key-a"), client.get(path, headers={"Authorization": "Bearer key-a"})):
+        assert ok.status_code == 200 and ok.content == "EIN HUND.\n".encode()
+    r = client.post("/translate_file", files={"file": ("a.pdf", b"%PDF")},
+                    data={"source": "de", "target": "en", "api_key": "key-a"})
+    assert r.status_code == 415 and "supported" in r.json()["error"]
+    # the native route: the file itself; a streamed one: progress, then a URL for the same key only
+    a = {"Authorization": "Bearer key-a"}
+    r = client.post("/v1/documents", files=txt, data={"target_lang": "en"}, headers=a)
+    assert r.status_code == 200 and r.content == "EIN HUND.\n".encode()
+    r = client.post("/v1/documents", files=txt, data={"target_lang": "xx"}, headers=a)
+    assert r.status_code == 404 and r.json()["error"]["field"] == "target_lang"
+    r = client.post("/v1/documents", files=txt, data={"target_lang": "en", "stream": "true"}, headers=a)
+    from conftest import sse_events
+    events = sse_events(r.text)
+    assert [e for e, _ in events] == ["progress", "document"] and events[0][1] == {"done": 1, "total": 1}
+    path = events[1][1]["url"].split("testserver")[1]
+    assert client.get(path, headers={"Authorization": "Bearer key-b"}).status_code == 404
+    assert client.get(path, headers=a).content == "EIN HUND.\n".encode()
+
+
+def test_deepl_document_jobs_need_their_document_key_and_the_same_api_key(tmp_path):
+    with keyed_client(tmp_path) as client:      # one event loop for the requests and the background job
+        deepl_job_checks(client)
+
+
+def deepl_job_checks(client: TestClient) -> None:
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    r = client.post("/v2/document", files={"file": ("a.docx", make_docx())}, data={"target_lang": "EN-GB",
+                                                                                     "source_lang": "DE"}, headers=a)
+    assert r.status_code == 200, r.text
+    job, key = r.json()["document_id"], r.json()["document_key"]
+    for _ in range(100):
+        status = client.post(f"/v2/document/{job}", json={"document_key": key}, headers=a).json()
+        if status["status"] == "done":
+            break
+        time.sleep(0.05)
+    assert status["status"] == "done" and status["billed_characters"] == sum(
+        len(s) for s in documents.load(make_docx(), "a.docx").segments if s.strip())
+    assert client.post(f"/v2/document/{job}", json={"document_key": key}, headers=b).status_code == 404
+    assert client.post(f"/v2/document/{job}", json={"document_key": "0" * 64}, headers=a).status_code == 404
+    r = client.post(f"/v2/document/{job}/result", data={"document_key": key}, headers=a)
+    assert r.status_code == 200 and docx.Document(io.BytesIO(r.content)).paragraphs[0].text == "EIN TITEL"
+    r = client.post("/v2/document", files={"file": ("a.docx", make_docx())}, data={"target_lang": "DE",
+                                                                                     "output_format": "pdf"}, headers=a)
+    assert r.status_code == 400 and "output_format" in r.json()["message"]

@@ -117,7 +117,7 @@ async def _job(gw, request: Request, job_id: str) -> dict:
             key = body.get("document_key") if isinstance(body, dict) else None
         else:
             key = (await request.form()).get("document_key")
-    except (ValueError, UnicodeDecodeError, AssertionError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ServiceError(400, "body: cannot be read; send document_key as JSON or a form field", "document_key") from None
     if not isinstance(key, str) or not key:
         raise ServiceError(400, "Parameter 'document_key' not specified", "document_key")

@@ -215,7 +215,8 @@ def deepl_auth_key(value: str) -> Optional[str]:
 
 def file_response(data: bytes, filename: str, media_type: str, headers: Optional[dict] = None) -> Response:
     """The file as an attachment (RFC 6266 / 5987 file name)."""
-    ascii_name = filename.encode("ascii", "replace").decode().replace('"', "'").replace("\\", "_") or "document"
+    filename = "".join(c for c in filename if c.isprintable()) or "document"     # no control characters in a header
+    ascii_name = filename.encode("ascii", "replace").decode().replace('"', "'").replace("\\", "_")
     disposition = f'attachment; filename="{ascii_name}"; filename*=UTF-8\'\'{urllib.parse.quote(filename)}'
     return Response(data, media_type=media_type, headers={"Content-Disposition": disposition, **(headers or {})})
 
