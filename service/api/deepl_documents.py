@@ -26,16 +26,53 @@ import hmac
 import json
 import secrets
 import time
-from typing import Optional
+from typing import Literal, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 
 from service import documents
 
 from . import documents as routes
 from .document_store import owner_of
 from .errors import ServiceError
+from .schemas import ErrorResponse
+
+class DocumentHandle(BaseModel):
+    document_id: str
+    document_key: str = Field(..., description="send it with the status and result calls")
+
+
+class DocumentStatus(BaseModel):
+    document_id: str
+    status: Literal["queued", "translating", "done", "error"]
+    seconds_remaining: Optional[int] = None
+    billed_characters: Optional[int] = Field(None, description="characters translated, once done")
+    error_message: Optional[str] = None
+
+
+class DeepLError(BaseModel):
+    message: str
+
+
+ERRORS = {status: {"model": DeepLError, "description": what} for status, what in {
+    400: "a field missing or invalid (target_lang, output_format, document_key), an unreadable body",
+    404: "unknown document_id, wrong document_key or API key, expired; or no model for the languages",
+    413: "a file over a limit (docs/documents.md#limits)",
+    415: "an unsupported extension, or content that is not that format",
+    422: "a damaged file, or its language could not be detected",
+    503: "result: not done yet (Retry-After)"}.items()}
+ERRORS.update({status: {"model": ErrorResponse, "description": what} for status, what in {   # the guard's, native
+    401: "API keys are on and no valid key was sent (Authorization: Bearer)",
+    429: "over the rate limit of this key or client"}.items()})
+OPENAPI_KEY = {"required": True, "content": {m: {"schema": {"type": "object", "required": ["document_key"], "properties": {
+    "document_key": {"type": "string"}}}} for m in ("application/json", "application/x-www-form-urlencoded")}}
+OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "target_lang"], "properties": {
+        "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"},
+        "source_lang": {"type": "string"}, "filename": {"type": "string"}, "formality": {"type": "string"},
+        "output_format": {"type": "string"}, "glossary_id": {"type": "string"}}}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
 FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")

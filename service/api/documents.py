@@ -6,7 +6,8 @@
                                   ``document`` {"url", "filename", "bytes"} (download as below)
     POST /translate_file          LibreTranslate: multipart ``file``, ``source``, ``target``, ``api_key``;
                                   answers {"translatedFileUrl": ".../download_file/NAME"}
-    GET  /download_file/{name}    a translated file, while it is kept (DocumentStore), same key only
+    GET  /download_file/{name}    a translated file, while it is kept (DocumentStore), same key only;
+                                  errors in the native shape (the guard's 401 on this path is too)
     (DeepL's /v2/document routes: deepl_documents.py)
 
 A document's segments go to the engine in jobs of ``chunk_segments`` (``translate_segments``), at
@@ -25,6 +26,7 @@ from typing import Awaitable, Callable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 
 from service import documents
 from service.documents import Document
@@ -33,7 +35,7 @@ from service.translator.card import match_language
 
 from . import autodetect, sse
 from .document_store import DocumentSettings, DocumentStore, owner_of
-from .errors import ServiceError, libre_error_response, mapped_errors, shown
+from .errors import ServiceError, error_response, libre_error_response, mapped_errors, shown
 from .guard import bearer, check_body_key
 
 RETRIES_503 = 5                 # attempts of one job while the engine answers 503 (overloaded, loading)
@@ -52,6 +54,18 @@ OPENAPI_LIBRE = {"required": True, "content": {"multipart/form-data": {"schema":
     "type": "object", "required": ["file", "source", "target"], "properties": {
         "file": _FILE, "source": {"type": "string", "description": 'a code or "auto"'},
         "target": {"type": "string"}, "api_key": {"type": "string"}}}}}}
+
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+FILE = {"description": "the translated file: same format, its name in Content-Disposition",
+        "content": {m: _BINARY for m in dict.fromkeys(f.media_type.split(";")[0] for f in documents.FORMATS.values())}}
+FILE_OR_EVENTS = {"description": FILE["description"] + '; with stream=true, text/event-stream: "progress" '
+                                 '{"done", "total"} events, then "document" {"url", "filename", "bytes"} or "error"',
+                  "content": {**FILE["content"], "text/event-stream": {"schema": {"type": "string"}}}}
+
+
+class TranslatedFileUrl(BaseModel):
+    translatedFileUrl: str = Field(..., description="GET it (GET /download_file/{name}) while it is kept")
 
 
 # ---- the engine side ----------------------------------------------------------------------------------
@@ -338,10 +352,10 @@ async def download(gw, request: Request, name: str) -> Response:
     state = request.scope.setdefault("state", {})
     denied = check_body_key(state, request.query_params.get("api_key"))
     if denied is not None:
-        return libre_error_response(denied.error, headers=denied.headers)
+        return error_response(denied.error, headers=denied.headers)
     owner = owner_of(request_key(request)) if gw.guard.keys_on else None
     try:
         rec, data = await asyncio.to_thread(gw.doc_store.get, name, owner, gw.guard.keys_on)
     except ServiceError as e:
-        return JSONResponse({"error": e.message}, status_code=e.status)
+        return error_response(e)
     return file_response(data, rec.filename, rec.media_type)

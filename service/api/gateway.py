@@ -401,8 +401,8 @@ class Gateway:
 
 
     # ---- documents (documents.py; DeepL's shapes: deepl_documents.py) ----
-    @api.post("/v1/documents", responses={200: {"description": "the translated file (same format and name), or "
-                                                               "with stream=true SSE progress then document"}},
+    @api.post("/v1/documents", responses={200: documents.FILE_OR_EVENTS, **NATIVE_ERRORS, **_errors(ErrorResponse, {
+        400: "the multipart form: no file part, a field given twice or unknown, unreadable"})},
               openapi_extra={"requestBody": documents.OPENAPI_NATIVE})
     async def translate_document(self, request: Request):
         """Translate a document (multipart ``file``; ``source_lang`` (a code, auto or absent),
@@ -411,29 +411,36 @@ class Gateway:
         ``progress`` {"done", "total"} then ``document`` {"url", "filename", "bytes"}."""
         return await documents.native(self, request)
 
-    @api.post("/translate_file", responses=LIBRE_ERRORS, openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
+    @api.post("/translate_file", response_model=documents.TranslatedFileUrl, responses=LIBRE_ERRORS,
+              openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
     async def libre_translate_file(self, request: Request):
         """LibreTranslate: multipart ``file``, ``source`` (or auto), ``target``, ``api_key``; answers
         ``{"translatedFileUrl": ...}`` (GET it while it is kept, with the same key when keys are on)."""
         return await documents.libre(self, request)
 
-    @api.get("/download_file/{name}")
+    @api.get("/download_file/{name}", responses={200: documents.FILE, **_errors(ErrorResponse, {
+        401: "API keys are on and the request has no valid key (Bearer or ?api_key=)",
+        404: "no such file kept: unknown, expired, evicted, or uploaded with another key",
+        429: "over the rate limit of this key or client"})})
     async def download_file(self, name: str, request: Request):
         """A translated file from /translate_file or a streamed /v1/documents, while it is kept;
         with keys on, only with the key that uploaded it (Bearer or ``?api_key=``)."""
         return await documents.download(self, request, name)
 
-    @api.post("/v2/document")
+    @api.post("/v2/document", response_model=deepl_documents.DocumentHandle, responses=deepl_documents.ERRORS,
+              openapi_extra={"requestBody": deepl_documents.OPENAPI_UPLOAD})
     async def deepl_document(self, request: Request):
         """DeepL: upload a document to translate; answers ``{"document_id", "document_key"}``."""
         return await deepl_documents.upload(self, request)
 
-    @api.post("/v2/document/{document_id}")
+    @api.post("/v2/document/{document_id}", response_model=deepl_documents.DocumentStatus,
+              responses=deepl_documents.ERRORS, openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
     async def deepl_document_status(self, document_id: str, request: Request):
         """DeepL: the status of a document translation (``document_key`` in the body)."""
         return await deepl_documents.status(self, request, document_id)
 
-    @api.post("/v2/document/{document_id}/result")
+    @api.post("/v2/document/{document_id}/result", responses={200: documents.FILE, **deepl_documents.ERRORS},
+              openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
     async def deepl_document_result(self, document_id: str, request: Request):
         """DeepL: the translated document once its status is done (503 before)."""
         return await deepl_documents.result(self, request, document_id)
