@@ -415,3 +415,22 @@ def deepl_job_checks(client: TestClient) -> None:
     r = client.post("/v2/document", files={"file": ("a.docx", make_docx())}, data={"target_lang": "DE",
                                                                                      "output_format": "pdf"}, headers=a)
     assert r.status_code == 400 and "output_format" in r.json()["message"]
+
+
+def test_docx_tabs_stay_between_words_and_text_boxes_are_translated_in_place():
+    from docx.oxml import parse_xml
+    from docx.oxml.ns import nsdecls
+    d = docx.Document()
+    p = d.add_paragraph("Ein Hund")
+    p.runs[0]._r.append(parse_xml(f'<w:tab {nsdecls("w")}/>'))
+    p.runs[0]._r.append(parse_xml(f'<w:t {nsdecls("w")}>läuft vor dem Haus.</w:t>'))
+    p._p.append(parse_xml(f'<w:r {nsdecls("w")} xmlns:v="urn:schemas-microsoft-com:vml"><w:pict><v:shape><v:textbox>'
+                          '<w:txbxContent><w:p><w:r><w:t>Im Kasten</w:t></w:r></w:p></w:txbxContent></v:textbox>'
+                          '</v:shape></w:pict></w:r>'))
+    buf = io.BytesIO()
+    d.save(buf)
+    segments, out = upper(buf.getvalue(), "a.docx")
+    assert segments == ["Ein Hund läuft vor dem Haus.", "Im Kasten"]
+    p = docx.Document(io.BytesIO(out)).paragraphs[0]
+    assert [r.text for r in p.runs] == ["EIN HUND", "\t", "LÄUFT VOR DEM HAUS.", ""]
+    assert p._p.xml.count("IM KASTEN") == 1 and "Im Kasten" not in p._p.xml

@@ -34,7 +34,7 @@ from service.protocol import GenerationOptions, TranslateJob, TranslateResponse
 from service.translator.card import match_language
 
 from . import autodetect, sse
-from .document_store import DocumentSettings, DocumentStore, owner_of
+from .document_store import DocumentSettings, owner_of
 from .errors import ServiceError, error_response, libre_error_response, mapped_errors, shown
 from .guard import bearer, check_body_key
 
@@ -69,7 +69,7 @@ class TranslatedFileUrl(BaseModel):
 
 
 # ---- the engine side ----------------------------------------------------------------------------------
-def chunks(n: int, segments: list[str], size: int, max_chars: int = 4_000) -> list[tuple[int, int]]:
+def chunks(segments: list[str], size: int, max_chars: int = 4_000) -> list[tuple[int, int]]:
     """(start, end) index ranges of ``segments`` with at most ``size`` segments and, past the first,
     ``max_chars`` characters each."""
     out, start, chars = [], 0, 0
@@ -78,8 +78,8 @@ def chunks(n: int, segments: list[str], size: int, max_chars: int = 4_000) -> li
             out.append((start, i))
             start, chars = i, 0
         chars += len(s)
-    if start < n:
-        out.append((start, n))
+    if start < len(segments):
+        out.append((start, len(segments)))
     return out
 
 
@@ -105,7 +105,7 @@ async def translate_segments(segments: list[str], model: str, target_lang: Optio
         done += b - a
         if progress is not None:
             progress(done, len(texts))
-    tasks = [asyncio.ensure_future(one(a, b)) for a, b in chunks(len(texts), texts, settings.chunk_segments)]
+    tasks = [asyncio.ensure_future(one(a, b)) for a, b in chunks(texts, settings.chunk_segments)]
     try:
         await asyncio.gather(*tasks)
     except BaseException:
@@ -271,16 +271,11 @@ def truthy(value: Optional[str], field: str) -> bool:
     raise ServiceError(400, f"{field}: must be true or false, got {shown(value)}", field)
 
 
-def store_for(settings: Optional[dict]) -> tuple[DocumentSettings, DocumentStore]:
-    s = DocumentSettings.model_validate(settings or {})
-    return s, DocumentStore(s)
-
-
 # ---- the routes' bodies (the Gateway's methods call these with itself) --------------------------------
 async def plan(gw, doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
                source_field: str) -> tuple[str, Optional[str]]:
-    """(model id, target language) for a document: ``source`` auto (or None with ``auto_default``)
-    detected from its text. Raises ServiceError 404/422 (the gateway's ``resolve``)."""
+    """(model id, target language) for a document, ``source`` "auto" detected from its text (None:
+    the model's). Raises ServiceError 404/422 (the gateway's ``resolve``)."""
     if autodetect.is_auto(source):
         source = await detected_source(gw.detector, doc, source_field)
     card = gw.resolve(model, source, target)
@@ -309,7 +304,7 @@ async def native(gw, request: Request) -> Response:
     media = documents.FORMATS[documents.extension(up.filename)].media_type
     if not stream:
         data, _ = await translated(gw, doc, model, target)
-        return file_response(data, up.filename, media, {"X-Segments": str(len(doc.segments))})
+        return file_response(data, up.filename, media)
     owner = owner_of(request_key(request)) if gw.guard.keys_on else None
 
     async def work(progress) -> dict:

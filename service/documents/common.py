@@ -79,6 +79,7 @@ class Run:
     key: int
     text: str
     style: Optional[object] = ""
+    space: bool = False          # an atomic run that separates words (a tab, a line break)
 
 
 @dataclass
@@ -123,9 +124,9 @@ class RichText:
         for it in items:
             if isinstance(it, Group):
                 out.append(f'<a data-k="{it.key}">{self._html(it.items)}</a>')
-            elif it.style is None:
+            elif it.style is None:      # a separator gets a space before it: the words stay apart
                 self.atomic[it.key] = it
-                out.append(f'<span data-k="{it.key}"></span>')
+                out.append(f'{" " if it.space else ""}<span data-k="{it.key}"></span>')
             elif it.style == base:
                 out.append(escape(it.text, quote=False))
             else:   # its edge whitespace outside the element (inside, the placement would double it)
@@ -141,7 +142,20 @@ class RichText:
         parser = _Items(self)
         parser.feed(self.text.rebuild(translations))
         parser.close()
+        _trim(parser.root)
         return parser.root
+
+
+def _trim(items: list[Item]) -> None:
+    """Drop the whitespace of text runs next to a separator (it stands for that whitespace)."""
+    for i, it in enumerate(items):
+        if isinstance(it, Group):
+            _trim(it.items)
+        elif it.space:
+            if i > 0 and isinstance(items[i - 1], Run) and items[i - 1].style is not None:
+                items[i - 1].text = items[i - 1].text.rstrip()
+            if i + 1 < len(items) and isinstance(items[i + 1], Run) and items[i + 1].style is not None:
+                items[i + 1].text = items[i + 1].text.lstrip()
 
 
 class _Items(HTMLParser):

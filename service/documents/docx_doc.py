@@ -20,6 +20,7 @@ from .common import DocumentError, Group, Item, RichText, Run, Segments
 from .safety import open_archive
 
 _TEXT = {qn("w:t"): None, qn("w:noBreakHyphen"): "-", qn("w:softHyphen"): "\u00ad"}
+_SPACES = {qn("w:tab"), qn("w:br"), qn("w:cr")}
 _RUN_KEEP = {qn("w:rPr"), qn("w:lastRenderedPageBreak")}
 _PARTS = (RT.HEADER, RT.FOOTER, RT.FOOTNOTES, RT.ENDNOTES, RT.COMMENTS)
 
@@ -104,24 +105,28 @@ def _run_items(r, templates: dict) -> list[Run]:
             continue
         flush()
         key = len(templates)
-        alone = copy.deepcopy(r)
-        for c in list(alone):
-            if c.tag != qn("w:rPr"):
-                alone.remove(c)
-        alone.append(copy.deepcopy(child))
-        templates[key] = alone
-        out.append(Run(key, "", None))
+        templates[key] = (r, child)     # written as a run of r's formatting holding this very child
+        out.append(Run(key, "", None, space=child.tag in _SPACES))
     flush()
     return out
 
 
 def _elements(items: list[Item], templates: dict) -> list:
     """The XML elements of rebuilt items: text runs copied from their template with the new text,
-    groups (hyperlinks) copied without their runs and filled, atomic runs as they were."""
+    groups (hyperlinks) copied without their runs and filled, atomic runs as they were: the element
+    itself, or a run with its run's formatting around the child itself (moved, not copied: a text
+    box's paragraphs inside a drawing are units of their own, translated in place)."""
     out = []
     for it in items:
         tpl = templates[it.key]
-        if isinstance(it, Group):
+        if isinstance(tpl, tuple):
+            r, child = tpl
+            run = r.makeelement(qn("w:r"), dict(r.attrib))
+            if r.find(qn("w:rPr")) is not None:
+                run.append(copy.deepcopy(r.find(qn("w:rPr"))))
+            run.append(child)
+            out.append(run)
+        elif isinstance(it, Group):
             link = copy.deepcopy(tpl)
             for c in list(link):
                 link.remove(c)

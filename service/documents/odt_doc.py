@@ -19,6 +19,7 @@ from .safety import open_archive
 TEXT = "text"
 MIMETYPE = "application/vnd.oasis.opendocument.text"
 _GROUPS = {(TEXTNS, "span"), (TEXTNS, "a")}
+_SPACES = {(TEXTNS, "tab"), (TEXTNS, "line-break")}
 _PARAGRAPHS = {(TEXTNS, "p"), (TEXTNS, "h")}
 
 
@@ -93,7 +94,7 @@ def _items(el, templates: dict) -> list[Item]:
         elif child.qname == (TEXTNS, "s"):
             out.append(Run(key, " " * int(child.attributes.get((TEXTNS, "c"), "1") or 1), TEXT))
         else:
-            out.append(Run(key, "", None))
+            out.append(Run(key, "", None, space=child.qname in _SPACES))
     return out
 
 

@@ -50,7 +50,7 @@ class PptxDocument:
                 items.append(Run(key, t.text or "" if t is not None else "",
                                  b"" if rpr is None else etree.tostring(rpr)))
             else:
-                items.append(Run(key, "", None))
+                items.append(Run(key, "", None, space=child.tag == qn("a:br")))
         if not any(it.style is not None and it.text.strip() for it in items):
             return
         rich = RichText(items)
