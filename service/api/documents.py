@@ -311,7 +311,10 @@ async def native(gw, request: Request) -> Response:
         data, _ = await translated(gw, doc, model, target, progress)
         rec = await asyncio.to_thread(gw.doc_store.put, data, up.filename, media, owner)
         return {"url": stored_url(request, rec.name), "filename": up.filename, "bytes": rec.size}
-    return sse.ClosingStreamingResponse(progress_events(work), lambda: None, media_type="text/event-stream",
+    decision = request.scope.get("state", {}).get("guard_decision")      # counted like any stream (or 429)
+    release = gw.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)
+    request.state.stream = True
+    return sse.ClosingStreamingResponse(progress_events(work), release, media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
