@@ -90,6 +90,9 @@ def test_head_answers_every_get_route_like_get_without_a_body(service_url):
     assert {"/healthz", "/readyz", "/metrics", "/v1/models", "/languages"} <= set(paths)
     for path in paths:
         get, head = (httpx.request(m, service_url + path, timeout=30) for m in ("GET", "HEAD"))
+        if "{" in path:     # a template (/download_file/{name}): no such file, the same 404 without a body
+            assert head.status_code == get.status_code == 404 and head.content == b"", (path, head.status_code)
+            continue
         assert head.status_code == get.status_code == 200 and head.content == b"", (path, head.status_code)
         assert head.headers["content-type"] == get.headers["content-type"], path
         if path not in ("/metrics", "/readyz", "/v1/models"):    # their bodies change between two calls
