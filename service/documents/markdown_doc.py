@@ -17,7 +17,7 @@ from mdit_py_plugins.front_matter import front_matter_plugin
 from .common import Group, Item, RichText, Run, Segments, decode_text
 
 _PAIRS = {"strong_open": "strong_close", "em_open": "em_close", "s_open": "s_close", "link_open": "link_close"}
-_ESCAPE = re.compile(r"([\\`*_\[\]<])")
+_ESCAPE = re.compile(r"([\\`*_\[\]<|])")      # written as \x: literal in Markdown (| in table cells)
 TEXT = "text"
 
 
