@@ -234,6 +234,11 @@ def test_archive_attacks_are_refused_with_the_limit_named(monkeypatch):
     deep = b"<a>" * 300 + b"</a>" * 300
     e = refused(with_member(good, "word/document.xml", deep), "a.docx")
     assert e.status == 413 and "MAX_XML_DEPTH" in e.message
+    odt = make_odt()
+    content = zipfile.ZipFile(io.BytesIO(odt)).read("content.xml")
+    nested = b'<text:span text:style-name="Bold">' * 150 + b"tief" + b"</text:span>" * 150
+    e = refused(with_member(odt, "content.xml", content.replace(b"Ein Titel", nested, 1)), "a.odt")
+    assert e.status == 413 and "MAX_INLINE_DEPTH" in e.message and e.field == "file"
     e = refused(zip_of({f"m{i}.txt": b"" for i in range(documents.common.MAX_ARCHIVE_MEMBERS + 1)}), "a.docx")
     assert e.status == 413 and "MAX_ARCHIVE_MEMBERS" in e.message
     assert refused(b"x" * (documents.MAX_DOCUMENT_BYTES + 1), "a.txt").status == 413

@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 from typing import Optional, Protocol, Union
 
 from service.api.errors import ServiceError
-from service.api.html import HtmlText
+from service.api.html import MAX_INLINE_DEPTH, HtmlText
 from service.protocol import (MAX_ARCHIVE_MEMBERS, MAX_COMPRESSION_RATIO, MAX_DOCUMENT_BYTES,  # noqa: F401 - the limits
                               MAX_DOCUMENT_CHARS, MAX_DOCUMENT_SEGMENTS, MAX_UNCOMPRESSED_BYTES, MAX_XML_DEPTH)
 
@@ -109,7 +109,11 @@ class RichText:
         self.atomic: dict[int, Run] = {}
         self.base: dict[int, Optional[int]] = {}      # id(container items) -> key of its plain text
         self.html = self._html(items)
-        self.text = HtmlText(self.html)
+        try:
+            self.text = HtmlText(self.html)
+        except ServiceError as e:       # the HTML route's MAX_INLINE_DEPTH, named for a document
+            raise DocumentError(e.status, f"formatting runs nested more than {MAX_INLINE_DEPTH} deep in one "
+                                          "paragraph (MAX_INLINE_DEPTH)") from None
         self.segments = self.text.segments
 
     def _html(self, items: list[Item]) -> str:
