@@ -11,11 +11,12 @@ import time
 
 import docx
 import httpx
+import pptx
 import pytest
 
 from conftest import DATA, sse_events, translate
 from model.tokenizer import read_lines
-from test_documents import SRT, make_docx, make_odt, with_member
+from test_documents import SRT, VTT, make_docx, make_odt, with_member
 
 pytestmark = pytest.mark.slow
 LANGS = {"source_lang": "de", "target_lang": "en"}
@@ -50,6 +51,19 @@ def test_every_format_comes_back_translated_with_its_structure(service_url):
     assert d.paragraphs[1].text == mt(service_url, ["Ein Mann mit rotem Hut steht auf der Straße."])[0]
     r = post_document(service_url, make_odt(), "a.odt")
     assert r.status_code == 200 and r.headers["content-type"] == "application/vnd.oasis.opendocument.text"
+    r = post_document(service_url, "<p>Ein Hund läuft über die Wiese.</p>".encode(), "a.html")
+    assert r.text == f"<p>{want[0]}</p>" and r.headers["content-type"].startswith("text/html")
+    r = post_document(service_url, VTT.encode(), "a.vtt")
+    assert r.text.startswith("WEBVTT") and "00:00:01.000 --> 00:00:02.500 align:start position:10%" in r.text
+    assert r.text.rstrip("\n").endswith("00:00:03.000 --> 00:00:04.000\n" + want[4])
+    prs = pptx.Presentation()
+    tbl = prs.slides.add_slide(prs.slide_layouts[6]).shapes.add_table(1, 2, 0, 0, 100, 100).table
+    tbl.cell(0, 0).text, tbl.cell(0, 1).text = "Ein Kind", "Eine Frau"
+    buf = io.BytesIO()
+    prs.save(buf)
+    r = post_document(service_url, buf.getvalue(), "a.pptx")
+    cells = pptx.Presentation(io.BytesIO(r.content)).slides[0].shapes[0].table.rows[0].cells
+    assert [c.text for c in cells] == want[2:4]
     md = "# Ein Titel\n\n```\nCode bleibt\n```\n"
     r = post_document(service_url, md.encode(), "a.md")
     assert r.text == f"# {mt(service_url, ['Ein Titel'])[0]}\n\n```\nCode bleibt\n```\n"
