@@ -52,8 +52,10 @@ def shipped_model_available() -> bool:
 
 
 def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, seed: int = 0,
-                          max_len: int = 256) -> Path:
-    """A random tiny model with a tokenizer trained on a few hundred Multi30k val lines (~2 s)."""
+                          max_len: int = 256, data_langs: Optional[tuple[str, str]] = None) -> Path:
+    """A random tiny model with a tokenizer trained on a few hundred Multi30k val lines (~2 s).
+    ``data_langs``: the (source, target) files the tokenizer reads, for a language the repository has
+    no text of (a "fr" model for the pivot tests reads en/de lines); default the model's languages."""
     import torch
     from model.checkpoint import save_checkpoint
     from model.config import ModelConfig
@@ -61,7 +63,8 @@ def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, s
     from model.transformer import Transformer
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lines = read_lines(DATA / f"val.{source_lang}.gz")[:300] + read_lines(DATA / f"val.{target_lang}.gz")[:300]
+    src_data, tgt_data = data_langs or (source_lang, target_lang)
+    lines = read_lines(DATA / f"val.{src_data}.gz")[:300] + read_lines(DATA / f"val.{tgt_data}.gz")[:300]
     tok = Tokenizer.train(lines, directory / "spm", vocab_size=500)
     torch.manual_seed(seed)
     model = Transformer(ModelConfig.from_name("tiny", vocab_size=tok.vocab_size, max_len=max_len))
