@@ -18,6 +18,7 @@ terms) come back verbatim from each leg (``translator/protect.py``), so they sur
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable, Optional
 
@@ -166,7 +167,8 @@ def second_leg_error(e: ServiceError, route: PivotRoute) -> ServiceError:
     """``e`` (from the second leg) with a message saying it came from the pivot's second leg, on the
     first leg's output; status, field and Retry-After unchanged."""
     leg = route.legs[1]
-    head = f"{e.field}: " if e.field and e.message.startswith(f"{e.field}: ") else ""
+    named = re.match(r"[A-Za-z_][\w.]*(?:\[\d+\])*: ", e.message)     # "text[1]: ..." keeps its head
+    head = named.group(0) if named else ""
     return ServiceError(e.status, f"{head}pivot {route.describe()}, second leg ({leg.pair}, model {leg.card.id}) "
                                   f"on the first leg's {route.via} text: {e.message[len(head):]}",
                         e.field, e.retry_after, e.type)
