@@ -52,10 +52,13 @@ def shipped_model_available() -> bool:
 
 
 def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, seed: int = 0,
-                          max_len: int = 256, data_langs: Optional[tuple[str, str]] = None) -> Path:
+                          max_len: int = 256, data_langs: Optional[tuple[str, str]] = None,
+                          words_only: bool = False) -> Path:
     """A random tiny model with a tokenizer trained on a few hundred Multi30k val lines (~2 s).
     ``data_langs``: the (source, target) files the tokenizer reads, for a language the repository has
-    no text of (a "fr" model for the pivot tests reads en/de lines); default the model's languages."""
+    no text of (a "fr" model for the pivot tests reads en/de lines); default the model's languages.
+    ``words_only``: a logits bias keeps the model from writing byte-fallback pieces and <unk>, so its
+    random output is words (text with letters, which a next model translates) rather than bytes."""
     import torch
     from model.checkpoint import save_checkpoint
     from model.config import ModelConfig
@@ -67,7 +70,13 @@ def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, s
     lines = read_lines(DATA / f"val.{src_data}.gz")[:300] + read_lines(DATA / f"val.{tgt_data}.gz")[:300]
     tok = Tokenizer.train(lines, directory / "spm", vocab_size=500)
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig.from_name("tiny", vocab_size=tok.vocab_size, max_len=max_len))
+    model = Transformer(ModelConfig.from_name("tiny", vocab_size=tok.vocab_size, max_len=max_len,
+                                              final_logits_bias=words_only))
+    if words_only:
+        with torch.no_grad():
+            for i in range(tok.vocab_size):
+                if tok.sp.is_byte(i) or tok.sp.is_unknown(i):
+                    model.logits_bias[i] = -100.0
     return save_checkpoint(directory / "ckpt", model, directory / "spm.model",
                            {"source_lang": source_lang, "target_lang": target_lang,
                             "note": "random weights, for tests"}, dtype="float32")

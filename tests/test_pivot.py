@@ -152,14 +152,16 @@ def test_app_args_pivot_lang():
 
 
 # ---- the real gateway in-process: three tiny models, de->fr through en ----------------------------
+# A random model decodes to its length cap: this one keeps each leg short (and the tests quick).
+TARGET_TOKENS = 12
 MODELS = {"de-en": ("de", "en", ("de", "en")), "en-fr": ("en", "fr", ("en", "de")), "fr-en": ("fr", "en", ("de", "en"))}
 
 
 @contextlib.contextmanager
-def gateway_client(cards, pivot_lang="en"):
+def gateway_client(cards, pivot_lang="en", engine=None):
     """The Gateway (the HTTP ingress of the service) with its translators in this process, behind
     FastAPI's TestClient: Serve's class-based view finds its instance through
-    ``serve.get_replica_context()``, which is pointed at this one."""
+    ``serve.get_replica_context()``, which is pointed at this one. ``engine``: EngineConfig fields."""
     import ray.serve
     from service.api import gateway
     gw = object.__new__(gateway.Gateway)
@@ -167,7 +169,7 @@ def gateway_client(cards, pivot_lang="en"):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ray.serve, "get_replica_context", lambda: types.SimpleNamespace(servable_object=gw))
         with TestClient(gateway.api) as client:
-            client.portal.call(gw.reconfigure, {"engine": {"max_num_seqs": 8, "cpu_kernels": False}})
+            client.portal.call(gw.reconfigure, {"engine": {"max_num_seqs": 8, "cpu_kernels": False, **(engine or {})}})
             gw.detector.load()
             client.gateway = gw
             try:
@@ -184,7 +186,8 @@ def checkpoints(tmp_path_factory):
     folder = root / "checkpoints"
     folder.mkdir()
     for i, (name, (s, t, data)) in enumerate(MODELS.items()):
-        (folder / name).symlink_to(build_tiny_checkpoint(root / name, s, t, seed=i, max_len=256, data_langs=data))
+        (folder / name).symlink_to(build_tiny_checkpoint(root / name, s, t, seed=i, max_len=256, data_langs=data,
+                                                              words_only=True))
     return folder
 
 
@@ -192,7 +195,7 @@ def checkpoints(tmp_path_factory):
 def client(checkpoints):
     from service.app import shipped_models
     cards = [model_card(m.name, m.checkpoint) for m in shipped_models(checkpoints)]    # as the default config
-    with gateway_client(cards) as c:
+    with gateway_client(cards, engine={"max_tgt_len": TARGET_TOKENS}) as c:
         yield c
 
 
@@ -215,7 +218,8 @@ def test_pivot_output_equals_the_two_legs_run_one_after_the_other(client):
     assert [t["pivot"]["text"] for t in got["translations"]] == [t["text"] for t in first]
     assert [t["pivot"]["tokens"] for t in got["translations"]] == [t["tokens"] for t in first]
     assert all(t["pivot"]["language"] == "en" and t["pivot"]["model"] == "de-en" for t in got["translations"])
-    assert got["translations"][0]["text"] and got["translations"][2]["text"] == ""
+    assert got["translations"][0]["tokens"] and got["translations"][0]["pivot"]["tokens"]    # words, both legs
+    assert got["translations"][2]["text"] == "" and got["translations"][3]["text"] == "12345"
     assert "path" not in first[0] and "pivot" not in first[0]            # a direct translation: neither field
     legs = ok(client, {"text": texts, "source_lang": "de", "target_lang": "en", "beam_size": 2})["usage"]
     assert got["usage"]["source_tokens"] == legs["source_tokens"] + second["usage"]["source_tokens"]
@@ -273,6 +277,7 @@ def test_return_attention_gives_each_legs_attention(client):
     first = ok(client, {**body, "source_lang": "de", "target_lang": "en"})["translations"][0]
     second = ok(client, {**body, "text": first["text"], "source_lang": "en", "target_lang": "fr"})["translations"][0]
     assert got["pivot"]["attention"] == first["attention"] and got["attention"] == second["attention"]
+    assert got["tokens"] and got["pivot"]["tokens"]
     cross = got["pivot"]["attention"]["cross"]      # [layer][head][target tokens][source tokens]
     assert (len(cross[0][0]), len(cross[0][0][0])) == (len(got["pivot"]["tokens"]), len(got["pivot"]["source_tokens"]))
     cross = got["attention"]["cross"]
