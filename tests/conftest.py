@@ -173,6 +173,44 @@ def service_url(service_info) -> str:
     return service_info.url
 
 
+PIVOT_APP = "pivot"    # the second application of pivot_service_url, under /pivot
+
+
+@pytest.fixture(scope="module")
+def pivot_service_url(service_info, tmp_path_factory):
+    """Base URL (``.../pivot``) of a second Serve application in the shared service's Ray instance,
+    for a module's tests of pivoting: ``pivot-de-en`` (the shared service's de-en checkpoint) and
+    tiny random ``pivot-en-fr`` and ``pivot-fr-en`` models ("fr" is a label: their tokenizers read
+    en/de text), so de->fr goes through en. It holds one 0.1-CPU replica and is deleted after the
+    module (the shared application is left as it was)."""
+    from ray import serve
+    from service.app import LOGGING_CONFIG, build_app
+    root = tmp_path_factory.mktemp("pivot-service")
+    tiny = {name: str(build_tiny_checkpoint(root / name, s, t, seed=seed, data_langs=data, words_only=True))
+            for name, s, t, seed, data in (("en-fr", "en", "fr", 3, ("en", "de")), ("fr-en", "fr", "en", 4, ("de", "en")))}
+    models = [{"name": "pivot-de-en", "checkpoint": service_info.models["de-en"]},
+              {"name": "pivot-en-fr", "checkpoint": tiny["en-fr"], "engine": {"max_tgt_len": 24}},
+              {"name": "pivot-fr-en", "checkpoint": tiny["fr-en"], "engine": {"max_tgt_len": 24}}]
+    args = {"models": models, "num_cpus": 0.1, "translator": {"num_replicas": 1}}
+    serve.run(build_app(args), name=PIVOT_APP, route_prefix="/" + PIVOT_APP, blocking=False,
+              logging_config=LOGGING_CONFIG)
+    url = f"{service_info.url}/{PIVOT_APP}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"the {PIVOT_APP} application did not become ready within 300 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        serve.delete(PIVOT_APP)
+
+
 @pytest.fixture(autouse=True)
 def grad_mode_restored():
     """A command's main() run in-process (benchmarks, evaluate) may turn autograd off for its
@@ -191,7 +229,7 @@ def no_shared_service():
 
 
 # ---- the quick loop starts no server -----------------------------------------------------------------
-SERVICE_FIXTURES = {"service_info", "service_url", "no_shared_service"}
+SERVICE_FIXTURES = {"service_info", "service_url", "no_shared_service", "pivot_service_url"}
 # Programs that only tests marked slow may start: Ray's daemons (ray.init, serve.start), a browser and
 # its driver, Prometheus, HAProxy, the ray CLI.
 SERVER_PROGRAMS = {"gcs_server", "raylet", "ray", "chromium", "chromium-browser", "chrome", "google-chrome",
