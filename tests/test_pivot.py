@@ -234,6 +234,8 @@ def test_libretranslate_and_source_auto_pivot(client):
     native = ok(client, {"text": DE[4], "source_lang": "de", "target_lang": "fr"})["translations"][0]
     libre = ok(client, {"q": DE[4], "source": "de", "target": "fr"}, "/translate")
     assert libre == {"translatedText": native["text"]}
+    html = ok(client, {"q": f"<p><b>{DE[4]}</b></p>", "source": "de", "target": "fr", "format": "html"}, "/translate")
+    assert html == {"translatedText": f"<p><b>{native['text']}</b></p>"}
     auto = ok(client, {"q": [DE[4], DE[5]], "source": "auto", "target": "fr"}, "/translate")
     assert auto["translatedText"][0] == native["text"] and [d["language"] for d in auto["detectedLanguage"]] == ["de"] * 2
     n = ok(client, {"text": [DE[4]], "source_lang": "auto", "target_lang": "fr"})
