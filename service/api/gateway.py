@@ -187,7 +187,8 @@ class Gateway:
         if model is not None:
             card = self.cards.get(model) or (self.pivots[model].card if model in self.pivots else None)
             if card is None:
-                raise ServiceError(404, f"model: unknown model {shown(model)}; available: {sorted(self.cards)}", "model")
+                raise ServiceError(404, f"model: unknown model {shown(model)}; available: "
+                                        f"{sorted(self.cards) + sorted(self.pivots)}", "model")
             for field, want, have in (("source_lang", source_lang, (card.source_lang,)),
                                       ("target_lang", target_lang, () if card.target_languages else card.targets)):
                 if want is not None and have and want not in have:
