@@ -375,3 +375,18 @@ def test_libretranslate_client_gets_a_pivoted_translation(pivot_service_url):
     pivoted = httpx.post(url + "/v1/translate", json={"text": DE[5], "source_lang": "de", "target_lang": "fr"},
                          timeout=120).json()["translations"][0]
     assert (pivoted["text"], pivoted["pivot"]["text"], pivoted["path"]) == (second, first, ["de-en", "en-fr"])
+
+
+def test_the_pivot_bleu_benchmark_scores_both_legs(checkpoints, tmp_path, capsys):
+    """python -m service.bench.pivot_bleu on the tiny models (the figures are random; the lines are checked)."""
+    import gzip
+    from service.bench.pivot_bleu import main
+    for lang, data in (("de", "de"), ("en", "en"), ("fr", "en")):       # "fr" references: English lines
+        with gzip.open(tmp_path / f"test_2016_flickr.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write("\n".join(read_lines(DATA / f"test_2016_flickr.{data}.gz")[:3]) + "\n")
+    rows = main(["--first", str(checkpoints / "de-en"), "--second", str(checkpoints / "en-fr"), "--data", str(tmp_path),
+                 "--beam-sizes", "1", "--limit", "3"])
+    assert [(r["beam"], r["sentences"]) for r in rows] == [(1, 3)] and 0 <= rows[0]["bleu"] <= 100
+    assert {"first_leg", "second_leg"} <= set(rows[0])
+    out = capsys.readouterr().out
+    assert out.startswith("beam 1: pivot BLEU ") and "first leg alone" in out
