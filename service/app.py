@@ -1,7 +1,7 @@
 """The Ray Serve application, built from one config shape (``AppArgs``): ``build_app(args)``, a Serve
 config's ``applications[].args`` and ``python -m service --config FILE`` take the same keys.
 
-    serve run service.app:build_app                                  # the shipped models (de->en first, en->de)
+    serve run service.app:build_app                                  # every model under model/checkpoints/ (de-en first)
     serve run service.app:build_app engine='{"max_num_seqs": 32}'    # or a serve config's `args:`
 
 Layouts (``ingress``; docs/deploy.md#configuration):
