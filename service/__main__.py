@@ -1,7 +1,7 @@
 """Run the translation service: ``python -m service`` (what ``make serve`` runs).
 
 Starts a local Ray instance with fixed ports (or joins one with --address), deploys the app from
-``service.app.build_app`` with the shipped models (de->en and en->de), serves HTTP on 127.0.0.1:8000 and
+``service.app.build_app`` with every model under model/checkpoints/ (de-en first), serves HTTP on 127.0.0.1:8000 and
 blocks until Ctrl-C, then shuts down what it started.
 
     python -m service [--host 127.0.0.1] [--port 8000] [--config app.yaml] [--checkpoint DIR]

@@ -1,7 +1,7 @@
 """The Ray Serve application, built from one config shape (``AppArgs``): ``build_app(args)``, a Serve
 config's ``applications[].args`` and ``python -m service --config FILE`` take the same keys.
 
-    serve run service.app:build_app                                  # the shipped models (de->en first, en->de)
+    serve run service.app:build_app                                  # every model under model/checkpoints/ (de-en first)
     serve run service.app:build_app engine='{"max_num_seqs": 32}'    # or a serve config's `args:`
 
 Layouts (``ingress``; docs/deploy.md#configuration):
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ray import serve
 from ray.serve.schema import DeploymentSchema
 
-from model.checkpoint import DEFAULT_CHECKPOINT, SHIPPED_CHECKPOINTS
+from model.checkpoint import DEFAULT_CHECKPOINT
 from service.protocol import StreamItem, TranslateJob, TranslateResponse
 
 from .api.access_log import flush_serve_log
@@ -62,10 +62,15 @@ class ModelSpec(BaseModel):
     deployment: dict = Field(default_factory=dict)        # Serve deployment option overrides for this model
 
 
-def shipped_models() -> list[ModelSpec]:
-    """The models served when none are named: every shipped checkpoint that is present, de-en first."""
-    return [ModelSpec(name=name, checkpoint=str(path)) for name, path in SHIPPED_CHECKPOINTS.items()
-            if name == "de-en" or (path / "config.json").exists()]
+def shipped_models(directory: Path = DEFAULT_CHECKPOINT.parent) -> list[ModelSpec]:
+    """The models served when none are named: de-en (the default, reported missing if absent) and
+    every other checkpoint directory under ``directory`` (model/checkpoints/) with its config.json
+    and weights, named by folder, in name order: adding model/checkpoints/en-fr serves en->fr, and
+    de->fr through en (pivot_lang)."""
+    found = sorted(d for d in directory.iterdir() if d.is_dir() and d.name != DEFAULT_CHECKPOINT.name and
+                   (d / "config.json").exists() and (d / "model.safetensors").exists()) if directory.is_dir() else []
+    return [ModelSpec(name=DEFAULT_CHECKPOINT.name, checkpoint=str(directory / DEFAULT_CHECKPOINT.name))] + \
+        [ModelSpec(name=d.name, checkpoint=str(d)) for d in found]
 
 
 # Serve deployment options that ``translator:`` / ``gateway:`` / a model's ``deployment:`` may set:
@@ -106,6 +111,9 @@ class AppArgs(BaseModel):
     # graceful shutdown (docs/deploy.md#graceful-shutdown-and-redeploys): how long a stopping replica
     # may finish what it accepted; None = max_timeout_s + 5 s, so every accepted request's deadline fits
     drain_timeout_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    # a pair no model serves is translated through this language when source -> it -> target models
+    # exist (service/api/pivot.py, docs/pivot.md); None: pivoting off
+    pivot_lang: Optional[str] = Field("en", min_length=1)
     # document translation (docs/documents.md): DocumentSettings fields (store_dir shared by every
     # ingress replica, ttl_s, max_store_bytes, chunk_segments, parallel_chunks)
     documents: dict = Field(default_factory=dict)
@@ -304,9 +312,10 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
         threads = max(1, round(gateway["ray_actor_options"].get("num_cpus", 1)))
         return serve.deployment(Gateway, **gateway).bind(cards, None, args.engine, threads,
                                                          guard_settings(args, gateway), args.max_timeout_s,
-                                                         args.documents)
+                                                         pivot_lang=args.pivot_lang, documents=args.documents)
     handles = {s.name: serve.deployment(TranslatorReplica, **(o := opts[f"Translator-{s.name}"])).bind(
                    card, o["graceful_shutdown_timeout_s"])
                for s, card in zip(args.models, cards)}
     return serve.deployment(Gateway, **gateway).bind(cards, handles, args.engine, 1, guard_settings(args, gateway),
-                                                     args.max_timeout_s, args.documents)
+                                                     args.max_timeout_s, pivot_lang=args.pivot_lang,
+                                                     documents=args.documents)

@@ -44,8 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                     help="weights and KV cache, every part (auto: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--preset", default=None, choices=["tiny", "small", "base", "big"],
-                    help="(a)-(e): random weights of this ModelConfig preset instead of the checkpoint "
+                    help="(a)-(f): random weights of this ModelConfig preset instead of the checkpoint "
                          "((e) default: small), with the checkpoint's tokenizer")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="(f) with --preset: output vocabulary rows (default: the tokenizer's pieces; more are "
+                         "synthetic ids)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="(f): every system generates exactly this many tokens per sentence (default: the "
+                         "engine's length budgets, EOS ends a sentence)")
     ap.add_argument("--linear-dtype", choices=["float32", "bfloat16", "int8"], default=None,
                     help="linear layers' arithmetic, for every part (sets MT_LINEAR_DTYPE; default: "
                          "MT_LINEAR_DTYPE, else int8)")
@@ -71,9 +77,13 @@ def main(argv=None) -> int:
     for name, ok in (("--beams", all(b >= 1 for b in beams)), ("--threads", args.threads >= 1),
                      ("--layouts", all(len(x) == 2 and min(x) >= 1 for x in layouts)),
                      ("--limit", args.limit is None or args.limit >= 1), ("--rounds", args.rounds >= 1),
-                     ("--engine-slots", args.engine_slots >= 1)):
+                     ("--engine-slots", args.engine_slots >= 1),
+                     ("--tokens", args.tokens is None or args.tokens >= 1),
+                     ("--vocab-size", args.vocab_size is None or args.vocab_size >= 1)):
         if not ok:
             ap.error(f"{name}: every value must be >= 1 (see --help)")
+    if args.vocab_size is not None and not (args.preset and "f" in parts):
+        ap.error("--vocab-size applies to part (f) with --preset")
     if args.device != "cpu":
         import torch
         try:

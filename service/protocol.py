@@ -111,6 +111,18 @@ class Alternative(BaseModel):
     finish_reason: Literal["eos", "length"]
 
 
+class PivotLeg(BaseModel):
+    """The first leg of a pivoted translation (service/api/pivot.py): source -> ``language``."""
+    language: str = Field(..., description="the pivot language the first leg translated into")
+    model: str = Field(..., description="the first leg's model")
+    text: str = Field(..., description="the first leg's translation: the second leg's input")
+    tokens: list[str]
+    source_tokens: list[str]
+    score: float
+    finish_reason: Literal["eos", "length"]
+    attention: Optional[dict[str, list]] = Field(None, description="the first leg's attention (return_attention)")
+
+
 class Translation(BaseModel):
     text: str = Field(..., description="the translation, with the input's whitespace and line breaks")
     tokens: list[str] = Field(..., description="target SentencePiece pieces (EOS excluded), all sentences")
@@ -128,6 +140,10 @@ class Translation(BaseModel):
     passthrough: Optional[bool] = Field(None, description='source_lang "auto": true when the text comes back '
                                                           "unchanged (detected == target_lang, or no letters)")
     model: Optional[str] = Field(None, description='source_lang "auto": the model that translated this text')
+    # pivoted translations only (service/api/pivot.py; absent: one model translated the text directly):
+    path: Optional[list[str]] = Field(None, description='pivoted: the language pair of each leg, e.g. ["de-en", '
+                                                        '"en-fr"]; the other fields are the last leg\'s')
+    pivot: Optional[PivotLeg] = Field(None, description="pivoted: the first leg (its text is the last leg's source)")
 
 
 class Usage(BaseModel):

@@ -52,8 +52,13 @@ def shipped_model_available() -> bool:
 
 
 def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, seed: int = 0,
-                          max_len: int = 256) -> Path:
-    """A random tiny model with a tokenizer trained on a few hundred Multi30k val lines (~2 s)."""
+                          max_len: int = 256, data_langs: Optional[tuple[str, str]] = None,
+                          words_only: bool = False) -> Path:
+    """A random tiny model with a tokenizer trained on a few hundred Multi30k val lines (~2 s).
+    ``data_langs``: the (source, target) files the tokenizer reads, for a language the repository has
+    no text of (a "fr" model for the pivot tests reads en/de lines); default the model's languages.
+    ``words_only``: a logits bias keeps the model from writing byte-fallback pieces and <unk>, so its
+    random output is words (text with letters, which a next model translates) rather than bytes."""
     import torch
     from model.checkpoint import save_checkpoint
     from model.config import ModelConfig
@@ -61,10 +66,17 @@ def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, s
     from model.transformer import Transformer
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lines = read_lines(DATA / f"val.{source_lang}.gz")[:300] + read_lines(DATA / f"val.{target_lang}.gz")[:300]
+    src_data, tgt_data = data_langs or (source_lang, target_lang)
+    lines = read_lines(DATA / f"val.{src_data}.gz")[:300] + read_lines(DATA / f"val.{tgt_data}.gz")[:300]
     tok = Tokenizer.train(lines, directory / "spm", vocab_size=500)
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig.from_name("tiny", vocab_size=tok.vocab_size, max_len=max_len))
+    model = Transformer(ModelConfig.from_name("tiny", vocab_size=tok.vocab_size, max_len=max_len,
+                                              final_logits_bias=words_only))
+    if words_only:
+        with torch.no_grad():
+            for i in range(tok.vocab_size):
+                if tok.sp.is_byte(i) or tok.sp.is_unknown(i):
+                    model.logits_bias[i] = -100.0
     return save_checkpoint(directory / "ckpt", model, directory / "spm.model",
                            {"source_lang": source_lang, "target_lang": target_lang,
                             "note": "random weights, for tests"}, dtype="float32")
@@ -161,6 +173,44 @@ def service_url(service_info) -> str:
     return service_info.url
 
 
+PIVOT_APP = "pivot"    # the second application of pivot_service_url, under /pivot
+
+
+@pytest.fixture(scope="module")
+def pivot_service_url(service_info, tmp_path_factory):
+    """Base URL (``.../pivot``) of a second Serve application in the shared service's Ray instance,
+    for a module's tests of pivoting: ``pivot-de-en`` (the shared service's de-en checkpoint) and
+    tiny random ``pivot-en-fr`` and ``pivot-fr-en`` models ("fr" is a label: their tokenizers read
+    en/de text), so de->fr goes through en. It holds one 0.1-CPU replica and is deleted after the
+    module (the shared application is left as it was)."""
+    from ray import serve
+    from service.app import LOGGING_CONFIG, build_app
+    root = tmp_path_factory.mktemp("pivot-service")
+    tiny = {name: str(build_tiny_checkpoint(root / name, s, t, seed=seed, data_langs=data, words_only=True))
+            for name, s, t, seed, data in (("en-fr", "en", "fr", 3, ("en", "de")), ("fr-en", "fr", "en", 4, ("de", "en")))}
+    models = [{"name": "pivot-de-en", "checkpoint": service_info.models["de-en"]},
+              {"name": "pivot-en-fr", "checkpoint": tiny["en-fr"], "engine": {"max_tgt_len": 24}},
+              {"name": "pivot-fr-en", "checkpoint": tiny["fr-en"], "engine": {"max_tgt_len": 24}}]
+    args = {"models": models, "num_cpus": 0.1, "translator": {"num_replicas": 1}}
+    serve.run(build_app(args), name=PIVOT_APP, route_prefix="/" + PIVOT_APP, blocking=False,
+              logging_config=LOGGING_CONFIG)
+    url = f"{service_info.url}/{PIVOT_APP}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"the {PIVOT_APP} application did not become ready within 300 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        serve.delete(PIVOT_APP)
+
+
 @pytest.fixture(autouse=True)
 def grad_mode_restored():
     """A command's main() run in-process (benchmarks, evaluate) may turn autograd off for its
@@ -179,7 +229,7 @@ def no_shared_service():
 
 
 # ---- the quick loop starts no server -----------------------------------------------------------------
-SERVICE_FIXTURES = {"service_info", "service_url", "no_shared_service"}
+SERVICE_FIXTURES = {"service_info", "service_url", "no_shared_service", "pivot_service_url"}
 # Programs that only tests marked slow may start: Ray's daemons (ray.init, serve.start), a browser and
 # its driver, Prometheus, HAProxy, the ray CLI.
 SERVER_PROGRAMS = {"gcs_server", "raylet", "ray", "chromium", "chromium-browser", "chrome", "google-chrome",

@@ -115,6 +115,8 @@ def test_same_weights_unknown_system_is_refused(capsys):
     (["--rounds", "0"], "--rounds: every value must be >= 1"),
     (["--parts", ","], "--parts must be a non-empty subset"),
     (["--device", "foo"], "--device foo: no such device here"),
+    (["--tokens", "0"], "--tokens: every value must be >= 1"),
+    (["--vocab-size", "32000"], "--vocab-size applies to part (f) with --preset"),
 ])
 def test_bench_engine_bad_arguments_are_one_line(capsys, args, words):
     with pytest.raises(SystemExit) as e:
@@ -147,3 +149,20 @@ def test_head_of_line_bench_sends_a_request_the_api_takes():
     assert body["text"][1] == " ".join(lines[4:8])
     with pytest.raises(ValueError, match="need 8 sentences"):
         large_request(lines[:7], 2, 4, 0, 10)
+
+
+def test_random_checkpoint_with_a_synthetic_vocabulary_loads_and_encodes_as_the_tokenizer(tmp_path):
+    from model.checkpoint import DEFAULT_CHECKPOINT
+    from model.load import load_model
+    from model.tokenizer import Tokenizer
+    from service.bench.same_weights import random_checkpoint
+    spm = DEFAULT_CHECKPOINT / "tokenizer.model"
+    ckpt = random_checkpoint(tmp_path / "r", "tiny", spm, vocab_size=9000, seed=3)
+    model, tok, _ = load_model(ckpt, pack=False)
+    real = Tokenizer(spm)
+    assert model.cfg.vocab_size == 9000 and tok.vocab_size == 9000
+    assert model.src_embed.tok.weight.shape[0] == 9000
+    line = "Ein Mann fährt mit dem Fahrrad."
+    assert tok.encode(line) == real.encode(line)            # sources use the tokenizer's own pieces
+    with pytest.raises(ValueError, match="already has"):
+        random_checkpoint(tmp_path / "s", "tiny", spm, vocab_size=100)

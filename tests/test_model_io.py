@@ -155,6 +155,8 @@ def test_shipped_en_de_model_translates_val_sentences_and_is_served_by_default()
     hyps = translate_lines(model, tok, src, beam_size=1)
     bleu = sacrebleu.corpus_bleu(hyps, [ref]).score
     assert bleu >= max(25.0, meta["val"]["bleu_greedy"] - 5.0), f"BLEU {bleu:.1f}"
-    assert [(m.name, m.checkpoint) for m in AppArgs().models] == [
-        ("de-en", str(DEFAULT_CHECKPOINT)), ("en-de", str(SHIPPED_CHECKPOINTS["en-de"]))]
+    served = [(m.name, m.checkpoint) for m in AppArgs().models]      # de-en first, then every folder by name
+    assert served[0] == ("de-en", str(DEFAULT_CHECKPOINT)) and ("en-de", str(SHIPPED_CHECKPOINTS["en-de"])) in served
+    assert served[1:] == sorted((d.name, str(d)) for d in DEFAULT_CHECKPOINT.parent.iterdir()
+                                if d.name != "de-en" and (d / "model.safetensors").exists())
     assert Path(SHIPPED_CHECKPOINTS["en-de"], "model.safetensors").stat().st_size <= 25 * 1024 ** 2

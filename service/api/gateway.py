@@ -8,6 +8,7 @@ a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Ev
     GET  /metrics             Prometheus text of the whole cluster (service/metrics.py)
     POST /translate, GET /languages, POST /detect   LibreTranslate-compatible (libretranslate.py)
     source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
+    a pair no model serves, but X -> target and source -> X do: two legs through X (pivot.py)
     GET  /, /explorer/{name}  the attention explorer page and its files (explorer.py)
     POST /v1/documents, POST /translate_file, GET /download_file/{name}   documents (documents.py)
     POST /v2/document, /v2/document/{id}, /v2/document/{id}/result        DeepL's (deepl_documents.py)
@@ -33,14 +34,14 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
-from . import autodetect, deepl_documents, documents, explorer, libretranslate, sse
+from . import autodetect, deepl_documents, documents, explorer, libretranslate, pivot, sse
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
 from .document_store import DocumentSettings, DocumentStore
 from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, mapped_errors, shown
 from .guard import Guard, GuardMiddleware, GuardSettings
-from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, TranslateRequest
+from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 
@@ -131,16 +132,20 @@ class Gateway:
         num_threads: torch threads of the in-process translators.
         guard: ``GuardSettings`` fields (API keys, rate limits; service/api/guard.py).
         max_timeout_s: the longest ``timeout_s`` a request may ask for, and every request's deadline.
+        pivot_lang: the language a pair no model serves is translated through (pivot.py); None: off.
         documents: ``DocumentSettings`` fields (where translated files are kept; document_store.py).
     """
 
     def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
                  engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
-                 max_timeout_s: float = 60.0, documents: Optional[dict] = None):
+                 max_timeout_s: float = 60.0, pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG,
+                 documents: Optional[dict] = None):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
+        self.routes = pivot.routes(cards, pivot_lang)                       # (source, target) -> PivotRoute
+        self.pivots = {r.id: r for r in self.routes.values()}               # route id -> PivotRoute
         self._sources = frozenset(c.source_lang for c in cards)             # the codes match_language maps to
-        self._targets = frozenset(t for c in cards for t in c.targets)
+        self._targets = frozenset(t for c in cards for t in c.targets) | {t for _, t in self.routes}
         # source "auto": detects among common languages and the served ones; loads in the background (~2 s)
         self.detector = LanguageDetector(sorted(self._sources | self._targets))
         threading.Thread(target=self.detector.load, name="langid-load", daemon=True).start()
@@ -159,6 +164,8 @@ class Gateway:
         self.engine = engine
         self.limits = {c.id: ModelLimits.of(c.id, c.config, EngineConfig.from_dict({**engine, **c.engine}))
                        for c in self.cards.values()}
+        self.limits.update({r.id: pivot.RouteLimits(r, tuple(self.limits[leg.card.id] for leg in r.legs))
+                            for r in self.pivots.values()})
 
     async def reconfigure(self, user_config: dict) -> None:
         """Only used with ``ingress: translator``: the engine settings of the in-process translators
@@ -176,16 +183,19 @@ class Gateway:
     def resolve(self, model: Optional[str], source_lang: Optional[str], target_lang: Optional[str]) -> ModelCard:
         """The card of the model that serves this request: the named model, else the first that
         translates source_lang -> target_lang (models of one target before multilingual ones, which
-        match every target their vocabulary knows), else the default. Raises ServiceError: 404 for an
+        match every target their vocabulary knows), else the pivot route's card (``pivot.PivotRoute.card``:
+        its id is the route's, e.g. "de-en+en-fr", which ``model`` may name too), else the default.
+        Raises ServiceError: 404 for an
         unknown model or pair, 422 when a multilingual model's target_lang is missing or unknown (the
         message names its choices). Language codes match ignoring case, and a code with a region
         falls back to its language ("de-DE" -> "de"; ``card.match_language``)."""
         source_lang = match_language(source_lang, self._sources)
         target_lang = match_language(target_lang, self._targets)
         if model is not None:
-            card = self.cards.get(model)
+            card = self.cards.get(model) or (self.pivots[model].card if model in self.pivots else None)
             if card is None:
-                raise ServiceError(404, f"model: unknown model {shown(model)}; available: {sorted(self.cards)}", "model")
+                raise ServiceError(404, f"model: unknown model {shown(model)}; available: "
+                                        f"{sorted(self.cards) + sorted(self.pivots)}", "model")
             for field, want, have in (("source_lang", source_lang, (card.source_lang,)),
                                       ("target_lang", target_lang, () if card.target_languages else card.targets)):
                 if want is not None and have and want not in have:
@@ -197,13 +207,26 @@ class Gateway:
                    if source_lang in (None, c.source_lang) and (target_lang is None or target_lang in c.targets)]
         if matches:
             return _checked_target(min(matches, key=lambda c: bool(c.target_languages)), target_lang)
+        if (source_lang, target_lang) in self.routes:
+            return self.routes[source_lang, target_lang].card
         field = "source_lang" if source_lang is not None and not any(
             c.source_lang == source_lang for c in self.cards.values()) else "target_lang"
         raise ServiceError(404, f"{field}: no model for {source_lang or '*'}->{target_lang or '*'}; available "
                                 f"pairs: {self._pairs()}", field)
 
     def _pairs(self) -> str:
-        return ", ".join(f"{c.pair} ({c.id})" for c in self.cards.values())
+        return ", ".join([f"{c.pair} ({c.id})" for c in self.cards.values()] +
+                         [r.describe() for r in self.pivots.values()])
+
+    def _cards(self) -> list[ModelCard]:
+        """The served models' cards, then a card per pivot route (LibreTranslate picks among them)."""
+        return list(self.cards.values()) + [r.card for r in self.pivots.values()]
+
+    async def _run(self, model: str, job) -> TranslateResponse:
+        """``job`` on ``model``: a model's translator, or both legs of a pivot route (pivot.py)."""
+        if model in self.pivots:
+            return await pivot.run(self.backend.translate, self.pivots[model], job)
+        return await self.backend.translate(model, job)
 
     def _deadline(self, job, timeout_s: Optional[float] = None):
         """Set the job's deadline: ``timeout_s`` (<= max_timeout_s, else 422) or max_timeout_s."""
@@ -215,7 +238,7 @@ class Gateway:
         return job
 
     async def _translate(self, model: str, job):
-        return await self.backend.translate(model, self._deadline(job, job.timeout_s))
+        return await self._run(model, self._deadline(job, job.timeout_s))
 
     # ---- native API ----
     @api.post("/v1/translate", response_model=TranslateResponse,
@@ -242,7 +265,7 @@ class Gateway:
         with mapped_errors(card.id):
             self.limits[card.id].check(job)
         if not body.stream:
-            result = await self.backend.translate(card.id, job)
+            result = await self._run(card.id, job)
             request.state.usage = result.usage
             return Response(result.body_bytes(), media_type="application/json")
         return await self._stream(card.id, job, request)
@@ -279,7 +302,7 @@ class Gateway:
         def merged(results: dict) -> TranslateResponse:
             return autodetect.merged(texts, routed, results, by_model)
         if not body.stream:
-            answers = await autodetect.gather_all([self.backend.translate(m, j) for m, j in jobs.items()])
+            answers = await autodetect.gather_all([self._run(m, j) for m, j in jobs.items()])
             result = merged(dict(zip(jobs, answers)))
             request.state.usage = result.usage
             return Response(result.body_bytes(), media_type="application/json")
@@ -292,18 +315,32 @@ class Gateway:
         return await self._stream(model, job, request, lambda r: merged({model: r}))
 
     async def _stream(self, model: str, job, request: Request, final=None):
-        """The SSE answer of ``job`` on ``model``; ``final`` rewrites the closing TranslateResponse."""
+        """The SSE answer of ``job`` on ``model``; ``final`` rewrites the closing TranslateResponse.
+        A pivot route streams its last leg: the first runs whole before the stream starts (its errors
+        are HTTP errors), and the closing response is the combined one (``pivot.combined``)."""
         request.state.stream = True
         decision = request.scope.get("state", {}).get("guard_decision")
         release = self.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)   # or 429
-        items = self.backend.stream(model, job)
-        if final is not None:
-            items = _rewrite_final(items, final)
+        route, second_leg = self.pivots.get(model), False
         try:
+            if route is not None:
+                first, job = await pivot.first_leg(self.backend.translate, route, job)
+                model, outer, second_leg = route.legs[1].card.id, final or (lambda r: r), True
+
+                def final(r, first=first, route=route, outer=outer):
+                    return outer(pivot.combined(route, first, r))
+            items = self.backend.stream(model, job)
+            if final is not None:
+                items = _rewrite_final(items, final)
             await anext(items)     # StreamStart: validation and admission errors become HTTP errors
         except StopAsyncIteration:
             release()
             raise ServiceError(500, "stream ended before it started") from None
+        except ServiceError as e:
+            release()
+            if second_leg:     # the second leg's start failed
+                raise pivot.second_leg_error(e, route) from None
+            raise
         except BaseException:
             release()
             raise
@@ -324,7 +361,8 @@ class Gateway:
             return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config.to_dict(),
                              target_lang=None if c.target_languages else c.target_lang, target_langs=list(c.targets),
                              test_bleu=c.test_bleu, metadata=c.metadata, engine=engine)
-        return ModelsResponse(data=list(await asyncio.gather(*(one(c) for c in self.cards.values()))))
+        return ModelsResponse(data=list(await asyncio.gather(*(one(c) for c in self.cards.values()))),
+                              pivots=[PivotInfo(**r.info()) for r in self.pivots.values()])
 
     @api.get("/healthz")
     async def healthz(self):
@@ -375,10 +413,11 @@ class Gateway:
         return explorer.static_file(name)
 
     # ---- LibreTranslate-compatible API ----
-    @api.get("/languages", response_model=list[LibreLanguage])
+    @api.get("/languages", response_model=list[LibreLanguage], response_model_exclude_none=True)
     async def languages(self):
-        """LibreTranslate: every language with the codes it translates into."""
-        return libretranslate.languages(self.cards.values())
+        """LibreTranslate: every language with the codes it translates into (those reached through
+        a pivot language too, named in ``via``)."""
+        return libretranslate.languages(self.cards.values(), self.pivots.values())
 
     @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses=LIBRE_ERRORS,
               openapi_extra={"requestBody": libretranslate.openapi_request_body()})
@@ -388,8 +427,7 @@ class Gateway:
         form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus ``alternatives``
         when asked, ``detectedLanguage`` with auto); errors ``{"error": message}``.
         """
-        return await libretranslate.translate(request, list(self.cards.values()), self.limits, self._translate,
-                                              self.detector)
+        return await libretranslate.translate(request, self._cards(), self.limits, self._translate, self.detector)
 
     @api.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
               openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})

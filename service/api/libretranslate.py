@@ -106,14 +106,20 @@ class LibreRequest:
                             field="q", is_list=self.batch, target_lang=self.target)
 
 
-def languages(cards: Iterable[ModelCard]) -> list[LibreLanguage]:
-    """Every language with the codes it translates into (a multilingual model's: every >>xx<< code)."""
+def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLanguage]:
+    """Every language with the codes it translates into (a multilingual model's: every >>xx<< code),
+    the targets reached through a pivot language (``pivot.PivotRoute``) too, named in ``via``."""
     codes: dict[str, set] = {}
+    via: dict[str, dict[str, str]] = {}
     for c in cards:
         codes.setdefault(c.source_lang, set()).update(c.targets)
         for t in c.targets:
             codes.setdefault(t, set())
-    return [LibreLanguage(code=code, name=LANGUAGE_NAMES.get(code, code), targets=sorted(t))
+    for r in pivots:
+        codes.setdefault(r.source_lang, set()).add(r.target_lang)
+        via.setdefault(r.source_lang, {})[r.target_lang] = r.via
+    return [LibreLanguage(code=code, name=LANGUAGE_NAMES.get(code, code), targets=sorted(t),
+                          via=dict(sorted(via[code].items())) if code in via else None)
             for code, t in codes.items()]
 
 

@@ -156,16 +156,30 @@ class ModelInfo(BaseModel):
     engine: dict = Field(default_factory=dict, description="engine settings (user_config)")
 
 
+class PivotInfo(BaseModel):
+    """A pair served through a pivot language (service/api/pivot.py): two models, one after the other."""
+    id: str = Field(..., description='the route\'s id, its models joined by "+" (a request may name it as model)')
+    source_lang: str
+    target_lang: str
+    via: str = Field(..., description="the pivot language")
+    path: list[str] = Field(..., description='the language pair of each leg, e.g. ["de-en", "en-fr"]')
+    models: list[str] = Field(..., description="the model of each leg")
+
+
 class ModelsResponse(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelInfo]
+    pivots: list[PivotInfo] = Field(default_factory=list, description="pairs no model serves directly, translated "
+                                                                      "through a pivot language")
 
 
 class LibreLanguage(BaseModel):
     """GET /languages item, as LibreTranslate returns it."""
     code: str
     name: str
-    targets: list[str]
+    targets: list[str] = Field(..., description="codes it translates into, the pivot-reachable ones (via) included")
+    via: Optional[dict[str, str]] = Field(None, description="target -> the pivot language it is translated through, "
+                                                            "for the targets no model serves directly; absent: none")
 
 
 def check_unicode(texts: list[str], field: str) -> None:

@@ -3,6 +3,8 @@
     python -m service.bench_engine --parts f --rounds 3 --json same_weights.json
     python -m service.bench_engine --parts f --limit 100 --rounds 1 --beams 1 --layouts 2x1   # a quick look
 
+    python -m service.bench_engine --parts f --preset base --vocab-size 32000 --tokens 20 --limit 300
+
 The shipped model (``--checkpoint``) is exported to MarianMT (``model/interop/marian_export.py``, float32) and
 converted to CTranslate2 (``model/interop/ct2.py``) in a temporary directory; then test_2016_flickr's sentences
 (``--limit N``: the first N) are translated by each system (``--f-systems``):
@@ -27,11 +29,22 @@ every (beam, layout, system), in a rotated order; the median run by tokens/s is 
 Generated tokens: the best hypothesis' tokens plus EOS when it was generated, for every system.
 BLEU: cased sacreBLEU (13a) of the median run's outputs, decoded by our tokenizer, against the
 English references. Tokenization is done before any clock starts. Figures, not a test.
+
+Other shapes: ``--preset NAME`` translates with random weights of that ``ModelConfig`` preset (seed
+``--seed``) instead of the checkpoint, written to a temporary checkpoint with the checkpoint's
+tokenizer; ``--vocab-size V`` gives it V output rows, the ids past the tokenizer's pieces named
+``<extra_i>`` in a ``vocab.json`` (a synthetic vocabulary: the sources use the tokenizer's pieces,
+the outputs may be any of the V). ``--tokens N`` makes every system generate exactly N tokens per
+sentence (EOS banned before N, the search stopped at N: the engine's ``min_new_tokens`` =
+``max_new_tokens``, CTranslate2's ``min_decoding_length`` = ``max_decoding_length``, transformers'
+``min_new_tokens`` = ``max_new_tokens``), as ``../shared/BENCHMARKS.md``'s protocol does, so that every
+system does the same work whatever its weights; BLEU of random weights means nothing.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -59,6 +72,7 @@ def _batches(srcs, budgets):
 def _translator(spec: dict):
     """``translate(srcs) -> (outputs without EOS, generated tokens)`` for spec's system, loaded here."""
     system, threads, beam, eos, budgets = spec["system"], spec["threads"], spec["beam"], spec["eos"], spec["budgets"]
+    fixed = spec.get("tokens")           # --tokens: exactly this many tokens per sentence
     if system.startswith("CTranslate2"):
         from model.interop.ct2 import CT2Model
         ct2 = CT2Model(spec["ct2"], system.split()[1], inter_threads=1, intra_threads=threads)
@@ -68,7 +82,8 @@ def _translator(spec: dict):
             for batch, budget in _batches(srcs, budgets):
                 # with scores, as the engine (every result carries its score; without them CTranslate2's
                 # greedy search skips the log-softmax)
-                outs += ct2.translate_ids(batch, beam, budget, E_BATCH, with_eos=True, return_scores=True)
+                outs += ct2.translate_ids(batch, beam, budget, E_BATCH, with_eos=True, return_scores=True,
+                                          min_new_tokens=fixed or 0)
             return [o[:-1] if o[-1:] == [eos] else o for o in outs], sum(map(len, outs))
         return translate
     import torch
@@ -84,7 +99,7 @@ def _translator(spec: dict):
             for batch, budget in _batches(srcs, budgets):
                 ids = pad_batch(batch, spec["pad"])
                 rows = hf.generate(input_ids=ids, attention_mask=(ids != spec["pad"]).long(), num_beams=beam,
-                                   do_sample=False, max_length=budget + 1).tolist()   # + the start token
+                                   do_sample=False, max_new_tokens=budget, min_new_tokens=fixed or 0).tolist()
                 for r in rows:              # start token, then tokens, EOS, pad after EOS
                     r = r[1:]
                     ended = eos in r
@@ -99,7 +114,7 @@ def _translator(spec: dict):
     tune_process()
 
     def translate(srcs):
-        run = asyncio.run(run_engine(model, srcs, beam, spec["slots"], part="(f)", warmup=False))
+        run = asyncio.run(run_engine(model, srcs, beam, spec["slots"], part="(f)", warmup=False, fixed_len=fixed))
         return run.outputs, run.tokens
     return translate
 
@@ -128,7 +143,8 @@ def run_f_layout(common: dict, srcs: list[list[int]], system: str, layout: str, 
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
     specs = [common | {"system": system, "threads": threads, "beam": beam, "index": order[i::procs_n],
                        "srcs": [srcs[j] for j in order[i::procs_n]],
-                       "budgets": [default_max_new_tokens(len(srcs[j]), common["max_len"]) for j in order[i::procs_n]]}
+                       "budgets": [common.get("tokens") or default_max_new_tokens(len(srcs[j]), common["max_len"])
+                                   for j in order[i::procs_n]]}
              for i in range(procs_n)]
     outs = in_children(_f_worker, specs, "(f) worker", omp_threads=threads)
     outputs: list = [None] * len(srcs)
@@ -137,6 +153,37 @@ def run_f_layout(common: dict, srcs: list[list[int]], system: str, layout: str, 
             outputs[i] = hyp
     wall = max(o["end"] for o in outs) - min(o["start"] for o in outs)
     return Run("(f)", system, beam, len(srcs), sum(o["tokens"] for o in outs), wall, [], layout, outputs=outputs)
+
+
+# ---- other shapes: a random checkpoint -------------------------------------------------------------
+
+def random_checkpoint(out: Path, preset: str, tokenizer_file: Path, vocab_size: Optional[int] = None,
+                      seed: int = 0) -> Path:
+    """Write a checkpoint directory ``out`` with random weights (``torch.manual_seed(seed)``) of the
+    ``ModelConfig`` preset, float32, and the SentencePiece model ``tokenizer_file``. With
+    ``vocab_size`` larger than the tokenizer's pieces, the tokenizer is written as an import's
+    (``source.spm``, ``target.spm``, ``vocab.json``) whose ids past the pieces are ``<extra_i>``.
+    Raises ValueError for a vocab_size smaller than the tokenizer's pieces."""
+    import torch
+    from model.checkpoint import save_checkpoint
+    from model.config import ModelConfig
+    from model.tokenizer import Tokenizer
+    from model.transformer import Transformer
+    tok = Tokenizer(tokenizer_file)
+    v = vocab_size or tok.vocab_size
+    if v < tok.vocab_size:
+        raise ValueError(f"--vocab-size {v}: the tokenizer already has {tok.vocab_size} pieces")
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_name(preset, vocab_size=v)).eval()
+    meta = {"note": f"random weights, {preset} preset, {v} vocabulary rows", "source_lang": "de", "target_lang": "en"}
+    if v == tok.vocab_size:
+        return save_checkpoint(out, model, tokenizer_file, meta, dtype="float32")
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {tok.sp.id_to_piece(i): i for i in range(tok.vocab_size)} | {f"<extra_{i}>": i for i in range(tok.vocab_size, v)}
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(tokenizer_file, out / name)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False) + "\n", encoding="utf-8")
+    return save_checkpoint(out, model, [out / "source.spm", out / "target.spm", out / "vocab.json"], meta, dtype="float32")
 
 
 # ---- the table -------------------------------------------------------------------------------------
@@ -213,16 +260,23 @@ def run_same_weights(args, beams: list[int], ckpt: Path) -> int:
     from model.interop.marian_export import export_marian
     from model.tokenizer import read_lines
     from model.tokenizer import encode_source
-    _, tok, _ = load_model(ckpt, pack=False)
-    cfg = json.loads((ckpt / "config.json").read_text())
     lines = read_lines(DATA / "test_2016_flickr.de.gz")[: args.limit]
     refs = read_lines(DATA / "test_2016_flickr.en.gz")[: args.limit]
-    srcs = [encode_source(tok, line, cfg["max_len"]) for line in lines]
     with tempfile.TemporaryDirectory() as tmp:
+        if args.preset:
+            ckpt = random_checkpoint(Path(tmp) / "random", args.preset, ckpt / "tokenizer.model",
+                                     args.vocab_size, args.seed)
+        _, tok, _ = load_model(ckpt, pack=False)
+        cfg = json.loads((ckpt / "config.json").read_text())
+        srcs = [encode_source(tok, line, cfg["max_len"]) for line in lines]
         export = export_marian(ckpt, Path(tmp) / "marian")
         common = {"checkpoint": str(ckpt), "export": str(export), "ct2": str(convert_export(export, Path(tmp) / "ct2")),
-                  "slots": args.engine_slots, "eos": cfg["eos_id"], "pad": cfg["pad_id"], "max_len": cfg["max_len"]}
-        print(f"\n(f) same weights, one run: {ckpt} exported; {len(srcs)} sentences; systems {', '.join(systems)}; "
+                  "slots": args.engine_slots, "eos": cfg["eos_id"], "pad": cfg["pad_id"], "max_len": cfg["max_len"],
+                  "tokens": args.tokens}
+        shape = (f"random {args.preset} (d_model {cfg['d_model']}, {cfg['n_encoder_layers']}+{cfg['n_decoder_layers']} "
+                 f"layers, vocabulary {cfg['vocab_size']})" if args.preset else f"{ckpt} exported")
+        length = f"exactly {args.tokens} tokens per sentence" if args.tokens else "the engine's length budgets"
+        print(f"\n(f) same weights, one run: {shape}; {len(srcs)} sentences, {length}; systems {', '.join(systems)}; "
               f"layouts {', '.join(layouts)}; {args.rounds} interleaved round(s), median by tokens/s")
         rounds: dict[tuple[str, str, int], list[Run]] = {}
         for k in range(args.rounds):
