@@ -335,7 +335,9 @@ def test_a_key_repeated_in_a_json_object_is_refused_naming_it(client):
     assert r.status_code == 422 and r.json()["error"]["field"] == "a"
     assert client.post("/v1/translate", json={"text": TEXT}).json() == {"text": TEXT}
     check_json_keys(b'[{"a": 1}, {"a": 2}]')      # the same key in two objects is no repeat
-    check_json_keys(b'{"a": ')                    # invalid JSON is left to the route
+    with pytest.raises(ServiceError, match="invalid JSON at character 6") as e:
+        check_json_keys(b'{"a": ')                # invalid JSON: the one reader says where
+    assert (e.value.status, e.value.field) == (422, "body")
 
 
 def test_an_empty_charset_is_415(client):

@@ -187,8 +187,8 @@ def test_libre_detect_json_form_and_errors(libre):
     assert many[0]["language"] == "en" and many[1]["language"] == "de"
     r = libre.post("/detect", json={"q": DE[0], "source": "de"})
     assert r.status_code == 200 and r.headers["x-ignored-fields"] == "source"
-    for body, word in (({}, "missing q"), ({"q": 5}, "q must be"), ({"q": ["x"] * 65}, "at most 64 texts"),
-                       ({"q": "x", "api_key": 5}, "api_key must be a string")):
+    for body, word in (({}, "missing q"), ({"q": 5}, "q: must be a string or a list of strings"), ({"q": ["x"] * 65}, "at most 64 texts"),
+                       ({"q": "x", "api_key": 5}, "api_key: Input should be a valid string")):
         r = libre.post("/detect", json=body)
         assert r.status_code == 400 and word in r.json()["error"], r.text
 

@@ -32,10 +32,12 @@ from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
 from . import autodetect, explorer, libretranslate, sse
+from . import body as body_module
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
-from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, mapped_errors, shown
+from .errors import (LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, libre_error_response,
+                     mapped_errors, shown)
 from .guard import Guard, GuardMiddleware, GuardSettings
 from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, TranslateRequest
 
@@ -94,6 +96,23 @@ api.add_middleware(BodyMiddleware)        # decodes bodies before the routes rea
 api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
 api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
 add_exception_handlers(api)
+body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
+
+
+def openapi_document() -> dict:
+    """GET /openapi.json: FastAPI's document, with the LibreTranslate request bodies' ``source`` and
+    ``target`` the served languages and pairs (``libretranslate.request_schema``) once a Gateway has
+    set ``api.state.cards``; built once per replica."""
+    if api.openapi_schema is None:
+        doc = FastAPI.openapi(api)
+        cards = getattr(api.state, "cards", ())
+        for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
+            doc["paths"][path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards)
+        api.openapi_schema = doc
+    return api.openapi_schema
+
+
+api.openapi = openapi_document
 
 
 def _checked_target(card: ModelCard, target_lang: Optional[str]) -> ModelCard:
@@ -135,6 +154,7 @@ class Gateway:
                  max_timeout_s: float = 60.0):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
+        api.state.cards, api.openapi_schema = list(cards), None    # the document names the served languages
         self._sources = frozenset(c.source_lang for c in cards)             # the codes match_language maps to
         self._targets = frozenset(t for c in cards for t in c.targets)
         # source "auto": detects among common languages and the served ones; loads in the background (~2 s)
@@ -369,13 +389,19 @@ class Gateway:
         return explorer.static_file(name)
 
     # ---- LibreTranslate-compatible API ----
-    @api.get("/languages", response_model=list[LibreLanguage])
-    async def languages(self):
-        """LibreTranslate: every language with the codes it translates into."""
-        return libretranslate.languages(self.cards.values())
+    @api.get("/languages", response_model=list[LibreLanguage], responses=LIBRE_ERRORS)
+    async def languages(self, request: Request):
+        """LibreTranslate: every language with the codes it translates into. It reads no parameter:
+        any sent is named in the X-Ignored-Fields header."""
+        try:
+            fields = await body_module.read_fields(request, (), 400)
+        except ServiceError as e:
+            return libre_error_response(e)
+        return JSONResponse([lang.model_dump() for lang in libretranslate.languages(self.cards.values())],
+                            headers=libretranslate.ignored_fields_header(fields, ()))
 
     @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses=LIBRE_ERRORS,
-              openapi_extra={"requestBody": libretranslate.openapi_request_body()})
+              openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
     async def libre_translate(self, request: Request):
         """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
         detected), ``target``, ``format`` (text|html), ``alternatives``, ``api_key`` as JSON,

@@ -34,6 +34,11 @@ class AttentionOptions(_Strict):
 
 class TranslateRequest(_Strict):
     """POST /v1/translate body."""
+    # Rules between fields, stated in the document too (JSON Schema's conditional keywords, OpenAPI 3.1):
+    # attention selects what return_attention returns, so it comes only with return_attention: true.
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"required": ["attention"]},
+        "then": {"required": ["return_attention"], "properties": {"return_attention": {"const": True}}}})
     text: Union[str, list[str]] = Field(
         ..., description=f"one text or a list of up to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
