@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import threading
 import time
+import types
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -99,20 +100,28 @@ add_exception_handlers(api)
 body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
 
 
-def openapi_document() -> dict:
+def served_cards(app: FastAPI) -> list:
+    """The models this replica serves (its Gateway's cards); outside a replica, ``app.state.cards``."""
+    try:
+        return list(serve.get_replica_context().servable_object.cards.values())
+    except Exception:  # noqa: BLE001 - not in a Serve replica (in-process tests)
+        return list(getattr(app.state, "cards", ()))
+
+
+def openapi_document(app: FastAPI) -> dict:
     """GET /openapi.json: FastAPI's document, with the LibreTranslate request bodies' ``source`` and
-    ``target`` the served languages and pairs (``libretranslate.request_schema``) once a Gateway has
-    set ``api.state.cards``; built once per replica."""
-    if api.openapi_schema is None:
-        doc = FastAPI.openapi(api)
-        cards = getattr(api.state, "cards", ())
+    ``target`` the served languages and pairs (``libretranslate.request_schema``); built once per
+    replica. (A method of the app, not a function of the module's ``api``: Serve serves a copy of it.)"""
+    if app.openapi_schema is None:
+        doc = FastAPI.openapi(app)
+        cards = served_cards(app)
         for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
             doc["paths"][path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards)
-        api.openapi_schema = doc
-    return api.openapi_schema
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
-api.openapi = openapi_document
+api.openapi = types.MethodType(openapi_document, api)
 
 
 def _checked_target(card: ModelCard, target_lang: Optional[str]) -> ModelCard:
@@ -154,7 +163,6 @@ class Gateway:
                  max_timeout_s: float = 60.0):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
-        api.state.cards, api.openapi_schema = list(cards), None    # the document names the served languages
         self._sources = frozenset(c.source_lang for c in cards)             # the codes match_language maps to
         self._targets = frozenset(t for c in cards for t in c.targets)
         # source "auto": detects among common languages and the served ones; loads in the background (~2 s)

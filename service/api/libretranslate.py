@@ -48,6 +48,9 @@ def _texts(v: Any) -> Any:
         bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
         if bad is not None:
             raise ValueError(f"q[{bad}]: must be a string (q: a string or a list of strings), got {type(v[bad]).__name__}")
+        empty = next((i for i, t in enumerate(v) if not t), None)
+        if empty is not None:       # as a form field, one empty q is indistinguishable from a missing one
+            raise ValueError(f"q[{empty}]: empty; each text needs at least one character")
     elif not isinstance(v, str):
         raise ValueError(f"must be a string or a list of strings, got {type(v).__name__}")
     check_unicode(v if isinstance(v, list) else [v], "q")
@@ -57,7 +60,7 @@ def _texts(v: Any) -> Any:
 class LibreDetectBody(BaseModel):
     """POST /detect, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
     model_config = ConfigDict(extra="allow")     # LibreTranslate answers without the fields it does not read
-    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[str], Field(min_length=1)]] = Field(
+    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]] = Field(
         ..., description="text (a list: each language's mean confidence over the texts)")
     api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
                                                      "header is sent")
@@ -71,7 +74,7 @@ class LibreDetectBody(BaseModel):
 
 class LibreTranslateBody(LibreDetectBody):
     """POST /translate, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
-    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[str], Field(min_length=1)]] = Field(
+    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]] = Field(
         ..., description="text, or a list of texts (a repeated form field)")
     source: str = Field(..., min_length=1, description='language code (GET /languages) or "auto"')
     target: str = Field(..., min_length=1, description="language code (GET /languages)")

@@ -36,9 +36,12 @@ class TranslateRequest(_Strict):
     """POST /v1/translate body."""
     # Rules between fields, stated in the document too (JSON Schema's conditional keywords, OpenAPI 3.1):
     # attention selects what return_attention returns, so it comes only with return_attention: true.
+    # n_best <= beam_size (beam_size left out: it is max(4, n_best)).
     model_config = ConfigDict(json_schema_extra={
         "if": {"required": ["attention"]},
-        "then": {"required": ["return_attention"], "properties": {"return_attention": {"const": True}}}})
+        "then": {"required": ["return_attention"], "properties": {"return_attention": {"const": True}}},
+        "anyOf": [{"not": {"required": ["beam_size"]}}] + [
+            {"properties": {"beam_size": {"const": k}, "n_best": {"maximum": k}}} for k in range(1, MAX_BEAM_SIZE + 1)]})
     text: Union[str, list[str]] = Field(
         ..., description=f"one text or a list of up to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
@@ -46,7 +49,8 @@ class TranslateRequest(_Strict):
                                                          "text's language detected, each text sent to its model")
     target_lang: Optional[str] = Field(None, description="target language code; null = the model's")
     model: Optional[str] = Field(None, description="model id from GET /v1/models; null = chosen by languages")
-    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search")
+    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search; left out: 4, or n_best when "
+                                                                    "that is larger")
     n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (<= beam_size)")
     max_new_tokens: Optional[int] = Field(
         None, ge=0, description="target tokens per sentence; null = min(2 * source_len + 10, model max_len - 1)")
@@ -114,6 +118,8 @@ class TranslateRequest(_Strict):
 
     @model_validator(mode="after")
     def _n_best_within_beam(self) -> "TranslateRequest":
+        if "beam_size" not in self.model_fields_set and self.n_best > self.beam_size:
+            self.beam_size = self.n_best        # n_best hypotheses need a beam at least as wide
         if self.n_best > self.beam_size:
             raise ValueError(f"n_best: must be <= beam_size ({self.beam_size}), got {self.n_best}")
         if "attention" in self.model_fields_set and not self.return_attention:   # nothing sent is ignored
