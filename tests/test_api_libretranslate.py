@@ -11,6 +11,7 @@ from conftest import DATA, post, translate
 from model.config import ModelConfig
 from model.tokenizer import read_lines
 from service.api.errors import ServiceError
+from service.api.body import FormFields
 from service.api.libretranslate import MAX_IGNORED_NAMES, LibreRequest, checked_job, ignored_fields_header, parse
 from service.protocol import MAX_TEXT_CHARS
 from service.engine.validation import ModelLimits
@@ -126,7 +127,7 @@ CARDS = [ModelCard("de-en", "", "de", "en", TINY), ModelCard("en-de", "", "en", 
 
 
 def test_parse_picks_the_model_and_the_options():
-    req = parse({"q": ["a", "b"], "source": "en", "target": "de", "alternatives": "2"}, CARDS)
+    req = parse(FormFields({"q": ["a", "b"], "source": "en", "target": "de", "alternatives": "2"}), CARDS)
     assert (req.card.id, req.batch, req.auto, req.alternatives, req.html) == ("en-de", True, False, 2, False)
     auto = parse({"q": ["a", "b"], "source": "auto", "target": "de"}, CARDS)     # the model: per text, once detected
     assert (auto.card, auto.auto, auto.target) == (None, True, "de")

@@ -267,17 +267,24 @@ Fields = dict[str, object]      # a JSON body's members, or form fields (str, or
 FORM_TYPES = (FORM, MULTIPART)
 
 
-async def read_fields(request: Request, repeatable: tuple[str, ...] = ("q",), status: int = 400) -> Fields:
+class FormFields(dict):
+    """Fields that came as text (a form, or the query string alone): ``validate`` lets the model
+    read "2" as a number and an empty field as its default (validation context ``{"form": True}``)."""
+
+
+async def read_fields(request: Request, repeatable: tuple[str, ...] = ("q",), status: int = 400,
+                      single: Optional[tuple[str, ...]] = None) -> Fields:
     """A request's fields: the members of a JSON object body, or the fields of a form body
     (application/x-www-form-urlencoded or multipart/form-data, read as UTF-8; a field in
     ``repeatable`` given several times is a list, its line endings CR LF and CR made LF), plus the
-    query string's parameters. Raises ServiceError (``status`` for what the client sent wrong; 415
-    for a body of another media type): a JSON body that is not an object, a field other than those in
-    ``repeatable`` given twice, or in both the query string and the body (one value would be
-    dropped), an uploaded file, a multipart body without its closing boundary, a JSON error of
-    ``load_json``."""
+    query string's parameters (a FormFields unless the body is JSON). Raises ServiceError (``status``
+    for what the client sent wrong; 415 for a body of another media type): a JSON body that is not an
+    object, a field of ``single`` (None: every field but ``repeatable``) given twice (one value would
+    be dropped; other fields, which the route does not read, are kept as lists), a field in both the
+    query string and the body, an uploaded file, a multipart body without its closing boundary, a
+    JSON error of ``load_json``."""
     media = parse_content_type(request.headers.get("content-type", ""))[0]
-    query = _grouped(request.query_params.multi_items(), "query parameter", repeatable, status)
+    query = _grouped(request.query_params.multi_items(), "query parameter", repeatable, status, single)
     raw = await request.body()
     if _is_json(media):
         try:
@@ -291,7 +298,7 @@ async def read_fields(request: Request, repeatable: tuple[str, ...] = ("q",), st
         if raw:
             raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {media or 'missing'}; "
                                     f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
-        return query
+        return FormFields(query)
     if media == MULTIPART:
         _check_multipart(request.headers.get("content-type", ""), raw, status)
         form = await request.form()
@@ -312,7 +319,7 @@ async def read_fields(request: Request, repeatable: tuple[str, ...] = ("q",), st
         except UnicodeDecodeError:
             raise ServiceError(status, "Invalid request: a form field is not valid UTF-8 once percent-decoded",
                                "body") from None
-    return _merged(query, _grouped(pairs, "form field", repeatable, status), status)
+    return FormFields(_merged(query, _grouped(pairs, "form field", repeatable, status, single), status))
 
 
 def _merged(query: Fields, body: Fields, status: int) -> Fields:
@@ -324,7 +331,8 @@ def _merged(query: Fields, body: Fields, status: int) -> Fields:
     return {**query, **body}
 
 
-def _grouped(pairs, what: str, repeatable: tuple[str, ...], status: int) -> Fields:
+def _grouped(pairs, what: str, repeatable: tuple[str, ...], status: int,
+             single: Optional[tuple[str, ...]] = None) -> Fields:
     """Fields from (name, value) pairs (see ``read_fields``)."""
     grouped: dict[str, list[str]] = {}
     for k, v in pairs:
@@ -334,9 +342,11 @@ def _grouped(pairs, what: str, repeatable: tuple[str, ...], status: int) -> Fiel
         if key in repeatable:
             values = [v.replace("\r\n", "\n").replace("\r", "\n") for v in values]
             fields[key] = values if len(values) > 1 else values[0]
-        elif len(values) > 1:
+        elif len(values) > 1 and (single is None or key in single):
             raise ServiceError(status, f"Invalid request: {what} {shown(key)} given {len(values)} times; send it once",
                                key)
+        elif len(values) > 1:
+            fields[key] = values
         else:
             fields[key] = values[0]
     return fields
@@ -380,10 +390,11 @@ def field_limits(model: type[BaseModel], name: str) -> str:
 def validate(model: type[M], fields: object, status: int = 422) -> M:
     """``fields`` (``read_fields``, or a decoded JSON body) validated by the pydantic ``model``. Raises
     ServiceError ``status`` naming the first invalid field, what is wrong and the field's limits
+    (FormFields: validation context ``{"form": True}``, so a model may read text as a number)
     (``errors.format_validation_error`` + ``field_limits``); a ValueError or OverflowError raised
     while converting is that error too, never a 500."""
     try:
-        return model.model_validate(fields)
+        return model.model_validate(fields, context={"form": isinstance(fields, FormFields)})
     except ValidationError as e:
         errors = e.errors()
         field, message = format_validation_error(errors[0])
@@ -398,13 +409,14 @@ def validate(model: type[M], fields: object, status: int = 422) -> M:
         raise ServiceError(status, f"body: {e}", "body") from None
 
 
-async def parse_body(request: Request, model: type[M], status: int = 422, repeatable: tuple[str, ...] = ()) -> M:
+async def parse_body(request: Request, model: type[M], status: int = 422, repeatable: tuple[str, ...] = (),
+                     single: Optional[tuple[str, ...]] = None) -> M:
     """The one way a route reads its request: ``read_fields`` (JSON, form or multipart, plus the query
     string) validated by ``model`` (``validate``). Raises ServiceError ``status`` (415 for another
     media type) naming the field and its limit. For routes that FastAPI does not parse (DeepL's
     /v2/translate, document uploads): ``item = await parse_body(request, DeepLBody, 400)``; the
     OpenAPI document gets the model through ``openapi_request_body(model)``."""
-    return validate(model, await read_fields(request, repeatable, status), status)
+    return validate(model, await read_fields(request, repeatable, status, single), status)
 
 
 def openapi_request_body(schema: dict, media_types: tuple[str, ...] = (JSON, FORM, MULTIPART)) -> dict:

@@ -78,27 +78,28 @@ class LibreTranslateBody(LibreDetectBody):
         ..., description="text, or a list of texts (a repeated form field)")
     source: str = Field(..., min_length=1, description='language code (GET /languages) or "auto"')
     target: str = Field(..., min_length=1, description="language code (GET /languages)")
-    format: Literal["text", "html"] = "text"
-    alternatives: int = Field(0, ge=0, le=MAX_BEAM_SIZE - 1, description="alternative translations to return")
+    format: Optional[Literal["text", "html"]] = Field("text", description="null: text")
+    alternatives: Optional[int] = Field(0, ge=0, le=MAX_BEAM_SIZE - 1,
+                                        description="alternative translations to return; null: 0")
 
     @field_validator("format", mode="before")
     @classmethod
-    def _format(cls, v: Any) -> Any:
-        if v is None or v == "":
+    def _format(cls, v: Any, info) -> Any:
+        if v == "" and (info.context or {}).get("form"):      # an empty form field: the default
             return "text"
-        if v not in ("text", "html"):
+        if v is not None and v not in ("text", "html"):
             raise ValueError(f"{shown(v)} format is not supported (text or html)")
         return v
 
     @field_validator("alternatives", mode="before")
     @classmethod
-    def _whole_number(cls, v: Any) -> Any:
-        """A JSON integer (2 or 2.0) or a form's digits; absent or empty: 0. Never a boolean."""
-        if v is None or v == "":
-            return 0
-        if isinstance(v, bool):
-            raise ValueError(f"must be a whole number, got {json.dumps(v)}")
-        return v.strip() if isinstance(v, str) else v
+    def _whole_number(cls, v: Any, info) -> Any:
+        """JSON: an integer (2 or 2.0) or null; a form: its digits, empty for 0. Never a boolean."""
+        if (info.context or {}).get("form") and isinstance(v, str):
+            return v.strip() or 0
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"must be a whole number or null, got {json.dumps(v) if isinstance(v, (bool, str)) else type(v).__name__}")
+        return v
 
     @field_validator("source", "target")
     @classmethod
@@ -311,7 +312,8 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     """Validate the fields and pick the model (with ``source: auto``, only the target: the models are
     picked per text once detected). Raises ServiceError 400 naming the field."""
     body = body_module.validate(LibreTranslateBody, f, 400)
-    source, target, batch, n_alt, fmt = body.source, body.target, isinstance(body.q, list), body.alternatives, body.format
+    source, target, batch = body.source, body.target, isinstance(body.q, list)
+    n_alt, fmt = body.alternatives or 0, body.format or "text"
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
     if autodetect.is_auto(target):
@@ -351,7 +353,7 @@ def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
 async def read_fields(request: Request) -> Fields:
     """The request fields from a JSON body or a form body (urlencoded or multipart) and the query
     string, like LibreTranslate (``body.read_fields``: a repeated ``q`` is a batch)."""
-    return await body_module.read_fields(request, ("q",), 400)
+    return await body_module.read_fields(request, ("q",), 400, single=LIBRE_FIELDS)
 
 
 def _unique(seq: list[str], exclude: str) -> list[str]:

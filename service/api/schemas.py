@@ -54,8 +54,9 @@ class TranslateRequest(_Strict):
     n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (<= beam_size)")
     max_new_tokens: Optional[int] = Field(
         None, ge=0, description="target tokens per sentence; null = min(2 * source_len + 10, model max_len - 1)")
-    min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens "
-                                                     "(<= max_new_tokens; for fixed-length benchmarks)")
+    min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens (for "
+                                                     "fixed-length benchmarks); at or above max_new_tokens: "
+                                                     "exactly max_new_tokens tokens")
     length_penalty: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False,
                                   description="score = log_prob / length ** length_penalty")
     return_attention: bool = False
@@ -134,9 +135,12 @@ class TranslateRequest(_Strict):
     def job(self) -> "TranslateJob":
         """The translator's job for this request (attention kinds only when return_attention)."""
         kinds = tuple(dict.fromkeys(self.attention.kinds)) if self.return_attention else ()
+        # min_new_tokens above max_new_tokens: EOS is never allowed before the cap, so exactly
+        # max_new_tokens tokens, which min_new_tokens = max_new_tokens says too
+        min_new = self.min_new_tokens if self.max_new_tokens is None else min(self.min_new_tokens, self.max_new_tokens)
         options = GenerationOptions(beam_size=self.beam_size, n_best=self.n_best, max_new_tokens=self.max_new_tokens,
                                     length_penalty=self.length_penalty, attention_kinds=kinds,
-                                    min_new_tokens=self.min_new_tokens)
+                                    min_new_tokens=min_new)
         att = self.attention
         selection = AttentionSelection(tuple(att.layers) if att.layers else None,
                                        tuple(att.heads) if att.heads else None)
