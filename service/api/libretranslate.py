@@ -130,8 +130,23 @@ def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = ()) -> d
 
 
 def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Iterable[ModelCard] = ()) -> dict:
-    """The requestBody of POST /translate (or /detect) for the OpenAPI document: one schema, three media types."""
-    return body_module.openapi_request_body(request_schema(model, cards))
+    """The requestBody of POST /translate (or /detect) for the OpenAPI document: JSON and the two
+    form types, whose fields are text: never null, but empty for the default."""
+    schema = request_schema(model, cards)
+    form = {**schema, "properties": {k: _form_field(v) for k, v in schema["properties"].items()}}
+    return {"required": True, "content": {body_module.JSON: {"schema": schema},
+                                          **{m: {"schema": form} for m in body_module.FORM_TYPES}}}
+
+
+def _form_field(prop: dict) -> dict:
+    """A property as a form field: text, so its null option (``anyOf: [X, {"type": "null"}]``) is the
+    empty field instead (which means the default), or nothing for a string."""
+    if {"type": "null"} not in prop.get("anyOf", ()):
+        return prop
+    options = [o for o in prop["anyOf"] if o != {"type": "null"}]
+    if options == [{"type": "string"}]:       # any string, the empty one too
+        return {**{k: v for k, v in prop.items() if k not in ("anyOf", "default")}, **options[0]}
+    return {**prop, "anyOf": options + [{"const": ""}]}
 
 
 class LibreDetection(BaseModel):
