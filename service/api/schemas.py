@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from model.inference.search import ATTENTION_KINDS
 from service.protocol import (MAX_BEAM_SIZE, MAX_KEEP_CHARS, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS,
@@ -29,16 +29,19 @@ def _whole(v: Any) -> Any:
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-Whole = Annotated[int, BeforeValidator(_whole)]     # an integer field: 4 or 4.0
-
 
 class AttentionOptions(_Strict):
     """Which attention weights to return; layers and heads select rows of each kind to keep payloads small."""
     kinds: list[Literal[ATTENTION_KINDS]] = Field(
         default_factory=lambda: ["cross"], min_length=1, max_length=3,
         description="any of cross (decoder->encoder), encoder (self), decoder (self)")
-    layers: Optional[list[Whole]] = Field(None, min_length=1, description="layer indices (0-based); null = all")
-    heads: Optional[list[Whole]] = Field(None, min_length=1, description="head indices (0-based); null = all")
+    layers: Optional[list[int]] = Field(None, min_length=1, description="layer indices (0-based); null = all")
+    heads: Optional[list[int]] = Field(None, min_length=1, description="head indices (0-based); null = all")
+
+    @field_validator("layers", "heads", mode="before")
+    @classmethod
+    def _whole_indices(cls, v: Any) -> Any:
+        return [_whole(i) for i in v] if isinstance(v, list) else v
 
 
 class TranslateRequest(_Strict):
@@ -58,12 +61,12 @@ class TranslateRequest(_Strict):
                                                          "text's language detected, each text sent to its model")
     target_lang: Optional[str] = Field(None, description="target language code; null = the model's")
     model: Optional[str] = Field(None, description="model id from GET /v1/models; null = chosen by languages")
-    beam_size: Whole = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search; left out: 4, or n_best when "
+    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search; left out: 4, or n_best when "
                                                                     "that is larger")
-    n_best: Whole = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (<= beam_size)")
-    max_new_tokens: Optional[Whole] = Field(
+    n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (<= beam_size)")
+    max_new_tokens: Optional[int] = Field(
         None, ge=0, description="target tokens per sentence; null = min(2 * source_len + 10, model max_len - 1)")
-    min_new_tokens: Whole = Field(0, ge=0, description="EOS is not generated before this many tokens (for "
+    min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens (for "
                                                      "fixed-length benchmarks); at or above max_new_tokens: "
                                                      "exactly max_new_tokens tokens")
     length_penalty: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False,
@@ -92,6 +95,11 @@ class TranslateRequest(_Strict):
             raise ValueError("must be a string or a list of strings")
         check_unicode([v] if isinstance(v, str) else v, "text")
         return v
+
+    @field_validator("beam_size", "n_best", "max_new_tokens", "min_new_tokens", mode="before")
+    @classmethod
+    def _whole_number(cls, v: Any) -> Any:
+        return _whole(v)
 
     @field_validator("keep", mode="before")
     @classmethod
