@@ -100,12 +100,14 @@ add_exception_handlers(api)
 body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
 
 
-def served_cards(app: FastAPI) -> list:
-    """The models this replica serves (its Gateway's cards); outside a replica, ``app.state.cards``."""
+def served_models(app: FastAPI) -> tuple[list, dict[str, int]]:
+    """The models this replica serves (its Gateway's cards) and each one's engine max_num_seqs;
+    outside a replica, ``app.state.cards`` (in-process tests)."""
     try:
-        return list(serve.get_replica_context().servable_object.cards.values())
-    except Exception:  # noqa: BLE001 - not in a Serve replica (in-process tests)
-        return list(getattr(app.state, "cards", ()))
+        gateway = serve.get_replica_context().servable_object
+        return list(gateway.cards.values()), {m: lim.max_num_seqs for m, lim in gateway.limits.items()}
+    except Exception:  # noqa: BLE001 - not in a Serve replica
+        return list(getattr(app.state, "cards", ())), {}
 
 
 def openapi_document(app: FastAPI) -> dict:
@@ -114,9 +116,9 @@ def openapi_document(app: FastAPI) -> dict:
     replica. (A method of the app, not a function of the module's ``api``: Serve serves a copy of it.)"""
     if app.openapi_schema is None:
         doc = FastAPI.openapi(app)
-        cards = served_cards(app)
+        cards, seqs = served_models(app)
         for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
-            doc["paths"][path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards)
+            doc["paths"][path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards, seqs)
         app.openapi_schema = doc
     return app.openapi_schema
 

@@ -108,31 +108,41 @@ class LibreTranslateBody(LibreDetectBody):
         return v
 
 
-def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = ()) -> dict:
+def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = (),
+                   max_num_seqs: Optional[dict[str, int]] = None) -> dict:
     """The JSON Schema of a LibreTranslate request body. With the served models: ``source`` and
     ``target`` take the served codes only (``source`` also "auto"), and each source only the targets
-    its models translate into (an ``anyOf`` of source/target pairs) -- what the service accepts, so
-    that a request valid by the document is not refused for its languages."""
+    its models translate into (an ``anyOf`` of source/target pairs), with ``alternatives`` below the
+    beam its model's engine runs (``max_num_seqs``: model id -> its engine's) -- what the service
+    accepts, so that a request valid by the document is not refused for its languages."""
     schema = model.model_json_schema()
     cards = list(cards)
     if not cards or "source" not in schema["properties"]:
         return schema
+    seqs = max_num_seqs or {}
+
+    def most(chosen: list[ModelCard]) -> dict:
+        n = min([MAX_BEAM_SIZE] + [seqs[c.id] for c in chosen if c.id in seqs]) - 1
+        return {"alternatives": {"maximum": n}} if n < MAX_BEAM_SIZE - 1 else {}
     sources = sorted({c.source_lang for c in cards})
     targets = sorted({t for c in cards for t in c.targets})
     props = schema["properties"]
     props["source"] = {**props["source"], "enum": sources + [autodetect.AUTO]}
     props["target"] = {**props["target"], "enum": targets}
-    pairs = [{"properties": {"source": {"const": s},
-                             "target": {"enum": sorted({t for c in cards if c.source_lang == s for t in c.targets})}}}
-             for s in sources]
-    schema["anyOf"] = pairs + [{"properties": {"source": {"const": autodetect.AUTO}}}]
+    pairs = []
+    for s in sources:
+        for t in sorted({t for c in cards if c.source_lang == s for t in c.targets}):
+            chosen = min((c for c in cards if c.source_lang == s and t in c.targets), key=lambda c: bool(c.target_languages))
+            pairs.append({"properties": {"source": {"const": s}, "target": {"const": t}, **most([chosen])}})
+    schema["anyOf"] = pairs + [{"properties": {"source": {"const": autodetect.AUTO}, **most(cards)}}]
     return schema
 
 
-def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Iterable[ModelCard] = ()) -> dict:
+def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Iterable[ModelCard] = (),
+                         max_num_seqs: Optional[dict[str, int]] = None) -> dict:
     """The requestBody of POST /translate (or /detect) for the OpenAPI document: JSON and the two
     form types, whose fields are text: never null, but empty for the default."""
-    schema = request_schema(model, cards)
+    schema = request_schema(model, cards, max_num_seqs)
     form = {**schema, "properties": {k: _form_field(v) for k, v in schema["properties"].items()}}
     return {"required": True, "content": {body_module.JSON: {"schema": schema},
                                           **{m: {"schema": form} for m in body_module.FORM_TYPES}}}
