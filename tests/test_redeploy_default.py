@@ -6,6 +6,7 @@ The separate layout's redeploys (translators only, gateway only) are tests/test_
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 
@@ -20,10 +21,13 @@ APP, PREFIX = "redeploy", "/redeploy"
 pytestmark = pytest.mark.slow
 
 
+REPLICAS = int(os.environ.get("MT_TEST_REDEPLOY_REPLICAS", "2"))   # as `python -m service` on >= 2 CPUs
+
+
 def app_args(checkpoint: str, num_cpus: float) -> dict:
     # the default layout; 0.02 CPU each: fits beside the shared service on 2 logical CPUs
     return {"models": [{"name": MODEL, "checkpoint": checkpoint}], "num_cpus": num_cpus,
-            "translator": {"num_replicas": 2}, "engine": {"max_num_seqs": 16}, "drain_timeout_s": 30}
+            "translator": {"num_replicas": REPLICAS}, "engine": {"max_num_seqs": 16}, "drain_timeout_s": 30}
 
 
 def deploy(args: dict) -> None:
@@ -57,7 +61,7 @@ def app(service_info):
     ckpt = service_info.models[SECOND_MODEL]
     deploy(app_args(ckpt, 0.02))
     url = service_info.url + PREFIX
-    wait_ready(url, 2)
+    wait_ready(url, REPLICAS)
     yield url, ckpt
     serve.delete(APP)
 
@@ -72,6 +76,8 @@ def test_default_layout_redeploy_under_load_loses_nothing(app):
         while not (ingress_replicas() and not before & ingress_replicas()):
             assert time.time() < deadline, f"ingress replicas {sorted(before)} not replaced: {ingress_replicas()}"
             time.sleep(0.2)
+        wait_ready(url, REPLICAS)           # the load goes on until the new replicas serve
     outcomes = asyncio.run(load(url, 48, 8, during=redeploy, after=4, cover=True))
+    print(f"{REPLICAS} ingress replicas replaced under load: {Counter(outcomes)}")
     assert len(outcomes) > 48 and outcomes.count("200") == len(outcomes), Counter(outcomes)
-    wait_ready(url, 2)
+    wait_ready(url, REPLICAS)
