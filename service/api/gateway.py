@@ -404,7 +404,7 @@ class Gateway:
         """LibreTranslate: every language with the codes it translates into. It reads no parameter:
         any sent is named in the X-Ignored-Fields header."""
         try:
-            fields = await body_module.read_fields(request, (), 400)
+            fields = await body_module.read_fields(request, (), 400, single=())
         except ServiceError as e:
             return libre_error_response(e)
         return JSONResponse([lang.model_dump() for lang in libretranslate.languages(self.cards.values())],
