@@ -40,6 +40,11 @@ MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest 
 
 
 # ---- the request models: they validate (body.validate) and document (request_schema) ----------------
+def _json_type(v: Any) -> str:
+    return ("boolean" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else "object"
+            if isinstance(v, dict) else "null" if v is None else type(v).__name__)
+
+
 def _texts(v: Any) -> Any:
     """q: a string or a non-empty list of strings; an empty one is missing (as LibreTranslate says)."""
     if v is None or v == "" or v == []:
@@ -47,12 +52,12 @@ def _texts(v: Any) -> Any:
     if isinstance(v, list):
         bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
         if bad is not None:
-            raise ValueError(f"q[{bad}]: must be a string (q: a string or a list of strings), got {type(v[bad]).__name__}")
+            raise ValueError(f"q[{bad}]: must be a string (q: a string or a list of strings), got {_json_type(v[bad])}")
         empty = next((i for i, t in enumerate(v) if not t), None)
         if empty is not None:       # as a form field, one empty q is indistinguishable from a missing one
             raise ValueError(f"q[{empty}]: empty; each text needs at least one character")
     elif not isinstance(v, str):
-        raise ValueError(f"must be a string or a list of strings, got {type(v).__name__}")
+        raise ValueError(f"must be a string or a list of strings, got {_json_type(v)}")
     check_unicode(v if isinstance(v, list) else [v], "q")
     return v
 
@@ -98,7 +103,7 @@ class LibreTranslateBody(LibreDetectBody):
         if (info.context or {}).get("form") and isinstance(v, str):
             return v.strip() or 0
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ValueError(f"must be a whole number or null, got {json.dumps(v) if isinstance(v, (bool, str)) else type(v).__name__}")
+            raise ValueError(f"must be a whole number or null, got {json.dumps(v) if isinstance(v, (bool, str)) else _json_type(v)}")
         return v
 
     @field_validator("source", "target")
