@@ -79,5 +79,6 @@ def test_default_layout_redeploy_under_load_loses_nothing(app):
         wait_ready(url, REPLICAS)           # the load goes on until the new replicas serve
     outcomes = asyncio.run(load(url, 48, 8, during=redeploy, after=4, cover=True))
     print(f"{REPLICAS} ingress replicas replaced under load: {Counter(outcomes)}")
-    assert len(outcomes) > 48 and outcomes.count("200") == len(outcomes), Counter(outcomes)
+    # the clients go on until the new replicas serve (``cover``): the load spans the whole swap
+    assert len(outcomes) >= 48 and outcomes.count("200") == len(outcomes), Counter(outcomes)
     wait_ready(url, REPLICAS)
