@@ -388,11 +388,11 @@ def field_limits(model: type[BaseModel], name: str) -> str:
 
 
 def validate(model: type[M], fields: object, status: int = 422) -> M:
-    """``fields`` (``read_fields``, or a decoded JSON body) validated by the pydantic ``model``. Raises
-    ServiceError ``status`` naming the first invalid field, what is wrong and the field's limits
-    (FormFields: validation context ``{"form": True}``, so a model may read text as a number)
-    (``errors.format_validation_error`` + ``field_limits``); a ValueError or OverflowError raised
-    while converting is that error too, never a 500."""
+    """``fields`` (``read_fields``, or a decoded JSON body) validated by the pydantic ``model`` (with
+    FormFields, in the validation context ``{"form": True}``: a model may read text as a number).
+    Raises ServiceError ``status`` naming the first invalid field, what is wrong and the field's
+    limits (``errors.format_validation_error`` + ``field_limits``); a ValueError or OverflowError
+    raised while converting is that error too, never a 500."""
     try:
         return model.model_validate(fields, context={"form": isinstance(fields, FormFields)})
     except ValidationError as e:
@@ -415,7 +415,7 @@ async def parse_body(request: Request, model: type[M], status: int = 422, repeat
     string) validated by ``model`` (``validate``). Raises ServiceError ``status`` (415 for another
     media type) naming the field and its limit. For routes that FastAPI does not parse (DeepL's
     /v2/translate, document uploads): ``item = await parse_body(request, DeepLBody, 400)``; the
-    OpenAPI document gets the model through ``openapi_request_body(model)``."""
+    OpenAPI document gets it through ``openapi_request_body(model.model_json_schema())``."""
     return validate(model, await read_fields(request, repeatable, status, single), status)
 
 
