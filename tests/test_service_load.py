@@ -234,5 +234,6 @@ def test_clients_that_give_up_stop_costing_the_engine(service_url):
                                          finish_reason="cancelled") > cancelled0:
             break
         time.sleep(0.25)
+    print(f"{outcomes.count('gave up')} clients gave up; (s after the last left, (running, waiting)): {seen}")
     assert seen[-1][1] == (0, 0), f"the engine still held (running, waiting) {seen[-1][1]} 20 s later: {seen}"
     assert seen[-1][0] <= 2 + 1 + 2, f"the engine was idle only {seen[-1][0]} s after the last client left: {seen}"
