@@ -95,7 +95,7 @@ def test_libretranslate_errors(service_url, body, words):
     for w in words:
         assert w in r.json()["error"]
     assert httpx.post(service_url + "/translate", content=b"[1]",
-                      headers={"Content-Type": "application/json"}).json() == {"error": "Invalid JSON format"}
+                      headers={"Content-Type": "application/json"}).json()["error"].startswith("Invalid JSON format")
 
 
 
@@ -114,7 +114,7 @@ def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
         r = httpx.post(service_url + "/translate", content=raw, headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and "alternatives" in r.json()["error"], r.text
     r = httpx.post(service_url + "/translate", data={"q": "x", "source": "de", "target": "en", "alternatives": "9" * 5000})
-    assert r.status_code == 400 and "alternatives parameter must be <= 15" in r.json()["error"], r.text
+    assert r.status_code == 400 and "0 <= alternatives <= 15" in r.json()["error"], r.text
     for body in (b"q=Hallo&source=%FF&target=en", b"q=%FF%FE&source=de&target=en", b"q=\xff&source=de"):
         r = httpx.post(service_url + "/translate", content=body,
                        headers={"Content-Type": "application/x-www-form-urlencoded"})

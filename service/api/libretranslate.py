@@ -93,7 +93,7 @@ class LibreTranslateBody(LibreDetectBody):
         if v == "" and (info.context or {}).get("form"):      # an empty form field: the default
             return "text"
         if v is not None and v not in ("text", "html"):
-            raise ValueError(f"{shown(v)} format is not supported (text or html)")
+            raise ValueError(f"{short_name(str(v))} format is not supported (text or html)")
         return v
 
     @field_validator("alternatives", mode="before")
