@@ -72,6 +72,7 @@ def test_body_errors_say_what_is_wrong():
     from test_api_body import make_app
 
     from service.api.errors import JSON_TOO_DEEP, format_validation_error
+    from service.api.body import FormFields
     from service.api.libretranslate import parse
     from service.api.schemas import TranslateRequest
     client = TestClient(make_app())
@@ -97,18 +98,25 @@ def test_body_errors_say_what_is_wrong():
     from test_api_libretranslate import CARDS as cards
     for bad in (1.5, True, "1.5", "zwei", [1]):
         with pytest.raises(ServiceError) as e:
-            parse({"q": "Hallo", "source": "de", "target": "en", "alternatives": bad}, cards)
-        assert (e.value.status, e.value.field) == (400, "alternatives") and "whole number" in e.value.message
-    assert [parse({"q": "x", "source": "de", "target": "en", "alternatives": ok}, cards).alternatives
-            for ok in (2, 2.0, "2", None, "", "+2", "002")] == [2, 2, 2, 0, 0, 2, 2]
+            parse(FormFields({"q": "Hallo", "source": "de", "target": "en", "alternatives": bad}), cards)
+        assert (e.value.status, e.value.field) == (400, "alternatives") and "0 <= alternatives <= 15" in e.value.message
+    assert [parse(FormFields({"q": "x", "source": "de", "target": "en", "alternatives": ok}), cards).alternatives
+            for ok in ("2", "", "+2", "002", " 3 ")] == [2, 0, 2, 2, 3]                  # a form's text
+    assert [parse({"q": "x", "source": "de", "target": "en", "alternatives": ok}, cards).alternatives or 0
+            for ok in (2, 2.0, None)] == [2, 2, 0]                                        # JSON
+    for bad in ("2", ""):       # JSON: a number, as the document says
+        with pytest.raises(ServiceError, match="whole number or null"):
+            parse({"q": "x", "source": "de", "target": "en", "alternatives": bad}, cards)
     # Whole numbers of any size are refused by their range, never by an OverflowError or ValueError (500)
-    for big, bound in ((10 ** 300, "<= 15"), (-10 ** 300, ">= 0"), ("9" * 5000, "<= 15"), ("-" + "9" * 5000, ">= 0"),
-                       (1e300, "<= 15"), (16, "<= 15"), ("16", "<= 15"), (-1, ">= 0")):
+    for big, bound in ((10 ** 300, "less than"), (-10 ** 300, "greater than"), ("9" * 5000, ""), ("-" + "9" * 5000, ""),
+                       (1e300, "less than"), (16, "less than"), ("16", "less than"), (-1, "greater than")):
         with pytest.raises(ServiceError) as e:
-            parse({"q": "x", "source": "de", "target": "en", "alternatives": big}, cards)
-        assert (e.value.status, e.value.field) == (400, "alternatives") and bound in e.value.message, e.value.message
+            parse(FormFields({"q": "x", "source": "de", "target": "en", "alternatives": big}), cards)
+        assert (e.value.status, e.value.field) == (400, "alternatives"), e.value.message
+        assert "0 <= alternatives <= 15" in e.value.message and (bound in e.value.message or "maximum size" in
+                                                                 e.value.message), e.value.message
     for bad in (float("inf"), float("nan")):
-        with pytest.raises(ServiceError, match="whole number"):
+        with pytest.raises(ServiceError, match="finite number.*0 <= alternatives <= 15"):
             parse({"q": "x", "source": "de", "target": "en", "alternatives": bad}, cards)
 
 

@@ -193,7 +193,7 @@ LONG_SENTENCE = " ".join(["Hund"] * 400)   # one "sentence" longer than any mode
     ({"text": "x", "beam_size": 2, "n_best": 3}, 422, "n_best", ["beam_size", "2"]),
     ({"text": "x", "max_new_tokens": -1}, 422, "max_new_tokens", ["0"]),
     ({"text": "x", "max_new_tokens": 100000}, 422, "max_new_tokens", ["100000"]),
-    ({"text": "x", "max_new_tokens": 5, "min_new_tokens": 6}, 422, "min_new_tokens", ["5"]),
+    ({"text": "x", "max_new_tokens": 5, "min_new_tokens": -1}, 422, "min_new_tokens", ["0"]),   # above max: exactly max
     ({"text": "x", "length_penalty": "big"}, 422, "length_penalty", []),
     ({"text": "x", "return_attention": True, "attention": {"kinds": ["cross", "sideways"]}}, 422,
      "attention.kinds", ["cross", "encoder", "decoder"]),

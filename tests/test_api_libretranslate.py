@@ -11,6 +11,7 @@ from conftest import DATA, post, translate
 from model.config import ModelConfig
 from model.tokenizer import read_lines
 from service.api.errors import ServiceError
+from service.api.body import FormFields
 from service.api.libretranslate import MAX_IGNORED_NAMES, LibreRequest, checked_job, ignored_fields_header, parse
 from service.protocol import MAX_TEXT_CHARS
 from service.engine.validation import ModelLimits
@@ -94,7 +95,7 @@ def test_libretranslate_errors(service_url, body, words):
     for w in words:
         assert w in r.json()["error"]
     assert httpx.post(service_url + "/translate", content=b"[1]",
-                      headers={"Content-Type": "application/json"}).json() == {"error": "Invalid JSON format"}
+                      headers={"Content-Type": "application/json"}).json()["error"].startswith("Invalid JSON format")
 
 
 
@@ -113,7 +114,7 @@ def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
         r = httpx.post(service_url + "/translate", content=raw, headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and "alternatives" in r.json()["error"], r.text
     r = httpx.post(service_url + "/translate", data={"q": "x", "source": "de", "target": "en", "alternatives": "9" * 5000})
-    assert r.status_code == 400 and "alternatives parameter must be <= 15" in r.json()["error"], r.text
+    assert r.status_code == 400 and "0 <= alternatives <= 15" in r.json()["error"], r.text
     for body in (b"q=Hallo&source=%FF&target=en", b"q=%FF%FE&source=de&target=en", b"q=\xff&source=de"):
         r = httpx.post(service_url + "/translate", content=body,
                        headers={"Content-Type": "application/x-www-form-urlencoded"})
@@ -126,7 +127,7 @@ CARDS = [ModelCard("de-en", "", "de", "en", TINY), ModelCard("en-de", "", "en", 
 
 
 def test_parse_picks_the_model_and_the_options():
-    req = parse({"q": ["a", "b"], "source": "en", "target": "de", "alternatives": "2"}, CARDS)
+    req = parse(FormFields({"q": ["a", "b"], "source": "en", "target": "de", "alternatives": "2"}), CARDS)
     assert (req.card.id, req.batch, req.auto, req.alternatives, req.html) == ("en-de", True, False, 2, False)
     auto = parse({"q": ["a", "b"], "source": "auto", "target": "de"}, CARDS)     # the model: per text, once detected
     assert (auto.card, auto.auto, auto.target) == (None, True, "de")

@@ -35,7 +35,7 @@ def test_limits_come_from_the_model_config_and_the_engine():
 @pytest.mark.parametrize("fields, status, field, words", [
     ({"beam_size": 5}, 422, "beam_size", "4"),
     ({"max_new_tokens": 64}, 422, "max_new_tokens", "63"),
-    ({"max_new_tokens": 5, "min_new_tokens": 6}, 422, "min_new_tokens", "5"),
+    ({"max_new_tokens": 64, "min_new_tokens": 70}, 422, "max_new_tokens", "63"),
     ({"return_attention": True, "attention": {"kinds": ["cross"], "layers": [2]}}, 422, "attention.layers", "0..1"),
     ({"return_attention": True, "attention": {"kinds": ["encoder"], "heads": [4]}}, 422, "attention.heads", "0..3"),
     ({"text": ["x"] * (MAX_TEXTS + 1)}, 413, "text", str(MAX_TEXTS)),
@@ -95,3 +95,23 @@ def test_beam_limit_uses_the_target_vocabulary():
         resolve_options(src, GenerationOptions(beam_size=11), cfg, engine, 64, 64)
     shared = ModelLimits.of("shared", TINY, engine)     # tgt_vocab_size 0: the joint vocabulary
     assert shared.vocab_size == 500
+
+
+def test_min_new_tokens_above_max_new_tokens_means_exactly_max_new_tokens():
+    """EOS is never allowed before the cap: the job asks for min = max (what the schema accepts is served)."""
+    job = TranslateRequest(text="x", max_new_tokens=5, min_new_tokens=6).job()
+    assert (job.options.min_new_tokens, job.options.max_new_tokens) == (5, 5)
+    LIMITS.check(job)
+    assert TranslateRequest(text="x", min_new_tokens=6).job().options.min_new_tokens == 6
+
+
+def test_n_best_without_beam_size_widens_the_beam_and_the_schema_states_the_rule():
+    assert TranslateRequest(text="x", n_best=6).beam_size == 6
+    assert TranslateRequest(text="x", n_best=2).beam_size == 4
+    with pytest.raises(ValueError, match="n_best: must be <= beam_size"):
+        TranslateRequest(text="x", n_best=6, beam_size=5)
+    schema = TranslateRequest.model_json_schema()
+    branch = {b["properties"]["beam_size"]["const"]: b["properties"]["n_best"]["maximum"]
+              for b in schema["anyOf"] if "properties" in b}
+    assert branch == {k: k for k in range(1, 17)}
+    assert schema["then"]["properties"]["return_attention"] == {"const": True}

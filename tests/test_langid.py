@@ -4,6 +4,8 @@ detector and the routing in-process without Ray, then the running service over H
 LibreTranslate's own client among them."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from fastapi import FastAPI, Request
@@ -187,8 +189,8 @@ def test_libre_detect_json_form_and_errors(libre):
     assert many[0]["language"] == "en" and many[1]["language"] == "de"
     r = libre.post("/detect", json={"q": DE[0], "source": "de"})
     assert r.status_code == 200 and r.headers["x-ignored-fields"] == "source"
-    for body, word in (({}, "missing q"), ({"q": 5}, "q must be"), ({"q": ["x"] * 65}, "at most 64 texts"),
-                       ({"q": "x", "api_key": 5}, "api_key must be a string")):
+    for body, word in (({}, "missing q"), ({"q": 5}, "q: must be a string or a list of strings"), ({"q": ["x"] * 65}, "at most 64 texts"),
+                       ({"q": "x", "api_key": 5}, "api_key: Input should be a valid string")):
         r = libre.post("/detect", json=body)
         assert r.status_code == 400 and word in r.json()["error"], r.text
 
@@ -269,3 +271,16 @@ def test_the_benchmark_scores_a_library_on_shipped_sentences():
     row = run_one("py3langid", "served", ["de", "en"], DATA, ["de", "en"], 20)
     assert row["full"] == 100.0 and 0 < row["ms"] < 50 and row["bad_high"] == 0.0 and row["mb"] > 0
     assert ece([(True, 1.0), (False, 0.0)]) == 0.0 and ece([(False, 0.95)]) == 95.0
+
+
+@pytest.mark.parametrize("path, field", [("/translate", f) for f in ("q", "source", "target", "format", "alternatives",
+                                                                     "api_key")] + [("/detect", "q"), ("/detect", "api_key")])
+def test_an_integer_of_any_size_in_any_libretranslate_field_is_a_400_naming_it(libre, path, field):
+    """#38: 400 digits (past every range) or 5,000 (past what Python's int() takes) in a JSON field:
+    a 400 naming the field, never a 500 (body.load_json keeps it as a LongInteger, never converted)."""
+    base = {"q": DE[0], "source": "de", "target": "en"} if path == "/translate" else {"q": DE[0]}
+    for digits in (400, 5000):
+        body = json.dumps({**base, field: 0}).replace(f'"{field}": 0', f'"{field}": {"9" * digits}')
+        r = libre.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"].startswith(f"{field}: "), (digits, r.text)
+        assert "LongInteger" not in r.text and len(r.text) < 300, r.text

@@ -196,3 +196,44 @@ def replica_values(text: str, name: str, model: str) -> list[float]:
     from prometheus_client.parser import text_string_to_metric_families
     return [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
             if sample.name == name and sample.labels.get("model") == model]
+
+
+@pytest.mark.slow
+def test_clients_that_give_up_stop_costing_the_engine(service_url):
+    """#38: 16 clients each send 30 sentences with beam 4 (non-streaming) and give up after 0.3 s.
+    Behind HAProxy, each departure reaches the ingress replica, whose request is cancelled with its
+    sentences (service/ray_env.py runs HAProxy without splicing; with it, under this load the work ran
+    on for tens of seconds). The engine's running and waiting gauges read 0 within 2 s of the last
+    client leaving, plus the 1 s interval at which replicas export metrics in the tests, plus 2 s for
+    a loaded 2-core machine."""
+    clients, per_client = 16, 30
+    texts = read_lines(DATA / "test_2016_flickr.de.gz")[:clients * per_client]
+    cancelled0 = metric_sum(scrape(service_url), "ray_mt_sentences_total", model="de-en", finish_reason="cancelled")
+
+    async def give_up(i: int) -> str:
+        async with httpx.AsyncClient(timeout=0.3) as c:
+            try:
+                await c.post(service_url + "/v1/translate", json={
+                    "text": texts[i * per_client:(i + 1) * per_client], "beam_size": 4, "model": "de-en"})
+                return "answered"
+            except httpx.TimeoutException:
+                return "gave up"
+
+    async def main():
+        outcomes = await asyncio.gather(*(give_up(i) for i in range(clients)))
+        return outcomes, time.time()
+    outcomes, left = asyncio.run(main())
+    assert outcomes.count("gave up") >= clients // 2, outcomes
+    seen = []
+    while time.time() - left < 20:
+        text = scrape(service_url)
+        held = (metric_sum(text, "ray_mt_running_sequences", model="de-en"),
+                metric_sum(text, "ray_mt_waiting_requests", model="de-en"))
+        seen.append((round(time.time() - left, 1), held))
+        if held == (0, 0) and metric_sum(text, "ray_mt_sentences_total", model="de-en",
+                                         finish_reason="cancelled") > cancelled0:
+            break
+        time.sleep(0.25)
+    print(f"{outcomes.count('gave up')} clients gave up; (s after the last left, (running, waiting)): {seen}")
+    assert seen[-1][1] == (0, 0), f"the engine still held (running, waiting) {seen[-1][1]} 20 s later: {seen}"
+    assert seen[-1][0] <= 2 + 1 + 2, f"the engine was idle only {seen[-1][0]} s after the last client left: {seen}"

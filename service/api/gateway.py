@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import threading
 import time
+import types
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -35,11 +36,13 @@ from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
 from . import autodetect, deepl_documents, documents, explorer, libretranslate, pivot, sse
+from . import body as body_module
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
 from .document_store import DocumentSettings, DocumentStore
-from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, mapped_errors, shown
+from .errors import (LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, libre_error_response,
+                     mapped_errors, shown)
 from .guard import Guard, GuardMiddleware, GuardSettings
 from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
@@ -98,6 +101,33 @@ api.add_middleware(BodyMiddleware)        # decodes bodies before the routes rea
 api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
 api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
 add_exception_handlers(api)
+body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
+
+
+def served_models(app: FastAPI) -> tuple[list, dict[str, int]]:
+    """The models this replica serves (its Gateway's cards) and each one's engine max_num_seqs;
+    outside a replica, ``app.state.cards`` (in-process tests)."""
+    try:
+        gateway = serve.get_replica_context().servable_object
+        return list(gateway.cards.values()), {m: lim.max_num_seqs for m, lim in gateway.limits.items()}
+    except Exception:  # noqa: BLE001 - not in a Serve replica
+        return list(getattr(app.state, "cards", ())), {}
+
+
+def openapi_document(app: FastAPI) -> dict:
+    """GET /openapi.json: FastAPI's document, with the LibreTranslate request bodies' ``source`` and
+    ``target`` the served languages and pairs (``libretranslate.request_schema``); built once per
+    replica. (A method of the app, not a function of the module's ``api``: Serve serves a copy of it.)"""
+    if app.openapi_schema is None:
+        doc = FastAPI.openapi(app)
+        cards, seqs = served_models(app)
+        for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
+            doc["paths"][path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards, seqs)
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+api.openapi = types.MethodType(openapi_document, api)
 
 
 def _checked_target(card: ModelCard, target_lang: Optional[str]) -> ModelCard:
@@ -413,14 +443,22 @@ class Gateway:
         return explorer.static_file(name)
 
     # ---- LibreTranslate-compatible API ----
-    @api.get("/languages", response_model=list[LibreLanguage], response_model_exclude_none=True)
-    async def languages(self):
+    @api.get("/languages", response_model=list[LibreLanguage], response_model_exclude_none=True,
+             responses=LIBRE_ERRORS)
+    async def languages(self, request: Request):
         """LibreTranslate: every language with the codes it translates into (those reached through
-        a pivot language too, named in ``via``)."""
-        return libretranslate.languages(self.cards.values(), self.pivots.values())
+        a pivot language too, named in ``via``). It reads no parameter: any sent is named in the
+        X-Ignored-Fields header."""
+        try:
+            fields = await body_module.read_fields(request, (), 400, single=())
+        except ServiceError as e:
+            return libre_error_response(e)
+        langs = libretranslate.languages(self.cards.values(), self.pivots.values())
+        return JSONResponse([lang.model_dump(exclude_none=True) for lang in langs],
+                            headers=libretranslate.ignored_fields_header(fields, ()))
 
     @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses=LIBRE_ERRORS,
-              openapi_extra={"requestBody": libretranslate.openapi_request_body()})
+              openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
     async def libre_translate(self, request: Request):
         """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
         detected), ``target``, ``format`` (text|html), ``alternatives``, ``api_key`` as JSON,

@@ -10,14 +10,12 @@ with LibreTranslate's statuses (``errors.libre_error_response``).
 from __future__ import annotations
 
 import json
-import math
-import urllib.parse
 from dataclasses import dataclass
-from typing import Annotated, Callable, Iterable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.engine import GenerationOptions
 from service.translator import ModelCard
@@ -27,8 +25,10 @@ from service.protocol import MAX_BEAM_SIZE, TranslateJob, TranslateResponse, Usa
 from service.engine.validation import ModelLimits
 
 from . import autodetect
+from . import body as body_module
 from .autodetect import NAMES as LANGUAGE_NAMES
-from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, mapped_errors, short_name, shown
+from .body import Fields
+from .errors import ServiceError, libre_error_response, mapped_errors, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
 from .schemas import LibreLanguage, check_unicode
@@ -37,21 +37,131 @@ DETECT_FIELDS = ("q", "api_key")                                                
 IGNORED_HEADER = "X-Ignored-Fields"     # the other fields a request sent (LibreTranslate ignores them too)
 MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest are counted
 
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-Fields = dict[str, object]      # a JSON body's members, or form fields (str, or list[str] for a repeated q)
 
 
-# ---- the OpenAPI declarations of POST /translate (parse() validates; these only document) -----------
-class LibreTranslateBody(BaseModel):
+# ---- the request models: they validate (body.validate) and document (request_schema) ----------------
+def _json_type(v: Any) -> str:
+    return ("boolean" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else "object"
+            if isinstance(v, dict) else "null" if v is None else type(v).__name__)
+
+
+def _texts(v: Any) -> Any:
+    """q: a string or a non-empty list of strings; an empty one is missing (as LibreTranslate says)."""
+    if v is None or v == "" or v == []:
+        raise ValueError("Invalid request: missing q parameter")
+    if isinstance(v, list):
+        bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise ValueError(f"q[{bad}]: must be a string (q: a string or a list of strings), got {_json_type(v[bad])}")
+        empty = next((i for i, t in enumerate(v) if not t), None)
+        if empty is not None:       # as a form field, one empty q is indistinguishable from a missing one
+            raise ValueError(f"q[{empty}]: empty; each text needs at least one character")
+    elif not isinstance(v, str):
+        raise ValueError(f"must be a string or a list of strings, got {_json_type(v)}")
+    check_unicode(v if isinstance(v, list) else [v], "q")
+    return v
+
+
+class LibreDetectBody(BaseModel):
+    """POST /detect, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
+    model_config = ConfigDict(extra="allow")     # LibreTranslate answers without the fields it does not read
+    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]] = Field(
+        ..., description="text (a list: each language's mean confidence over the texts)")
+    api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
+                                                     "header is sent")
+
+    _q = field_validator("q", mode="before")(classmethod(lambda cls, v: _texts(v)))
+
+    @property
+    def texts(self) -> list[str]:
+        return list(self.q) if isinstance(self.q, list) else [self.q]
+
+
+class LibreTranslateBody(LibreDetectBody):
     """POST /translate, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
-    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[str], Field(min_length=1)]] = Field(
+    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]] = Field(
         ..., description="text, or a list of texts (a repeated form field)")
     source: str = Field(..., min_length=1, description='language code (GET /languages) or "auto"')
     target: str = Field(..., min_length=1, description="language code (GET /languages)")
-    format: Literal["text", "html"] = "text"
-    alternatives: int = Field(0, ge=0, le=MAX_BEAM_SIZE - 1, description="alternative translations to return")
-    api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
-                                                     "header is sent")
+    format: Optional[Literal["text", "html"]] = Field("text", description="null: text")
+    alternatives: Optional[int] = Field(0, ge=0, le=MAX_BEAM_SIZE - 1,
+                                        description="alternative translations to return; null: 0")
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _format(cls, v: Any, info) -> Any:
+        if v == "" and (info.context or {}).get("form"):      # an empty form field: the default
+            return "text"
+        if v is not None and v not in ("text", "html"):
+            raise ValueError(f"{short_name(str(v))} format is not supported (text or html)")
+        return v
+
+    @field_validator("alternatives", mode="before")
+    @classmethod
+    def _whole_number(cls, v: Any, info) -> Any:
+        """JSON: an integer (2 or 2.0) or null; a form: its digits, empty for 0. Never a boolean."""
+        if (info.context or {}).get("form") and isinstance(v, str):
+            return v.strip() or 0
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"must be a whole number or null, got {json.dumps(v) if isinstance(v, (bool, str)) else _json_type(v)}")
+        return v
+
+    @field_validator("source", "target")
+    @classmethod
+    def _unicode(cls, v: str, info) -> str:
+        check_unicode([v], info.field_name)
+        return v
+
+
+def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = (),
+                   max_num_seqs: Optional[dict[str, int]] = None) -> dict:
+    """The JSON Schema of a LibreTranslate request body. With the served models: ``source`` and
+    ``target`` take the served codes only (``source`` also "auto"), and each source only the targets
+    its models translate into (an ``anyOf`` of source/target pairs), with ``alternatives`` below the
+    beam its model's engine runs (``max_num_seqs``: model id -> its engine's) -- what the service
+    accepts, so that a request valid by the document is not refused for its languages."""
+    schema = model.model_json_schema()
+    cards = list(cards)
+    if not cards or "source" not in schema["properties"]:
+        return schema
+    seqs = max_num_seqs or {}
+
+    def most(chosen: list[ModelCard]) -> dict:
+        n = min([MAX_BEAM_SIZE] + [seqs[c.id] for c in chosen if c.id in seqs]) - 1
+        return {"alternatives": {"maximum": n}} if n < MAX_BEAM_SIZE - 1 else {}
+    sources = sorted({c.source_lang for c in cards})
+    targets = sorted({t for c in cards for t in c.targets})
+    props = schema["properties"]
+    props["source"] = {**props["source"], "enum": sources + [autodetect.AUTO]}
+    props["target"] = {**props["target"], "enum": targets}
+    pairs = []
+    for s in sources:
+        for t in sorted({t for c in cards if c.source_lang == s for t in c.targets}):
+            chosen = min((c for c in cards if c.source_lang == s and t in c.targets), key=lambda c: bool(c.target_languages))
+            pairs.append({"properties": {"source": {"const": s}, "target": {"const": t}, **most([chosen])}})
+    schema["anyOf"] = pairs + [{"properties": {"source": {"const": autodetect.AUTO}, **most(cards)}}]
+    return schema
+
+
+def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Iterable[ModelCard] = (),
+                         max_num_seqs: Optional[dict[str, int]] = None) -> dict:
+    """The requestBody of POST /translate (or /detect) for the OpenAPI document: JSON and the two
+    form types, whose fields are text: never null, but empty for the default."""
+    schema = request_schema(model, cards, max_num_seqs)
+    form = {**schema, "properties": {k: _form_field(v) for k, v in schema["properties"].items()}}
+    return {"required": True, "content": {body_module.JSON: {"schema": schema},
+                                          **{m: {"schema": form} for m in body_module.FORM_TYPES}}}
+
+
+def _form_field(prop: dict) -> dict:
+    """A property as a form field: text, so its null option (``anyOf: [X, {"type": "null"}]``) is the
+    empty field instead (which means the default), or nothing for a string."""
+    if {"type": "null"} not in prop.get("anyOf", ()):
+        return prop
+    options = [o for o in prop["anyOf"] if o != {"type": "null"}]
+    if options == [{"type": "string"}]:       # any string, the empty one too
+        return {**{k: v for k, v in prop.items() if k not in ("anyOf", "default")}, **options[0]}
+    return {**prop, "anyOf": options + [{"const": ""}]}
 
 
 class LibreDetection(BaseModel):
@@ -69,24 +179,8 @@ class LibreTranslateAnswer(BaseModel):
                           'language, or without letters): true for it')
 
 
-class LibreDetectBody(BaseModel):
-    """POST /detect, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
-    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[str], Field(min_length=1)]] = Field(
-        ..., description="text (a list: each language's mean confidence over the texts)")
-    api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
-                                                     "header is sent")
-
-
 class LibreError(BaseModel):
     error: str
-
-
-def openapi_request_body(model: type[BaseModel] = LibreTranslateBody) -> dict:
-    """The requestBody of POST /translate (or /detect) for the OpenAPI document: one schema, three media types."""
-    schema = model.model_json_schema()
-    return {"required": True, "content": {m: {"schema": schema} for m in
-                                          ("application/json", "application/x-www-form-urlencoded",
-                                           "multipart/form-data")}}
 
 
 @dataclass
@@ -197,20 +291,8 @@ async def detect(request: Request, detector: LanguageDetector) -> JSONResponse:
         fields, denied = await read_admitted(request)
         if denied is not None:
             return denied
-        q = fields.get("q")
-        if not q:
-            raise ServiceError(400, "Invalid request: missing q parameter", "q")
-        batch = isinstance(q, list)
-        if not (isinstance(q, str) or (batch and all(isinstance(t, str) for t in q))):
-            raise ServiceError(400, "Invalid request: q must be a string or a list of strings", "q")
-        if fields.get("api_key") is not None and not isinstance(fields["api_key"], str):
-            raise ServiceError(400, "Invalid request: api_key must be a string", "api_key")
-        texts = list(q) if batch else [q]
-        autodetect.check_sizes(texts, "q", batch)
-        try:
-            check_unicode(texts, "q")
-        except ValueError as e:
-            raise ServiceError(400, str(e), "q") from None
+        texts = body_module.validate(LibreDetectBody, fields, 400).texts
+        autodetect.check_sizes(texts, "q", isinstance(fields.get("q"), list))
         detections = await autodetect.detect_texts(detector, texts)
     except ServiceError as e:
         return libre_error_response(e)
@@ -265,26 +347,15 @@ def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits,
 def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     """Validate the fields and pick the model (with ``source: auto``, only the target: the models are
     picked per text once detected). Raises ServiceError 400 naming the field."""
-    q, source, target = f.get("q"), f.get("source"), f.get("target")
-    for name, value in (("q", q), ("source", source), ("target", target)):
-        if not value:
-            raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
-    batch = isinstance(q, list)
-    if not (isinstance(q, str) or (batch and all(isinstance(t, str) for t in q))):
-        raise ServiceError(400, "Invalid request: q must be a string or a list of strings", "q")
-    for name, value in (("source", source), ("target", target)):
-        if not isinstance(value, str):
-            raise ServiceError(400, f"Invalid request: {name} must be a string", name)
-    fmt = f.get("format") or "text"
-    if fmt not in ("text", "html"):
-        raise ServiceError(400, f"{fmt} format is not supported", "format")
-    n_alt = _whole_number(f.get("alternatives"))
+    body = body_module.validate(LibreTranslateBody, f, 400)
+    source, target, batch = body.source, body.target, isinstance(body.q, list)
+    n_alt, fmt = body.alternatives or 0, body.format or "text"
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
     if autodetect.is_auto(target):
         raise ServiceError(400, "Invalid request: target auto is not supported: auto detects the source language "
                                 f"only; give the target language (one of {', '.join(sorted(targets))})", "target")
-    texts = list(q) if batch else [q]
+    texts = body.texts
     if autodetect.is_auto(source):
         target = match_language(target, targets | sources)
         if target not in targets and target not in sources:
@@ -316,114 +387,9 @@ def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
 
 
 async def read_fields(request: Request) -> Fields:
-    """The request fields from a JSON body or a form body (urlencoded or multipart), like LibreTranslate."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype == "application/json" or ctype.endswith("+json"):
-        try:
-            body = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ServiceError(400, "Invalid JSON format")
-        except RecursionError:
-            raise ServiceError(400, f"Invalid JSON format: {JSON_TOO_DEEP}", "body")
-        if not isinstance(body, dict):
-            raise ServiceError(400, "Invalid JSON format")
-        return _merged(_grouped(request.query_params.multi_items(), "query parameter"), body)
-    fields: Fields = _grouped(request.query_params.multi_items(), "query parameter")
-    if ctype not in FORM_TYPES and await request.body():
-        raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {ctype or 'missing'}; "
-                                f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
-    if ctype in FORM_TYPES:
-        if ctype == "multipart/form-data":
-            await _check_multipart(request)
-            form = await request.form()
-            pairs = form.multi_items()
-            for k, v in pairs:
-                if not isinstance(v, str):      # an uploaded file: never read as the field's text
-                    raise ServiceError(400, f"Invalid request: form field {shown(k)} was sent as a file "
-                                            f"({v.filename or 'no name'}); send it as a text field", k)
-        else:
-            # Decoded as UTF-8 ourselves: clients (curl -d) send raw UTF-8 bytes unescaped, and a
-            # Latin-1 reading would garble them.
-            try:
-                text = (await request.body()).decode("utf-8")
-            except UnicodeDecodeError:
-                raise ServiceError(400, "Invalid request: the form body is not valid UTF-8")
-            try:  # percent-escapes must decode to UTF-8 too
-                pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
-            except UnicodeDecodeError:
-                raise ServiceError(400, "Invalid request: a form field is not valid UTF-8 once percent-decoded")
-        fields = _merged(fields, _grouped(pairs, "form field"))
-    return fields
-
-
-def _merged(query: Fields, body: Fields) -> Fields:
-    """The body's fields and the query string's: a field in both is a 400 (one would be dropped)."""
-    both = sorted(set(query) & set(body))
-    if both:
-        raise ServiceError(400, f"Invalid request: {shown(both[0])} given in both the query string and the body; "
-                                "send it once", both[0])
-    return {**query, **body}
-
-
-def _grouped(pairs, what: str) -> Fields:
-    """Fields from (name, value) pairs: a repeated ``q`` is a batch (LibreTranslate normalises form
-    line endings to \\n); any other field given twice is a 400 (one value would be dropped)."""
-    grouped: dict[str, list[str]] = {}
-    for k, v in pairs:
-        grouped.setdefault(k, []).append(v)
-    fields: Fields = {}
-    for key, values in grouped.items():
-        if key == "q":
-            values = ["\n".join(v.splitlines()) for v in values]
-            fields[key] = values if len(values) > 1 else values[0]
-        elif len(values) > 1:
-            raise ServiceError(400, f"Invalid request: {what} {shown(key)} given {len(values)} times; send it once", key)
-        else:
-            fields[key] = values[0]
-    return fields
-
-
-async def _check_multipart(request: Request) -> None:
-    """Raises ServiceError 400 for a multipart body without a boundary parameter or its closing
-    delimiter (``--boundary--``): a truncated body is not read as an empty form."""
-    params = dict(p.strip().partition("=")[::2] for p in request.headers.get("content-type", "").split(";")[1:])
-    boundary = params.get("boundary", "").strip('"')
-    if not boundary:
-        raise ServiceError(400, "Invalid request: the multipart/form-data body is malformed: its Content-Type has "
-                                "no boundary parameter", "body")
-    if b"--" + boundary.encode("latin-1", "replace") + b"--" not in await request.body():
-        raise ServiceError(400, f"Invalid request: the multipart/form-data body is malformed: no closing boundary "
-                                f"'--{boundary[:70]}--' (truncated?)", "body")
-
-
-def _whole_number(value: object) -> int:
-    """``alternatives`` as an int: a JSON integer (2 or 2.0), a form's digits, or 0 when absent.
-    Raises ServiceError 400 for anything else (1.5, true, "two", inf) and for a whole number beyond
-    the field's range, however many digits it has (an integer of thousands of digits is compared,
-    never converted to a float or parsed past what the range needs)."""
-    if value is None or value == "":
-        return 0
-    n: Optional[int] = None
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        digits = value.strip().lstrip("+-").lstrip("0") or "0"
-        if len(digits) > 6:      # far beyond the range: never parse it (Python refuses > 4,300 digits)
-            raise _alternatives_out_of_range(value.strip().startswith("-"))
-        n = int(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        n = value
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        n = int(value)
-    if n is None:
-        raise ServiceError(400, f"Invalid request: alternatives parameter must be a whole number, got {shown(value)}",
-                           "alternatives")
-    if n < 0 or n > MAX_BEAM_SIZE - 1:
-        raise _alternatives_out_of_range(n < 0)
-    return n
-
-
-def _alternatives_out_of_range(negative: bool) -> ServiceError:
-    bound = ">= 0" if negative else f"<= {MAX_BEAM_SIZE - 1}"
-    return ServiceError(400, f"Invalid request: alternatives parameter must be {bound}", "alternatives")
+    """The request fields from a JSON body or a form body (urlencoded or multipart) and the query
+    string, like LibreTranslate (``body.read_fields``: a repeated ``q`` is a batch)."""
+    return await body_module.read_fields(request, ("q",), 400, single=LIBRE_FIELDS)
 
 
 def _unique(seq: list[str], exclude: str) -> list[str]:

@@ -23,6 +23,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+def _whole(v: Any) -> Any:
+    """A JSON number with no fractional part (4.0) is the integer it equals, as JSON Schema's
+    "integer" says; 4.5, "4" and true stay refused (strict)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+
 class AttentionOptions(_Strict):
     """Which attention weights to return; layers and heads select rows of each kind to keep payloads small."""
     kinds: list[Literal[ATTENTION_KINDS]] = Field(
@@ -31,9 +38,22 @@ class AttentionOptions(_Strict):
     layers: Optional[list[int]] = Field(None, min_length=1, description="layer indices (0-based); null = all")
     heads: Optional[list[int]] = Field(None, min_length=1, description="head indices (0-based); null = all")
 
+    @field_validator("layers", "heads", mode="before")
+    @classmethod
+    def _whole_indices(cls, v: Any) -> Any:
+        return [_whole(i) for i in v] if isinstance(v, list) else v
+
 
 class TranslateRequest(_Strict):
     """POST /v1/translate body."""
+    # Rules between fields, stated in the document too (JSON Schema's conditional keywords, OpenAPI 3.1):
+    # attention selects what return_attention returns, so it comes only with return_attention: true.
+    # n_best <= beam_size (beam_size left out: it is max(4, n_best)).
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"required": ["attention"]},
+        "then": {"required": ["return_attention"], "properties": {"return_attention": {"const": True}}},
+        "anyOf": [{"not": {"required": ["beam_size"]}}] + [
+            {"properties": {"beam_size": {"const": k}, "n_best": {"maximum": k}}} for k in range(1, MAX_BEAM_SIZE + 1)]})
     text: Union[str, list[str]] = Field(
         ..., description=f"one text or a list of up to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
@@ -41,12 +61,14 @@ class TranslateRequest(_Strict):
                                                          "text's language detected, each text sent to its model")
     target_lang: Optional[str] = Field(None, description="target language code; null = the model's")
     model: Optional[str] = Field(None, description="model id from GET /v1/models; null = chosen by languages")
-    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search")
+    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search; left out: 4, or n_best when "
+                                                                    "that is larger")
     n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (<= beam_size)")
     max_new_tokens: Optional[int] = Field(
         None, ge=0, description="target tokens per sentence; null = min(2 * source_len + 10, model max_len - 1)")
-    min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens "
-                                                     "(<= max_new_tokens; for fixed-length benchmarks)")
+    min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens (for "
+                                                     "fixed-length benchmarks); at or above max_new_tokens: "
+                                                     "exactly max_new_tokens tokens")
     length_penalty: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False,
                                   description="score = log_prob / length ** length_penalty")
     return_attention: bool = False
@@ -73,6 +95,11 @@ class TranslateRequest(_Strict):
             raise ValueError("must be a string or a list of strings")
         check_unicode([v] if isinstance(v, str) else v, "text")
         return v
+
+    @field_validator("beam_size", "n_best", "max_new_tokens", "min_new_tokens", mode="before")
+    @classmethod
+    def _whole_number(cls, v: Any) -> Any:
+        return _whole(v)
 
     @field_validator("keep", mode="before")
     @classmethod
@@ -109,6 +136,8 @@ class TranslateRequest(_Strict):
 
     @model_validator(mode="after")
     def _n_best_within_beam(self) -> "TranslateRequest":
+        if "beam_size" not in self.model_fields_set and self.n_best > self.beam_size:
+            self.beam_size = self.n_best        # n_best hypotheses need a beam at least as wide
         if self.n_best > self.beam_size:
             raise ValueError(f"n_best: must be <= beam_size ({self.beam_size}), got {self.n_best}")
         if "attention" in self.model_fields_set and not self.return_attention:   # nothing sent is ignored
@@ -123,9 +152,12 @@ class TranslateRequest(_Strict):
     def job(self) -> "TranslateJob":
         """The translator's job for this request (attention kinds only when return_attention)."""
         kinds = tuple(dict.fromkeys(self.attention.kinds)) if self.return_attention else ()
+        # min_new_tokens above max_new_tokens: EOS is never allowed before the cap, so exactly
+        # max_new_tokens tokens, which min_new_tokens = max_new_tokens says too
+        min_new = self.min_new_tokens if self.max_new_tokens is None else min(self.min_new_tokens, self.max_new_tokens)
         options = GenerationOptions(beam_size=self.beam_size, n_best=self.n_best, max_new_tokens=self.max_new_tokens,
                                     length_penalty=self.length_penalty, attention_kinds=kinds,
-                                    min_new_tokens=self.min_new_tokens)
+                                    min_new_tokens=min_new)
         att = self.attention
         selection = AttentionSelection(tuple(att.layers) if att.layers else None,
                                        tuple(att.heads) if att.heads else None)
