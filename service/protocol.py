@@ -93,6 +93,8 @@ class TranslateJob:
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
     n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
     keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
+    memory_scope: Optional[str] = None         # translation memory of this API key's id ("" keys off); None = unused
+    split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------
