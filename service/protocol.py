@@ -24,6 +24,8 @@ MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds on
 MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)
 MAX_KEEP_TERMS = 100           # do-not-translate terms in one request (`keep`)
 MAX_KEEP_CHARS = 200           # characters in one do-not-translate term (a request's or the stored list's)
+MAX_MEMORY_IMPORT = 10_000     # translation-memory entries in one PUT /v1/memory
+MAX_MEMORY_ENTRIES = 100_000   # translation-memory entries stored per model and API key
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 

@@ -35,7 +35,7 @@ from typing import Optional
 
 from fastapi.responses import JSONResponse
 
-from .errors import LIBRE_PATHS, ServiceError, error_response, route_path, shown
+from .errors import DEEPL_PREFIX, LIBRE_PATHS, ServiceError, error_response, route_path, shown
 from .guard import BODY_KEY_PATHS, check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
@@ -46,7 +46,10 @@ JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART),   # "+json" types count as JSON
-               "/detect": (JSON, FORM, MULTIPART)}
+               "/detect": (JSON, FORM, MULTIPART), "/suggest": (JSON, FORM, MULTIPART),
+               "/v2/translate": (JSON, FORM, MULTIPART), "/v1/memory": (JSON, "text/tab-separated-values",
+                                                                        "application/x-tmx+xml", "application/xml",
+                                                                        "text/xml")}
 JSON_KEY_PATHS = frozenset(MEDIA_TYPES)     # routes whose JSON bodies are checked for repeated keys
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # The charsets honoured, as codecs.lookup() names them: character encodings only, never Python's
@@ -186,6 +189,9 @@ def render(path: str, err: ServiceError, headers: Optional[dict] = None) -> JSON
     if path in LIBRE_PATHS:
         return JSONResponse({"error": err.message}, status_code=400 if err.status == 422 else err.status,
                             headers=headers)
+    if path.startswith(DEEPL_PREFIX):
+        from .deepl import error_response as deepl_error_response
+        return deepl_error_response(err, headers=headers)
     return error_response(err, headers=headers)
 
 

@@ -28,7 +28,8 @@ from service.engine.errors import EngineError, EngineStoppedError, EngineValidat
 from service.protocol import (RETRY_AFTER_S, DeadlineExceeded, InvalidRequest, Overloaded, TooLarge, TranslationError,
                               Unavailable)
 
-LIBRE_PATHS = ("/translate", "/languages", "/detect")    # routes that answer in LibreTranslate's error shape
+LIBRE_PATHS = ("/translate", "/languages", "/detect", "/suggest", "/frontend/settings")  # LibreTranslate's error shape
+DEEPL_PREFIX = "/v2/"     # DeepL-compatible routes: DeepL's error shape (deepl.error_response)
 MAX_NAME_CHARS = 64   # a field name (or any path part) longer than this is shortened in error messages
 MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
 # Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
@@ -225,6 +226,10 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         message = f"{message}; allowed: {next(iter(allow.values()))}"
     if _is_libre(request):
         return libre_error_response(ServiceError(exc.status_code, message), headers=allow)
+    if _is_deepl(request):
+        from .deepl import error_response as deepl_error_response
+        return deepl_error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"),
+                                    headers=allow)
     if exc.status_code == 400:  # FastAPI could not parse the body: say why where we know it
         cause = exc.__cause__
         if isinstance(cause, RecursionError):
@@ -240,7 +245,14 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
                           headers=allow)
 
 
+def _is_deepl(request: Request) -> bool:
+    return route_path(request.scope).startswith(DEEPL_PREFIX)
+
+
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    if _is_deepl(request):
+        from .deepl import error_response as deepl_error_response
+        return deepl_error_response(exc)
     return libre_error_response(exc) if _is_libre(request) else error_response(exc)
 
 

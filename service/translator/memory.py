@@ -43,6 +43,12 @@ def normalize(text: str) -> str:
     return " ".join(trim(unicodedata.normalize("NFKC", text)).split())
 
 
+def memory_model(model: str, target_lang: Optional[str] = None) -> str:
+    """The store's model key: the model id, with the target language for a multilingual model
+    (``target_lang`` None for a model of one target)."""
+    return model if not target_lang else f"{model}>>{target_lang}"
+
+
 class MemoryStore:
     """The stored translations in one SQLite file (WAL mode: readers never wait for a writer).
 
@@ -94,6 +100,11 @@ class MemoryStore:
                 db.execute("ROLLBACK")
                 raise
         return len(rows)
+
+    def count(self, model: str, scope: str) -> int:
+        with self._lock:
+            return self._db().execute("SELECT COUNT(*) FROM memory WHERE model=? AND scope=?",
+                                      (model, scope)).fetchone()[0]
 
     def export(self, model: str, scope: str) -> list[tuple[str, str]]:
         """Every stored (source, target) of the model and scope, sources in order."""

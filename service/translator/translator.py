@@ -36,7 +36,7 @@ from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
 
 from .card import ModelCard
-from .memory import MemoryStore, ResultCache, normalize
+from .memory import MemoryStore, ResultCache, memory_model, normalize
 from .output import build_response
 from .protect import Protected, Protector, Terms
 from .streaming import StreamState, merge_streams
@@ -182,11 +182,13 @@ class Translator:
         pieces: list[Piece] = []
         prepared: list[Protected] = []
         memory = getattr(self, "memory", None) if hits is not None and job.memory_scope is not None else None
+        memory_key = (memory_model(self.name, job.target_lang if self.tok.target_languages else None)
+                      if memory is not None else "")
         for i, text in enumerate(job.texts):
             if not has_text(text):   # whitespace or other invisible characters only
                 splits.append(None)
                 continue
-            stored = memory.lookup(self.name, job.memory_scope, [normalize(text)]) if memory is not None else {}
+            stored = memory.lookup(memory_key, job.memory_scope, [normalize(text)]) if memory is not None else {}
             if stored:     # the whole text is in the memory: one piece, its stored translation
                 core = trim(text)
                 at = text.find(core)
@@ -201,7 +203,7 @@ class Translator:
             split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
             split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s, keep)).needs_model)
             splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
-            stored = (memory.lookup(self.name, job.memory_scope, [normalize(s) for s in split.pieces])
+            stored = (memory.lookup(memory_key, job.memory_scope, [normalize(s) for s in split.pieces])
                       if memory is not None else {})
             for j, sentence in enumerate(split.pieces):
                 if stored and normalize(sentence) in stored:
