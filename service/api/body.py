@@ -35,7 +35,7 @@ from typing import Optional
 
 from fastapi.responses import JSONResponse
 
-from .errors import DEEPL_PREFIX, LIBRE_PATHS, ServiceError, error_response, route_path, shown
+from .errors import DEEPL_PREFIX, LIBRE_PATHS, ServiceError, deepl_error_response, error_response, route_path, shown
 from .guard import BODY_KEY_PATHS, check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
@@ -190,7 +190,6 @@ def render(path: str, err: ServiceError, headers: Optional[dict] = None) -> JSON
         return JSONResponse({"error": err.message}, status_code=400 if err.status == 422 else err.status,
                             headers=headers)
     if path.startswith(DEEPL_PREFIX):
-        from .deepl import error_response as deepl_error_response
         return deepl_error_response(err, headers=headers)
     return error_response(err, headers=headers)
 

@@ -31,7 +31,7 @@ from service.translator.langid import LanguageDetector
 
 from . import autodetect
 from .autodetect import NAMES
-from .errors import ServiceError, format_validation_error, mapped_errors, shown
+from .errors import ServiceError, deepl_error_response, format_validation_error, mapped_errors, shown
 
 DEEPL_PREFIX = "/v2/"             # paths answered in DeepL's error shape
 AUTH_SCHEME = "deepl-auth-key"    # Authorization: DeepL-Auth-Key KEY (compared ignoring case)
@@ -95,17 +95,7 @@ def is_deepl_path(path: str) -> bool:
     return path.startswith(DEEPL_PREFIX)
 
 
-def error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    """DeepL's error shape ``{"message": ...}`` with its statuses: a missing or wrong key (401 here)
-    is 403; invalid input (404 unknown language pair, 415, 422) is 400; 413, 429, 503, 504 stay."""
-    status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
-    if err.type == "glossary_not_found":
-        status = 404
-    hdrs = dict(headers or {})
-    hdrs.pop("WWW-Authenticate", None)
-    if err.retry_after is not None:
-        hdrs.setdefault("Retry-After", str(max(1, int(-(-err.retry_after // 1)))))
-    return JSONResponse({"message": err.message}, status_code=status, headers=hdrs or None)
+error_response = deepl_error_response     # DeepL's error shape and statuses (errors.deepl_error_response)
 
 
 # ---- POST /v2/translate --------------------------------------------------------------------------

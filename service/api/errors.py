@@ -150,6 +150,18 @@ def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
                         headers={**(_retry_header(err.retry_after) or {}), **(headers or {})} or None)
 
 
+def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    """DeepL's error shape ``{"message": ...}`` with its statuses (deepl.py): a missing or wrong key
+    (401 here) is 403; invalid input (404 unknown language pair, 415, 422) is 400, an unknown glossary
+    404; 413, 429, 503, 504 stay (Retry-After kept)."""
+    status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
+    if err.type == "glossary_not_found":
+        status = 404
+    hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
+    hdrs.pop("WWW-Authenticate", None)
+    return JSONResponse({"message": err.message}, status_code=status, headers=hdrs or None)
+
+
 def short_name(name: str) -> str:
     """A client-sent name as an error message repeats it: whole up to MAX_NAME_CHARS characters, else
     its start and its length (an unknown field named by 100,000 characters is not echoed back whole)."""
@@ -227,7 +239,6 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     if _is_libre(request):
         return libre_error_response(ServiceError(exc.status_code, message), headers=allow)
     if _is_deepl(request):
-        from .deepl import error_response as deepl_error_response
         return deepl_error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"),
                                     headers=allow)
     if exc.status_code == 400:  # FastAPI could not parse the body: say why where we know it
@@ -251,7 +262,6 @@ def _is_deepl(request: Request) -> bool:
 
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
     if _is_deepl(request):
-        from .deepl import error_response as deepl_error_response
         return deepl_error_response(exc)
     return libre_error_response(exc) if _is_libre(request) else error_response(exc)
 

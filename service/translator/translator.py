@@ -40,7 +40,7 @@ from .memory import MemoryStore, ResultCache, memory_model, normalize
 from .output import build_response
 from .protect import Protected, Protector, Terms
 from .streaming import StreamState, merge_streams
-from .text import Piece, Split, has_text, split_sentences_of, trim
+from .text import Piece, Split, has_text, split_sentences_of, split_text, trim
 from .truecase import Truecaser
 
 logger = logging.getLogger("ray.serve")
@@ -197,7 +197,9 @@ class Translator:
                 pieces.append(Piece(i, 0, []))
                 prepared.append(None)
                 continue
-            split = split_sentences_of(text, self.card.source_lang, getattr(job, "split_sentences", "1"))
+            mode = getattr(job, "split_sentences", "1")     # DeepL's split_sentences (text.split_sentences_of)
+            split = (split_text(text, self.card.source_lang) if mode == "1" else
+                     split_sentences_of(text, self.card.source_lang, mode))
             self.metrics.split_fallbacks(split.fallbacks)
             seen: dict[str, Protected] = {}
             split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
