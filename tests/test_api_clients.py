@@ -16,7 +16,7 @@ from service.api.cors import CorsMiddleware
 from service.api.errors import LIBRE_PATHS, ServiceError, add_exception_handlers
 from service.api.guard import Guard, GuardMiddleware, GuardSettings, memory_scope
 from service.api.html import HtmlText
-from service.api.libretranslate import read_fields
+from service.api.libretranslate import read_admitted, read_fields
 from service.api.suggest import frontend_settings
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
@@ -130,13 +130,14 @@ def make_client(guard: Guard, origins=("*",)) -> TestClient:
 
     @app.post("/v2/translate")
     async def translate(request: Request):
-        fields = await read_fields(request)
+        fields = await read_fields(request, deepl.LIST_FIELDS)
         body = deepl.parse(fields)
         return {"texts": body.text, "scope": request.scope["state"].get("memory_scope")}
 
     @app.post("/translate")
     async def libre(request: Request):
-        return {"translatedText": "x"}
+        fields, denied = await read_admitted(request)      # LibreTranslate's api_key field, as the route does
+        return denied or {"translatedText": fields.get("q")}
 
     @app.get("/")
     async def page():

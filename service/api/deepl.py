@@ -44,6 +44,7 @@ REGION_NAMES = {"EN-GB": "English (British)", "EN-US": "English (American)", "PT
 NO_CHARACTER_LIMIT = 1_000_000_000_000
 # Fields DeepL defines that change nothing here: reported in IGNORED_HEADER when sent with a value that
 # asks for something (formality other than default, a context, ...)
+LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "glossary_ids", "custom_instructions")
 NOT_APPLIED = ("formality", "context", "model_type", "outline_detection", "non_splitting_tags", "splitting_tags",
                "ignore_tags", "tag_handling_version", "custom_instructions", "style_id", "translation_memory_id",
                "translation_memory_threshold", "glossary_ids")
@@ -202,7 +203,7 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
                                   "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
     else:
         source = service_language(body.source_lang)
-        if source not in sources:
+        if source not in sources and source != target:
             raise ServiceError(400, f"Value for 'source_lang' not supported: {shown(body.source_lang)}; source "
                                     f"languages here: {', '.join(sorted(s.upper() for s in sources))}", "source_lang")
         if source == target:

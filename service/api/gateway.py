@@ -503,7 +503,7 @@ class Gateway:
         """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
         ``tag_handling`` html|xml, ``split_sentences`` 0|1|nonewlines; answers ``{"translations": [...]}``."""
         try:
-            fields = await libretranslate.read_fields(request)
+            fields = await libretranslate.read_fields(request, deepl.LIST_FIELDS)
         except ServiceError as e:
             return deepl.error_response(e)
         body = deepl.parse(fields)

@@ -309,8 +309,9 @@ def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
     return card
 
 
-async def read_fields(request: Request) -> Fields:
-    """The request fields from a JSON body or a form body (urlencoded or multipart), like LibreTranslate."""
+async def read_fields(request: Request, lists: tuple[str, ...] = ("q",)) -> Fields:
+    """The request fields from a JSON body or a form body (urlencoded or multipart), like LibreTranslate;
+    ``lists``: the form fields that may repeat (a list; DeepL's ``text``)."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "application/json" or ctype.endswith("+json"):
         try:
@@ -321,8 +322,8 @@ async def read_fields(request: Request) -> Fields:
             raise ServiceError(400, f"Invalid JSON format: {JSON_TOO_DEEP}", "body")
         if not isinstance(body, dict):
             raise ServiceError(400, "Invalid JSON format")
-        return _merged(_grouped(request.query_params.multi_items(), "query parameter"), body)
-    fields: Fields = _grouped(request.query_params.multi_items(), "query parameter")
+        return _merged(_grouped(request.query_params.multi_items(), "query parameter", lists), body)
+    fields: Fields = _grouped(request.query_params.multi_items(), "query parameter", lists)
     if ctype not in FORM_TYPES and await request.body():
         raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {ctype or 'missing'}; "
                                 f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
@@ -346,7 +347,7 @@ async def read_fields(request: Request) -> Fields:
                 pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
             except UnicodeDecodeError:
                 raise ServiceError(400, "Invalid request: a form field is not valid UTF-8 once percent-decoded")
-        fields = _merged(fields, _grouped(pairs, "form field"))
+        fields = _merged(fields, _grouped(pairs, "form field", lists))
     return fields
 
 
@@ -359,7 +360,7 @@ def _merged(query: Fields, body: Fields) -> Fields:
     return {**query, **body}
 
 
-def _grouped(pairs, what: str) -> Fields:
+def _grouped(pairs, what: str, lists: tuple[str, ...] = ("q",)) -> Fields:
     """Fields from (name, value) pairs: a repeated ``q`` is a batch (LibreTranslate normalises form
     line endings to \\n); any other field given twice is a 400 (one value would be dropped)."""
     grouped: dict[str, list[str]] = {}
@@ -367,8 +368,9 @@ def _grouped(pairs, what: str) -> Fields:
         grouped.setdefault(k, []).append(v)
     fields: Fields = {}
     for key, values in grouped.items():
-        if key == "q":
-            values = ["\n".join(v.splitlines()) for v in values]
+        if key in lists:
+            if key == "q":
+                values = ["\n".join(v.splitlines()) for v in values]
             fields[key] = values if len(values) > 1 else values[0]
         elif len(values) > 1:
             raise ServiceError(400, f"Invalid request: {what} {shown(key)} given {len(values)} times; send it once", key)
