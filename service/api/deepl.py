@@ -17,6 +17,7 @@ path), ``error_response`` (DeepL's error shape and statuses), ``DEEPL_PREFIX`` (
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Awaitable, Callable, Iterable, Literal, Optional, Union
 
 from fastapi import Request
@@ -31,7 +32,7 @@ from service.translator.langid import LanguageDetector
 
 from . import autodetect
 from .autodetect import NAMES
-from .errors import ServiceError, deepl_error_response, format_validation_error, mapped_errors, shown
+from .errors import ServiceError, deepl_error_response, format_validation_error, mapped_errors, short_name, shown
 
 DEEPL_PREFIX = "/v2/"             # paths answered in DeepL's error shape
 AUTH_SCHEME = "deepl-auth-key"    # Authorization: DeepL-Auth-Key KEY (compared ignoring case)
@@ -153,8 +154,9 @@ def ignored(body: DeepLTranslateBody, fields: dict) -> Optional[dict[str, str]]:
     names = [k for k in fields if k not in DeepLTranslateBody.model_fields and fields[k] not in (None, "", [])]
     if body.formality not in (None, "", "default"):
         names.insert(0, "formality")
-    names = list(dict.fromkeys(names))
-    return {IGNORED_HEADER: ", ".join(n[:64] for n in names[:20])} if names else None
+    names = [json.dumps(short_name(n))[1:-1] for n in dict.fromkeys(names)]    # ASCII, as on /translate
+    return {IGNORED_HEADER: ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+            } if names else None
 
 
 @dataclasses.dataclass

@@ -67,13 +67,17 @@ def parse_json(body: bytes) -> list[tuple[str, str]]:
 def parse_tsv(text: str) -> list[tuple[str, str]]:
     """(source, target) per line of TSV (blank lines skipped). Raises ServiceError 422 naming the line."""
     out = []
-    for n, row in enumerate(csv.reader(io.StringIO(text), dialect="excel-tab"), 1):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) != 2 or not row[0].strip() or not row[1].strip():
-            raise ServiceError(422, f"body: line {n}: expected 'source<TAB>target' (2 non-empty fields), got "
-                                    f"{len(row)} field{'s' if len(row) != 1 else ''}", "body")
-        out.append((row[0], row[1]))
+    rows = csv.reader(io.StringIO(text), dialect="excel-tab")
+    try:
+        for n, row in enumerate(rows, 1):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != 2 or not row[0].strip() or not row[1].strip():
+                raise ServiceError(422, f"body: line {n}: expected 'source<TAB>target' (2 non-empty fields), got "
+                                        f"{len(row)} field{'s' if len(row) != 1 else ''}", "body")
+            out.append((row[0], row[1]))
+    except csv.Error as e:      # a NUL character, an unclosed quote at the end
+        raise ServiceError(422, f"body: TSV line {rows.line_num}: {e}", "body") from None
     return out
 
 
@@ -105,6 +109,13 @@ def parse_tmx(body: bytes, source_lang: str, target_lang: str) -> list[tuple[str
     if root.tag != "tmx" or root.find("body") is None:
         raise ServiceError(422, f"body: not TMX (root element <{str(root.tag)[:40]}>, expected <tmx> with a <body>)",
                            "body")
+    try:
+        return _units(root, source_lang, target_lang)
+    except RecursionError:
+        raise ServiceError(422, "body: TMX <seg> elements nested too deep", "body") from None
+
+
+def _units(root: ET.Element, source_lang: str, target_lang: str) -> list[tuple[str, str]]:
     out = []
     units = root.find("body").findall("tu")
     for tu in units:
