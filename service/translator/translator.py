@@ -188,15 +188,6 @@ class Translator:
             if not has_text(text):   # whitespace or other invisible characters only
                 splits.append(None)
                 continue
-            stored = memory.lookup(memory_key, job.memory_scope, [normalize(text)]) if memory is not None else {}
-            if stored:     # the whole text is in the memory: one piece, its stored translation
-                core = trim(text)
-                at = text.find(core)
-                splits.append(Split([core], [text[:at], text[at + len(core):]]))
-                hits[len(pieces)] = next(iter(stored.values()))
-                pieces.append(Piece(i, 0, []))
-                prepared.append(None)
-                continue
             mode = getattr(job, "split_sentences", "1")     # DeepL's split_sentences (text.split_sentences_of)
             split = (split_text(text, self.card.source_lang) if mode == "1" else
                      split_sentences_of(text, self.card.source_lang, mode))
@@ -204,9 +195,19 @@ class Translator:
             seen: dict[str, Protected] = {}
             split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
             split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s, keep)).needs_model)
+            stored: dict[str, str] = {}
+            if memory is not None:      # one query per text: the whole text and each sentence
+                whole = normalize(text)
+                stored = memory.lookup(memory_key, job.memory_scope, [whole, *(normalize(s) for s in split.pieces)])
+                if whole in stored and [normalize(s) for s in split.pieces] != [whole]:
+                    core = trim(text)   # the whole text is in the memory: one piece, its stored translation
+                    at = text.find(core)
+                    splits.append(Split([core], [text[:at], text[at + len(core):]]))
+                    hits[len(pieces)] = stored[whole]
+                    pieces.append(Piece(i, 0, []))
+                    prepared.append(None)
+                    continue
             splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
-            stored = (memory.lookup(memory_key, job.memory_scope, [normalize(s) for s in split.pieces])
-                      if memory is not None else {})
             for j, sentence in enumerate(split.pieces):
                 if stored and normalize(sentence) in stored:
                     hits[len(pieces)] = stored[normalize(sentence)]
