@@ -31,7 +31,8 @@ def test_deepl_client_translates_text_and_html_and_lists_languages(service_url):
     lt = httpx.post(service_url + "/translate", json={"q": html, "source": "de", "target": "en", "format": "html"},
                     timeout=120).json()["translatedText"]
     got = tr.translate_text(html, source_lang="DE", target_lang="EN-GB", tag_handling="html")
-    assert got.text == lt and got.text.startswith("<p>") and "<b>" in got.text and "</b></p>" in got.text
+    assert got.text == lt and got.text.startswith("<p>") and got.text.endswith("</p>")
+    assert got.text.count("<b>") == got.text.count("</b>") == 1
     assert {"DE", "EN"} <= {lang.code for lang in tr.get_source_languages()}
     targets = {lang.code: lang for lang in tr.get_target_languages()}
     assert {"EN-GB", "EN-US", "DE"} <= set(targets) and targets["EN-GB"].supports_formality is False
@@ -56,7 +57,7 @@ def test_deepl_client_translates_text_and_html_and_lists_languages(service_url):
 def test_a_suggestion_changes_that_sentence_on_every_route_and_counts_in_the_metrics(service_url):
     from libretranslatepy import LibreTranslateAPI
     _clear(service_url)
-    first, second = DE[5], DE[6]
+    first, second = [d for d in sorted(DE, key=len) if d.endswith(".")][:2]   # short: the tiny en-de model takes them
     text = f"{first} {second}"
     before = translate(service_url, text, source_lang="de", target_lang="en")["translations"][0]["text"]
     alone = translate(service_url, second, source_lang="de", target_lang="en")["translations"][0]["text"]

@@ -456,7 +456,7 @@ class Gateway:
         target = match_language(q.get("target_lang"), self._targets) if card.target_languages else None
         return card, memory_model(card.id, target), self._scope(request) or ""
 
-    @api.put("/v1/memory", response_model=memory.MemoryAnswer, responses=NATIVE_ERRORS, openapi_extra={
+    @api.put("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS, openapi_extra={
         "requestBody": {"required": True, "content": {
             "application/json": {"schema": memory.MemoryImport.model_json_schema()},
             memory.TSV: {"schema": {"type": "string", "description": "source TAB target per line"}},
@@ -481,7 +481,7 @@ class Gateway:
                                     card.source_lang, target)
         return Response(body, media_type=media)
 
-    @api.delete("/v1/memory", response_model=memory.MemoryAnswer, responses=NATIVE_ERRORS)
+    @api.delete("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS)
     async def memory_delete(self, request: Request):
         """Delete the memory of a model (and the caller's key), or with ``source`` that one entry."""
         card, key, scope = self._memory_target(request)
