@@ -196,3 +196,12 @@ def test_frontend_settings_have_libretranslates_shape():
     assert s["charLimit"] == MAX_TEXT_CHARS and s["keyRequired"] is True and s["suggestions"] is True
     assert s["language"] == {"source": {"code": "auto", "name": "Auto Detect"},
                              "target": {"code": "en", "name": "English"}}
+
+
+def test_405_allow_names_every_route_of_the_path():
+    app = FastAPI()
+    add_exception_handlers(app)
+    for method in ("get", "put", "delete"):
+        getattr(app, method)("/v1/memory")(lambda: {})
+    r = TestClient(app).patch("/v1/memory")
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "PUT", "DELETE", "HEAD"}

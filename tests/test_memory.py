@@ -79,6 +79,8 @@ def test_a_suggestion_replaces_that_sentence_only_for_that_key_and_streams(card,
         t.memory.put("tiny", "", [("  Zwei Männer spielen. Ein Hund läuft.", "Whole text (stored).")])
         whole = (await t.translate(job(["Zwei Männer spielen.  Ein Hund läuft.\n"]))).translations[0]
         assert whole.text == "Whole text (stored).\n"     # the whole text matched (normalized), its glue kept
+        t.memory.put("tiny", "", [("12345", "not a number")])
+        assert (await t.translate(job(["12345"]))).translations[0].text == "12345"   # no letters: never looked up
         events = [e async for e in t.stream(job([text]))]
         streamed = "".join(e.text for e in events if hasattr(e, "index"))
         assert streamed == after[0].text == events[-1].translations[0].text

@@ -227,11 +227,24 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
                           details=details if len(details) > 1 else None)
 
 
+def _path_methods(request: Request, first: str) -> str:
+    """The methods of every route of the request's path ("GET, PUT, DELETE"), ``first`` (Starlette's
+    Allow) when the app's routes cannot be read."""
+    from starlette.routing import Match
+    methods: list[str] = []
+    for route in getattr(getattr(request, "app", None), "routes", ()):
+        if getattr(route, "methods", None) and route.matches(request.scope)[0] == Match.PARTIAL:
+            methods += [m for m in sorted(route.methods) if m not in methods and m != "HEAD"]
+    return ", ".join(methods) or first
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Framework errors (unknown path, wrong method, unparsable body) in the service's error shape."""
     message = exc.detail if isinstance(exc.detail, str) else "invalid request"
     # A 405 names the methods the path takes (Allow, RFC 9110 15.5.6); nothing else is passed on.
     allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"} or None
+    if allow:   # Starlette names the first route of the path only: every route of it counts
+        allow = {k: _path_methods(request, v) for k, v in allow.items()}
     if allow:   # GET routes answer HEAD too (body.HeadMiddleware)
         allow = {k: v + ", HEAD" if "GET" in v.split(", ") and "HEAD" not in v else v for k, v in allow.items()}
     if allow:

@@ -441,7 +441,8 @@ class Gateway:
     # ---- translation memory ----
     def _memory_target(self, request: Request) -> tuple[ModelCard, str, str]:
         """(card, the store's model key, the memory scope) of a /v1/memory request (query: model, or
-        source_lang and target_lang). Raises ServiceError 403 (memory off), 404, 422."""
+        source_lang and target_lang, as /v1/translate picks it; none: the default model). Raises
+        ServiceError 403 (memory off), 404, 422."""
         if self.memory is None:
             raise ServiceError(403, "memory: the translation memory is off on this server (suggestions: false)")
         q = request.query_params
@@ -450,8 +451,6 @@ class Gateway:
         if unknown:
             raise ServiceError(422, f"query parameter {shown(unknown[0])}: /v1/memory takes model, source_lang, "
                                     "target_lang (and format on GET, source on DELETE)", unknown[0])
-        if q.get("model") is None and (q.get("source_lang") is None or q.get("target_lang") is None):
-            raise ServiceError(422, "model: name the memory's model, or its source_lang and target_lang", "model")
         card = self.resolve(q.get("model"), q.get("source_lang"), q.get("target_lang"))
         target = match_language(q.get("target_lang"), self._targets) if card.target_languages else None
         return card, memory_model(card.id, target), self._scope(request) or ""
@@ -519,14 +518,16 @@ class Gateway:
         else:
             self._usage = getattr(self, "_usage", 0) + chars
 
-    @api.api_route("/v2/languages", methods=["GET", "POST"])
+    @api.get("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
+    @api.post("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
     async def deepl_languages(self, request: Request):
         """DeepL: ``[{"language", "name"(, "supports_formality")}]`` for ``type`` source (default) or target."""
         fields = await libretranslate.read_fields(request) if request.method == "POST" else dict(request.query_params)
         kind = deepl.source_or_target(fields.get("type"))
         return deepl.languages(self.cards.values(), kind)
 
-    @api.api_route("/v2/usage", methods=["GET", "POST"])
+    @api.get("/v2/usage")
+    @api.post("/v2/usage")
     async def deepl_usage(self, request: Request):
         """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) sent to
         /v2/translate; no limit (DeepL Pro's figure for none)."""

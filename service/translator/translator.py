@@ -199,7 +199,7 @@ class Translator:
             if memory is not None:      # one query per text: the whole text and each sentence
                 whole = normalize(text)
                 stored = memory.lookup(memory_key, job.memory_scope, [whole, *(normalize(s) for s in split.pieces)])
-                if whole in stored and [normalize(s) for s in split.pieces] != [whole]:
+                if whole in stored and split.pieces and [normalize(s) for s in split.pieces] != [whole]:
                     core = trim(text)   # the whole text is in the memory: one piece, its stored translation
                     at = text.find(core)
                     splits.append(Split([core], [text[:at], text[at + len(core):]]))
