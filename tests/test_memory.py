@@ -168,3 +168,15 @@ def test_split_sentences_modes_keep_the_text_around_the_pieces(mode, pieces, glu
     split = split_sentences_of("Ein Hund\nläuft. Zwei Männer.", "de", mode)
     assert split.pieces == pieces and split.glue == glue
     assert split_sentences_of("  A b.\n", "de", "0").glue == ["  ", "\n"]
+
+
+def test_an_unusable_memory_file_never_stops_translation(tmp_path):
+    from service.api.errors import to_service_error
+    from service.protocol import Unavailable
+    (tmp_path / "file").write_text("not a directory")
+    store = MemoryStore(tmp_path / "file" / "m.sqlite3")       # its directory cannot be made
+    assert store.lookup("de-en", "", ["Hallo."]) == {}         # lookups find nothing: the model translates
+    with pytest.raises(Unavailable) as e:
+        store.put("de-en", "", [("Hallo.", "Hi.")])
+    err = to_service_error(e.value, "memory")
+    assert err.status == 503 and "m.sqlite3" in err.message and err.retry_after

@@ -467,8 +467,9 @@ class Gateway:
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         target = key.split(">>")[1] if ">>" in key else card.target_lang
         pairs = memory.read_import(await request.body(), media, card.source_lang, target)
-        memory.check_entries(pairs, self.memory.count(key, scope))
-        return memory.MemoryAnswer(model=card.id, stored=self.memory.put(key, scope, pairs, origin="import"))
+        with mapped_errors("memory"):     # a file that cannot be written: 503 naming it
+            memory.check_entries(pairs, self.memory.count(key, scope))
+            return memory.MemoryAnswer(model=card.id, stored=self.memory.put(key, scope, pairs, origin="import"))
 
     @api.get("/v1/memory", responses={200: {"content": {"application/json": {"schema": memory.MemoryAnswer.model_json_schema()},
                                                         memory.TSV: {}, memory.TMX: {}}}, **NATIVE_ERRORS})
@@ -476,8 +477,9 @@ class Gateway:
         """Export the memory of a model (and the caller's key): ``format`` json (default), tsv or tmx."""
         card, key, scope = self._memory_target(request)
         target = key.split(">>")[1] if ">>" in key else card.target_lang
-        body, media = memory.export(self.memory, key, scope, request.query_params.get("format", "json"),
-                                    card.source_lang, target)
+        with mapped_errors("memory"):
+            body, media = memory.export(self.memory, key, scope, request.query_params.get("format", "json"),
+                                        card.source_lang, target)
         return Response(body, media_type=media)
 
     @api.delete("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS)
@@ -485,7 +487,8 @@ class Gateway:
         """Delete the memory of a model (and the caller's key), or with ``source`` that one entry."""
         card, key, scope = self._memory_target(request)
         source = request.query_params.get("source")
-        return memory.MemoryAnswer(model=card.id, deleted=self.memory.delete(key, scope, None if source is None
+        with mapped_errors("memory"):
+            return memory.MemoryAnswer(model=card.id, deleted=self.memory.delete(key, scope, None if source is None
                                                                                else [source]))
 
     # ---- DeepL-compatible API ----
@@ -514,7 +517,8 @@ class Gateway:
 
     def _count_usage(self, request: Request, chars: int) -> None:
         if self.memory is not None:
-            self.memory.add_usage(self._scope(request) or "", chars)
+            with mapped_errors("memory"):
+                self.memory.add_usage(self._scope(request) or "", chars)
         else:
             self._usage = getattr(self, "_usage", 0) + chars
 
@@ -531,5 +535,7 @@ class Gateway:
     async def deepl_usage(self, request: Request):
         """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) sent to
         /v2/translate; no limit (DeepL Pro's figure for none)."""
-        chars = self.memory.usage(self._scope(request) or "") if self.memory is not None else getattr(self, "_usage", 0)
+        with mapped_errors("memory"):
+            chars = (self.memory.usage(self._scope(request) or "") if self.memory is not None
+                     else getattr(self, "_usage", 0))
         return deepl.usage(chars)

@@ -23,7 +23,7 @@ from service.translator.card import match_language
 from service.translator.memory import MemoryStore, memory_model
 
 from .autodetect import NAMES
-from .errors import ServiceError, libre_error_response
+from .errors import ServiceError, libre_error_response, mapped_errors
 from .libretranslate import ignored_fields_header, pick, read_admitted
 from .schemas import check_unicode
 
@@ -112,8 +112,9 @@ async def suggest(request: Request, cards: list[ModelCard], store: Optional[Memo
                                     f"language of q (one of {', '.join(sorted(sources))})", "source")
         card = pick(cards, match_language(source, sources), match_language(target, targets | sources))
         request.state.model = card.id
-        store.put(memory_model(card.id, match_language(target, targets) if card.target_languages else None),
-                  scope, [(q, s)])
+        with mapped_errors("memory"):     # a file that cannot be written: 503 naming it
+            store.put(memory_model(card.id, match_language(target, targets) if card.target_languages else None),
+                      scope, [(q, s)])
     except ServiceError as e:
         return libre_error_response(e)
     return JSONResponse({"success": True}, headers=ignored_fields_header(fields, SUGGEST_FIELDS))

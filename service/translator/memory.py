@@ -17,6 +17,8 @@ as one space, trimmed), so "Hallo  Welt. " and "Hallo Welt." are one entry.
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -25,7 +27,11 @@ import unicodedata
 from pathlib import Path
 from typing import Hashable, Iterable, Optional
 
+from service.protocol import RETRY_AFTER_S, Unavailable
+
 from .text import trim
+
+logger = logging.getLogger("ray.serve")
 
 MAX_MEMORY_CHARS = 5_000      # characters of one stored source or target (= MAX_TEXT_CHARS)
 SQLITE_TIMEOUT_S = 5.0        # how long a reader or writer waits for the file's lock
@@ -53,13 +59,26 @@ class MemoryStore:
     """The stored translations in one SQLite file (WAL mode: readers never wait for a writer).
 
     Each process opens its own connection on first use; every method is safe to call from several
-    threads (one lock per store). Raises sqlite3.Error for a file that cannot be opened or written.
+    threads (one lock per store). A file that cannot be opened or read makes ``lookup`` find nothing
+    (logged once: translation goes on without the memory); the other methods raise Unavailable (503)
+    naming the file.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._conn: Optional[sqlite3.Connection] = None
         self._lock = threading.Lock()
+        self._warned = False
+
+    @contextlib.contextmanager
+    def _file(self):
+        """The lock and the connection; sqlite3.Error as Unavailable naming the file."""
+        with self._lock:
+            try:
+                yield self._db()
+            except (sqlite3.Error, OSError) as e:
+                raise Unavailable(f"memory: the translation memory's file {self.path} cannot be used: {e}",
+                                  retry_after=RETRY_AFTER_S) from None
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -76,13 +95,18 @@ class MemoryStore:
         """normalized source -> stored target for those of ``sources`` (already normalized) stored."""
         keys = list(dict.fromkeys(sources))
         out: dict[str, str] = {}
-        with self._lock:
-            db = self._db()
-            for i in range(0, len(keys), 500):      # SQLite's variable limit
-                chunk = keys[i:i + 500]
-                rows = db.execute(f"SELECT source, target FROM memory WHERE model=? AND scope=? AND source IN "
-                                  f"({','.join('?' * len(chunk))})", (model, scope, *chunk))
-                out.update(rows.fetchall())
+        try:
+            with self._file() as db:
+                for i in range(0, len(keys), 500):      # SQLite's variable limit
+                    chunk = keys[i:i + 500]
+                    rows = db.execute(f"SELECT source, target FROM memory WHERE model=? AND scope=? AND source IN "
+                                      f"({','.join('?' * len(chunk))})", (model, scope, *chunk))
+                    out.update(rows.fetchall())
+        except Unavailable as e:
+            if not self._warned:
+                self._warned = True
+                logger.warning("%s; translating without it", e)
+            return {}
         return out
 
     def put(self, model: str, scope: str, pairs: Iterable[tuple[str, str]], origin: str = "suggestion") -> int:
@@ -90,8 +114,7 @@ class MemoryStore:
         how many. ``origin``: suggestion or import."""
         now = time.time()
         rows = [(model, scope, normalize(s), t, origin, now) for s, t in pairs]
-        with self._lock:
-            db = self._db()
+        with self._file() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany("INSERT OR REPLACE INTO memory VALUES (?, ?, ?, ?, ?, ?)", rows)
@@ -102,33 +125,32 @@ class MemoryStore:
         return len(rows)
 
     def count(self, model: str, scope: str) -> int:
-        with self._lock:
-            return self._db().execute("SELECT COUNT(*) FROM memory WHERE model=? AND scope=?",
+        with self._file() as db:
+            return db.execute("SELECT COUNT(*) FROM memory WHERE model=? AND scope=?",
                                       (model, scope)).fetchone()[0]
 
     def export(self, model: str, scope: str) -> list[tuple[str, str]]:
         """Every stored (source, target) of the model and scope, sources in order."""
-        with self._lock:
-            return self._db().execute("SELECT source, target FROM memory WHERE model=? AND scope=? ORDER BY source",
+        with self._file() as db:
+            return db.execute("SELECT source, target FROM memory WHERE model=? AND scope=? ORDER BY source",
                                       (model, scope)).fetchall()
 
     def delete(self, model: str, scope: str, sources: Optional[Iterable[str]] = None) -> int:
         """Delete the given sources (normalized here), or all of the model and scope; returns how many."""
-        with self._lock:
-            db = self._db()
+        with self._file() as db:
             if sources is None:
                 return db.execute("DELETE FROM memory WHERE model=? AND scope=?", (model, scope)).rowcount
             return sum(db.execute("DELETE FROM memory WHERE model=? AND scope=? AND source=?",
                                   (model, scope, normalize(s))).rowcount for s in sources)
 
     def add_usage(self, scope: str, characters: int) -> None:
-        with self._lock:
-            self._db().execute("INSERT INTO usage VALUES (?, ?) ON CONFLICT(scope) DO UPDATE SET "
+        with self._file() as db:
+            db.execute("INSERT INTO usage VALUES (?, ?) ON CONFLICT(scope) DO UPDATE SET "
                                "characters = characters + excluded.characters", (scope, characters))
 
     def usage(self, scope: str) -> int:
-        with self._lock:
-            row = self._db().execute("SELECT characters FROM usage WHERE scope=?", (scope,)).fetchone()
+        with self._file() as db:
+            row = db.execute("SELECT characters FROM usage WHERE scope=?", (scope,)).fetchone()
         return row[0] if row else 0
 
 
