@@ -141,7 +141,10 @@ def parse(fields: dict) -> DeepLTranslateBody:
     try:
         body = DeepLTranslateBody.model_validate(fields)
     except ValidationError as e:
-        field, message = format_validation_error(e.errors()[0])
+        err = e.errors()[0]
+        field, message = format_validation_error(err)
+        if err.get("type") == "missing":      # DeepL's words for it
+            raise ServiceError(400, f"Parameter '{field}' not specified.", field) from None
         raise ServiceError(400, f"Value for '{field}' not supported: {message}", field) from None
     if body.tag_handling is not None and "split_sentences" not in fields:
         body.split_sentences = "nonewlines"      # DeepL's default with tag handling
