@@ -526,8 +526,8 @@ class Gateway:
     @api.post("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
     async def deepl_languages(self, request: Request):
         """DeepL: ``[{"language", "name"(, "supports_formality")}]`` for ``type`` source (default) or target."""
-        fields = await libretranslate.read_fields(request) if request.method == "POST" else dict(request.query_params)
-        kind = deepl.source_or_target(fields.get("type"))
+        fields = await libretranslate.read_fields(request)     # the query, or a form body (the client sends
+        kind = deepl.source_or_target(fields.get("type"))      # one with GET too)
         return deepl.languages(self.cards.values(), kind)
 
     @api.get("/v2/usage")
