@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Awaitable, Callable, Iterable, Literal, Optional, Union
+from typing import Awaitable, Callable, Iterable, Literal, Optional
 
-from fastapi import Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from service.engine import GenerationOptions
@@ -255,9 +253,9 @@ def usage(characters: int) -> dict:
     return {"character_count": characters, "character_limit": NO_CHARACTER_LIMIT}
 
 
-def source_or_target(value: Union[str, None]) -> str:
+def source_or_target(value: object) -> str:
     """The ``type`` of ``GET /v2/languages``: source (default) or target. Raises ServiceError 400."""
-    kind = (value or "source").strip().lower()
+    kind = (value or "source").strip().lower() if isinstance(value, (str, type(None))) else repr(value)
     if kind not in ("source", "target"):
         raise ServiceError(400, f"Value for 'type' not supported: {shown(value)}; send source or target", "type")
     return kind
