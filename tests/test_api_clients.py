@@ -142,6 +142,10 @@ def make_client(guard: Guard, origins=("*",)) -> TestClient:
     @app.get("/")
     async def page():
         return {"page": True}
+
+    @app.get("/frontend/settings")
+    async def settings():
+        return {"keyRequired": guard.keys_on}
     return TestClient(app)
 
 
@@ -156,6 +160,7 @@ def test_deepl_auth_key_is_a_service_key_and_403s_in_deepls_shape():
     for headers in ({}, {"Authorization": "DeepL-Auth-Key wrong"}, {"Authorization": "Basic azE="}):
         r = client.post("/v2/translate", json={"text": ["a"], "target_lang": "DE"}, headers=headers)
         assert r.status_code == 403 and set(r.json()) == {"message"} and "WWW-Authenticate" not in r.headers, r.text
+    assert client.get("/frontend/settings").json() == {"keyRequired": True}   # open: the page learns it needs a key
     bad = client.post("/v2/translate", json={"text": ["a"]}, headers={"Authorization": "DeepL-Auth-Key k1"})
     assert bad.status_code == 400 and "target_lang" in bad.json()["message"]
     big = client.post("/v2/translate", content=b"x" * (5 << 20), headers={"Authorization": "DeepL-Auth-Key k1",

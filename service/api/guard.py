@@ -2,7 +2,7 @@
 address when keys are off). Both are off by default (``GuardSettings()``).
 
     request -> GuardMiddleware (pure ASGI, in front of the routes)
-        open path (/healthz, /readyz)            -> passed on
+        open path (/healthz, /readyz, /frontend/settings) -> passed on
         /metrics, /docs (+ /openapi.json)         -> a key is needed only with protect_metrics / protect_docs
         / and /explorer/* (explorer.py)           -> a key (header or the page's cookie) only with protect_explorer
         any other path                            -> Guard.admit(key, client): 401, 429, or passed on with
@@ -42,7 +42,7 @@ from .explorer import cookie_key, is_explorer_path, key_page
 ENV_KEYS = "MT_API_KEYS"
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
 MAX_BUCKETS = 65_536               # token buckets kept (least recently used evicted): bounded memory
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/frontend/settings"})   # the last: a page reads it to learn keyRequired
 BODY_KEY_PATHS = ("/translate", "/detect", "/suggest")   # LibreTranslate routes whose body may hold the api_key
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
 METRICS_PATHS = frozenset({"/metrics"})
