@@ -228,13 +228,24 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 def _path_methods(request: Request, first: str) -> str:
-    """The methods of every route of the request's path ("GET, PUT, DELETE"), ``first`` (Starlette's
-    Allow) when the app's routes cannot be read."""
+    """The methods of every route of the request's path ("GET, PUT, DELETE"; included and mounted
+    routers too: Serve's ingress includes the class's routes), ``first`` (Starlette's Allow) when none
+    are found."""
     from starlette.routing import Match
     methods: list[str] = []
-    for route in getattr(getattr(request, "app", None), "routes", ()):
-        if getattr(route, "methods", None) and route.matches(request.scope)[0] == Match.PARTIAL:
-            methods += [m for m in sorted(route.methods) if m not in methods and m != "HEAD"]
+
+    def collect(routes, scope) -> None:
+        for route in routes:
+            included = getattr(route, "original_router", None)    # FastAPI's include_router (Serve's ingress)
+            if included is not None:
+                collect(included.routes, scope)
+            elif getattr(route, "routes", None) is not None and not getattr(route, "methods", None):
+                match, child = route.matches(scope)          # a Mount: its routes, below its path
+                if match != Match.NONE:
+                    collect(route.routes, {**scope, **child})
+            elif getattr(route, "methods", None) and route.matches(scope)[0] == Match.PARTIAL:
+                methods.extend(m for m in sorted(route.methods) if m not in methods and m != "HEAD")
+    collect(getattr(getattr(request, "app", None), "routes", ()), request.scope)
     return ", ".join(methods) or first
 
 
