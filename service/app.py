@@ -49,6 +49,8 @@ logger = logging.getLogger("ray.serve")
 # latency, tokens). Off: about 3% more single-sentence requests/s at 32 clients (docs/performance.md
 # "Serving path"). Pass as ``serve.run(..., logging_config=LOGGING_CONFIG)``; the deploy/ configs say the same.
 LOGGING_CONFIG = {"enable_access_log": False}
+# The translation memory's file when AppArgs.memory_file is not set: one per user and node, kept across runs
+DEFAULT_MEMORY_FILE = "~/.cache/transformer-mt/memory.sqlite3"
 
 
 class ModelSpec(BaseModel):
@@ -117,8 +119,14 @@ class AppArgs(BaseModel):
     # document translation (docs/documents.md): DocumentSettings fields (store_dir shared by every
     # ingress replica, ttl_s, max_store_bytes, chunk_segments, parallel_chunks)
     documents: dict = Field(default_factory=dict)
+    # clients (docs/clients.md): CORS, LibreTranslate's suggestions and the translation memory
+    cors_origins: list[str] = Field(default_factory=lambda: ["*"])   # origins browsers may call from; [] = no CORS
+    suggestions: bool = True                              # POST /suggest and /v1/memory; false: 403, memory unused
+    memory_file: Optional[str] = None                     # the memory's SQLite file; None = DEFAULT_MEMORY_FILE
+    memory_cache_entries: int = Field(0, ge=0)            # LRU cache of the model's translations per replica; 0 = off
 
-    @field_validator("models", "engine", "translator", "gateway", "rate_limit", "documents", mode="before")
+    @field_validator("models", "engine", "translator", "gateway", "rate_limit", "documents", "cors_origins",
+                     mode="before")
     @classmethod
     def _json_text(cls, v: Any) -> Any:
         # `serve run service.app:build_app engine='{"max_num_seqs": 32}'` passes strings
@@ -226,6 +234,16 @@ def guard_settings(args: AppArgs, ingress: dict) -> dict:
                          gateway_replicas=n if isinstance(n, int) and n > 0 else 1).model_dump()
 
 
+def client_settings(args: AppArgs) -> dict:
+    """The Gateway's ``clients`` argument (and the translators' memory settings): the memory file as
+    an absolute path every replica of the node opens (created with its directory on first use)."""
+    memory_file = None
+    if args.suggestions:
+        memory_file = str(Path(args.memory_file or DEFAULT_MEMORY_FILE).expanduser().resolve())
+    return {"cors_origins": list(args.cors_origins), "memory_file": memory_file,
+            "cache_entries": args.memory_cache_entries}
+
+
 class TranslatorReplica:
     """A Serve replica around one model's Translator: torch threads = its CPU share, GPU when assigned one.
 
@@ -233,13 +251,15 @@ class TranslatorReplica:
     one) is returned (or yielded) as an ``ErrorRecord``, not raised: it is an answer, not a replica failure.
     """
 
-    async def __init__(self, card, drain_timeout_s: float = 10.0):
+    async def __init__(self, card, drain_timeout_s: float = 10.0, memory_file: Optional[str] = None,
+                       cache_entries: int = 0):
         import torch
         self.drain_timeout_s = drain_timeout_s
         resources = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
         threads = max(1, round(resources.get("CPU", 1)))
         device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
-        self.translator = Translator(card, device=device, num_threads=threads)
+        self.translator = Translator(card, device=device, num_threads=threads, memory_file=memory_file,
+                                     cache_entries=cache_entries)
 
     async def reconfigure(self, user_config: dict) -> None:
         """user_config = EngineConfig fields (max_num_seqs, max_prefill_tokens, max_waiting, policy, ...)."""
@@ -308,14 +328,15 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
              for s in args.models]
     opts = deployment_options(args)
     gateway = opts["Gateway"]
+    clients = client_settings(args)
     if args.ingress == "translator":
         threads = max(1, round(gateway["ray_actor_options"].get("num_cpus", 1)))
         return serve.deployment(Gateway, **gateway).bind(cards, None, args.engine, threads,
                                                          guard_settings(args, gateway), args.max_timeout_s,
-                                                         pivot_lang=args.pivot_lang, documents=args.documents)
+                                                         clients, pivot_lang=args.pivot_lang, documents=args.documents)
     handles = {s.name: serve.deployment(TranslatorReplica, **(o := opts[f"Translator-{s.name}"])).bind(
-                   card, o["graceful_shutdown_timeout_s"])
+                   card, o["graceful_shutdown_timeout_s"], clients["memory_file"], clients["cache_entries"])
                for s, card in zip(args.models, cards)}
     return serve.deployment(Gateway, **gateway).bind(cards, handles, args.engine, 1, guard_settings(args, gateway),
-                                                     args.max_timeout_s, pivot_lang=args.pivot_lang,
+                                                     args.max_timeout_s, clients, pivot_lang=args.pivot_lang,
                                                      documents=args.documents)

@@ -68,6 +68,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mt_sentence_split_fallbacks_total": ("counter", "lines cut by the fallback sentence splitter, by reason "
                                           "(error: the segmenter raised; timeout: the text's segmenter time "
                                           "budget was spent)", ("model", "reason")),
+    "mt_memory_lookups_total": ("counter", "sentences answered by the translation memory (memory: a stored "
+                                "translation), the result cache (cache) or the engine (model), by model",
+                                ("model", "result")),
 }
 
 _BUCKETS = {"mt_request_duration_seconds": LATENCY_BUCKETS_S, "mt_queue_wait_seconds": LATENCY_BUCKETS_S,
@@ -153,7 +156,7 @@ class EngineMetrics:
                      "mt_prefill_batch_size", "mt_decode_batch_size", "mt_source_tokens_total",
                      "mt_generated_tokens_total", "mt_sentences_total", "mt_running_sequences",
                      "mt_waiting_requests", "mt_kv_cache_usage_ratio", "mt_replicas_ready",
-                     "mt_sentence_split_fallbacks_total"):
+                     "mt_sentence_split_fallbacks_total", "mt_memory_lookups_total"):
             setattr(self, name[3:], _make(name))
 
     def on_step(self, step) -> None:
@@ -192,6 +195,10 @@ class EngineMetrics:
 
     def set_ready(self, ready: bool) -> None:
         self.replicas_ready.set(1 if ready else 0, tags=self.tags)
+
+    def memory_lookup(self, result: str) -> None:
+        """One sentence answered by the memory, the cache or the model (``result``)."""
+        self.memory_lookups_total.inc(1, tags={"model": self.model, "result": result})
 
     def split_fallbacks(self, reasons: list[str]) -> None:
         """Count the lines of one text that the fallback sentence splitter cut (``Split.fallbacks``)."""

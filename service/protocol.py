@@ -32,6 +32,8 @@ MAX_ARCHIVE_MEMBERS = 2_000                         # files in one archive
 MAX_XML_DEPTH = 200                                 # elements nested inside one another in an XML part
 MAX_DOCUMENT_SEGMENTS = 20_000                      # translatable pieces (paragraphs, cells, cues, runs)
 MAX_DOCUMENT_CHARS = 1_000_000                      # characters to translate in one document
+MAX_MEMORY_IMPORT = 10_000     # translation-memory entries in one PUT /v1/memory
+MAX_MEMORY_ENTRIES = 100_000   # translation-memory entries stored per model and API key
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 
@@ -101,6 +103,8 @@ class TranslateJob:
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
     n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
     keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
+    memory_scope: Optional[str] = None         # translation memory of this API key's id ("" keys off); None = unused
+    split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------

@@ -119,7 +119,9 @@ class SharedService:
             second_model["deployment"] = SECOND_DEPLOYMENT
         # what `python -m service --num-cpus 2` deploys (two ingress replicas in the default layout)
         args = local_layout({"models": [{"name": "de-en", "checkpoint": first}, second_model],
-                             "num_cpus": 0.8, "ingress": LAYOUT}, cpus=2, gpu=False)
+                             "num_cpus": 0.8, "ingress": LAYOUT,
+                             "memory_file": str(workdir / "memory.sqlite3")},   # not the user's own memory
+                            cpus=2, gpu=False)
         self.args = args
         serve.run(build_app(args), name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         self.url = f"http://127.0.0.1:{http_port}"

@@ -171,9 +171,9 @@ class RemoteBackend:
 class LocalBackend:
     """Every model's translator in the ingress replica itself (no extra hop)."""
 
-    def __init__(self, cards: list[ModelCard], num_threads: int):
+    def __init__(self, cards: list[ModelCard], num_threads: int, **translator_args):
         from service.translator import Translator
-        self.translators = {c.id: Translator(c, num_threads=num_threads) for c in cards}
+        self.translators = {c.id: Translator(c, num_threads=num_threads, **translator_args) for c in cards}
 
     async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
         with mapped_errors(model):

@@ -47,7 +47,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from .errors import JSON_TOO_DEEP, LIBRE_PATHS, ServiceError, error_response, format_validation_error, route_path, shown
+from .errors import (DEEPL_PREFIX, JSON_TOO_DEEP, LIBRE_PATHS, ServiceError, deepl_error_response, error_response,
+                     format_validation_error, route_path, shown)
 from .guard import BODY_KEY_PATHS, check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
@@ -58,7 +59,10 @@ JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART),   # "+json" types count as JSON
-               "/detect": (JSON, FORM, MULTIPART)}
+               "/detect": (JSON, FORM, MULTIPART), "/suggest": (JSON, FORM, MULTIPART),
+               "/v2/translate": (JSON, FORM, MULTIPART), "/v1/memory": (JSON, "text/tab-separated-values",
+                                                                        "application/x-tmx+xml", "application/xml",
+                                                                        "text/xml")}
 JSON_KEY_PATHS = frozenset(MEDIA_TYPES)     # routes whose JSON bodies are checked for repeated keys
 M = TypeVar("M", bound=BaseModel)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -429,6 +433,8 @@ def render(path: str, err: ServiceError, headers: Optional[dict] = None) -> JSON
     if path in LIBRE_PATHS:
         return JSONResponse({"error": err.message}, status_code=400 if err.status == 422 else err.status,
                             headers=headers)
+    if path.startswith(DEEPL_PREFIX):
+        return deepl_error_response(err, headers=headers)
     return error_response(err, headers=headers)
 
 

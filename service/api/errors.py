@@ -28,7 +28,9 @@ from service.engine.errors import EngineError, EngineStoppedError, EngineValidat
 from service.protocol import (RETRY_AFTER_S, DeadlineExceeded, InvalidRequest, Overloaded, TooLarge, TranslationError,
                               Unavailable)
 
-LIBRE_PATHS = ("/translate", "/languages", "/detect", "/translate_file")    # routes that answer in LibreTranslate's error shape
+LIBRE_PATHS = ("/translate", "/languages", "/detect", "/translate_file", "/suggest",
+               "/frontend/settings")    # routes that answer in LibreTranslate's error shape
+DEEPL_PREFIX = "/v2/"     # DeepL-compatible routes: DeepL's error shape (deepl.error_response)
 MAX_NAME_CHARS = 64   # a field name (or any path part) longer than this is shortened in error messages
 MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
 # Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
@@ -149,6 +151,18 @@ def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
                         headers={**(_retry_header(err.retry_after) or {}), **(headers or {})} or None)
 
 
+def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    """DeepL's error shape ``{"message": ...}`` with its statuses (deepl.py): a missing or wrong key
+    (401 here) is 403; invalid input (404 unknown language pair, 415, 422) is 400, an unknown glossary
+    404; 413, 429, 503, 504 stay (Retry-After kept)."""
+    status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
+    if err.type == "glossary_not_found":
+        status = 404
+    hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
+    hdrs.pop("WWW-Authenticate", None)
+    return JSONResponse({"message": err.message}, status_code=status, headers=hdrs or None)
+
+
 def short_name(name: str) -> str:
     """A client-sent name as an error message repeats it: whole up to MAX_NAME_CHARS characters, else
     its start and its length (an unknown field named by 100,000 characters is not echoed back whole)."""
@@ -214,17 +228,44 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
                           details=details if len(details) > 1 else None)
 
 
+def _path_methods(request: Request, first: str) -> str:
+    """The methods of every route of the request's path ("GET, PUT, DELETE"; included and mounted
+    routers too: Serve's ingress includes the class's routes), ``first`` (Starlette's Allow) when none
+    are found."""
+    from starlette.routing import Match
+    methods: list[str] = []
+
+    def collect(routes, scope) -> None:
+        for route in routes:
+            included = getattr(route, "original_router", None)    # FastAPI's include_router (Serve's ingress)
+            if included is not None:
+                collect(included.routes, scope)
+            elif getattr(route, "routes", None) is not None and not getattr(route, "methods", None):
+                match, child = route.matches(scope)          # a Mount: its routes, below its path
+                if match != Match.NONE:
+                    collect(route.routes, {**scope, **child})
+            elif getattr(route, "methods", None) and route.matches(scope)[0] == Match.PARTIAL:
+                methods.extend(m for m in sorted(route.methods) if m not in methods and m != "HEAD")
+    collect(getattr(getattr(request, "app", None), "routes", ()), request.scope)
+    return ", ".join(methods) or first
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Framework errors (unknown path, wrong method, unparsable body) in the service's error shape."""
     message = exc.detail if isinstance(exc.detail, str) else "invalid request"
     # A 405 names the methods the path takes (Allow, RFC 9110 15.5.6); nothing else is passed on.
     allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"} or None
+    if allow:   # Starlette names the first route of the path only: every route of it counts
+        allow = {k: _path_methods(request, v) for k, v in allow.items()}
     if allow:   # GET routes answer HEAD too (body.HeadMiddleware)
         allow = {k: v + ", HEAD" if "GET" in v.split(", ") and "HEAD" not in v else v for k, v in allow.items()}
     if allow:
         message = f"{message}; allowed: {next(iter(allow.values()))}"
     if _is_libre(request):
         return libre_error_response(ServiceError(exc.status_code, message), headers=allow)
+    if _is_deepl(request):
+        return deepl_error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"),
+                                    headers=allow)
     if exc.status_code == 400:  # FastAPI could not parse the body: say why where we know it
         cause = exc.__cause__
         if isinstance(cause, RecursionError):
@@ -240,7 +281,13 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
                           headers=allow)
 
 
+def _is_deepl(request: Request) -> bool:
+    return route_path(request.scope).startswith(DEEPL_PREFIX)
+
+
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    if _is_deepl(request):
+        return deepl_error_response(exc)
     return libre_error_response(exc) if _is_libre(request) else error_response(exc)
 
 

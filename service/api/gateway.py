@@ -12,6 +12,10 @@ a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Ev
     GET  /, /explorer/{name}  the attention explorer page and its files (explorer.py)
     POST /v1/documents, POST /translate_file, GET /download_file/{name}   documents (documents.py)
     POST /v2/document, /v2/document/{id}, /v2/document/{id}/result        DeepL's (deepl_documents.py)
+    GET  /frontend/settings, POST /suggest                LibreTranslate's other routes (suggest.py)
+    PUT|GET|DELETE /v1/memory  the translation memory: import, export, delete (memory.py)
+    POST /v2/translate, GET|POST /v2/languages, /v2/usage  DeepL-compatible (deepl.py)
+    CORS: preflights answered and Access-Control-* headers on every route (cors.py)
 """
 # No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
 # must see the request model classes themselves, not their names.
@@ -35,8 +39,11 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
-from . import autodetect, deepl_documents, documents, explorer, libretranslate, pivot, sse
+from service.translator.memory import MemoryStore, memory_model
+
+from . import autodetect, deepl, deepl_documents, documents, explorer, libretranslate, memory, pivot, sse, suggest
 from . import body as body_module
+from .cors import CorsMiddleware
 from .access_log import AccessLogMiddleware, flush_serve_log
 from .backends import Backend, LocalBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
@@ -99,6 +106,8 @@ api = FastAPI(
 api.add_middleware(HeadMiddleware)        # innermost: HEAD on every GET route, answered without a body
 api.add_middleware(BodyMiddleware)        # decodes bodies before the routes read them
 api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
+api.add_middleware(CorsMiddleware, get_origins=lambda: getattr(api.state, "cors_origins", None))   # preflights
+# answered before the guard (a browser sends them without the key); its headers reach every answer, errors too
 api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
 add_exception_handlers(api)
 body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
@@ -164,12 +173,14 @@ class Gateway:
         max_timeout_s: the longest ``timeout_s`` a request may ask for, and every request's deadline.
         pivot_lang: the language a pair no model serves is translated through (pivot.py); None: off.
         documents: ``DocumentSettings`` fields (where translated files are kept; document_store.py).
+        clients: ``app.client_settings``: cors_origins, memory_file (None: suggestions and the memory
+            off), cache_entries (the in-process translators' result cache).
     """
 
     def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
                  engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
-                 max_timeout_s: float = 60.0, pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG,
-                 documents: Optional[dict] = None):
+                 max_timeout_s: float = 60.0, clients: Optional[dict] = None,
+                 pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG, documents: Optional[dict] = None):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
         self.routes = pivot.routes(cards, pivot_lang)                       # (source, target) -> PivotRoute
@@ -179,8 +190,12 @@ class Gateway:
         # source "auto": detects among common languages and the served ones; loads in the background (~2 s)
         self.detector = LanguageDetector(sorted(self._sources | self._targets))
         threading.Thread(target=self.detector.load, name="langid-load", daemon=True).start()
+        clients = clients or {}
+        self.memory = MemoryStore(clients["memory_file"]) if clients.get("memory_file") else None
+        api.state.cors_origins = clients.get("cors_origins", ["*"])     # read by CorsMiddleware
         self.backend: Backend = (RemoteBackend(handles, RetryMetrics(list(self.cards)).record) if handles is not None
-                                 else LocalBackend(cards, num_threads))
+                                 else LocalBackend(cards, num_threads, memory_file=clients.get("memory_file"),
+                                                   cache_entries=clients.get("cache_entries", 0)))
         self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
         self.max_timeout_s = max_timeout_s
         self.guard = Guard(GuardSettings.model_validate(guard or {}))
@@ -270,6 +285,20 @@ class Gateway:
     async def _translate(self, model: str, job):
         return await self._run(model, self._deadline(job, job.timeout_s))
 
+    def _scope(self, request: Request) -> Optional[str]:
+        """The request's translation memory (``TranslateJob.memory_scope``): its key's, "" with keys
+        off; None when the memory is off."""
+        return request.scope.get("state", {}).get("memory_scope", "") if self.memory is not None else None
+
+    def _scoped(self, request: Request):
+        """``_translate`` with the request's memory scope on every job."""
+        scope = self._scope(request)
+
+        async def run(model: str, job):
+            job.memory_scope = scope
+            return await self._translate(model, job)
+        return run
+
     # ---- native API ----
     @api.post("/v1/translate", response_model=TranslateResponse,
               responses={200: {"content": SSE_CONTENT}, **NATIVE_ERRORS})
@@ -292,6 +321,7 @@ class Gateway:
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
         job = self._deadline(body.job(), body.timeout_s)
+        job.memory_scope = self._scope(request)
         with mapped_errors(card.id):
             self.limits[card.id].check(job)
         if not body.stream:
@@ -321,6 +351,7 @@ class Gateway:
         by_model = autodetect.groups(routed)
         request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
         base = self._deadline(body.job(), body.timeout_s)
+        base.memory_scope = self._scope(request)
         jobs = {}
         for model, idx in by_model.items():    # errors name the text: text[i] when alone in its job
             one = is_list and len(idx) == 1
@@ -465,7 +496,7 @@ class Gateway:
         form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus ``alternatives``
         when asked, ``detectedLanguage`` with auto); errors ``{"error": message}``.
         """
-        return await libretranslate.translate(request, self._cards(), self.limits, self._translate, self.detector)
+        return await libretranslate.translate(request, self._cards(), self.limits, self._scoped(request), self.detector)
 
     @api.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
               openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})
@@ -474,6 +505,122 @@ class Gateway:
         texts) as ``[{"confidence": 0-100, "language": code}]``, best first; ``[{"confidence": 0.0,
         "language": "und"}]`` for text without letters. ``q`` and ``api_key`` as JSON or a form."""
         return await libretranslate.detect(request, self.detector)
+
+    @api.get("/frontend/settings", response_model=suggest.FrontendSettings)
+    async def frontend_settings(self):
+        """LibreTranslate: the settings its web page reads (limits, keys, suggestions, files, default languages)."""
+        return suggest.frontend_settings(list(self.cards.values()), self.guard.keys_on, self.memory is not None)
+
+    @api.post("/suggest", response_model=suggest.SuggestAnswer, responses={**LIBRE_ERRORS, **_errors(
+                  libretranslate.LibreError, {403: "suggestions are off on this server (suggestions: false)"})},
+              openapi_extra={"requestBody": libretranslate.openapi_request_body(suggest.SuggestBody)})
+    async def libre_suggest(self, request: Request):
+        """LibreTranslate: store ``s`` as the translation of ``q`` (``source`` -> ``target``) in the
+        translation memory of that model (and of the caller's key): the next request holding ``q`` as
+        a text or a sentence gets ``s`` on every route. ``{"success": true}``."""
+        return await suggest.suggest(request, list(self.cards.values()), self.memory, self._scope(request) or "")
+
+    # ---- translation memory ----
+    def _memory_target(self, request: Request) -> tuple[ModelCard, str, str]:
+        """(card, the store's model key, the memory scope) of a /v1/memory request (query: model, or
+        source_lang and target_lang, as /v1/translate picks it; none: the default model). Raises
+        ServiceError 403 (memory off), 404, 422."""
+        if self.memory is None:
+            raise ServiceError(403, "memory: the translation memory is off on this server (suggestions: false)")
+        q = request.query_params
+        known = {"model", "source_lang", "target_lang", "format", "source"}
+        unknown = [k for k in q.keys() if k not in known]
+        if unknown:
+            raise ServiceError(422, f"query parameter {shown(unknown[0])}: /v1/memory takes model, source_lang, "
+                                    "target_lang (and format on GET, source on DELETE)", unknown[0])
+        card = self.resolve(q.get("model"), q.get("source_lang"), q.get("target_lang"))
+        target = match_language(q.get("target_lang"), self._targets) if card.target_languages else None
+        return card, memory_model(card.id, target), self._scope(request) or ""
+
+    @api.put("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS, openapi_extra={
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": memory.MemoryImport.model_json_schema()},
+            memory.TSV: {"schema": {"type": "string", "description": "source TAB target per line"}},
+            memory.TMX: {"schema": {"type": "string", "description": "TMX 1.4"}}}}})
+    async def memory_put(self, request: Request):
+        """Import entries (TSV, TMX or JSON) into the memory of a model (and the caller's key): each
+        source's stored translation is used for it on every route from the next request on."""
+        card, key, scope = self._memory_target(request)
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        target = key.split(">>")[1] if ">>" in key else card.target_lang
+        pairs = memory.read_import(await request.body(), media, card.source_lang, target)
+        with mapped_errors("memory"):     # a file that cannot be written: 503 naming it
+            memory.check_entries(pairs, self.memory.count(key, scope))
+            return memory.MemoryAnswer(model=card.id, stored=self.memory.put(key, scope, pairs, origin="import"))
+
+    @api.get("/v1/memory", responses={200: {"content": {"application/json": {"schema": memory.MemoryAnswer.model_json_schema()},
+                                                        memory.TSV: {}, memory.TMX: {}}}, **NATIVE_ERRORS})
+    async def memory_get(self, request: Request):
+        """Export the memory of a model (and the caller's key): ``format`` json (default), tsv or tmx."""
+        card, key, scope = self._memory_target(request)
+        target = key.split(">>")[1] if ">>" in key else card.target_lang
+        with mapped_errors("memory"):
+            body, media = memory.export(self.memory, key, scope, request.query_params.get("format", "json"),
+                                        card.source_lang, target)
+        return Response(body, media_type=media)
+
+    @api.delete("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS)
+    async def memory_delete(self, request: Request):
+        """Delete the memory of a model (and the caller's key), or with ``source`` that one entry."""
+        card, key, scope = self._memory_target(request)
+        source = request.query_params.get("source")
+        with mapped_errors("memory"):
+            return memory.MemoryAnswer(model=card.id, deleted=self.memory.delete(key, scope, None if source is None
+                                                                               else [source]))
+
+    # ---- DeepL-compatible API ----
+    @api.post("/v2/translate", responses={200: {"description": '{"translations": [{"detected_source_language", '
+                                                               '"text", "billed_characters"}]}'},
+                                          400: {"description": 'invalid input: {"message": ...} naming the field'},
+                                          403: {"description": "no or a wrong DeepL-Auth-Key (keys on)"},
+                                          404: {"description": "glossary_id names no stored glossary"},
+                                          413: {"description": "a text or the body over its limit"},
+                                          429: {"description": "over the rate limit"},
+                                          503: {"description": "overloaded or loading", "headers": _RETRY}},
+              openapi_extra={"requestBody": libretranslate.openapi_request_body(deepl.DeepLTranslateBody)})
+    async def deepl_translate(self, request: Request):
+        """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
+        ``tag_handling`` html|xml, ``split_sentences`` 0|1|nonewlines; answers ``{"translations": [...]}``."""
+        try:
+            fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400)
+        except ServiceError as e:
+            return deepl.error_response(e)
+        body = deepl.parse(fields)
+        ctx = deepl.Context(list(self.cards.values()), self.limits, lambda s, t: self.resolve(None, s, t),
+                            self._scoped(request), self.detector)
+        translations, chars = await deepl.translate(body, ctx)
+        self._count_usage(request, chars)
+        return JSONResponse({"translations": translations}, headers=deepl.ignored(body, fields))
+
+    def _count_usage(self, request: Request, chars: int) -> None:
+        if self.memory is not None:
+            with mapped_errors("memory"):
+                self.memory.add_usage(self._scope(request) or "", chars)
+        else:
+            self._usage = getattr(self, "_usage", 0) + chars
+
+    @api.get("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
+    @api.post("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
+    async def deepl_languages(self, request: Request):
+        """DeepL: ``[{"language", "name"(, "supports_formality")}]`` for ``type`` source (default) or target."""
+        fields = await body_module.read_fields(request, (), 400)     # the query, or a form body (the client sends
+        kind = deepl.source_or_target(fields.get("type"))      # one with GET too)
+        return deepl.languages(self.cards.values(), kind)
+
+    @api.get("/v2/usage")
+    @api.post("/v2/usage")
+    async def deepl_usage(self, request: Request):
+        """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) sent to
+        /v2/translate; no limit (DeepL Pro's figure for none)."""
+        with mapped_errors("memory"):
+            chars = (self.memory.usage(self._scope(request) or "") if self.memory is not None
+                     else getattr(self, "_usage", 0))
+        return deepl.usage(chars)
 
 
     # ---- documents (documents.py; DeepL's shapes: deepl_documents.py) ----

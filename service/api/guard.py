@@ -2,7 +2,7 @@
 address when keys are off). Both are off by default (``GuardSettings()``).
 
     request -> GuardMiddleware (pure ASGI, in front of the routes)
-        open path (/healthz, /readyz)            -> passed on
+        open path (/healthz, /readyz, /frontend/settings) -> passed on
         /metrics, /docs (+ /openapi.json)         -> a key is needed only with protect_metrics / protect_docs
         / and /explorer/* (explorer.py)           -> a key (header or the page's cookie) only with protect_explorer
         any other path                            -> Guard.admit(key, client): 401, 429, or passed on with
@@ -10,7 +10,10 @@ address when keys are off). Both are off by default (``GuardSettings()``).
     POST /translate without an Authorization header while keys are on: the route checks
     LibreTranslate's ``api_key`` body field itself (``Guard.admit`` again, see libretranslate.py); a
     body that cannot be read (415, 413, unparsable) is a 401 there, before any other error.
-    An Authorization header of another scheme than Bearer (Basic, ...) is a 401 on every keyed path.
+    An Authorization header of another scheme than Bearer or DeepL-Auth-Key (Basic, ...) is a 401 on
+    every keyed path; DeepL's paths (/v2/*, deepl.py) answer it, and a missing or wrong key, as 403
+    ``{"message": ...}``. ``Decision.scope`` (stored as ``scope["state"]["memory_scope"]``) names the
+    key's translation memory: a hash of the key, "" with keys off.
 
 Keys come from ``MT_API_KEYS`` (comma-separated) and ``api_keys_file`` (one per line, ``#`` comments,
 optional per-key limits ``KEY rate=2 burst=5``); the file is re-read when its mtime changes (checked at
@@ -32,14 +35,15 @@ from typing import Callable, Optional
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
+from . import deepl
 from .errors import ServiceError, error_response, libre_error_response, route_path
 from .explorer import cookie_key, is_explorer_path, key_page
 
 ENV_KEYS = "MT_API_KEYS"
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
 MAX_BUCKETS = 65_536               # token buckets kept (least recently used evicted): bounded memory
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-BODY_KEY_PATHS = ("/translate", "/detect", "/translate_file")   # LibreTranslate routes whose body may hold the api_key
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/frontend/settings"})   # the last: a page reads it to learn keyRequired
+BODY_KEY_PATHS = ("/translate", "/detect", "/translate_file", "/suggest")   # LibreTranslate routes whose body may hold the api_key
 QUERY_KEY_PREFIXES = ("/download_file/",)    # routes that check the key themselves (Bearer or ?api_key=)
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
 METRICS_PATHS = frozenset({"/metrics"})
@@ -100,6 +104,7 @@ class Decision:
     headers: dict[str, str]                   # RateLimit-* (and Retry-After, WWW-Authenticate) to send
     key: str                                  # the metrics label: a key id, ANONYMOUS, or missing/invalid
     who: str = ""                             # whose streams it counts: "k:<key id>" or "c:<client address>"
+    scope: str = ""                           # the key's translation memory (memory_scope), "" with keys off
 
 
 class Guard:
@@ -185,13 +190,15 @@ class Guard:
                                          (" or the api_key field" if field == "api_key" else ""),
                                          field, "missing" if not key else "invalid")
             label, bucket_id, limit = key_id(stored), "k:" + stored, self.keys[stored] or self.settings.rate_limit
-            who = "k:" + label
+            who, scope = "k:" + label, memory_scope(stored)
         else:
             label, bucket_id, limit = ANONYMOUS, "c:" + client, self.settings.rate_limit
-            who = bucket_id
+            who, scope = bucket_id, ""
         if limit is None:
-            return self._count(Decision(None, {}, label, who), "allowed")
-        return self._take(bucket_id, limit, label, who)
+            return self._count(Decision(None, {}, label, who, scope), "allowed")
+        d = self._take(bucket_id, limit, label, who)
+        d.scope = scope
+        return d
 
     # ---- concurrent streams ------------------------------------------------------------------------
     def open_stream(self, who: str, label: str = ANONYMOUS) -> Callable[[], None]:
@@ -255,9 +262,16 @@ class Guard:
         return d
 
 
+def memory_scope(key: str) -> str:
+    """The translation memory's scope of a key: a hash no shorter than needed to keep keys apart."""
+    return hashlib.sha256(b"memory:" + key.encode("utf-8")).hexdigest()[:32]
+
+
 def bearer(headers: dict[str, str]) -> Optional[str]:
-    """The key of an ``Authorization: Bearer <key>`` header, else None."""
+    """The key of an ``Authorization: Bearer <key>`` (or DeepL's ``DeepL-Auth-Key <key>``) header, else None."""
     scheme, _, value = headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == deepl.AUTH_SCHEME:
+        return deepl.auth_key(headers["authorization"])
     return value.strip() or None if scheme.lower() == "bearer" else None
 
 
@@ -288,17 +302,20 @@ class GuardMiddleware:
             pass        # LibreTranslate's api_key body field: the route checks it (libretranslate.py)
         elif (guard.needs_key(path) and guard.keys_on) or guard.limited(path):
             scheme = auth.split()[0] if auth else ""
-            if guard.keys_on and guard.needs_key(path) and scheme and scheme.lower() != "bearer":
+            if guard.keys_on and guard.needs_key(path) and scheme and scheme.lower() not in ("bearer",
+                                                                                              deepl.AUTH_SCHEME):
                 d = guard.unauthorized(f"Authorization: the {scheme[:20]!r} scheme is not accepted; send "
                                        "'Authorization: Bearer <key>'", "Authorization", "invalid")
             else:
                 d = guard.admit(key, client)
             if d.error is not None:
                 render = (libre_error_response if path in self.libre_paths else
+                          deepl.error_response if deepl.is_deepl_path(path) else
                           key_page if is_explorer_path(path) else error_response)
                 resp: JSONResponse = render(d.error, headers=d.headers)
                 return await resp(scope, receive, send)
             state["guard_headers"], state["guard_decision"] = d.headers, d
+            state["memory_scope"] = d.scope
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start" and state.get("guard_headers"):
@@ -317,5 +334,5 @@ def check_body_key(state: dict, api_key: object) -> Optional[Decision]:
     d = guard.admit(api_key if isinstance(api_key, str) else None, state.get("guard_client", "unknown"), "api_key")
     if d.error is not None:
         return d
-    state["guard_headers"] = d.headers
+    state["guard_headers"], state["memory_scope"] = d.headers, d.scope
     return None

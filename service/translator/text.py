@@ -222,3 +222,23 @@ def split_text(text: str, language: str = "en") -> Split:
     split = Split(pieces, glue, fallbacks)
     assert split.join(pieces) == text, "split_text lost characters"
     return split
+
+
+def split_sentences_of(text: str, language: str = "en", mode: str = "1") -> Split:
+    """``split_text`` as DeepL's ``split_sentences`` asks: "1" (the default) at punctuation and line
+    breaks; "nonewlines" at punctuation only (a line break inside a sentence goes to the model as a
+    space; the text between sentences keeps its line breaks); "0" the whole text as one sentence."""
+    if mode == "1":
+        return split_text(text, language)
+    core = trim(text)
+    at = text.find(core)
+    if mode == "0":
+        return Split([" ".join(core.split())], [text[:at], text[at + len(core):]])
+    flat = _LINE_BREAK.sub(lambda m: " " * len(m.group()), text)     # same length: positions map back
+    split = split_text(flat, language)
+    glue, pos = [], 0
+    for piece, g in zip(split.pieces, split.glue):
+        glue.append(text[pos:pos + len(g)])
+        pos += len(g) + len(piece)
+    glue.append(text[pos:])
+    return Split([" ".join(p.split()) for p in split.pieces], glue, split.fallbacks)

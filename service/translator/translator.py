@@ -27,17 +27,20 @@ import torch
 from model.load import load_model
 from model.tokenizer import check_target_lang
 from model.inference.linear import linear_dtype
+from model.inference.search import Hypothesis
 from service.protocol import (MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
-from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
+from service.engine import (Engine, EngineConfig, GenerationOptions, RequestStats, TranslationResult, torch_threads,
+                            tune_process)
 from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
 
 from .card import ModelCard
+from .memory import MemoryStore, ResultCache, memory_model, normalize
 from .output import build_response
 from .protect import Protected, Protector, Terms
 from .streaming import StreamState, merge_streams
-from .text import Piece, Split, has_text, split_text
+from .text import Piece, Split, has_text, split_sentences_of, split_text, trim
 from .truecase import Truecaser
 
 logger = logging.getLogger("ray.serve")
@@ -59,11 +62,14 @@ class Translator:
     turn them off): protected spans and recasing (``protect.py``, ``truecase.py``). ``keep_file``
     (default: env ``MT_KEEP_FILE``): the stored list of do-not-translate terms, one a line
     (``protect.Terms.load``), kept verbatim in every request besides the request's ``keep``.
+    ``memory_file``: the translation memory's SQLite file (``memory.MemoryStore``), read for every
+    job with a ``memory_scope``; None: no memory. ``cache_entries``: the LRU cache of the engine's
+    results (``memory.ResultCache``; 0 = off).
     """
 
     def __init__(self, card: ModelCard, device: Optional[str] = None, num_threads: Optional[int] = None,
                  protect_spans: Optional[bool] = None, truecase: Optional[bool] = None,
-                 keep_file: Optional[str] = None):
+                 keep_file: Optional[str] = None, memory_file: Optional[str] = None, cache_entries: int = 0):
         self.card = card
         self.name = card.id
         if num_threads:
@@ -81,6 +87,8 @@ class Translator:
         keep_file = keep_file if keep_file is not None else os.environ.get("MT_KEEP_FILE", "")
         self.keep = Terms.load(keep_file) if keep_file else Terms()   # the stored do-not-translate list
         self.metrics = EngineMetrics(self.name)
+        self.memory = MemoryStore(memory_file) if memory_file else None
+        self.cache = ResultCache(cache_entries)
         self.engine: Optional[Engine] = None
         self.engine_config: Optional[EngineConfig] = None
         self._gauges: Optional[asyncio.Task] = None
@@ -150,7 +158,8 @@ class Translator:
                                                        "kv_cache": kv})
 
     # ---- request preparation ------------------------------------------------------------------
-    def prepare(self, job: TranslateJob) -> tuple[list[Optional[Split]], list[Piece], list[Protected]]:
+    def prepare(self, job: TranslateJob, hits: Optional[dict[int, str]] = None
+                ) -> tuple[list[Optional[Split]], list[Piece], list[Protected]]:
         """Split the job's texts into sentences, protect their spans (and the occurrences of the job's
         ``keep`` terms and the stored list's), recase and encode them.
 
@@ -158,6 +167,9 @@ class Translator:
         without letters, which comes back verbatim), the flat list of pieces to translate and each
         piece's ``Protected`` (what the model sees of it; a sentence of protected spans only, such as
         a lone URL, needs no model and stays in the glue like a sentence without letters).
+        ``hits`` (filled when given and the job has a ``memory_scope``): piece index -> the translation
+        memory's text for it (the whole text's, or the sentence's; ``memory.py``); such a piece has no
+        source ids and no ``Protected`` (None) and is not sent to the engine.
         Raises Unavailable while the engine is not built yet, TooLarge for a sentence longer than the
         model accepts or more sentences than one request may have.
         """
@@ -169,17 +181,39 @@ class Translator:
         splits: list[Optional[Split]] = []
         pieces: list[Piece] = []
         prepared: list[Protected] = []
+        memory = getattr(self, "memory", None) if hits is not None and job.memory_scope is not None else None
+        memory_key = (memory_model(self.name, job.target_lang if self.tok.target_languages else None)
+                      if memory is not None else "")
         for i, text in enumerate(job.texts):
             if not has_text(text):   # whitespace or other invisible characters only
                 splits.append(None)
                 continue
-            split = split_text(text, self.card.source_lang)
+            mode = getattr(job, "split_sentences", "1")     # DeepL's split_sentences (text.split_sentences_of)
+            split = (split_text(text, self.card.source_lang) if mode == "1" else
+                     split_sentences_of(text, self.card.source_lang, mode))
             self.metrics.split_fallbacks(split.fallbacks)
             seen: dict[str, Protected] = {}
             split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
             split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s, keep)).needs_model)
+            stored: dict[str, str] = {}
+            if memory is not None:      # one query per text: the whole text and each sentence
+                whole = normalize(text)
+                stored = memory.lookup(memory_key, job.memory_scope, [whole, *(normalize(s) for s in split.pieces)])
+                if whole in stored and split.pieces and [normalize(s) for s in split.pieces] != [whole]:
+                    core = trim(text)   # the whole text is in the memory: one piece, its stored translation
+                    at = text.find(core)
+                    splits.append(Split([core], [text[:at], text[at + len(core):]]))
+                    hits[len(pieces)] = stored[whole]
+                    pieces.append(Piece(i, 0, []))
+                    prepared.append(None)
+                    continue
             splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
             for j, sentence in enumerate(split.pieces):
+                if stored and normalize(sentence) in stored:
+                    hits[len(pieces)] = stored[normalize(sentence)]
+                    pieces.append(Piece(i, j, []))
+                    prepared.append(None)
+                    continue
                 prepared.append(seen[sentence])   # translatable() prepared every piece it kept
                 ids = prefix + self.protector.encode(prepared[-1])
                 if len(ids) > max_src:
@@ -211,22 +245,52 @@ class Translator:
             return dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
         return options
 
-    def _text_of(self, prepared: list[Protected], pieces: list[Piece]):
-        """``text_of`` for build_response: a hypothesis's text with spans and case restored."""
+    def _text_of(self, prepared: list[Protected], pieces: list[Piece], hits: Optional[dict[int, str]] = None):
+        """``text_of`` for build_response: a hypothesis's text with spans and case restored (a memory
+        hit's: the stored text)."""
         index = {(p.text_index, p.piece_index): k for k, p in enumerate(pieces)}
 
         def text_of(piece: Piece, hyp) -> str:
-            return self.protector.restore(prepared[index[piece.text_index, piece.piece_index]], piece.src_ids,
-                                          hyp.tokens, (hyp.attention or {}).get("cross"))
+            k = index[piece.text_index, piece.piece_index]
+            if hits and k in hits:
+                return hits[k]
+            return self.protector.restore(prepared[k], piece.src_ids, hyp.tokens, (hyp.attention or {}).get("cross"))
         return text_of
 
     # ---- translate ----------------------------------------------------------------------------
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
-        splits, pieces, prepared = self.prepare(job)
-        results = await self._run_all(pieces, [self._options(p, job.options) for p in prepared])
-        return build_response(self.name, self.tok, job, splits, pieces, results, self._text_of(prepared, pieces),
-                              self.card.config)
+        hits: dict[int, str] = {}
+        splits, pieces, prepared = self.prepare(job, hits)
+        results = await self._results(pieces, prepared, hits, job.options)
+        return build_response(self.name, self.tok, job, splits, pieces, results,
+                              self._text_of(prepared, pieces, hits), self.card.config)
+
+    async def _results(self, pieces: list[Piece], prepared: list[Optional[Protected]], hits: dict[int, str],
+                       options: GenerationOptions) -> list[TranslationResult]:
+        """Each piece's result: a memory hit's (no tokens; ``memory_hit``), the cache's, else the
+        engine's (then cached). Counted in ``mt_memory_lookups_total``."""
+        out: list[Optional[TranslationResult]] = [None] * len(pieces)
+        todo: list[int] = []
+        for k, p in enumerate(pieces):
+            if k in hits:
+                out[k] = memory_hit()
+                self.metrics.memory_lookup("memory")
+                continue
+            cached = self.cache.get(cache_key(p, self._options(prepared[k], options))) if self.cache.max_entries else None
+            if cached is not None:
+                out[k] = cached
+                self.metrics.memory_lookup("cache")
+            else:
+                todo.append(k)
+                self.metrics.memory_lookup("model")
+        ran = await self._run_all([pieces[k] for k in todo], [self._options(prepared[k], options) for k in todo])
+        for k, r in zip(todo, ran):
+            out[k] = r
+            opts = self._options(prepared[k], options)
+            if self.cache.max_entries and not opts.attention_kinds:    # results with attention: too big to keep
+                self.cache.put(cache_key(pieces[k], opts), r)
+        return out
 
     async def _run_all(self, pieces: list[Piece], options: list[GenerationOptions]) -> list[TranslationResult]:
         """Await every piece concurrently (``options[k]`` for piece k); on the first failure cancel the
@@ -258,24 +322,34 @@ class Translator:
         Errors before ``StreamStart`` (validation, a full queue) are raised before anything is
         streamed. Closing the generator cancels every sentence.
         """
-        splits, pieces, prepared = self.prepare(job)
+        hits: dict[int, str] = {}
+        splits, pieces, prepared = self.prepare(job, hits)
         streams, group = [], object()   # group: as in _run_all
+        run = [k for k in range(len(pieces)) if k not in hits]    # memory hits are answered without the engine
         try:
-            for p, prot in zip(pieces, prepared):   # QueueFullError comes at once, before anything is streamed
-                streams.append(self.engine.stream(p.src_ids, self._options(prot, job.options), group))
+            for k in run:   # QueueFullError comes at once, before anything is streamed
+                streams.append(self.engine.stream(pieces[k].src_ids, self._options(prepared[k], job.options), group))
         except BaseException:
             for st in streams:
                 st.cancel()
             raise
         yield StreamStart()
-        text_of = self._text_of(prepared, pieces)
+        text_of = self._text_of(prepared, pieces, hits)
         state = StreamState(self.tok, splits, pieces, lambda k, tokens, hyp: (
             self.protector.partial(prepared[k], tokens) if hyp is None else text_of(pieces[k], hyp)))
         for ev in state.verbatim():     # texts without letters: whole, before any token
             yield ev
         results: list[Optional[TranslationResult]] = [None] * len(pieces)
+        for k in hits:
+            results[k] = memory_hit()
+            self.metrics.memory_lookup("memory")
+            for ev in state.finish(k, [], results[k].hypotheses[0]):
+                yield ev
+        for _ in run:
+            self.metrics.memory_lookup("model")
         async with contextlib.aclosing(merge_streams(streams)) as items:
-            async for k, item in items:
+            async for i, item in items:
+                k = run[i]
                 if isinstance(item, int):
                     for ev in state.token(k, item):
                         yield ev
@@ -284,3 +358,16 @@ class Translator:
                     for ev in state.finish(k, item.hypotheses[0].tokens, item.hypotheses[0]):
                         yield ev
         yield build_response(self.name, self.tok, job, splits, pieces, results, text_of, self.card.config)
+
+
+def memory_hit() -> TranslationResult:
+    """The result of a sentence the translation memory answered: one hypothesis without tokens
+    (the model generated none), score 0 (log-probability 0: certain); its text is the stored one."""
+    return TranslationResult([Hypothesis(tokens=[], log_prob=0.0, score=0.0, finish_reason="eos")],
+                             RequestStats(request_id=-1, status="ok", finish_reason="eos", src_tokens=0, beam_size=0))
+
+
+def cache_key(piece: Piece, options: GenerationOptions) -> tuple:
+    """The result cache's key of a sentence: its source ids (target-language token included) and
+    every decoding option (``GenerationOptions`` fields), so a hit is the result the engine would give."""
+    return tuple(piece.src_ids), dataclasses.astuple(options)

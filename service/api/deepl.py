@@ -1,0 +1,261 @@
+"""The DeepL-compatible API (DeepL API v2, https://developers.deepl.com/docs): ``POST /v2/translate``,
+``GET|POST /v2/languages``, ``GET|POST /v2/usage``, and the pieces other DeepL routes reuse.
+
+    Authorization: DeepL-Auth-Key KEY    the service's API keys (guard.py; Bearer works too)
+    POST /v2/translate                   JSON or form: text (repeated / list), target_lang, source_lang
+                                         (absent: detected), tag_handling (html|xml), split_sentences
+                                         (0|1|nonewlines), preserve_formatting, formality, glossary_id
+        -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n}]}
+    errors                               {"message": "..."}: 400 invalid input (the field named), 403 no
+                                         or a wrong key, 404 unknown glossary, 413 too large, 429 rate
+                                         limit, 503 overloaded (Retry-After); 456 (quota) never occurs
+
+Reusable by the document routes (``/v2/document``): ``service_language`` / ``deepl_codes`` (language
+codes both ways), ``auth_key`` (the key of a ``DeepL-Auth-Key`` header; the guard admits it on every
+path), ``error_response`` (DeepL's error shape and statuses), ``DEEPL_PREFIX`` (the paths that answer so).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Awaitable, Callable, Iterable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from service.engine import GenerationOptions
+from service.engine.validation import ModelLimits
+from service.protocol import TranslateJob, TranslateResponse
+from service.translator import ModelCard
+from service.translator.langid import LanguageDetector
+
+from . import autodetect
+from .autodetect import NAMES
+from .errors import ServiceError, deepl_error_response, format_validation_error, mapped_errors, short_name, shown
+
+DEEPL_PREFIX = "/v2/"             # paths answered in DeepL's error shape
+AUTH_SCHEME = "deepl-auth-key"    # Authorization: DeepL-Auth-Key KEY (compared ignoring case)
+IGNORED_HEADER = "X-Ignored-Fields"   # fields accepted but not applied (formality, context, ...), as on /translate
+# DeepL's target codes with a region: the language's variants, all served by the language's model
+REGIONAL_TARGETS = {"en": ("EN-GB", "EN-US"), "pt": ("PT-PT", "PT-BR"), "zh": ("ZH-HANS", "ZH-HANT")}
+REGION_NAMES = {"EN-GB": "English (British)", "EN-US": "English (American)", "PT-PT": "Portuguese (European)",
+                "PT-BR": "Portuguese (Brazilian)", "ZH-HANS": "Chinese (simplified)", "ZH-HANT": "Chinese (traditional)"}
+# DeepL Pro without a cost limit reports this character_limit (GET /v2/usage); the service has no quota
+NO_CHARACTER_LIMIT = 1_000_000_000_000
+# Fields DeepL defines that change nothing here: reported in IGNORED_HEADER when sent with a value that
+# asks for something (formality other than default, a context, ...)
+LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "glossary_ids", "custom_instructions")
+NOT_APPLIED = ("formality", "context", "model_type", "outline_detection", "non_splitting_tags", "splitting_tags",
+               "ignore_tags", "tag_handling_version", "custom_instructions", "style_id", "translation_memory_id",
+               "translation_memory_threshold", "glossary_ids")
+
+
+# ---- language codes ------------------------------------------------------------------------------
+def service_language(code: str) -> str:
+    """The service's code for a DeepL code: "EN-GB" -> "en", "PT-BR" -> "pt", "DE" -> "de" (lower
+    case, region or script dropped; ``card.match_language`` does the same against served codes)."""
+    return code.strip().lower().replace("_", "-").split("-")[0]
+
+
+def deepl_codes(lang: str, target: bool) -> list[str]:
+    """DeepL's codes for a service language: a source is its upper-case code ("DE"); a target with
+    regional variants in DeepL is each variant ("en" -> ["EN-GB", "EN-US"]), else the upper-case code."""
+    if target and lang in REGIONAL_TARGETS:
+        return list(REGIONAL_TARGETS[lang])
+    return [lang.upper()]
+
+
+def language_name(code: str) -> str:
+    """DeepL's English name of a code of either kind ("EN-GB" -> "English (British)", "DE" -> "German")."""
+    return REGION_NAMES.get(code) or NAMES.get(service_language(code), code)
+
+
+def languages(cards: Iterable[ModelCard], kind: str) -> list[dict]:
+    """``GET /v2/languages`` for ``kind`` "source" or "target": ``[{"language", "name"}]`` (targets
+    with ``supports_formality``: false: no model here has a formality control)."""
+    cards = list(cards)
+    langs = sorted({c.source_lang for c in cards} if kind == "source" else {t for c in cards for t in c.targets})
+    out = []
+    for lang in langs:
+        for code in deepl_codes(lang, kind == "target"):
+            item = {"language": code, "name": language_name(code)}
+            if kind == "target":
+                item["supports_formality"] = False
+            out.append(item)
+    return out
+
+
+# ---- keys and errors -----------------------------------------------------------------------------
+def auth_key(authorization: str) -> Optional[str]:
+    """The key of an ``Authorization: DeepL-Auth-Key KEY`` header value, else None."""
+    scheme, _, value = authorization.strip().partition(" ")
+    return (value.strip() or None) if scheme.lower() == AUTH_SCHEME else None
+
+
+def is_deepl_path(path: str) -> bool:
+    return path.startswith(DEEPL_PREFIX)
+
+
+error_response = deepl_error_response     # DeepL's error shape and statuses (errors.deepl_error_response)
+
+
+# ---- POST /v2/translate --------------------------------------------------------------------------
+class DeepLTranslateBody(BaseModel):
+    """POST /v2/translate, as JSON, application/x-www-form-urlencoded or multipart/form-data (form
+    values are strings: "1"/"0" for booleans; ``text`` repeated for several texts)."""
+    model_config = ConfigDict(extra="allow")
+    text: list[str] = Field(..., min_length=1, description="the texts (a string counts as one)")
+    target_lang: str = Field(..., min_length=1, description='e.g. "DE", "EN-GB", "EN-US" (GET /v2/languages)')
+    source_lang: Optional[str] = Field(None, description="absent: each text's language is detected")
+    tag_handling: Optional[Literal["html", "xml"]] = Field(
+        None, description="html or xml: tags kept, text between them translated (the HTML route's handling)")
+    split_sentences: Literal["0", "1", "nonewlines"] = Field(
+        "1", description="1: at punctuation and line breaks; nonewlines: at punctuation only; 0: each text "
+                         "is one sentence (default nonewlines with tag_handling)")
+    preserve_formatting: bool = Field(False, description="accepted; whitespace and case are always kept")
+    formality: Optional[str] = Field(None, description="accepted; no model here has a formality control "
+                                                       f"(named in {IGNORED_HEADER})")
+    glossary_id: Optional[str] = Field(None, description="a stored glossary's id")
+    show_billed_characters: bool = True
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _texts(cls, v):
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, list):
+            bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
+            if bad is not None:
+                raise ValueError(f"text[{bad}] must be a string, got {type(v[bad]).__name__}")
+        return v
+
+    @field_validator("split_sentences", mode="before")
+    @classmethod
+    def _split(cls, v):
+        return str(int(v)) if isinstance(v, (bool, int)) else v
+
+
+def parse(fields: dict) -> DeepLTranslateBody:
+    """The validated body. Raises ServiceError 400 naming the first invalid field."""
+    try:
+        body = DeepLTranslateBody.model_validate(fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field, message = format_validation_error(err)
+        if err.get("type") == "missing":      # DeepL's words for it
+            raise ServiceError(400, f"Parameter '{field}' not specified.", field) from None
+        raise ServiceError(400, f"Value for '{field}' not supported: {message}", field) from None
+    if body.tag_handling is not None and "split_sentences" not in fields:
+        body.split_sentences = "nonewlines"      # DeepL's default with tag handling
+    return body
+
+
+def ignored(body: DeepLTranslateBody, fields: dict) -> Optional[dict[str, str]]:
+    """``{X-Ignored-Fields: ...}`` naming what was sent but changes nothing here (formality other than
+    "default", context, unknown fields), or None."""
+    names = [k for k in fields if k not in DeepLTranslateBody.model_fields and fields[k] not in (None, "", [])]
+    if body.formality not in (None, "", "default"):
+        names.insert(0, "formality")
+    names = [json.dumps(short_name(n))[1:-1] for n in dict.fromkeys(names)]    # ASCII, as on /translate
+    return {IGNORED_HEADER: ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+            } if names else None
+
+
+@dataclasses.dataclass
+class Context:
+    """What the route needs of the gateway."""
+    cards: list[ModelCard]
+    limits: dict[str, ModelLimits]
+    resolve: Callable[[Optional[str], Optional[str]], ModelCard]   # (source, target) -> card, or ServiceError
+    run: Callable[[str, TranslateJob], Awaitable[TranslateResponse]]
+    detector: Optional[LanguageDetector]
+    job_fields: dict = dataclasses.field(default_factory=dict)     # TranslateJob fields of every job (memory scope)
+
+
+def _job(texts: list[str], target: str, body: DeepLTranslateBody, n_texts: int, extra: dict) -> TranslateJob:
+    job = TranslateJob(list(texts), GenerationOptions(), field="text", is_list=True, target_lang=target, **extra)
+    job.n_texts = n_texts
+    if body.split_sentences != "1" and hasattr(job, "split_sentences"):
+        job.split_sentences = body.split_sentences
+    return job
+
+
+async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict], int]:
+    """The ``translations`` of the answer and the characters billed. Raises ServiceError."""
+    from .html import HtmlText
+    from .schemas import check_unicode
+    texts = body.text
+    try:
+        check_unicode(texts, "text")
+    except ValueError as e:
+        raise ServiceError(400, str(e), "text") from None
+    autodetect.check_sizes(texts, "text", True)
+    if body.glossary_id:
+        raise unknown_glossary(body.glossary_id)   # GLOSSARY: stored glossaries plug in here (issue #37)
+    targets = {t for c in ctx.cards for t in c.targets}
+    sources = {c.source_lang for c in ctx.cards}
+    target = service_language(body.target_lang)
+    if target not in targets:
+        raise ServiceError(400, f"Value for 'target_lang' not supported: {shown(body.target_lang)}; target languages "
+                                f"here: {', '.join(c for t in sorted(targets) for c in deepl_codes(t, True))}",
+                           "target_lang")
+    htmls = [HtmlText(t) for t in texts] if body.tag_handling else []
+    if body.source_lang is None or not body.source_lang.strip():
+        plain = [" ".join(h.segments) for h in htmls] if htmls else texts
+        detections = await autodetect.detect_texts(ctx.detector or LanguageDetector(), plain)
+        routed = autodetect.route(texts, detections, target, lambda lang: ctx.resolve(lang, target).id,
+                                  "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
+    else:
+        source = service_language(body.source_lang)
+        if source not in sources and source != target:
+            raise ServiceError(400, f"Value for 'source_lang' not supported: {shown(body.source_lang)}; source "
+                                    f"languages here: {', '.join(sorted(s.upper() for s in sources))}", "source_lang")
+        if source == target:
+            routed = [autodetect.Routed(None, source, 100.0, True)] * len(texts)
+        else:
+            card = ctx.resolve(source, target)
+            routed = [autodetect.Routed(card.id, source, 100.0)] * len(texts)
+    by_model = autodetect.groups(routed)
+    jobs = {}
+    for model, idx in by_model.items():
+        units = [s for i in idx for s in htmls[i].segments] if htmls else [texts[i] for i in idx]
+        jobs[model] = _job(units, target, body, len(idx), ctx.job_fields)
+        with mapped_errors(model):
+            ctx.limits[model].check(jobs[model])
+    results = await autodetect.gather_all([ctx.run(m, j) for m, j in jobs.items()])
+    out = list(texts)
+    for idx, result in zip(by_model.values(), results):
+        k = 0
+        for i in idx:
+            if htmls:
+                n = len(htmls[i].segments)
+                out[i] = htmls[i].rebuild([t.text for t in result.translations[k:k + n]])
+                k += n
+            else:
+                out[i] = result.translations[k].text
+                k += 1
+    answer = []
+    for text, translated, r in zip(texts, out, routed):
+        item = {"detected_source_language": r.language.upper() if r.language != "und" else "", "text": translated}
+        if body.show_billed_characters:
+            item["billed_characters"] = len(text)
+        answer.append(item)
+    return answer, sum(len(t) for t in texts)
+
+
+def unknown_glossary(glossary_id: str) -> ServiceError:
+    """The 404 of a glossary_id no stored glossary has."""
+    return ServiceError(404, f"glossary_id: no glossary {shown(glossary_id)} is stored on this server", "glossary_id",
+                        type="glossary_not_found")
+
+
+def usage(characters: int) -> dict:
+    """``GET /v2/usage``: the characters this key (or, with keys off, everyone) sent to /v2/translate."""
+    return {"character_count": characters, "character_limit": NO_CHARACTER_LIMIT}
+
+
+def source_or_target(value: object) -> str:
+    """The ``type`` of ``GET /v2/languages``: source (default) or target. Raises ServiceError 400."""
+    kind = (value or "source").strip().lower() if isinstance(value, (str, type(None))) else repr(value)
+    if kind not in ("source", "target"):
+        raise ServiceError(400, f"Value for 'type' not supported: {shown(value)}; send source or target", "type")
+    return kind
