@@ -70,6 +70,7 @@ class GenerationOptions:
     length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
     attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
     min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
+    constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms)
 
 
 
