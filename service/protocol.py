@@ -24,6 +24,10 @@ MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds on
 MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)
 MAX_KEEP_TERMS = 100           # do-not-translate terms in one request (`keep`)
 MAX_KEEP_CHARS = 200           # characters in one do-not-translate term (a request's or the stored list's)
+MAX_GLOSSARY_ENTRIES = 100     # glossary entries in one request (`glossary`)
+MAX_STORED_GLOSSARY_ENTRIES = 10_000   # entries in one stored glossary (file or POST /v1/glossaries)
+MAX_GLOSSARY_TERM_CHARS = 200  # characters in one glossary term (source or target)
+MAX_GLOSSARIES = 100           # stored glossaries per API key (or in all, with keys off)
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 
@@ -94,6 +98,8 @@ class TranslateJob:
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
     n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
     keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
+    glossary: tuple[tuple[str, str], ...] = ()   # (source term, target term): each occurring term's target is in the output
+    glossary_field: str = "glossary"           # the request field the glossary came from, for error messages
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------

@@ -27,13 +27,14 @@ import torch
 from model.load import load_model
 from model.tokenizer import check_target_lang
 from model.inference.linear import linear_dtype
-from service.protocol import (MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
+from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_SENTENCES, MAX_STORED_GLOSSARY_ENTRIES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
 from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
 from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
 
 from .card import ModelCard
+from .glossary import Glossary
 from .output import build_response
 from .protect import Protected, Protector, Terms
 from .streaming import StreamState, merge_streams
@@ -205,11 +206,30 @@ class Translator:
             raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
         return self.tok.encode(f">>{target_lang}<<")
 
-    def _options(self, prepared: Protected, options: GenerationOptions) -> GenerationOptions:
-        """A sentence with inner protected spans also tracks cross-attention (to place them)."""
+    def _options(self, prepared: Protected, options: GenerationOptions,
+                 glossary: Optional[Glossary] = None) -> GenerationOptions:
+        """A sentence with inner protected spans also tracks cross-attention (to place them); one
+        with glossary terms gets their target ids as decoding constraints (``glossary.py``)."""
         if prepared.spans and "cross" not in options.attention_kinds:
-            return dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
-        return options
+            options = dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
+        constraints = glossary.constraints(prepared.source) if glossary else ()
+        return dataclasses.replace(options, constraints=constraints) if constraints else options
+
+    def glossary(self, job: TranslateJob) -> Optional[Glossary]:
+        """The job's glossary compiled for this model (cached by its entries), or None.
+        Raises InvalidRequest for a bad or conflicting entry (``glossary.Glossary``)."""
+        if not job.glossary:
+            return None
+        key = (job.glossary, job.glossary_field)
+        cache = self.__dict__.setdefault("_glossaries", {})
+        if key not in cache:
+            limit = MAX_GLOSSARY_ENTRIES if job.glossary_field == "glossary" else MAX_STORED_GLOSSARY_ENTRIES
+            max_tokens = min(self.engine.max_tgt_len, self.model.cfg.max_len - 1) - 1 if self.engine else \
+                self.model.cfg.max_len - 2
+            while len(cache) >= 32:
+                cache.pop(next(iter(cache)))
+            cache[key] = Glossary(job.glossary, self.card.source_lang, self.tok, max_tokens, job.glossary_field, limit)
+        return cache[key]
 
     def _text_of(self, prepared: list[Protected], pieces: list[Piece]):
         """``text_of`` for build_response: a hypothesis's text with spans and case restored."""
@@ -224,7 +244,8 @@ class Translator:
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
         splits, pieces, prepared = self.prepare(job)
-        results = await self._run_all(pieces, [self._options(p, job.options) for p in prepared])
+        glossary = self.glossary(job)
+        results = await self._run_all(pieces, [self._options(p, job.options, glossary) for p in prepared])
         return build_response(self.name, self.tok, job, splits, pieces, results, self._text_of(prepared, pieces),
                               self.card.config)
 
@@ -259,10 +280,11 @@ class Translator:
         streamed. Closing the generator cancels every sentence.
         """
         splits, pieces, prepared = self.prepare(job)
+        glossary = self.glossary(job)
         streams, group = [], object()   # group: as in _run_all
         try:
             for p, prot in zip(pieces, prepared):   # QueueFullError comes at once, before anything is streamed
-                streams.append(self.engine.stream(p.src_ids, self._options(prot, job.options), group))
+                streams.append(self.engine.stream(p.src_ids, self._options(prot, job.options, glossary), group))
         except BaseException:
             for st in streams:
                 st.cancel()
