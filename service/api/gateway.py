@@ -416,7 +416,7 @@ class Gateway:
         when asked, ``detectedLanguage`` with auto); errors ``{"error": message}``.
         """
         return await libretranslate.translate(request, list(self.cards.values()), self.limits, self._translate,
-                                              self.detector)
+                                              self.detector, self.glossaries)
 
     @api.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
               openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})
