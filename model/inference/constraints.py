@@ -204,16 +204,3 @@ def _log_prob_rows(out: "StepOutput", first: int, n: int) -> torch.Tensor:
     if out.logits is not None:
         return torch.log_softmax(out.logits[first: first + n].float(), dim=-1)
     return out.log_probs[first: first + n]
-
-
-def is_constrained(search: BeamSearch) -> bool:
-    """Whether ``search_step`` advances this search by ``constrained_step``."""
-    return isinstance(search, ConstrainedBeamSearch)
-
-
-def make_search(constraints: Sequence[Sequence[int]], *args, **kwargs) -> BeamSearch:
-    """A ``ConstrainedBeamSearch`` when there are constraints, else a plain ``BeamSearch`` (same
-    arguments as BeamSearch)."""
-    if constraints:
-        return ConstrainedBeamSearch(*args, constraints=tuple(tuple(c) for c in constraints), **kwargs)
-    return BeamSearch(*args, **kwargs)
