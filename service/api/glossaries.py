@@ -7,7 +7,7 @@
     DELETE /v1/glossaries/{name}     delete one the caller created (204)
 
 Shared glossaries come from files at start: every ``*.tsv`` and ``*.csv`` file of the directory
-``MT_GLOSSARY_DIR`` (or ``--glossary-dir``), named by the file name without its suffix; one entry a
+``MT_GLOSSARY_DIR``, named by the file name without its suffix; one entry a
 row, source term then target term (TSV: tab-separated; CSV: comma-separated with CSV quoting;
 Python's ``csv`` module reads both); blank rows, rows starting with "#" and a first row
 ``source, target`` are left out. They are read-only through the API. Glossaries created through the
