@@ -169,3 +169,49 @@ def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
     assert "meadow" in final.lower()
     assert "".join(x.text for x in streamed if isinstance(x, StreamToken) and x.index == 0) == final
     assert errors == ["glossary[0].target", "glossary[1].source"]
+
+
+def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
+    from service.api import gateway
+
+    def req(who):
+        return types.SimpleNamespace(scope={"state": {"guard_decision": types.SimpleNamespace(who=who)}})
+    me = types.SimpleNamespace(glossaries=GlossaryStore(""))
+    G = gateway.Gateway
+    alice, bob = req("k:aaaa"), req("k:bbbb")
+    body = GlossaryCreate(name="legal", entries=[{"source": "Vertrag", "target": "agreement"}])
+    info = asyncio.run(G.create_glossary(me, body, alice))
+    assert (info.name, info.entry_count, info.shared) == ("legal", 1, False)
+    assert [g.name for g in asyncio.run(G.list_glossaries(me, alice)).data] == ["legal"]
+    assert asyncio.run(G.list_glossaries(me, bob)).data == []
+    card = types.SimpleNamespace(source_lang="de", target_lang="en")
+    job = G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", alice, card)
+    assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary_id"
+    with pytest.raises(ServiceError) as e:
+        G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", bob, card)
+    assert (e.value.status, e.value.field) == (404, "glossary_id")
+    assert asyncio.run(G.get_glossary(me, "legal", alice)).entries[0].target == "agreement"
+    assert asyncio.run(G.delete_glossary(me, "legal", alice)).status_code == 204
+    assert asyncio.run(G.list_glossaries(me, alice)).data == []
+
+
+def test_libretranslate_glossary_fields():
+    from service.api.libretranslate import LibreRequest, read_glossary
+    store = GlossaryStore("")
+    store.create("", GlossaryCreate(name="bikes", entries=[{"source": "Fahrrad", "target": "bike"}],
+                                    source_lang="de"))
+    request = types.SimpleNamespace(scope={})
+    card = types.SimpleNamespace(source_lang="de")
+    for fields, want in (({"glossary": '[{"source": "Hund", "target": "dog"}]'}, (("Hund", "dog"),)),   # a form's string
+                         ({"glossary": [{"source": "Hund", "target": "dog"}]}, (("Hund", "dog"),)),
+                         ({"glossary_id": "bikes"}, (("Fahrrad", "bike"),))):
+        r = LibreRequest(["x"], False, card, 0, False, False, "en")
+        read_glossary(r, fields, request, store)
+        assert r.glossary == want and r.job(["x"]).glossary == want
+    for fields, field in (({"glossary": "[{"}, "glossary"), ({"glossary": [{"source": "a"}]}, "glossary.0.target"),
+                          ({"glossary": [{"source": " ", "target": "b"}]}, "glossary"),
+                          ({"glossary_id": "nope"}, "glossary_id"),
+                          ({"glossary": [], "glossary_id": "bikes"}, "glossary")):
+        with pytest.raises(ServiceError) as e:
+            read_glossary(LibreRequest(["x"], False, card, 0, False, False, "en"), fields, request, store)
+        assert e.value.field == field and e.value.status in (400, 404), e.value
