@@ -61,6 +61,15 @@ NATIVE_ERRORS = _errors(ErrorResponse, {
     429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)",
     503: "overloaded, queue full, or the model is loading",
     504: "timeout_s (or the server's max_timeout_s) passed; the request's sentences were cancelled"})
+GLOSSARY_ERRORS = _errors(ErrorResponse, {
+    401: "API keys are on and the request has no valid Authorization: Bearer key",
+    403: "DELETE of a shared glossary (loaded from the server's glossary directory)",
+    404: "no glossary of that name for this key (nor a shared one)",
+    409: "POST: a glossary of that name exists",
+    413: "POST: the key has MAX_GLOSSARIES glossaries already",
+    415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
+    422: "invalid fields: a bad name, blank or over-long terms, conflicting entries (the message names them)",
+    429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)"})
 LIBRE_ERRORS = _errors(libretranslate.LibreError, {
     400: "invalid request: a field missing or invalid, an unsupported language pair (with source auto: a detected "
          "language no model translates), a text over its limit",
@@ -297,22 +306,22 @@ class Gateway:
         return job
 
     # ---- stored glossaries (glossaries.py) ----
-    @api.get("/v1/glossaries", response_model=glossaries.GlossaryList, responses=NATIVE_ERRORS)
+    @api.get("/v1/glossaries", response_model=glossaries.GlossaryList, responses=GLOSSARY_ERRORS)
     async def list_glossaries(self, request: Request):
         """The caller's stored glossaries (those of its API key) and the shared ones, without entries."""
         return glossaries.GlossaryList(data=[g.info() for g in self.glossaries.list(glossaries.scope_of(request))])
 
-    @api.post("/v1/glossaries", status_code=201, response_model=glossaries.GlossaryInfo, responses=NATIVE_ERRORS)
+    @api.post("/v1/glossaries", status_code=201, response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
     async def create_glossary(self, body: glossaries.GlossaryCreate, request: Request):
         """Store a glossary under a name for the caller's API key; 409 when the name is taken."""
         return self.glossaries.create(glossaries.scope_of(request), body).info()
 
-    @api.get("/v1/glossaries/{name}", response_model=glossaries.GlossaryInfo, responses=NATIVE_ERRORS)
+    @api.get("/v1/glossaries/{name}", response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
     async def get_glossary(self, name: str, request: Request):
         """One stored glossary with its entries."""
         return self.glossaries.get(glossaries.scope_of(request), name, "name").info(with_entries=True)
 
-    @api.delete("/v1/glossaries/{name}", status_code=204, responses=NATIVE_ERRORS)
+    @api.delete("/v1/glossaries/{name}", status_code=204, responses=GLOSSARY_ERRORS)
     async def delete_glossary(self, name: str, request: Request):
         """Delete a glossary the caller created (204); 403 for a shared one from the directory."""
         self.glossaries.delete(glossaries.scope_of(request), name)
