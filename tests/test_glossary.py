@@ -12,7 +12,7 @@ import pytest
 
 from conftest import build_tiny_checkpoint
 from service.api.errors import ServiceError, to_service_error
-from service.api.glossaries import GlossaryCreate, GlossaryStore, read_file, resolve, scope_of
+from service.api.glossaries import GlossaryClient, GlossaryCreate, GlossaryStore, read_file, resolve, scope_of
 from service.api.schemas import TranslateRequest
 from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, GenerationOptions, InvalidRequest,
                               StreamToken, TranslateJob)
@@ -176,7 +176,7 @@ def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
 
     def req(who):
         return types.SimpleNamespace(scope={"state": {"guard_decision": types.SimpleNamespace(who=who)}})
-    me = types.SimpleNamespace(glossaries=GlossaryStore(""))
+    me = types.SimpleNamespace(glossaries=GlossaryClient(GlossaryStore("")))
     G = gateway.Gateway
     alice, bob = req("k:aaaa"), req("k:bbbb")
     body = GlossaryCreate(name="legal", entries=[{"source": "Vertrag", "target": "agreement"}])
@@ -185,10 +185,10 @@ def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
     assert [g.name for g in asyncio.run(G.list_glossaries(me, alice)).data] == ["legal"]
     assert asyncio.run(G.list_glossaries(me, bob)).data == []
     card = types.SimpleNamespace(source_lang="de", target_lang="en")
-    job = G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", alice, card)
+    job = asyncio.run(G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", alice, card))
     assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary_id"
     with pytest.raises(ServiceError) as e:
-        G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", bob, card)
+        asyncio.run(G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", bob, card))
     assert (e.value.status, e.value.field) == (404, "glossary_id")
     assert asyncio.run(G.get_glossary(me, "legal", alice)).entries[0].target == "agreement"
     assert asyncio.run(G.delete_glossary(me, "legal", alice)).status_code == 204
@@ -197,8 +197,8 @@ def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
 
 def test_libretranslate_glossary_fields():
     from service.api.libretranslate import LibreRequest, read_glossary
-    store = GlossaryStore("")
-    store.create("", GlossaryCreate(name="bikes", entries=[{"source": "Fahrrad", "target": "bike"}],
+    store = GlossaryClient(GlossaryStore(""))
+    store.store.create("", GlossaryCreate(name="bikes", entries=[{"source": "Fahrrad", "target": "bike"}],
                                     source_lang="de"))
     request = types.SimpleNamespace(scope={})
     card = types.SimpleNamespace(source_lang="de")
@@ -206,12 +206,12 @@ def test_libretranslate_glossary_fields():
                          ({"glossary": [{"source": "Hund", "target": "dog"}]}, (("Hund", "dog"),)),
                          ({"glossary_id": "bikes"}, (("Fahrrad", "bike"),))):
         r = LibreRequest(["x"], False, card, 0, False, False, "en")
-        read_glossary(r, fields, request, store)
+        asyncio.run(read_glossary(r, fields, request, store))
         assert r.glossary == want and r.job(["x"]).glossary == want
     for fields, field in (({"glossary": "[{"}, "glossary"), ({"glossary": [{"source": "a"}]}, "glossary.0.target"),
                           ({"glossary": [{"source": " ", "target": "b"}]}, "glossary"),
                           ({"glossary_id": "nope"}, "glossary_id"),
                           ({"glossary": [], "glossary_id": "bikes"}, "glossary")):
         with pytest.raises(ServiceError) as e:
-            read_glossary(LibreRequest(["x"], False, card, 0, False, False, "en"), fields, request, store)
+            asyncio.run(read_glossary(LibreRequest(["x"], False, card, 0, False, False, "en"), fields, request, store))
         assert e.value.field == field and e.value.status in (400, 404), e.value

@@ -157,7 +157,7 @@ class Gateway:
         self.guard.metrics = GuardMetrics()
         api.state.guard = self.guard          # read by GuardMiddleware (one Gateway per replica process)
         self._configure(engine or {})
-        self.glossaries = glossaries.GlossaryStore()   # stored glossaries (MT_GLOSSARY_DIR files + the API's)
+        self.glossaries = glossaries.GlossaryClient.cluster()   # stored glossaries, shared by the replicas
 
     def _configure(self, engine: dict) -> None:
         self.engine = engine
@@ -242,7 +242,7 @@ class Gateway:
             return await self._translate_auto(body, request)
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
-        job = self._with_glossary(self._deadline(body.job(), body.timeout_s), body.glossary_id, request, card)
+        job = await self._with_glossary(self._deadline(body.job(), body.timeout_s), body.glossary_id, request, card)
         with mapped_errors(card.id):
             self.limits[card.id].check(job)
         if not body.stream:
@@ -271,7 +271,7 @@ class Gateway:
                                   "text", "source_lang", is_list, self._pairs())
         by_model = autodetect.groups(routed)
         request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
-        base = self._with_glossary(self._deadline(body.job(), body.timeout_s), body.glossary_id, request)
+        base = await self._with_glossary(self._deadline(body.job(), body.timeout_s), body.glossary_id, request)
         jobs = {}
         for model, idx in by_model.items():    # errors name the text: text[i] when alone in its job
             one = is_list and len(idx) == 1
@@ -295,13 +295,14 @@ class Gateway:
         (model, job), = jobs.items()
         return await self._stream(model, job, request, lambda r: merged({model: r}))
 
-    def _with_glossary(self, job, glossary_id: Optional[str], request: Request, card: Optional[ModelCard] = None):
+    async def _with_glossary(self, job, glossary_id: Optional[str], request: Request, card: Optional[ModelCard] = None):
         """The job with stored glossary ``glossary_id``'s entries (none: as it is). Raises
         ServiceError 404 for an unknown name, 422 for a glossary of other languages than the card's."""
         if glossary_id is None:
             return job
-        job.glossary = glossaries.resolve(self.glossaries, glossaries.scope_of(request), glossary_id,
-                                          card.source_lang if card else None, card.target_lang if card else None)
+        job.glossary = await self.glossaries.resolve(glossaries.scope_of(request), glossary_id,
+                                                     card.source_lang if card else None,
+                                                     card.target_lang if card else None)
         job.glossary_field = "glossary_id"
         return job
 
@@ -309,22 +310,22 @@ class Gateway:
     @api.get("/v1/glossaries", response_model=glossaries.GlossaryList, responses=GLOSSARY_ERRORS)
     async def list_glossaries(self, request: Request):
         """The caller's stored glossaries (those of its API key) and the shared ones, without entries."""
-        return glossaries.GlossaryList(data=[g.info() for g in self.glossaries.list(glossaries.scope_of(request))])
+        return glossaries.GlossaryList(data=[g.info() for g in await self.glossaries.list(glossaries.scope_of(request))])
 
     @api.post("/v1/glossaries", status_code=201, response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
     async def create_glossary(self, body: glossaries.GlossaryCreate, request: Request):
         """Store a glossary under a name for the caller's API key; 409 when the name is taken."""
-        return self.glossaries.create(glossaries.scope_of(request), body).info()
+        return (await self.glossaries.create(glossaries.scope_of(request), body)).info()
 
     @api.get("/v1/glossaries/{name}", response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
     async def get_glossary(self, name: str, request: Request):
         """One stored glossary with its entries."""
-        return self.glossaries.get(glossaries.scope_of(request), name, "name").info(with_entries=True)
+        return (await self.glossaries.get(glossaries.scope_of(request), name, "name")).info(with_entries=True)
 
     @api.delete("/v1/glossaries/{name}", status_code=204, responses=GLOSSARY_ERRORS)
     async def delete_glossary(self, name: str, request: Request):
         """Delete a glossary the caller created (204); 403 for a shared one from the directory."""
-        self.glossaries.delete(glossaries.scope_of(request), name)
+        await self.glossaries.delete(glossaries.scope_of(request), name)
         return Response(status_code=204)
 
     async def _stream(self, model: str, job, request: Request, final=None):

@@ -11,9 +11,9 @@ Shared glossaries come from files at start: every ``*.tsv`` and ``*.csv`` file o
 row, source term then target term (TSV: tab-separated; CSV: comma-separated with CSV quoting;
 Python's ``csv`` module reads both); blank rows, rows starting with "#" and a first row
 ``source, target`` are left out. They are read-only through the API. Glossaries created through the
-API belong to the API key that created it (when keys are on; to everyone when they are off) and
-live in this gateway replica's memory: they are gone after a restart, and with several gateway
-replicas a glossary meant for all of them belongs in the directory.
+API belong to the API key that created them (when keys are on; to everyone when they are off) and
+live in the memory of one detached Ray actor that every gateway replica shares
+(``GlossaryClient.cluster``): they outlive gateway restarts and redeploys, not the Ray cluster.
 
 A request's ``glossary_id`` is looked up among the caller's glossaries first, then the shared ones.
 """
@@ -38,6 +38,7 @@ from .errors import ServiceError, shown
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SHARED = ""          # the scope of file glossaries (and of every glossary when keys are off)
+STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (GlossaryClient.cluster)
 
 
 class GlossaryEntry(BaseModel):
@@ -165,6 +166,14 @@ class GlossaryStore:
             own[body.name] = g
         return g
 
+    def call(self, method: str, *args):
+        """("ok", what ``method`` returns) or ("error", (status, message, field)): the Ray actor's
+        entry point (a ServiceError does not cross processes as itself)."""
+        try:
+            return "ok", getattr(self, method)(*args)
+        except ServiceError as e:
+            return "error", (e.status, e.message, e.field)
+
     def delete(self, scope: str, name: str) -> None:
         """Raises ServiceError 404 (unknown), 403 (a shared glossary from the directory)."""
         with self._lock:
@@ -185,12 +194,67 @@ def scope_of(request) -> str:
     return who if who.startswith("k:") else SHARED
 
 
-def resolve(store: GlossaryStore, scope: str, glossary_id: str, source_lang: str, target_lang: Optional[str],
-            field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
+class GlossaryClient:
+    """The async face of a store that the routes use: a ``GlossaryStore`` in this process, or the
+    cluster's one store, a detached Ray actor named STORE_ACTOR (``cluster``) that every gateway
+    replica shares (so a glossary created through one replica is seen by the others). The actor
+    answers ServiceErrors as data (``_call``), raised again here."""
+
+    def __init__(self, store):
+        self.store = store
+        self.remote = not isinstance(store, GlossaryStore)
+
+    @classmethod
+    def cluster(cls, directory: Optional[str] = None) -> "GlossaryClient":
+        """The store of the Ray cluster this process runs in (created by the first caller, loading
+        ``directory`` / MT_GLOSSARY_DIR), or a store in this process when Ray is not initialised.
+        Raises ValueError for a bad glossary file."""
+        import ray
+        if not ray.is_initialized():
+            return cls(GlossaryStore(directory))
+        GlossaryStore(directory)      # a bad file fails here, in the replica's constructor, with its message
+        actor = ray.remote(num_cpus=0, max_concurrency=16)(GlossaryStore).options(
+            name=STORE_ACTOR, namespace="serve", lifetime="detached", get_if_exists=True).remote(directory)
+        return cls(actor)
+
+    async def _call(self, method: str, *args):
+        if not self.remote:
+            return getattr(self.store, method)(*args)
+        status, value = await self.store.call.remote(method, *args)
+        if status == "error":
+            raise ServiceError(*value)
+        return value
+
+    async def list(self, scope: str) -> list[StoredGlossary]:
+        return await self._call("list", scope)
+
+    async def get(self, scope: str, name: str, field: str = "glossary_id") -> StoredGlossary:
+        return await self._call("get", scope, name, field)
+
+    async def create(self, scope: str, body: GlossaryCreate) -> StoredGlossary:
+        return await self._call("create", scope, body)
+
+    async def delete(self, scope: str, name: str) -> None:
+        return await self._call("delete", scope, name)
+
+    async def resolve(self, scope: str, glossary_id: str, source_lang: Optional[str], target_lang: Optional[str],
+                      field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
+        """``resolve`` on this store (the function the DeepL and LibreTranslate routes call)."""
+        return check_languages(await self.get(scope, glossary_id, field), source_lang, target_lang, field)
+
+
+def resolve(store: GlossaryStore, scope: str, glossary_id: str, source_lang: Optional[str],
+            target_lang: Optional[str], field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
     """The entries of stored glossary ``glossary_id`` for a model source_lang -> target_lang: what a
     route (this API's, LibreTranslate's, DeepL's) puts in ``TranslateJob.glossary``. Raises
     ServiceError 404 for an unknown name, 422 when the glossary's languages are not the model's."""
-    g = store.get(scope, glossary_id, field)
+    return check_languages(store.get(scope, glossary_id, field), source_lang, target_lang, field)
+
+
+def check_languages(g: StoredGlossary, source_lang: Optional[str], target_lang: Optional[str],
+                    field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
+    """``g``'s entries, once its languages (when set) are the model's. Raises ServiceError 422."""
+    glossary_id = g.name
     for side, want, have in (("source_lang", g.source_lang, source_lang), ("target_lang", g.target_lang, target_lang)):
         if want is not None and have is not None and want.split("-")[0].lower() != have.split("-")[0].lower():
             raise ServiceError(422, f"{field}: glossary {shown(glossary_id)} is for {side} {want}; the model "
@@ -198,5 +262,5 @@ def resolve(store: GlossaryStore, scope: str, glossary_id: str, source_lang: str
     return g.entries
 
 
-__all__ = ["GlossaryCreate", "GlossaryEntry", "GlossaryInfo", "GlossaryList", "GlossaryStore", "MAX_GLOSSARY_ENTRIES",
-           "resolve", "scope_of"]
+__all__ = ["GlossaryClient", "GlossaryCreate", "GlossaryEntry", "GlossaryInfo", "GlossaryList", "GlossaryStore",
+           "MAX_GLOSSARY_ENTRIES", "resolve", "scope_of"]

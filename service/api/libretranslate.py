@@ -128,7 +128,7 @@ def languages(cards: Iterable[ModelCard]) -> list[LibreLanguage]:
 
 async def translate(request: Request, cards: list[ModelCard], limits: dict[str, ModelLimits],
                     run: Callable, detector: Optional[LanguageDetector] = None,
-                    glossary_store: Optional[glossaries.GlossaryStore] = None) -> JSONResponse:
+                    glossary_store: Optional[glossaries.GlossaryClient] = None) -> JSONResponse:
     """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``);
     ``detector`` finds each text's language with ``source: auto`` (one job per model, run together);
     ``glossary_store``: where ``glossary_id`` is looked up."""
@@ -137,7 +137,7 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
         if denied is not None:
             return denied
         req = parse(fields, cards)
-        read_glossary(req, fields, request, glossary_store)
+        await read_glossary(req, fields, request, glossary_store)
     except ServiceError as e:
         return libre_error_response(e)
     try:
@@ -268,8 +268,8 @@ def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits,
     return job
 
 
-def read_glossary(req: LibreRequest, f: Fields, request: Request,
-                  store: Optional[glossaries.GlossaryStore]) -> None:
+async def read_glossary(req: LibreRequest, f: Fields, request: Request,
+                        store: Optional[glossaries.GlossaryClient]) -> None:
     """Set ``req.glossary`` from the ``glossary`` field (a list of {"source", "target"} objects, or
     that list as a JSON string) or the stored glossary ``glossary_id``. Raises ServiceError 400
     naming the field (the entries themselves are checked as /v1/translate's, by the translator)."""
@@ -280,8 +280,8 @@ def read_glossary(req: LibreRequest, f: Fields, request: Request,
         if not isinstance(name, str) or not name or store is None:
             raise ServiceError(400, "Invalid request: glossary_id must be a stored glossary's name", "glossary_id")
         card = req.card
-        req.glossary = glossaries.resolve(store, glossaries.scope_of(request), name,
-                                          card.source_lang if card else None, req.target)
+        req.glossary = await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
+                                           req.target)
         req.glossary_field = "glossary_id"
         return
     if entries is None:
