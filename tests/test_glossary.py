@@ -215,3 +215,13 @@ def test_libretranslate_glossary_fields():
         with pytest.raises(ServiceError) as e:
             asyncio.run(read_glossary(LibreRequest(["x"], False, card, 0, False, False, "en"), fields, request, store))
         assert e.value.field == field and e.value.status in (400, 404), e.value
+
+
+def test_405_allow_names_every_route_of_the_path():
+    from fastapi.testclient import TestClient
+    from service.api.gateway import api
+    client = TestClient(api)
+    for method, path, allow in (("OPTIONS", "/v1/glossaries", "GET, POST, HEAD"),
+                                ("PUT", "/v1/glossaries/x", "GET, DELETE, HEAD"), ("GET", "/v1/translate", "POST")):
+        r = client.request(method, path)
+        assert r.status_code == 405 and r.headers["allow"] == allow, (path, r.headers)

@@ -214,11 +214,28 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
                           details=details if len(details) > 1 else None)
 
 
+def _path_methods(request: Request) -> str:
+    """The methods of every route whose path matches the request's (``Allow``), in route order, or ""."""
+    from starlette.routing import Match
+
+    def routes(rs):   # Serve's ingress includes the gateway's router as one route: its routes, in turn
+        for r in rs:
+            sub = getattr(r, "original_router", None)
+            yield from routes(sub.routes) if sub is not None else (r,)
+    methods: list[str] = []
+    for route in routes(getattr(request.app, "routes", ())):
+        if getattr(route, "methods", None) and route.matches(request.scope)[0] != Match.NONE:
+            methods += [m for m in sorted(route.methods) if m not in methods]
+    return ", ".join(methods)
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Framework errors (unknown path, wrong method, unparsable body) in the service's error shape."""
     message = exc.detail if isinstance(exc.detail, str) else "invalid request"
     # A 405 names the methods the path takes (Allow, RFC 9110 15.5.6); nothing else is passed on.
     allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"} or None
+    if allow:   # every route of the path (Starlette names the first one's only: GET and POST /v1/glossaries)
+        allow = {k: _path_methods(request) or v for k, v in allow.items()}
     if allow:   # GET routes answer HEAD too (body.HeadMiddleware)
         allow = {k: v + ", HEAD" if "GET" in v.split(", ") and "HEAD" not in v else v for k, v in allow.items()}
     if allow:
