@@ -144,10 +144,12 @@ async def main_async(args) -> None:
     texts = [de[i] for i in term_idx]
     for beam in sorted({args.beam_size, 1}):
         _, t_without = await run(translator, texts, [None] * len(texts), beam, args.concurrency)
-        _, t_with = await run(translator, texts, [[pairs[i]] for i in term_idx], beam, args.concurrency)
+        with_terms, t_with = await run(translator, texts, [[pairs[i]] for i in term_idx], beam, args.concurrency)
+        hit = sum(has_term(h, pairs[i][1]) for h, i in zip(with_terms, term_idx))
         print(f"speed, beam {beam} ({'greedy; with terms: beam 4' if beam == 1 else 'with terms too'}): "
               f"{len(texts)} term sentences in {t_without:.2f} s without terms, {t_with:.2f} s with them: "
-              f"x{t_with / t_without:.2f} ({1000 * (t_with - t_without) / len(texts):+.1f} ms per sentence)")
+              f"x{t_with / t_without:.2f} ({1000 * (t_with - t_without) / len(texts):+.1f} ms per sentence); "
+              f"term in output {hit}/{len(texts)}")
     await translator.stop()
 
 
