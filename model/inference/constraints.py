@@ -148,10 +148,7 @@ class ConstrainedBeamSearch(BeamSearch):
                     cands[(b, int(i))] = base + float(v)
         extra = [(b, t) for b in range(n) for t in self.states[b].allowed(cons) if (b, t) not in cands]
         if extra:
-            rows = _log_prob_rows(out, first, n)           # [n, V]
-            b_idx = torch.tensor([b for b, _ in extra], device=rows.device)
-            t_idx = torch.tensor([t for _, t in extra], device=rows.device)
-            for (b, t), v in zip(extra, rows[b_idx, t_idx].double().tolist()):
+            for (b, t), v in zip(extra, _token_log_probs(out, first, top_v, top_i, extra)):
                 if v != float("-inf"):
                     cands[(b, t)] = self.alive[b].log_prob + v
         total = sum(len(c) for c in cons)
@@ -198,9 +195,18 @@ class ConstrainedBeamSearch(BeamSearch):
         return sorted(self.finished, key=lambda h: (not self.met(h.tokens), -h.score))[: self.n_best]
 
 
-def _log_prob_rows(out: "StepOutput", first: int, n: int) -> torch.Tensor:
-    """Log-probabilities [n, V] of rows first..first+n-1 of a step's output, computed from its logits
-    when the step holds logits (so the shared log_probs are not materialised for every row)."""
-    if out.logits is not None:
-        return torch.log_softmax(out.logits[first: first + n].float(), dim=-1)
-    return out.log_probs[first: first + n]
+def _token_log_probs(out: "StepOutput", first: int, top_v: Sequence[list], top_i: Sequence[list],
+                     wanted: Sequence[tuple[int, int]]) -> list[float]:
+    """The log-probabilities of (row, token) pairs of a step's output (rows counted from ``first``).
+    From logits without a softmax over the vocabulary: each row's log-normaliser is its best token's
+    logit minus that token's log-prob (``top_v``/``top_i``: the row's best, from the shared top-k),
+    so a token's log-prob is its logit minus that. From ``log_probs`` when the step holds those."""
+    dev = (out.logits if out.logits is not None else out.log_probs).device
+    rows = torch.tensor([first + b for b, _ in wanted], device=dev)
+    toks = torch.tensor([t for _, t in wanted], device=dev)
+    if out.logits is None:
+        return out.log_probs[rows, toks].double().tolist()
+    best = torch.tensor([top_i[b][0] for b, _ in wanted], device=dev)
+    best_lp = torch.tensor([top_v[b][0] for b, _ in wanted], dtype=torch.float64, device=dev)
+    logits = out.logits
+    return (logits[rows, toks].double() - logits[rows, best].double() + best_lp).tolist()
