@@ -127,3 +127,17 @@ def test_streaming_a_constrained_request(model32):
     a, b, alone = asyncio.run(main())
     assert a[:-1] == a[-1].hypotheses[0].tokens == alone.hypotheses[0].tokens
     assert b[:-1] == b[-1].hypotheses[0].tokens and contains(b[-1].hypotheses[0].tokens, (11, 12))
+
+
+def test_token_log_probs_from_logits_equal_log_softmax():
+    from model.inference.constraints import _token_log_probs
+    from model.inference.step import StepOutput
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g)
+    ref = torch.log_softmax(logits, dim=-1)
+    top_v, top_i = ref[2:5].topk(4, dim=-1)
+    wanted = [(0, 7), (1, 49), (2, 0), (2, 13)]              # rows 2..4 of the step: first = 2
+    got = _token_log_probs(StepOutput(logits=logits), 2, top_v.tolist(), top_i.tolist(), wanted)
+    want = [float(ref[2 + b, t]) for b, t in wanted]
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+    assert _token_log_probs(StepOutput(ref.double()), 2, top_v.tolist(), top_i.tolist(), wanted) == want
