@@ -34,6 +34,10 @@ MAX_DOCUMENT_SEGMENTS = 20_000                      # translatable pieces (parag
 MAX_DOCUMENT_CHARS = 1_000_000                      # characters to translate in one document
 MAX_MEMORY_IMPORT = 10_000     # translation-memory entries in one PUT /v1/memory
 MAX_MEMORY_ENTRIES = 100_000   # translation-memory entries stored per model and API key
+MAX_GLOSSARY_ENTRIES = 100     # glossary entries in one request (`glossary`)
+MAX_STORED_GLOSSARY_ENTRIES = 10_000   # entries in one stored glossary (file or POST /v1/glossaries)
+MAX_GLOSSARY_TERM_CHARS = 200  # characters in one glossary term (source or target)
+MAX_GLOSSARIES = 100           # stored glossaries per API key (or in all, with keys off)
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 
@@ -80,6 +84,7 @@ class GenerationOptions:
     length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
     attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
     min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
+    constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms)
 
 
 
@@ -105,6 +110,8 @@ class TranslateJob:
     keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
     memory_scope: Optional[str] = None         # translation memory of this API key's id ("" keys off); None = unused
     split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
+    glossary: tuple[tuple[str, str], ...] = ()   # (source term, target term): each occurring term's target is in the output
+    glossary_field: str = "glossary"           # the request field the glossary came from, for error messages
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------

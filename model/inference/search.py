@@ -284,10 +284,12 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
     ``cache.reorder`` for all beams (positions < the longest beam's length: positions beyond a beam's
     own length are rewritten before they are read); then each running search's tokens and position
     are those of the next decode step. A search whose step raises is reported in ``failed`` and
-    dropped; the others go on.
+    dropped; the others go on. A lexically constrained search (``constraints.py``: glossary terms)
+    reads its rows of the shared top-k and advances by its own ``constrained_step``.
     """
     k_max, masked, eos, base = 1, [], [], 0
     beams: list[tuple[int, BeamSearch]] = []     # (first row, search) of every search with k > 1
+    constrained: dict[ActiveSearch, int] = {}    # lexically constrained searches -> their first row
     greedy_rows: list[int] = []
     for out, searches in parts:
         for s in searches:
@@ -296,7 +298,9 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
             if s.position < s.min_new_tokens:
                 masked.extend(range(base, base + n))
                 eos.extend([s.search.eos_id] * n)
-            if s.search.beam_size > 1:
+            if hasattr(s.search, "constrained_step"):   # glossary terms: constraints.py, below
+                constrained[s] = base
+            elif s.search.beam_size > 1:
                 beams.append((base, s.search))
             else:
                 greedy_rows.extend(range(base, base + n))
@@ -319,12 +323,16 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
         for s in searches:
             n = len(s.tokens)
             try:
-                greedy = s.search.beam_size == 1
-                cands = None if greedy else next(ranked)
+                greedy = s.search.beam_size == 1 and s not in constrained
+                cands = None if greedy or s in constrained else next(ranked)
                 kinds = s.search.attention_kinds
                 c = _attention_rows(out, "cross", stacked, r, n) if "cross" in kinds else None
                 d = _attention_rows(out, "decoder", stacked, r, n) if "decoder" in kinds else None
-                if greedy:
+                if s in constrained:             # glossary terms: dynamic beam allocation (constraints.py)
+                    rows = slice(constrained[s], constrained[s] + n)
+                    parents, tokens = s.search.constrained_step(top_v[rows].tolist(), top_i[rows].tolist(),
+                                                                out, r, c, d)
+                elif greedy:
                     tv, ti = (gv[g], gi[g]) if k_max == 1 else (gv[g][:2], gi[g][:2])
                     parents, tokens = s.search.step([tv], [ti], c, d)
                 else:
@@ -332,14 +340,16 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
                 if not s.search.done:
                     t = len(s.search.alive[0].tokens)  # every alive hypothesis has the same length
                     if parents != list(range(len(parents))):
-                        parent_index += [len(moved_slots) + i for i in parents]
-                        moved_slots += s.slots[: len(parents)]
+                        m = max(len(parents), max(parents) + 1)   # fewer alive than parents' rows: the rest stay
+                        parent_index += [len(moved_slots) + i for i in parents] + \
+                            [len(moved_slots) + j for j in range(len(parents), m)]
+                        moved_slots += s.slots[:m]
                         length = max(length, t)
                     s.tokens, s.position = tokens, t
                     update.running.append(s)
             except Exception as e:  # noqa: BLE001 - fails this search only
                 update.failed[s] = e
-            g += n if s.search.beam_size == 1 else 0
+            g += n if s.search.beam_size == 1 and s not in constrained else 0
             r += n
     if moved_slots:  # on an indirect cache this copies slot ids, not K/V
         cache.reorder(moved_slots, parent_index, length=length)

@@ -41,7 +41,7 @@ from service.translator.langid import LanguageDetector
 
 from service.translator.memory import MemoryStore, memory_model
 
-from . import autodetect, deepl, deepl_documents, documents, explorer, libretranslate, memory, pivot, sse, suggest
+from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, memory, pivot, sse, suggest
 from . import body as body_module
 from .cors import CorsMiddleware
 from .access_log import AccessLogMiddleware, flush_serve_log
@@ -75,6 +75,15 @@ NATIVE_ERRORS = _errors(ErrorResponse, {
     429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)",
     503: "overloaded, queue full, or the model is loading",
     504: "timeout_s (or the server's max_timeout_s) passed; the request's sentences were cancelled"})
+GLOSSARY_ERRORS = _errors(ErrorResponse, {
+    401: "API keys are on and the request has no valid Authorization: Bearer key",
+    403: "DELETE of a shared glossary (loaded from the server's glossary directory)",
+    404: "no glossary of that name for this key (nor a shared one)",
+    409: "POST: a glossary of that name exists",
+    413: "POST: the key has MAX_GLOSSARIES glossaries already",
+    415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
+    422: "invalid fields: a bad name, blank or over-long terms, conflicting entries (the message names them)",
+    429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)"})
 LIBRE_ERRORS = _errors(libretranslate.LibreError, {
     400: "invalid request: a field missing or invalid, an unsupported language pair (with source auto: a detected "
          "language no model translates), a text over its limit",
@@ -204,6 +213,7 @@ class Gateway:
         self.doc_settings = DocumentSettings.model_validate(documents or {})
         self.doc_store = DocumentStore(self.doc_settings)
         self._configure(engine or {})
+        self.glossaries = glossaries.GlossaryClient.cluster()   # stored glossaries, shared by the replicas
 
     def _configure(self, engine: dict) -> None:
         self.engine = engine
@@ -320,7 +330,7 @@ class Gateway:
             return await self._translate_auto(body, request)
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
-        job = self._deadline(body.job(), body.timeout_s)
+        job = await self._with_glossary(self._deadline(body.job(), body.timeout_s), body.glossary_id, request, card)
         job.memory_scope = self._scope(request)
         with mapped_errors(card.id):
             self.limits[card.id].check(job)
@@ -350,7 +360,7 @@ class Gateway:
                                   "text", "source_lang", is_list, self._pairs())
         by_model = autodetect.groups(routed)
         request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
-        base = self._deadline(body.job(), body.timeout_s)
+        base = await self._with_glossary(self._deadline(body.job(), body.timeout_s), body.glossary_id, request)
         base.memory_scope = self._scope(request)
         jobs = {}
         for model, idx in by_model.items():    # errors name the text: text[i] when alone in its job
@@ -374,6 +384,39 @@ class Gateway:
                                     "stream")
         (model, job), = jobs.items()
         return await self._stream(model, job, request, lambda r: merged({model: r}))
+
+    async def _with_glossary(self, job, glossary_id: Optional[str], request: Request, card: Optional[ModelCard] = None):
+        """The job with stored glossary ``glossary_id``'s entries (none: as it is). Raises
+        ServiceError 404 for an unknown name, 422 for a glossary of other languages than the card's."""
+        if glossary_id is None:
+            return job
+        job.glossary = await self.glossaries.resolve(glossaries.scope_of(request), glossary_id,
+                                                     card.source_lang if card else None,
+                                                     card.target_lang if card else None)
+        job.glossary_field = "glossary_id"
+        return job
+
+    # ---- stored glossaries (glossaries.py) ----
+    @api.get("/v1/glossaries", response_model=glossaries.GlossaryList, responses=GLOSSARY_ERRORS)
+    async def list_glossaries(self, request: Request):
+        """The caller's stored glossaries (those of its API key) and the shared ones, without entries."""
+        return glossaries.GlossaryList(data=[g.info() for g in await self.glossaries.list(glossaries.scope_of(request))])
+
+    @api.post("/v1/glossaries", status_code=201, response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
+    async def create_glossary(self, body: glossaries.GlossaryCreate, request: Request):
+        """Store a glossary under a name for the caller's API key; 409 when the name is taken."""
+        return (await self.glossaries.create(glossaries.scope_of(request), body)).info()
+
+    @api.get("/v1/glossaries/{name}", response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
+    async def get_glossary(self, name: str, request: Request):
+        """One stored glossary with its entries."""
+        return (await self.glossaries.get(glossaries.scope_of(request), name, "name")).info(with_entries=True)
+
+    @api.delete("/v1/glossaries/{name}", status_code=204, responses=GLOSSARY_ERRORS)
+    async def delete_glossary(self, name: str, request: Request):
+        """Delete a glossary the caller created (204); 403 for a shared one from the directory."""
+        await self.glossaries.delete(glossaries.scope_of(request), name)
+        return Response(status_code=204)
 
     async def _stream(self, model: str, job, request: Request, final=None):
         """The SSE answer of ``job`` on ``model``; ``final`` rewrites the closing TranslateResponse.
@@ -496,7 +539,8 @@ class Gateway:
         form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus ``alternatives``
         when asked, ``detectedLanguage`` with auto); errors ``{"error": message}``.
         """
-        return await libretranslate.translate(request, self._cards(), self.limits, self._scoped(request), self.detector)
+        return await libretranslate.translate(request, self._cards(), self.limits, self._scoped(request),
+                                              self.detector, self.glossaries)
 
     @api.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
               openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})

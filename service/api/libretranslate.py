@@ -15,6 +15,7 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.engine import GenerationOptions
@@ -24,15 +25,16 @@ from service.translator.langid import LanguageDetector
 from service.protocol import MAX_BEAM_SIZE, TranslateJob, TranslateResponse, Usage
 from service.engine.validation import ModelLimits
 
-from . import autodetect
+from . import autodetect, glossaries
 from . import body as body_module
 from .autodetect import NAMES as LANGUAGE_NAMES
 from .body import Fields
-from .errors import ServiceError, libre_error_response, mapped_errors, short_name, shown
+from .errors import ServiceError, format_validation_error, libre_error_response, mapped_errors, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
-from .schemas import LibreLanguage, check_unicode
-LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")   # the fields this route reads
+from .schemas import LibreLanguage, TranslateRequest, check_unicode
+LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key",
+                "glossary", "glossary_id")     # the fields this route reads (the last two: this service's own)
 DETECT_FIELDS = ("q", "api_key")                                                # the fields /detect reads
 IGNORED_HEADER = "X-Ignored-Fields"     # the other fields a request sent (LibreTranslate ignores them too)
 MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest are counted
@@ -86,6 +88,10 @@ class LibreTranslateBody(LibreDetectBody):
     format: Optional[Literal["text", "html"]] = Field("text", description="null: text")
     alternatives: Optional[int] = Field(0, ge=0, le=MAX_BEAM_SIZE - 1,
                                         description="alternative translations to return; null: 0")
+    glossary: Optional[Union[list[dict[str, str]], str]] = Field(
+        None, description='this service\'s own: [{"source", "target"}] entries as on /v1/translate (in a form: '
+                          "that list as a JSON string)")
+    glossary_id: Optional[str] = Field(None, description="this service's own: a stored glossary's name (GET /v1/glossaries)")
 
     @field_validator("format", mode="before")
     @classmethod
@@ -193,11 +199,14 @@ class LibreRequest:
     html: bool                  # format=html
     auto: bool                  # source=auto: each text's language detected
     target: Optional[str] = None    # the target language (a multilingual model's >>target<< token)
+    glossary: tuple = ()            # (source term, target term) entries (``glossary`` or ``glossary_id``)
+    glossary_field: str = "glossary"
 
     def job(self, texts: list[str]) -> TranslateJob:
         n_best = self.alternatives + 1
         return TranslateJob(texts, GenerationOptions(beam_size=max(4, n_best), n_best=n_best, length_penalty=1.0),
-                            field="q", is_list=self.batch, target_lang=self.target)
+                            field="q", is_list=self.batch, target_lang=self.target, glossary=self.glossary,
+                            glossary_field=self.glossary_field)
 
 
 def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLanguage]:
@@ -218,14 +227,17 @@ def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLa
 
 
 async def translate(request: Request, cards: list[ModelCard], limits: dict[str, ModelLimits],
-                    run: Callable, detector: Optional[LanguageDetector] = None) -> JSONResponse:
+                    run: Callable, detector: Optional[LanguageDetector] = None,
+                    glossary_store: Optional[glossaries.GlossaryClient] = None) -> JSONResponse:
     """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``);
-    ``detector`` finds each text's language with ``source: auto`` (one job per model, run together)."""
+    ``detector`` finds each text's language with ``source: auto`` (one job per model, run together);
+    ``glossary_store``: where ``glossary_id`` is looked up."""
     try:
         fields, denied = await read_admitted(request)
         if denied is not None:
             return denied
         req = parse(fields, cards)
+        await read_glossary(req, fields, request, glossary_store)
     except ServiceError as e:
         return libre_error_response(e)
     try:
@@ -342,6 +354,38 @@ def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits,
     with mapped_errors(limits.model):
         limits.check(job)
     return job
+
+
+async def read_glossary(req: LibreRequest, f: Fields, request: Request,
+                        store: Optional[glossaries.GlossaryClient]) -> None:
+    """Set ``req.glossary`` from the ``glossary`` field (a list of {"source", "target"} objects, or
+    that list as a JSON string) or the stored glossary ``glossary_id``. Raises ServiceError 400
+    naming the field (the entries themselves are checked as /v1/translate's, by the translator)."""
+    entries, name = f.get("glossary"), f.get("glossary_id")
+    if entries is not None and name is not None:
+        raise ServiceError(400, "Invalid request: send glossary or glossary_id, not both", "glossary")
+    if name is not None:
+        if not isinstance(name, str) or not name or store is None:
+            raise ServiceError(400, "Invalid request: glossary_id must be a stored glossary's name", "glossary_id")
+        card = req.card
+        req.glossary = await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
+                                           req.target)
+        req.glossary_field = "glossary_id"
+        return
+    if entries is None:
+        return
+    if isinstance(entries, str):
+        try:
+            entries = body_module.load_json(entries.encode("utf-8"))     # the one JSON reader
+        except ServiceError:
+            raise ServiceError(400, "Invalid request: glossary must be a JSON list of {\"source\", \"target\"} "
+                                    "objects", "glossary") from None
+    try:
+        parsed = TranslateRequest.model_validate({"text": "", "glossary": entries}).glossary or []
+    except pydantic.ValidationError as e:
+        field, message = format_validation_error(e.errors()[0])
+        raise ServiceError(400, "Invalid request: " + message, field) from None
+    req.glossary = tuple((g.source, g.target) for g in parsed)
 
 
 def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:

@@ -12,10 +12,11 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from model.inference.search import ATTENTION_KINDS
-from service.protocol import (MAX_BEAM_SIZE, MAX_KEEP_CHARS, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS,
+from service.protocol import (MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, MAX_KEEP_CHARS, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS,
                               AttentionSelection, GenerationOptions, TranslateJob)
 
 from .errors import shown
+from .glossaries import GlossaryEntry
 
 
 
@@ -83,6 +84,40 @@ class TranslateRequest(_Strict):
                     "blank): each occurrence in the text (case-sensitive, whole words) comes back verbatim; "
                     "null = none besides the server's stored list")
 
+    glossary: Optional[list[GlossaryEntry]] = Field(
+        None, max_length=MAX_GLOSSARY_ENTRIES,
+        description=f"terminology (up to {MAX_GLOSSARY_ENTRIES} entries, terms up to {MAX_GLOSSARY_TERM_CHARS} "
+                    "characters, not blank): where a source term occurs (case-insensitive, any inflection with "
+                    "the same Snowball stem), its target term is in the translation (constrained beam search, at "
+                    "least beam 4); one source term with two targets is a 422. Not with glossary_id")
+    glossary_id: Optional[str] = Field(None, min_length=1, description="a stored glossary's name "
+                                                                       "(GET /v1/glossaries); not with glossary")
+
+    @field_validator("glossary", mode="before")
+    @classmethod
+    def _glossary_entries(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, list):
+            raise ValueError(f'must be a list of {{"source": ..., "target": ...}} entries or null; got {type(v).__name__}')
+        if len(v) > MAX_GLOSSARY_ENTRIES:
+            raise ValueError(f"at most {MAX_GLOSSARY_ENTRIES} entries, got {len(v)} (store a larger glossary with "
+                             "POST /v1/glossaries and send its glossary_id)")
+        for i, e in enumerate(v):
+            if not isinstance(e, dict):
+                raise ValueError(f'glossary[{i}]: must be an object {{"source": ..., "target": ...}}, '
+                                 f"got {type(e).__name__}")
+            for side in ("source", "target"):
+                term = e.get(side)
+                if isinstance(term, str):
+                    if not term.strip():
+                        raise ValueError(f"glossary[{i}].{side}: must not be empty or whitespace only, got {shown(term)}")
+                    if len(term) > MAX_GLOSSARY_TERM_CHARS:
+                        raise ValueError(f"glossary[{i}].{side}: at most {MAX_GLOSSARY_TERM_CHARS} characters, "
+                                         f"got {len(term)}")
+                    check_unicode([term], f"glossary[{i}].{side}")
+        return v
+
     @field_validator("text", mode="before")
     @classmethod
     def _text_type(cls, v: Any) -> Any:
@@ -140,6 +175,8 @@ class TranslateRequest(_Strict):
             self.beam_size = self.n_best        # n_best hypotheses need a beam at least as wide
         if self.n_best > self.beam_size:
             raise ValueError(f"n_best: must be <= beam_size ({self.beam_size}), got {self.n_best}")
+        if self.glossary is not None and self.glossary_id is not None:
+            raise ValueError("glossary: send glossary (entries) or glossary_id (a stored glossary), not both")
         if "attention" in self.model_fields_set and not self.return_attention:   # nothing sent is ignored
             raise ValueError("attention: selects the weights return_attention returns; send return_attention: "
                              "true with it, or leave attention out")
@@ -162,7 +199,8 @@ class TranslateRequest(_Strict):
         selection = AttentionSelection(tuple(att.layers) if att.layers else None,
                                        tuple(att.heads) if att.heads else None)
         return TranslateJob(self.texts, options, selection, "text", isinstance(self.text, list),
-                            target_lang=self.target_lang, keep=tuple(self.keep or ()))
+                            target_lang=self.target_lang, keep=tuple(self.keep or ()),
+                            glossary=tuple((e.source, e.target) for e in self.glossary or ()))
 
 
 class ErrorBody(BaseModel):

@@ -27,6 +27,7 @@ from model.inference import prefill, step
 from model.inference.step import StepOutput
 from model.inference.generate import length_groups, pad_batch
 from model.inference.paged_cache import PagedKVCache
+from model.inference.constraints import ConstrainedBeamSearch
 from model.inference.search import ActiveSearch, BeamSearch, decode_inputs, search_step
 
 from .cuda_graphs import DecodeGraphs
@@ -135,9 +136,11 @@ class ModelRunner:
             try:
                 o = r.options
                 kinds = tuple(o.attention_kinds)
-                search = BeamSearch(o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty,
-                                    kinds, len(r.src_ids), forced_eos=self.cfg.forced_eos,
-                                    early_stopping=self.cfg.early_stopping)
+                args = (o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty, kinds,
+                        len(r.src_ids))
+                kw = dict(forced_eos=self.cfg.forced_eos, early_stopping=self.cfg.early_stopping)
+                search = (ConstrainedBeamSearch(*args, constraints=o.constraints, **kw) if o.constraints
+                          else BeamSearch(*args, **kw))   # constraints: glossary terms (constraints.py)
                 seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=o.min_new_tokens,
                                 request_id=r.request_id, src_ids=list(r.src_ids), stream=r.stream,
                                 emitted=self._emitted.pop(r.request_id, 0))

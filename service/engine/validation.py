@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 from model.config import ModelConfig
 from model.inference.generate import default_max_new_tokens
+from model.inference.constraints import MIN_CONSTRAINED_BEAM
 from model.inference.search import ATTENTION_KINDS, max_beam_size
 from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, AttentionSelection, TooLarge, TranslateJob
 
@@ -111,10 +112,42 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
     if (isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset))
             or not all(isinstance(k, str) and k in ATTENTION_KINDS for k in kinds)):
         raise EngineValidationError("attention_kinds", f"must be a subset of {ATTENTION_KINDS}, got {kinds!r}")
-    return dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best),
-                               max_new_tokens=None if max_new is None else int(max_new),
-                               min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
-                               attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds))
+    o = dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best),
+                            max_new_tokens=None if max_new is None else int(max_new),
+                            min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
+                            attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds))
+    return check_constraints(o, limits, default) if o.constraints else o
+
+
+def check_constraints(o: GenerationOptions, limits: ModelLimits, default_max_new: bool) -> GenerationOptions:
+    """The rules on ``o.constraints`` (target token ids each output must contain: glossary terms,
+    ``model/inference/constraints.py``): non-empty sequences of ids of the target vocabulary, EOS
+    excluded, that fit in max_new_tokens together. A constrained sentence is searched with a beam of
+    at least MIN_CONSTRAINED_BEAM (at most max_num_seqs): greedy requests too. A default
+    max_new_tokens grows by the constraints' tokens (up to the model's limit).
+    Raises EngineValidationError naming ``constraints`` or ``max_new_tokens``."""
+    cons = o.constraints
+    if not isinstance(cons, (tuple, list)) or not all(isinstance(c, (tuple, list)) and c for c in cons):
+        raise EngineValidationError("constraints", "must be a list of non-empty lists of target token ids")
+    for c in cons:
+        for t in c:
+            if not _is_int(t) or not 0 <= t < limits.vocab_size:
+                raise EngineValidationError("constraints", f"ids must be integers in 0..{limits.vocab_size - 1}, "
+                                                           f"got {t!r}")
+    total = sum(len(c) for c in cons)
+    max_new = o.max_new_tokens
+    if max_new is not None and total + 1 > max_new:
+        if not default_max_new or total + 1 > limits.max_new_tokens:
+            limit = max_new if not default_max_new else limits.max_new_tokens
+            raise EngineValidationError("max_new_tokens", f"the sentence's glossary terms need {total} target "
+                                                          f"tokens and EOS; max_new_tokens is {limit}")
+        max_new = min(max_new + total, limits.max_new_tokens)
+    beam = max(o.beam_size, min(MIN_CONSTRAINED_BEAM, limits.max_num_seqs))
+    if beam < 2:
+        raise EngineValidationError("constraints", f"need a beam of 2 or more; the engine has "
+                                                   f"max_num_seqs {limits.max_num_seqs}")
+    return dataclasses.replace(o, beam_size=beam, max_new_tokens=max_new,
+                               constraints=tuple(tuple(int(t) for t in c) for c in cons))
 
 
 def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions], cfg, config: EngineConfig,

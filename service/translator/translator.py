@@ -28,7 +28,7 @@ from model.load import load_model
 from model.tokenizer import check_target_lang
 from model.inference.linear import linear_dtype
 from model.inference.search import Hypothesis
-from service.protocol import (MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
+from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_SENTENCES, MAX_STORED_GLOSSARY_ENTRIES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
 from service.engine import (Engine, EngineConfig, GenerationOptions, RequestStats, TranslationResult, torch_threads,
                             tune_process)
@@ -37,6 +37,7 @@ from service.metrics import EngineMetrics
 
 from .card import ModelCard
 from .memory import MemoryStore, ResultCache, memory_model, normalize
+from .glossary import Glossary
 from .output import build_response
 from .protect import Protected, Protector, Terms
 from .streaming import StreamState, merge_streams
@@ -239,11 +240,30 @@ class Translator:
             raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
         return self.tok.encode(f">>{target_lang}<<")
 
-    def _options(self, prepared: Protected, options: GenerationOptions) -> GenerationOptions:
-        """A sentence with inner protected spans also tracks cross-attention (to place them)."""
+    def _options(self, prepared: Protected, options: GenerationOptions,
+                 glossary: Optional[Glossary] = None) -> GenerationOptions:
+        """A sentence with inner protected spans also tracks cross-attention (to place them); one
+        with glossary terms gets their target ids as decoding constraints (``glossary.py``)."""
         if prepared.spans and "cross" not in options.attention_kinds:
-            return dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
-        return options
+            options = dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
+        constraints = glossary.constraints(prepared.source) if glossary else ()
+        return dataclasses.replace(options, constraints=constraints) if constraints else options
+
+    def glossary(self, job: TranslateJob) -> Optional[Glossary]:
+        """The job's glossary compiled for this model (cached by its entries), or None.
+        Raises InvalidRequest for a bad or conflicting entry (``glossary.Glossary``)."""
+        if not job.glossary:
+            return None
+        key = (job.glossary, job.glossary_field)
+        cache = self.__dict__.setdefault("_glossaries", {})
+        if key not in cache:
+            limit = MAX_GLOSSARY_ENTRIES if job.glossary_field == "glossary" else MAX_STORED_GLOSSARY_ENTRIES
+            max_tokens = min(self.engine.max_tgt_len, self.model.cfg.max_len - 1) - 1 if self.engine else \
+                self.model.cfg.max_len - 2
+            while len(cache) >= 32:
+                cache.pop(next(iter(cache)))
+            cache[key] = Glossary(job.glossary, self.card.source_lang, self.tok, max_tokens, job.glossary_field, limit)
+        return cache[key]
 
     def _text_of(self, prepared: list[Protected], pieces: list[Piece], hits: Optional[dict[int, str]] = None):
         """``text_of`` for build_response: a hypothesis's text with spans and case restored (a memory
@@ -262,12 +282,13 @@ class Translator:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
         hits: dict[int, str] = {}
         splits, pieces, prepared = self.prepare(job, hits)
-        results = await self._results(pieces, prepared, hits, job.options)
+        glossary = self.glossary(job)
+        results = await self._results(pieces, prepared, hits, job.options, glossary)
         return build_response(self.name, self.tok, job, splits, pieces, results,
                               self._text_of(prepared, pieces, hits), self.card.config)
 
     async def _results(self, pieces: list[Piece], prepared: list[Optional[Protected]], hits: dict[int, str],
-                       options: GenerationOptions) -> list[TranslationResult]:
+                       options: GenerationOptions, glossary: Optional[Glossary] = None) -> list[TranslationResult]:
         """Each piece's result: a memory hit's (no tokens; ``memory_hit``), the cache's, else the
         engine's (then cached). Counted in ``mt_memory_lookups_total``."""
         out: list[Optional[TranslationResult]] = [None] * len(pieces)
@@ -277,17 +298,17 @@ class Translator:
                 out[k] = memory_hit()
                 self.metrics.memory_lookup("memory")
                 continue
-            cached = self.cache.get(cache_key(p, self._options(prepared[k], options))) if self.cache.max_entries else None
+            cached = self.cache.get(cache_key(p, self._options(prepared[k], options, glossary))) if self.cache.max_entries else None
             if cached is not None:
                 out[k] = cached
                 self.metrics.memory_lookup("cache")
             else:
                 todo.append(k)
                 self.metrics.memory_lookup("model")
-        ran = await self._run_all([pieces[k] for k in todo], [self._options(prepared[k], options) for k in todo])
+        ran = await self._run_all([pieces[k] for k in todo], [self._options(prepared[k], options, glossary) for k in todo])
         for k, r in zip(todo, ran):
             out[k] = r
-            opts = self._options(prepared[k], options)
+            opts = self._options(prepared[k], options, glossary)
             if self.cache.max_entries and not opts.attention_kinds:    # results with attention: too big to keep
                 self.cache.put(cache_key(pieces[k], opts), r)
         return out
@@ -324,11 +345,12 @@ class Translator:
         """
         hits: dict[int, str] = {}
         splits, pieces, prepared = self.prepare(job, hits)
+        glossary = self.glossary(job)
         streams, group = [], object()   # group: as in _run_all
         run = [k for k in range(len(pieces)) if k not in hits]    # memory hits are answered without the engine
         try:
             for k in run:   # QueueFullError comes at once, before anything is streamed
-                streams.append(self.engine.stream(pieces[k].src_ids, self._options(prepared[k], job.options), group))
+                streams.append(self.engine.stream(pieces[k].src_ids, self._options(prepared[k], job.options, glossary), group))
         except BaseException:
             for st in streams:
                 st.cancel()

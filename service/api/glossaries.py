@@ -1,0 +1,266 @@
+"""Stored glossaries: named lists of (source term, target term) entries that a request references by
+``glossary_id`` instead of sending them (``/v1/translate``, LibreTranslate's ``/translate``).
+
+    GET    /v1/glossaries            the caller's glossaries and the shared ones (names, sizes)
+    POST   /v1/glossaries            create one: {"name", "entries": [{"source", "target"}], "source_lang"?, "target_lang"?}
+    GET    /v1/glossaries/{name}     one, with its entries
+    DELETE /v1/glossaries/{name}     delete one the caller created (204)
+
+Shared glossaries come from files at start: every ``*.tsv`` and ``*.csv`` file of the directory
+``MT_GLOSSARY_DIR``, named by the file name without its suffix; one entry a
+row, source term then target term (TSV: tab-separated; CSV: comma-separated with CSV quoting;
+Python's ``csv`` module reads both); blank rows, rows starting with "#" and a first row
+``source, target`` are left out. They are read-only through the API. Glossaries created through the
+API belong to the API key that created them (when keys are on; to everyone when they are off) and
+live in the memory of one detached Ray actor that every gateway replica shares
+(``GlossaryClient.cluster``): they outlive gateway restarts and redeploys, not the Ray cluster.
+
+A request's ``glossary_id`` is looked up among the caller's glossaries first, then the shared ones.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.protocol import (MAX_GLOSSARIES, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS,
+                              MAX_STORED_GLOSSARY_ENTRIES, InvalidRequest)
+from service.translator.glossary import Glossary, check_entries
+
+from .errors import ServiceError, shown
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SHARED = ""          # the scope of file glossaries (and of every glossary when keys are off)
+STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (GlossaryClient.cluster)
+
+
+class GlossaryEntry(BaseModel):
+    """One glossary entry."""
+    model_config = ConfigDict(strict=True, extra="forbid")
+    source: str = Field(..., description=f"source term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)")
+    target: str = Field(..., description=f"target term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)")
+
+
+class GlossaryCreate(BaseModel):
+    """POST /v1/glossaries body."""
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str = Field(..., description="1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit")
+    entries: list[GlossaryEntry] = Field(..., min_length=1, max_length=MAX_STORED_GLOSSARY_ENTRIES)
+    source_lang: Optional[str] = Field(None, description="source language; when set, only models reading it may use it "
+                                                         "(and its stemmer checks conflicting entries now)")
+    target_lang: Optional[str] = Field(None, description="target language; when set, only models writing it may use it")
+
+
+class GlossaryInfo(BaseModel):
+    name: str
+    entry_count: int
+    source_lang: Optional[str] = None
+    target_lang: Optional[str] = None
+    shared: bool = Field(..., description="loaded from the server's glossary directory (read-only)")
+    entries: Optional[list[GlossaryEntry]] = Field(None, description="GET /v1/glossaries/{name} only")
+
+
+class GlossaryList(BaseModel):
+    object: str = "list"
+    data: list[GlossaryInfo]
+
+
+@dataclass(frozen=True)
+class StoredGlossary:
+    name: str
+    entries: tuple[tuple[str, str], ...]
+    source_lang: Optional[str] = None
+    target_lang: Optional[str] = None
+    shared: bool = False
+
+    def info(self, with_entries: bool = False) -> GlossaryInfo:
+        return GlossaryInfo(name=self.name, entry_count=len(self.entries), source_lang=self.source_lang,
+                            target_lang=self.target_lang, shared=self.shared,
+                            entries=[GlossaryEntry(source=s, target=t) for s, t in self.entries]
+                            if with_entries else None)
+
+
+def read_file(path: Path) -> list[tuple[str, str]]:
+    """The entries of a TSV or CSV glossary file (module docstring). Raises ValueError naming the
+    file and row for a row without two columns."""
+    text = path.read_text(encoding="utf-8-sig")
+    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
+    entries = []
+    for n, row in enumerate(csv.reader(io.StringIO(text), dialect=dialect), 1):
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if n == 1 and [c.strip().lower() for c in row] == ["source", "target"]:
+            continue
+        if len(row) != 2:
+            raise ValueError(f"{path}:{n}: expected 2 columns (source term, target term), got {len(row)}")
+        entries.append((row[0].strip(), row[1].strip()))
+    return entries
+
+
+class GlossaryStore:
+    """Glossaries by scope (an API key's id, or SHARED) and name; thread-safe."""
+
+    def __init__(self, directory: Optional[str] = None):
+        self._lock = threading.Lock()
+        self._by_scope: dict[str, dict[str, StoredGlossary]] = {SHARED: {}}
+        directory = directory if directory is not None else os.environ.get("MT_GLOSSARY_DIR", "")
+        if directory:
+            self.load_directory(Path(directory))
+
+    def load_directory(self, directory: Path) -> None:
+        """Load every *.tsv / *.csv file as a shared glossary. Raises ValueError for a bad file."""
+        for path in sorted(directory.iterdir()):
+            if path.suffix.lower() not in (".tsv", ".csv") or not path.is_file():
+                continue
+            name = path.stem
+            if not NAME.fullmatch(name):
+                raise ValueError(f"{path}: a glossary name must match {NAME.pattern}")
+            entries = read_file(path)
+            try:
+                check_entries(entries, f"{path.name}: entries", MAX_STORED_GLOSSARY_ENTRIES)
+                Glossary(entries, None, None, 0, f"{path.name}: entries", MAX_STORED_GLOSSARY_ENTRIES)
+            except InvalidRequest as e:
+                raise ValueError(str(e)) from None
+            self._by_scope[SHARED][name] = StoredGlossary(name, tuple(entries), shared=True)
+
+    def list(self, scope: str) -> list[StoredGlossary]:
+        with self._lock:
+            own = self._by_scope.get(scope, {}) if scope != SHARED else {}
+            return sorted([*own.values(), *self._by_scope[SHARED].values()], key=lambda g: (g.shared, g.name))
+
+    def get(self, scope: str, name: str, field: str = "glossary_id") -> StoredGlossary:
+        """The caller's glossary ``name``, else the shared one. Raises ServiceError 404 naming ``field``."""
+        with self._lock:
+            g = self._by_scope.get(scope, {}).get(name) or self._by_scope[SHARED].get(name)
+        if g is None:
+            raise ServiceError(404, f"{field}: no glossary named {shown(name)}; GET /v1/glossaries lists yours",
+                               field)
+        return g
+
+    def create(self, scope: str, body: GlossaryCreate) -> StoredGlossary:
+        """Store a new glossary. Raises ServiceError 422 (bad name or entries), 409 (the name is
+        taken), 413 (more than MAX_GLOSSARIES)."""
+        if not NAME.fullmatch(body.name):
+            raise ServiceError(422, f"name: must be 1-64 characters (letters, digits, '.', '_', '-', starting with a "
+                                    f"letter or digit), got {shown(body.name)}", "name")
+        entries = [(e.source, e.target) for e in body.entries]
+        try:
+            Glossary(entries, body.source_lang, None, 0, "entries", MAX_STORED_GLOSSARY_ENTRIES)
+        except InvalidRequest as e:
+            raise ServiceError(422, e.message, e.field) from None
+        g = StoredGlossary(body.name, tuple(Glossary.normalized(entries)), body.source_lang, body.target_lang)
+        with self._lock:
+            own = self._by_scope.setdefault(scope, {})
+            if body.name in own or body.name in self._by_scope[SHARED]:
+                raise ServiceError(409, f"name: a glossary named {shown(body.name)} exists; delete it first", "name")
+            if sum(not g.shared for g in own.values()) >= MAX_GLOSSARIES:
+                raise ServiceError(413, f"name: at most {MAX_GLOSSARIES} glossaries per API key; delete one first",
+                                   "name")
+            own[body.name] = g
+        return g
+
+    def call(self, method: str, *args):
+        """("ok", what ``method`` returns) or ("error", (status, message, field)): the Ray actor's
+        entry point (a ServiceError does not cross processes as itself)."""
+        try:
+            return "ok", getattr(self, method)(*args)
+        except ServiceError as e:
+            return "error", (e.status, e.message, e.field)
+
+    def delete(self, scope: str, name: str) -> None:
+        """Raises ServiceError 404 (unknown), 403 (a shared glossary from the directory)."""
+        with self._lock:
+            own = self._by_scope.get(scope, {})
+            if name in own and not own[name].shared:
+                del own[name]
+                return
+            if name in self._by_scope[SHARED]:
+                raise ServiceError(403, f"name: glossary {shown(name)} is loaded from the server's glossary "
+                                        "directory and cannot be deleted through the API", "name")
+        raise ServiceError(404, f"name: no glossary named {shown(name)}", "name")
+
+
+def scope_of(request) -> str:
+    """The caller's scope: its API key's id when keys are on, else SHARED."""
+    decision = request.scope.get("state", {}).get("guard_decision")
+    who = getattr(decision, "who", "") or ""
+    return who if who.startswith("k:") else SHARED
+
+
+class GlossaryClient:
+    """The async face of a store that the routes use: a ``GlossaryStore`` in this process, or the
+    cluster's one store, a detached Ray actor named STORE_ACTOR (``cluster``) that every gateway
+    replica shares (so a glossary created through one replica is seen by the others). The actor
+    answers ServiceErrors as data (``_call``), raised again here."""
+
+    def __init__(self, store):
+        self.store = store
+        self.remote = not isinstance(store, GlossaryStore)
+
+    @classmethod
+    def cluster(cls, directory: Optional[str] = None) -> "GlossaryClient":
+        """The store of the Ray cluster this process runs in (created by the first caller, loading
+        ``directory`` / MT_GLOSSARY_DIR), or a store in this process when Ray is not initialised.
+        Raises ValueError for a bad glossary file."""
+        import ray
+        if not ray.is_initialized():
+            return cls(GlossaryStore(directory))
+        GlossaryStore(directory)      # a bad file fails here, in the replica's constructor, with its message
+        actor = ray.remote(num_cpus=0, max_concurrency=16)(GlossaryStore).options(
+            name=STORE_ACTOR, namespace="serve", lifetime="detached", get_if_exists=True).remote(directory)
+        return cls(actor)
+
+    async def _call(self, method: str, *args):
+        if not self.remote:
+            return getattr(self.store, method)(*args)
+        status, value = await self.store.call.remote(method, *args)
+        if status == "error":
+            raise ServiceError(*value)
+        return value
+
+    async def list(self, scope: str) -> list[StoredGlossary]:
+        return await self._call("list", scope)
+
+    async def get(self, scope: str, name: str, field: str = "glossary_id") -> StoredGlossary:
+        return await self._call("get", scope, name, field)
+
+    async def create(self, scope: str, body: GlossaryCreate) -> StoredGlossary:
+        return await self._call("create", scope, body)
+
+    async def delete(self, scope: str, name: str) -> None:
+        return await self._call("delete", scope, name)
+
+    async def resolve(self, scope: str, glossary_id: str, source_lang: Optional[str], target_lang: Optional[str],
+                      field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
+        """``resolve`` on this store (the function the DeepL and LibreTranslate routes call)."""
+        return check_languages(await self.get(scope, glossary_id, field), source_lang, target_lang, field)
+
+
+def resolve(store: GlossaryStore, scope: str, glossary_id: str, source_lang: Optional[str],
+            target_lang: Optional[str], field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
+    """The entries of stored glossary ``glossary_id`` for a model source_lang -> target_lang: what a
+    route (this API's, LibreTranslate's, DeepL's) puts in ``TranslateJob.glossary``. Raises
+    ServiceError 404 for an unknown name, 422 when the glossary's languages are not the model's."""
+    return check_languages(store.get(scope, glossary_id, field), source_lang, target_lang, field)
+
+
+def check_languages(g: StoredGlossary, source_lang: Optional[str], target_lang: Optional[str],
+                    field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
+    """``g``'s entries, once its languages (when set) are the model's. Raises ServiceError 422."""
+    glossary_id = g.name
+    for side, want, have in (("source_lang", g.source_lang, source_lang), ("target_lang", g.target_lang, target_lang)):
+        if want is not None and have is not None and want.split("-")[0].lower() != have.split("-")[0].lower():
+            raise ServiceError(422, f"{field}: glossary {shown(glossary_id)} is for {side} {want}; the model "
+                                    f"translates {source_lang}->{target_lang}", field)
+    return g.entries
+
+
+__all__ = ["GlossaryClient", "GlossaryCreate", "GlossaryEntry", "GlossaryInfo", "GlossaryList", "GlossaryStore",
+           "MAX_GLOSSARY_ENTRIES", "resolve", "scope_of"]

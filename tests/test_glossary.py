@@ -1,0 +1,227 @@
+"""Glossaries without a server: term matching (service/translator/glossary.py), the stored-glossary
+store (service/api/glossaries.py), the request fields' validation, and a Translator (tiny random
+model) whose outputs contain their terms."""
+from __future__ import annotations
+
+import asyncio
+import re
+import types
+
+import pydantic
+import pytest
+
+from conftest import build_tiny_checkpoint
+from service.api.errors import ServiceError, to_service_error
+from service.api.glossaries import GlossaryClient, GlossaryCreate, GlossaryStore, read_file, resolve, scope_of
+from service.api.schemas import TranslateRequest
+from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, GenerationOptions, InvalidRequest,
+                              StreamToken, TranslateJob)
+from service.translator import Translator, model_card
+from service.translator.glossary import Glossary
+
+
+class Tok:
+    """A stand-in tokenizer: one id per character (enough for term ids and their lengths)."""
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+
+def gl(entries, lang="de", max_tokens=50, **kw):
+    return Glossary(entries, lang, Tok(), max_tokens, **kw)
+
+
+# ---- matching --------------------------------------------------------------------------------------
+def test_case_and_inflection_match_by_snowball_stem():
+    g = gl([("Vertrag", "agreement"), ("Hund", "dog")])
+    s = "VERTRÄGE und Verträge des Vertrages; zwei Hunde, drei Hunden, ein Hundeleben."
+    found = [(s[m.start:m.end], g.entries[m.entry][1]) for m in g.find(s)]
+    assert found == [("VERTRÄGE", "agreement"), ("Verträge", "agreement"), ("Vertrages", "agreement"),
+                     ("Hunde", "dog"), ("Hunden", "dog")]      # "Hundeleben" is another word
+    assert g.constraints(s) == (tuple(map(ord, "agreement")), tuple(map(ord, "dog")))   # each target once
+    assert g.constraints("Eine Katze.") == ()
+    english = gl([("running shoe", "Laufschuh")], lang="en")
+    assert [m.words for m in english.find("He buys Running Shoes.")] == [2]
+    nostem = gl([("Vertrag", "agreement")], lang="xx")       # no stemmer: case-folded words must be equal
+    assert len(nostem.find("VERTRAG")) == 1 and not nostem.find("Verträge")
+
+
+def test_overlapping_terms_longest_then_first():
+    g = gl([("Mann", "man"), ("alter Mann", "old man"), ("alter", "elderly"), ("Mann mit Hut", "man in a hat")])
+    s = "Ein alter Mann mit Hut."
+    assert [g.entries[m.entry][0] for m in g.find(s)] == ["alter", "Mann mit Hut"]
+    assert [g.entries[m.entry][0] for m in g.find("ein alter Mann")] == ["alter Mann"]
+
+
+def test_conflicts_and_bad_entries_are_422_naming_the_entry():
+    with pytest.raises(InvalidRequest, match=r"glossary\[1\].source.*conflicts with glossary\[0\]") as e:
+        gl([("Vertrag", "agreement"), ("Verträge", "contracts")])
+    assert e.value.field == "glossary[1].source"
+    assert len(gl([("Vertrag", "agreement"), (" vertrag ", "agreement")])) == 1     # a repeat is one entry
+    for entries, field in (([("  ", "x")], "glossary[0].source"), ([("x", "")], "glossary[0].target"),
+                           ([("...", "x")], "glossary[0].source"),
+                           ([("a", "b" * (MAX_GLOSSARY_TERM_CHARS + 1))], "glossary[0].target"),
+                           ([("a", "b" * 60)], "glossary[0].target")):          # over max_tokens (50)
+        with pytest.raises(InvalidRequest) as e:
+            gl(entries)
+        assert e.value.field == field and to_service_error(e.value, "m").status == 422
+    with pytest.raises(InvalidRequest, match="at most 3 entries"):
+        gl([(str(i), "x") for i in range(4)], limit=3)
+
+
+# ---- the request fields --------------------------------------------------------------------------------
+@pytest.mark.parametrize("glossary, where", [
+    ([{"source": " ", "target": "x"}], "glossary[0].source: must not be empty"),
+    ([{"source": "a", "target": ""}], "glossary[0].target: must not be empty"),
+    ([{"source": "a", "target": "b" * (MAX_GLOSSARY_TERM_CHARS + 1)}], f"at most {MAX_GLOSSARY_TERM_CHARS} characters"),
+    ([{"source": str(i), "target": "x"} for i in range(MAX_GLOSSARY_ENTRIES + 1)], f"at most {MAX_GLOSSARY_ENTRIES} entries"),
+    ([{"source": "a"}], "target"),
+    ([{"source": "a", "target": "b", "note": 1}], "note"),
+    ("Vertrag=agreement", "must be a list"),
+])
+def test_bad_glossary_fields_are_rejected(glossary, where):
+    with pytest.raises(pydantic.ValidationError, match=re.escape(where)):
+        TranslateRequest(text="x", glossary=glossary)
+
+
+def test_glossary_and_glossary_id_not_both_and_job_carries_entries():
+    with pytest.raises(pydantic.ValidationError, match="not both"):
+        TranslateRequest(text="x", glossary=[{"source": "a", "target": "b"}], glossary_id="g")
+    job = TranslateRequest(text="x", glossary=[{"source": "Vertrag", "target": "agreement"}]).job()
+    assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary"
+
+
+# ---- the store -------------------------------------------------------------------------------------------
+def test_store_loads_files_and_scopes_created_glossaries_by_key(tmp_path):
+    (tmp_path / "cars.tsv").write_text("source\ttarget\n# comment\nWagen\tcar\n\nReifen\ttyre\n", encoding="utf-8")
+    (tmp_path / "pets.csv").write_text('Hund,dog\n"Katze, klein",kitten\n', encoding="utf-8")
+    (tmp_path / "notes.txt").write_text("ignored")
+    assert read_file(tmp_path / "pets.csv") == [("Hund", "dog"), ("Katze, klein", "kitten")]
+    store = GlossaryStore(str(tmp_path))
+    assert [(g.name, len(g.entries), g.shared) for g in store.list("")] == [("cars", 2, True), ("pets", 2, True)]
+    body = GlossaryCreate(name="legal", entries=[{"source": "Vertrag", "target": "agreement"}], source_lang="de")
+    store.create("k:alice", body)
+    assert [g.name for g in store.list("k:alice")] == ["legal", "cars", "pets"]
+    assert [g.name for g in store.list("k:bob")] == ["cars", "pets"]            # another key does not see it
+    assert resolve(store, "k:alice", "legal", "de", "en") == (("Vertrag", "agreement"),)
+    assert resolve(store, "k:bob", "cars", "de", "en") == (("Wagen", "car"), ("Reifen", "tyre"))
+    errors = [(lambda: resolve(store, "k:bob", "legal", "de", "en"), 404, "glossary_id"),
+              (lambda: resolve(store, "k:alice", "legal", "en", "de"), 422, "glossary_id"),
+              (lambda: store.create("k:alice", body), 409, "name"),
+              (lambda: store.create("k:alice", GlossaryCreate(name="../x", entries=body.entries)), 422, "name"),
+              (lambda: store.create("k:alice", GlossaryCreate(name="c", entries=[
+                  {"source": "Vertrag", "target": "a"}, {"source": "Verträge", "target": "b"}], source_lang="de")),
+               422, "entries[1].source"),
+              (lambda: store.delete("k:alice", "cars"), 403, "name"),
+              (lambda: store.delete("k:bob", "legal"), 404, "name")]
+    for call, status, field in errors:
+        with pytest.raises(ServiceError) as e:
+            call()
+        assert (e.value.status, e.value.field) == (status, field), e.value
+    store.delete("k:alice", "legal")
+    assert [g.name for g in store.list("k:alice")] == ["cars", "pets"]
+    (tmp_path / "bad.tsv").write_text("a\tb\tc\n")
+    with pytest.raises(ValueError, match="bad.tsv:1: expected 2 columns"):
+        GlossaryStore(str(tmp_path))
+
+
+def test_scope_is_the_key_id_or_shared():
+    def req(who):
+        return types.SimpleNamespace(scope={"state": {"guard_decision": types.SimpleNamespace(who=who)}})
+    assert scope_of(req("k:1a2b3c4d")) == "k:1a2b3c4d"
+    assert scope_of(req("c:127.0.0.1")) == "" and scope_of(types.SimpleNamespace(scope={})) == ""
+
+
+# ---- through a Translator ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def card(tmp_path_factory):
+    return model_card("tiny", build_tiny_checkpoint(tmp_path_factory.mktemp("gl"), "de", "en", max_len=64))
+
+
+def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
+    texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer sitzen auf einer Bank."]
+
+    def job(glossary=(), beam=2, field="glossary"):
+        return TranslateJob(texts, GenerationOptions(beam_size=beam, max_new_tokens=20), glossary=glossary,
+                            glossary_field=field)
+
+    async def main():
+        t = Translator(card, device="cpu")
+        await t.reconfigure({"max_num_seqs": 16})
+        plain = await t.translate(job())
+        out = {}
+        for beam in (1, 2):
+            out[beam] = await t.translate(job((("Katze", "cat"), ("Hund", "dog")), beam))
+        streamed = [x async for x in t.stream(job((("Wiese", "meadow"),), 1))]
+        errors = []
+        for bad in ((("Bank", "x" * 100),), (("Bank", "bench"), ("Banken", "banks"))):
+            try:
+                await t.translate(job(bad))
+            except InvalidRequest as e:
+                errors.append(e.field)
+        await t.stop()
+        return plain, out, streamed, errors
+    plain, out, streamed, errors = asyncio.run(main())
+    for beam, res in out.items():
+        first, second = res.translations
+        assert "dog" in first.text.lower() and "cat" not in first.text.lower()     # "Katze" is not in the text
+        assert second.text == plain.translations[1].text and second.tokens == plain.translations[1].tokens
+    final = streamed[-1].translations[0].text
+    assert "meadow" in final.lower()
+    assert "".join(x.text for x in streamed if isinstance(x, StreamToken) and x.index == 0) == final
+    assert errors == ["glossary[0].target", "glossary[1].source"]
+
+
+def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
+    from service.api import gateway
+
+    def req(who):
+        return types.SimpleNamespace(scope={"state": {"guard_decision": types.SimpleNamespace(who=who)}})
+    me = types.SimpleNamespace(glossaries=GlossaryClient(GlossaryStore("")))
+    G = gateway.Gateway
+    alice, bob = req("k:aaaa"), req("k:bbbb")
+    body = GlossaryCreate(name="legal", entries=[{"source": "Vertrag", "target": "agreement"}])
+    info = asyncio.run(G.create_glossary(me, body, alice))
+    assert (info.name, info.entry_count, info.shared) == ("legal", 1, False)
+    assert [g.name for g in asyncio.run(G.list_glossaries(me, alice)).data] == ["legal"]
+    assert asyncio.run(G.list_glossaries(me, bob)).data == []
+    card = types.SimpleNamespace(source_lang="de", target_lang="en")
+    job = asyncio.run(G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", alice, card))
+    assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary_id"
+    with pytest.raises(ServiceError) as e:
+        asyncio.run(G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", bob, card))
+    assert (e.value.status, e.value.field) == (404, "glossary_id")
+    assert asyncio.run(G.get_glossary(me, "legal", alice)).entries[0].target == "agreement"
+    assert asyncio.run(G.delete_glossary(me, "legal", alice)).status_code == 204
+    assert asyncio.run(G.list_glossaries(me, alice)).data == []
+
+
+def test_libretranslate_glossary_fields():
+    from service.api.libretranslate import LibreRequest, read_glossary
+    store = GlossaryClient(GlossaryStore(""))
+    store.store.create("", GlossaryCreate(name="bikes", entries=[{"source": "Fahrrad", "target": "bike"}],
+                                    source_lang="de"))
+    request = types.SimpleNamespace(scope={})
+    card = types.SimpleNamespace(source_lang="de")
+    for fields, want in (({"glossary": '[{"source": "Hund", "target": "dog"}]'}, (("Hund", "dog"),)),   # a form's string
+                         ({"glossary": [{"source": "Hund", "target": "dog"}]}, (("Hund", "dog"),)),
+                         ({"glossary_id": "bikes"}, (("Fahrrad", "bike"),))):
+        r = LibreRequest(["x"], False, card, 0, False, False, "en")
+        asyncio.run(read_glossary(r, fields, request, store))
+        assert r.glossary == want and r.job(["x"]).glossary == want
+    for fields, field in (({"glossary": "[{"}, "glossary"), ({"glossary": [{"source": "a"}]}, "glossary.0.target"),
+                          ({"glossary": [{"source": " ", "target": "b"}]}, "glossary"),
+                          ({"glossary_id": "nope"}, "glossary_id"),
+                          ({"glossary": [], "glossary_id": "bikes"}, "glossary")):
+        with pytest.raises(ServiceError) as e:
+            asyncio.run(read_glossary(LibreRequest(["x"], False, card, 0, False, False, "en"), fields, request, store))
+        assert e.value.field == field and e.value.status in (400, 404), e.value
+
+
+def test_405_allow_names_every_route_of_the_path():
+    from fastapi.testclient import TestClient
+    from service.api.gateway import api
+    client = TestClient(api)
+    for method, path, allow in (("OPTIONS", "/v1/glossaries", "GET, POST, HEAD"),
+                                ("PUT", "/v1/glossaries/x", "GET, DELETE, HEAD"), ("GET", "/v1/translate", "POST")):
+        r = client.request(method, path)
+        assert r.status_code == 405 and r.headers["allow"] == allow, (path, r.headers)
