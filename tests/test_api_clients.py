@@ -210,3 +210,36 @@ def test_405_allow_names_every_route_of_the_path():
         getattr(app, method)("/v1/memory")(lambda: {})
     r = TestClient(app).patch("/v1/memory")
     assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "PUT", "DELETE", "HEAD"}
+
+
+def test_deepl_glossary_id_puts_the_stored_glossary_on_every_job_and_its_term_in_the_output(card):
+    from service.api import glossaries
+    store = glossaries.GlossaryStore()
+
+    async def main():
+        t = Translator(card)
+        await t.reconfigure({"max_num_seqs": 8})
+        limits = {card.id: ModelLimits.of(card.id, card.config, EngineConfig())}
+        client = glossaries.GlossaryClient(store)
+        await client.create(glossaries.SHARED, glossaries.GlossaryCreate.model_validate(
+            {"name": "terms", "source_lang": "de", "target_lang": "en", "entries": [{"source": "Hund", "target": "canine"}]}))
+        seen = []
+
+        async def run(model, job):
+            seen.append(job)
+            return await t.translate(job)
+        ctx = deepl.Context([card], limits, lambda s, tg: card, run, None, {"memory_scope": None},
+                            glossary=lambda name, s, tg: client.resolve(glossaries.SHARED, name, s, tg))
+        out, _ = await deepl.translate(deepl.parse({"text": ["Ein Hund läuft.", "Zwei Männer spielen."],
+                                                    "source_lang": "DE", "target_lang": "EN-GB",
+                                                    "glossary_id": "terms"}), ctx)
+        assert seen[-1].glossary == (("Hund", "canine"),) and seen[-1].glossary_field == "glossary_id"
+        assert "canine" in out[0]["text"]
+        for fields, status, field in (({"text": "a", "target_lang": "EN-GB", "glossary_id": "terms"}, 400, "source_lang"),
+                                      ({"text": "a", "source_lang": "DE", "target_lang": "EN-GB", "glossary_id": "nope"},
+                                       404, "glossary_id")):
+            with pytest.raises(ServiceError) as e:
+                await deepl.translate(deepl.parse(fields), ctx)
+            assert (e.value.status, e.value.field) == (status, field), e.value.message
+        await t.stop()
+    asyncio.run(main())

@@ -169,6 +169,9 @@ class Context:
     run: Callable[[str, TranslateJob], Awaitable[TranslateResponse]]
     detector: Optional[LanguageDetector]
     job_fields: dict = dataclasses.field(default_factory=dict)     # TranslateJob fields of every job (memory scope)
+    # (glossary_id, source, target) -> the stored glossary's entries (glossaries.GlossaryClient.resolve
+    # with the caller's scope); raises ServiceError 404 (unknown) or 422 (another language pair)
+    glossary: Optional[Callable[[str, str, str], Awaitable[tuple]]] = None
 
 
 def _job(texts: list[str], target: str, body: DeepLTranslateBody, n_texts: int, extra: dict) -> TranslateJob:
@@ -189,8 +192,9 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
     except ValueError as e:
         raise ServiceError(400, str(e), "text") from None
     autodetect.check_sizes(texts, "text", True)
-    if body.glossary_id:
-        raise unknown_glossary(body.glossary_id)   # GLOSSARY: stored glossaries plug in here (issue #37)
+    if body.glossary_id and not (body.source_lang or "").strip():
+        raise ServiceError(400, "source_lang: required with glossary_id (a glossary is for one language pair)",
+                           "source_lang")
     targets = {t for c in ctx.cards for t in c.targets}
     sources = {c.source_lang for c in ctx.cards}
     target = service_language(body.target_lang)
@@ -214,11 +218,20 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         else:
             card = ctx.resolve(source, target)
             routed = [autodetect.Routed(card.id, source, 100.0)] * len(texts)
+    extra = dict(ctx.job_fields)
+    if body.glossary_id:            # stored glossaries (glossaries.py): enforced in decoding by every job
+        if ctx.glossary is None:
+            raise unknown_glossary(body.glossary_id)
+        try:
+            extra.update(glossary=await ctx.glossary(body.glossary_id, service_language(body.source_lang), target),
+                         glossary_field="glossary_id")
+        except ServiceError as e:
+            raise ServiceError(404 if e.status == 404 else 400, e.message, e.field) from None
     by_model = autodetect.groups(routed)
     jobs = {}
     for model, idx in by_model.items():
         units = [s for i in idx for s in htmls[i].segments] if htmls else [texts[i] for i in idx]
-        jobs[model] = _job(units, target, body, len(idx), ctx.job_fields)
+        jobs[model] = _job(units, target, body, len(idx), extra)
         with mapped_errors(model):
             ctx.limits[model].check(jobs[model])
     results = await autodetect.gather_all([ctx.run(m, j) for m, j in jobs.items()])

@@ -635,8 +635,10 @@ class Gateway:
         except ServiceError as e:
             return deepl.error_response(e)
         body = deepl.parse(fields)
+        scope = glossaries.scope_of(request)
         ctx = deepl.Context(list(self.cards.values()), self.limits, lambda s, t: self.resolve(None, s, t),
-                            self._scoped(request), self.detector)
+                            self._scoped(request), self.detector,
+                            glossary=lambda name, s, t: self.glossaries.resolve(scope, name, s, t))
         translations, chars = await deepl.translate(body, ctx)
         self._count_usage(request, chars)
         return JSONResponse({"translations": translations}, headers=deepl.ignored(body, fields))
