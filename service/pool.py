@@ -33,6 +33,7 @@ from typing import AsyncIterator, Iterator, Optional, Union
 
 import ray
 from ray import serve
+from ray.serve.exceptions import RayServeException
 
 from service.protocol import RETRY_AFTER_S, StreamItem, TranslateJob, TranslateResponse
 from service.translator import ModelCard, Translator, TranslatorInfo
@@ -53,7 +54,7 @@ def discover_models(directory: str | Path) -> dict[str, Path]:
     ``model/checkpoint.py`` or a MarianMT folder), named by the folder, sorted by name. Folders
     without one are skipped (logged). Raises FileNotFoundError when ``directory`` is missing or
     holds no model."""
-    d = Path(directory)
+    d = Path(directory).resolve()     # replicas may run in another working directory
     if not d.is_dir():
         raise FileNotFoundError(f"pool.models_dir: {d} is not a directory")
     found, skipped = {}, []
@@ -142,8 +143,10 @@ class PoolReplica:
         self.threads = max(1, round(resources.get("CPU", 1)))
         torch.set_num_threads(self.threads)
         self.device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
-        ctx = serve.get_replica_context()
-        self.replica_id = ctx.replica_id.unique_id if ctx is not None else "local"
+        try:
+            self.replica_id = serve.get_replica_context().replica_id.unique_id
+        except RayServeException:       # outside a Serve replica (tests)
+            self.replica_id = "local"
         self.engine: dict = {}
         self.resident: dict[str, ResidentModel] = {}      # what the multiplexer holds, by id
         self.draining: dict[str, ResidentModel] = {}      # evicted, still finishing requests
@@ -152,6 +155,8 @@ class PoolReplica:
         self.metrics.set_resident(0, 0)
         self.directory = directory
         self._sizes: dict[str, int] = {}                 # bytes of each model when last loaded here
+        self.loads: dict[str, int] = {}                  # successful loads here, by model
+        self.evictions: dict[str, int] = {}              # evictions here, by model
 
         async def load(model_id: str) -> ResidentModel:    # Serve's multiplexer calls it on a cache miss
             return await self._load(model_id)
@@ -196,6 +201,7 @@ class PoolReplica:
         seconds = time.perf_counter() - t0
         rm = ResidentModel(model_id, translator, seconds, self._evict)
         self._sizes[model_id] = rm.bytes
+        self.loads[model_id] = self.loads.get(model_id, 0) + 1
         self.resident[model_id] = rm
         self.metrics.load(model_id, "ok", seconds)
         logger.info("pool: loaded model %s in %.2f s (%.1f MB)", model_id, seconds, rm.bytes / 2 ** 20)
@@ -232,6 +238,7 @@ class PoolReplica:
         rm.state = "draining"
         self.draining[rm.id] = rm
         self.metrics.evict(rm.id)
+        self.evictions[rm.id] = self.evictions.get(rm.id, 0) + 1
         logger.info("pool: evicting model %s (%d requests in flight)", rm.id, rm.in_flight)
         self._teardowns[rm.id] = asyncio.create_task(self._teardown(rm))
         self._changed()
@@ -268,7 +275,8 @@ class PoolReplica:
     def residency(self) -> dict:
         """What this replica holds: ``{"replica", "models": {id: {state, in_flight, bytes, ...}}, "bytes"}``."""
         models = {m: rm.describe() for m, rm in (*self.draining.items(), *self.resident.items())}
-        return {"replica": self.replica_id, "models": models, "bytes": self.used_bytes(), "time": time.time()}
+        return {"replica": self.replica_id, "models": models, "bytes": self.used_bytes(), "time": time.time(),
+                "loads": dict(self.loads), "evictions": dict(self.evictions)}
 
     def _changed(self) -> None:
         self.metrics.set_resident(len(self.resident), self.used_bytes())

@@ -33,7 +33,7 @@ from service.translator.langid import LanguageDetector
 
 from . import autodetect, explorer, libretranslate, sse
 from .access_log import AccessLogMiddleware, flush_serve_log
-from .backends import Backend, LocalBackend, RemoteBackend
+from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
 from .errors import LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, mapped_errors, shown
 from .guard import Guard, GuardMiddleware, GuardSettings
@@ -128,11 +128,12 @@ class Gateway:
         num_threads: torch threads of the in-process translators.
         guard: ``GuardSettings`` fields (API keys, rate limits; service/api/guard.py).
         max_timeout_s: the longest ``timeout_s`` a request may ask for, and every request's deadline.
+        pool: the model pool's {"handle", "directory", "models"} (``service/pool.py``); None: no pool.
     """
 
     def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
                  engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
-                 max_timeout_s: float = 60.0):
+                 max_timeout_s: float = 60.0, pool: Optional[dict] = None):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
         self._sources = frozenset(c.source_lang for c in cards)             # the codes match_language maps to
@@ -142,6 +143,8 @@ class Gateway:
         threading.Thread(target=self.detector.load, name="langid-load", daemon=True).start()
         self.backend: Backend = (RemoteBackend(handles, RetryMetrics(list(self.cards)).record) if handles is not None
                                  else LocalBackend(cards, num_threads))
+        if pool is not None:    # pinned models through their deployments, the pool's through Serve's multiplexing
+            self.backend = PoolBackend(handles or {}, pool, RetryMetrics(list(self.cards)).record)
         self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
         self.max_timeout_s = max_timeout_s
         self.guard = Guard(GuardSettings.model_validate(guard or {}))
@@ -309,7 +312,17 @@ class Gateway:
 
     @api.get("/v1/models", response_model=ModelsResponse)
     async def models(self):
-        """The served models with their languages, configuration and test BLEU."""
+        """The served models with their languages, configuration and test BLEU; a pool model says so
+        and names the pool replicas it is loaded on now (``loaded_on``; [] when none holds it)."""
+        loaded_on = {}
+        if isinstance(self.backend, PoolBackend):
+            from service.pool import where_loaded
+            try:
+                loaded_on = where_loaded(await asyncio.wait_for(self.backend.residency(), timeout=5))
+            except Exception:  # noqa: BLE001 - the directory is starting: nothing known to be loaded
+                loaded_on = {}
+        pooled = set(self.backend.pooled) if isinstance(self.backend, PoolBackend) else set()
+
         async def one(c: ModelCard) -> ModelInfo:
             try:   # the replica's own view: the engine settings it really runs with
                 engine = (await asyncio.wait_for(self.backend.info(c.id), timeout=5)).engine
@@ -317,7 +330,8 @@ class Gateway:
                 engine = {**self.engine, **c.engine}
             return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config.to_dict(),
                              target_lang=None if c.target_languages else c.target_lang, target_langs=list(c.targets),
-                             test_bleu=c.test_bleu, metadata=c.metadata, engine=engine)
+                             test_bleu=c.test_bleu, metadata=c.metadata, engine=engine,
+                             **({"pool": True, "loaded_on": loaded_on.get(c.id, [])} if c.id in pooled else {}))
         return ModelsResponse(data=list(await asyncio.gather(*(one(c) for c in self.cards.values()))))
 
     @api.get("/healthz")

@@ -1,0 +1,233 @@
+"""The model pool (service/pool.py): Serve's own model multiplexer (``serve.multiplexed``, its LRU
+cache and eviction) around tiny random models, in this process (its replica context faked, no Ray
+cluster), then the whole app on Ray Serve (slow): routing to the replica that holds a model, the pool
+next to a pinned deployment, eviction under load over HTTP."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import shutil
+import threading
+import time
+import types
+import weakref
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.protocol import TranslateJob, TranslateResponse
+from service.translator import Translator, model_card
+from tests.conftest import build_tiny_checkpoint, metric_sum, scrape
+
+ENGINE = {"max_num_seqs": 8, "max_waiting": 64, "linear_dtype": "float32"}
+DE = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt mit dem Fahrrad.", "Eine Frau liest ein Buch im Park."]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Three tiny random de->en checkpoints (different seeds: different outputs)."""
+    root = tmp_path_factory.mktemp("pool")
+    return {f"m{i}": build_tiny_checkpoint(root / f"m{i}", "de", "en", seed=i, max_len=64) for i in range(3)}
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoints) -> dict[str, list[str]]:
+    """Each model's translations of DE by a Translator of its own (what the pool must answer)."""
+    async def run():
+        out = {}
+        for name, ckpt in checkpoints.items():
+            t = Translator(model_card(name, ckpt), device="cpu")
+            await t.reconfigure(ENGINE)
+            r = await t.translate(job(DE))
+            out[name] = [x.text for x in r.translations]
+            await t.stop()
+        return out
+    return asyncio.run(run())
+
+
+def job(texts, max_new_tokens: int = 40) -> TranslateJob:
+    from service.api.schemas import TranslateRequest
+    j = TranslateRequest(text=list(texts), max_new_tokens=max_new_tokens).job()
+    j.deadline, j.timeout_s = time.time() + 120, 120
+    return j
+
+
+@pytest.fixture
+def replica_context(monkeypatch):
+    """Serve's multiplexer asks for its replica's context; give it one (as inside a replica)."""
+    import ray.serve.multiplex as multiplex
+    ctx = types.SimpleNamespace(app_name="test", deployment="Pool", replica_id="replica-test")
+    monkeypatch.setattr(multiplex, "_get_internal_replica_context", lambda: ctx)
+
+
+async def new_pool(checkpoints, max_models, **kw):
+    from service.pool import PoolReplica
+    extra = kw.pop("extra", ())
+    pool = PoolReplica.__new__(PoolReplica)
+    await pool.__init__([model_card(n, p) for n, p in checkpoints.items()] + list(extra), max_models, **kw)
+    await pool.reconfigure(ENGINE)
+    return pool
+
+
+def texts_of(answer) -> list[str]:
+    assert isinstance(answer, TranslateResponse), answer
+    return [t.text for t in answer.translations]
+
+
+def test_evicted_only_when_idle_and_every_request_in_flight_answered(checkpoints, reference, replica_context):
+    """max 2 models: m0 has a stream held open mid-way and 12 requests running when m1 and m2 load.
+    Serve's LRU evicts m0 (least recently requested): it leaves the routing at once, finishes every
+    request with the translations it gives alone, then stops and frees its weights."""
+    async def run():
+        pool = await new_pool(checkpoints, 2)
+        assert texts_of(await pool.translate_with("m0", job(DE))) == reference["m0"]
+        m0 = pool.resident["m0"]
+        model_ref = weakref.ref(m0.translator.model)
+        held = pool.stream_with("m0", job(DE))
+        assert type(await anext(held)).__name__ == "StreamStart"     # in flight until read to its end
+        busy = [asyncio.create_task(pool.translate_with("m0", job(DE))) for _ in range(12)]
+        await asyncio.sleep(0)                      # every call has counted itself in flight
+        assert m0.in_flight == 13
+        assert texts_of(await pool.translate_with("m1", job(DE))) == reference["m1"]
+        assert texts_of(await pool.translate_with("m2", job(DE))) == reference["m2"]   # evicts m0 (LRU)
+        assert "m0" not in pool.resident and pool.draining.get("m0") is m0
+        assert m0.state == "draining" and m0.in_flight >= 1 and m0.translator.engine is not None
+        answers = await asyncio.gather(*busy)
+        assert [texts_of(a) for a in answers] == [reference["m0"]] * 12
+        rest = [item async for item in held]
+        assert texts_of(rest[-1]) == reference["m0"]
+        for _ in range(200):
+            if m0.state == "stopped":
+                break
+            await asyncio.sleep(0.05)
+        assert m0.state == "stopped" and "m0" not in pool.draining
+        gc.collect()
+        assert model_ref() is None, "the evicted model's weights are still referenced"
+        assert sorted(pool.resident) == ["m1", "m2"]
+        await pool.__del__()
+    asyncio.run(run())
+
+
+def test_a_request_for_a_draining_model_takes_it_back_without_a_reload(checkpoints, reference, replica_context):
+    async def run():
+        pool = await new_pool(checkpoints, 1)
+        await pool.translate_with("m0", job(DE))
+        m0 = pool.resident["m0"]
+        held = pool.stream_with("m0", job(DE))
+        await anext(held)                                     # m0 in flight
+        assert texts_of(await pool.translate_with("m1", job(DE))) == reference["m1"]   # evicts m0, busy
+        assert m0.state == "draining" and pool.draining["m0"] is m0
+        again = await pool.translate_with("m0", job(DE))     # evicts m1; m0 comes back from draining
+        assert pool.resident.get("m0") is m0 and m0.state == "resident"
+        assert texts_of(again) == reference["m0"]
+        assert texts_of([item async for item in held][-1]) == reference["m0"]
+        assert pool.loads == {"m0": 1, "m1": 1} and pool.evictions == {"m0": 1, "m1": 1}   # no reload of m0
+        await pool.__del__()
+    asyncio.run(run())
+
+
+def test_failed_loads_name_the_model_and_cause_and_the_replica_keeps_serving(checkpoints, reference,
+                                                                             replica_context, tmp_path, monkeypatch):
+    gone = build_tiny_checkpoint(tmp_path / "gone", "de", "en", seed=5, max_len=64)
+    card_gone = model_card("gone", gone)
+    oom = model_card("oom", checkpoints["m2"])
+    from service.pool import PoolReplica
+    real = PoolReplica._construct
+
+    def construct(self, card):
+        if card.id == "oom":
+            raise MemoryError()
+        return real(self, card)
+    monkeypatch.setattr(PoolReplica, "_construct", construct)
+
+    async def run():
+        pool = await new_pool({"m0": checkpoints["m0"]}, 2, extra=[card_gone, oom])
+        assert texts_of(await pool.translate_with("m0", job(DE))) == reference["m0"]
+        unknown = await pool.translate_with("nope", job(DE))
+        assert unknown.status == 404 and "nope" in unknown.message and unknown.field == "model"
+        shutil.rmtree(gone)                                   # the folder vanished after start
+        vanished = await pool.translate_with("gone", job(DE))
+        assert vanished.status == 503 and "gone" in vanished.message and "FileNotFoundError" in vanished.message
+        out = await pool.translate_with("oom", job(DE))
+        assert out.status == 503 and "oom" in out.message and "out of memory" in out.message
+        streamed = [x async for x in pool.stream_with("oom", job(DE))]
+        assert len(streamed) == 1 and streamed[0].status == 503
+        # the replica still serves: the resident model, and a model that loads fine
+        assert texts_of(await pool.translate_with("m0", job(DE))) == reference["m0"]
+        assert sorted(pool.resident) == ["m0"]
+        await pool.__del__()
+    asyncio.run(run())
+
+
+def test_a_load_does_not_stall_the_other_models(checkpoints, reference, replica_context, monkeypatch):
+    """While m1 loads (held 2 s in its worker thread), m0's requests are answered."""
+    from service.pool import PoolReplica
+    real, release = PoolReplica._construct, threading.Event()
+
+    def slow(self, card):
+        if card.id == "m1":
+            release.wait(10)
+        return real(self, card)
+    monkeypatch.setattr(PoolReplica, "_construct", slow)
+
+    async def run():
+        pool = await new_pool(checkpoints, 3)
+        await pool.translate_with("m0", job(DE))
+        loading = asyncio.create_task(pool.translate_with("m1", job(DE)))
+        await asyncio.sleep(0.2)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            assert texts_of(await pool.translate_with("m0", job(DE))) == reference["m0"]
+        assert not loading.done(), "m1's load ended before m0's requests: the test proves nothing"
+        release.set()
+        assert texts_of(await loading) == reference["m1"]
+        await pool.__del__()
+        return time.perf_counter() - t0
+    asyncio.run(run())
+
+
+def test_memory_budget_evicts_until_the_models_fit(checkpoints, reference, replica_context):
+    async def run():
+        pool = await new_pool(checkpoints, 3)
+        await pool.translate_with("m0", job(DE))
+        one = pool.resident["m0"].bytes
+        await pool.__del__()
+        pool = await new_pool(checkpoints, 3, memory_budget_bytes=int(1.5 * one))
+        for m in ("m0", "m1", "m2"):
+            assert texts_of(await pool.translate_with(m, job(DE))) == reference[m]
+            assert list(pool.resident) == [m], pool.residency()
+        await pool.__del__()
+    asyncio.run(run())
+
+
+def test_models_dir_lists_checkpoints_and_marian_folders_named_by_folder(checkpoints, tmp_path):
+    from service.app import AppArgs, deployment_options
+    from service.pool import discover_models
+    root = tmp_path / "models"
+    root.mkdir()
+    shutil.copytree(checkpoints["m0"], root / "de-en-tiny")
+    from tests.tiny_marian import make_marian_dir
+    make_marian_dir(root / "opus-mt-tiny")
+    (root / "notes").mkdir()                          # not a model: skipped
+    assert sorted(discover_models(root)) == ["de-en-tiny", "opus-mt-tiny"]
+    args = AppArgs.model_validate({"models": [], "ingress": "separate",
+                                   "pool": {"models_dir": str(root), "max_models_per_replica": 2,
+                                            "deployment": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2,
+                                                                                  "target_ongoing_requests": 8}}}})
+    opts = deployment_options(args)
+    assert opts["Pool"]["autoscaling_config"]["target_ongoing_requests"] == 8 and "num_replicas" not in opts["Pool"]
+    with pytest.raises(ValueError, match="ingress: separate"):
+        AppArgs.model_validate({"pool": {"models_dir": str(root)}})
+    with pytest.raises(ValueError, match="holds no model"):
+        AppArgs.model_validate({"ingress": "separate", "pool": {"models_dir": str(root / "notes")}})
+    with pytest.raises(ValueError, match="unique names"):
+        AppArgs.model_validate({"ingress": "separate", "models": [{"name": "opus-mt-tiny",
+                                                                   "checkpoint": str(checkpoints["m1"])}],
+                                "pool": {"models_dir": str(root)}})
+    # a folder with a config.json that is not a model: the build names it
+    (root / "broken").mkdir()
+    (root / "broken" / "config.json").write_text("{}")
+    from service.app import build_app
+    with pytest.raises(Exception, match="broken"):
+        build_app({"models": [], "ingress": "separate", "pool": {"models_dir": str(root)}})
