@@ -31,7 +31,7 @@ from ray.serve.schema import (DeploymentSchema, HTTPOptionsSchema, LoggingConfig
 
 from service import metrics as service_metrics
 from service.__main__ import load_config
-from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, build_app, deployment_options
+from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, PoolSpec, build_app, deployment_options
 from service.engine import EngineConfig
 from service.ray_env import GRPC_MESSAGE, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, THROUGHPUT, serve_env
 
@@ -52,6 +52,9 @@ NESTED = {
     (ServeApplicationSchema, "logging_config"): LoggingConfig,
     (ServeApplicationSchema, "args"): AppArgs,
     (AppArgs, "models"): ModelSpec,
+    (AppArgs, "pool"): PoolSpec,
+    (PoolSpec, "models"): ModelSpec,
+    (PoolSpec, "deployment"): DeploymentSchema,
     (AppArgs, "translator"): DeploymentSchema,
     (AppArgs, "gateway"): DeploymentSchema,
     (ModelSpec, "deployment"): DeploymentSchema,

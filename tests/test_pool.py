@@ -231,3 +231,148 @@ def test_models_dir_lists_checkpoints_and_marian_folders_named_by_folder(checkpo
     from service.app import build_app
     with pytest.raises(Exception, match="broken"):
         build_app({"models": [], "ingress": "separate", "pool": {"models_dir": str(root)}})
+
+
+def test_pool_serve_config_validates():
+    """deploy/serve_config.pool.yaml: Serve's schema, AppArgs (every key known), a Pool deployment
+    that autoscales on its queue next to the pinned de-en."""
+    import warnings
+    from ray.serve.schema import ServeDeploySchema
+    from service.app import AppArgs, deployment_options
+    from tests.test_deploy import NESTED, load_yaml, unknown_keys
+    raw = load_yaml(Path(__file__).resolve().parents[1] / "deploy" / "serve_config.pool.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = ServeDeploySchema.model_validate(raw)
+    assert (AppArgs, "pool") in NESTED and unknown_keys(ServeDeploySchema, raw) == []
+    [app] = config.applications
+    args = AppArgs.model_validate(app.args)
+    opts = deployment_options(args)
+    assert list(opts) == ["Gateway", "Translator-de-en", "Pool"]
+    assert opts["Pool"]["autoscaling_config"]["max_replicas"] == 2
+    assert opts["Pool"]["user_config"]["max_num_seqs"] == 32
+    names = [s.name for s in args.pool.specs(args.pinned())]
+    assert "en-de" in names and "de-en" not in names     # the pinned model is not in the pool too
+
+
+# ---- the whole app on Ray Serve ------------------------------------------------------------------
+APP, PREFIX = "pool", "/pool"
+
+
+@pytest.fixture(scope="module")
+def pool_app(service_info, checkpoints, tmp_path_factory):
+    """The separate layout with a pinned model and a pool of 2 replicas x 2 models over 5 models
+    (4 checkpoints listed, 1 MarianMT folder found in models_dir), deployed next to the shared service."""
+    from ray import serve
+    from service.app import build_app
+    from tests.tiny_marian import make_marian_dir
+    root = tmp_path_factory.mktemp("pool-app")
+    extra = build_tiny_checkpoint(root / "p3", "de", "en", seed=3, max_len=64)
+    gone = build_tiny_checkpoint(root / "gone", "de", "en", seed=4, max_len=64)
+    make_marian_dir(root / "dir" / "marian")
+    pinned = build_tiny_checkpoint(root / "pinned", "de", "en", seed=7, max_len=64)
+    ckpts = {"p0": checkpoints["m0"], "p1": checkpoints["m1"], "p2": checkpoints["m2"], "p3": extra}
+    args = {"models": [{"name": "pinned", "checkpoint": str(pinned)}], "ingress": "separate", "num_cpus": 0.02,
+            "translator": {"num_replicas": 1}, "gateway": {"ray_actor_options": {"num_cpus": 0.02}},
+            "engine": ENGINE,
+            "pool": {"models": [{"name": n, "checkpoint": str(p)} for n, p in ckpts.items()]
+                     + [{"name": "gone", "checkpoint": str(gone)}],
+                     "models_dir": str(root / "dir"), "max_models_per_replica": 2,
+                     "deployment": {"num_replicas": 2}}}
+    serve.run(build_app(args), name=APP, route_prefix=PREFIX, blocking=False)
+    url = service_info.url + PREFIX
+    deadline = time.time() + 300
+    while True:
+        try:
+            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, "the pool app did not become ready"
+        time.sleep(1)
+    refs = {}
+
+    async def reference():
+        for name, ckpt in {**ckpts, "pinned": pinned, "marian": root / "dir" / "marian"}.items():
+            t = Translator(model_card(name, ckpt), device="cpu")
+            await t.reconfigure(ENGINE)
+            refs[name] = [x.text for x in (await t.translate(job(DE))).translations]
+            await t.stop()
+    asyncio.run(reference())
+    yield types.SimpleNamespace(url=url, refs=refs, gone=gone, metrics_url=service_info.url)
+    serve.delete(APP)
+
+
+def post_pool(url: str, model: str, **fields) -> httpx.Response:
+    return httpx.post(url + "/v1/translate", json={"text": DE, "model": model, "max_new_tokens": 40, **fields},
+                      timeout=120)
+
+
+@pytest.mark.slow
+def test_pool_routes_to_the_replica_that_holds_the_model_beside_a_pinned_model(pool_app):
+    url, refs = pool_app.url, pool_app.refs
+    r = post_pool(url, "p0")
+    assert r.status_code == 200, r.text
+    assert [t["text"] for t in r.json()["translations"]] == refs["p0"]
+    deadline = time.time() + 30
+    while True:      # the directory hears of the load within a moment
+        models = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]}
+        if models["p0"]["loaded_on"]:
+            break
+        assert time.time() < deadline, models["p0"]
+        time.sleep(0.5)
+    holder = models["p0"]["loaded_on"]
+    assert len(holder) == 1 and models["p0"]["pool"] is True
+    assert models["pinned"]["pool"] is False and models["pinned"]["loaded_on"] is None
+    assert models["marian"]["pool"] is True                      # found in models_dir, named by its folder
+    for _ in range(8):            # Serve routes each to the replica holding p0: no second load anywhere
+        r = post_pool(url, "p0")
+        assert [t["text"] for t in r.json()["translations"]] == refs["p0"]
+        p = post_pool(url, "pinned")
+        assert [t["text"] for t in p.json()["translations"]] == refs["pinned"]
+    models = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]}
+    assert models["p0"]["loaded_on"] == holder
+    from tests.conftest import wait_for_metric
+    text = wait_for_metric(pool_app.metrics_url, lambda t: metric_sum(t, "ray_mt_pool_model_loads_total", model="p0") >= 1)
+    assert metric_sum(text, "ray_mt_pool_model_loads_total", model="p0", outcome="ok") == 1
+    assert metric_sum(text, "ray_mt_pool_models_resident") >= 1
+
+
+@pytest.mark.slow
+def test_pool_eviction_under_load_answers_every_request(pool_app):
+    """5 models on 2 replicas x 2: concurrent requests (some streamed) over all of them force
+    evictions while others are in flight; every one is answered with its model's translation."""
+    from tests.conftest import sse_events, wait_for_metric
+    url, refs = pool_app.url, pool_app.refs
+    names = ["p0", "p1", "p2", "p3", "marian"] * 5
+
+    async def run():
+        async with httpx.AsyncClient(timeout=180) as client:
+            async def one(i, model):
+                body = {"text": DE, "model": model, "max_new_tokens": 40, "stream": i % 4 == 0}
+                r = await client.post(url + "/v1/translate", json=body)
+                return model, r
+            return await asyncio.gather(*(one(i, m) for i, m in enumerate(names)))
+    for model, r in asyncio.run(run()):
+        assert r.status_code == 200, (model, r.text)
+        if r.headers["content-type"].startswith("text/event-stream"):
+            final = [d for e, d in sse_events(r.text) if e == "response"][0]
+        else:
+            final = r.json()
+        assert [t["text"] for t in final["translations"]] == refs[model], model
+    wait_for_metric(pool_app.metrics_url, lambda t: metric_sum(t, "ray_mt_pool_model_evictions_total") >= 1)
+
+
+@pytest.mark.slow
+def test_pool_load_failures_name_the_model_and_the_replica_stays_healthy(pool_app):
+    url, refs = pool_app.url, pool_app.refs
+    r = post_pool(url, "nope")
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    shutil.rmtree(pool_app.gone)
+    r = post_pool(url, "gone")
+    assert r.status_code == 503, r.text
+    message = r.json()["error"]["message"]
+    assert "gone" in message and "FileNotFoundError" in message and r.headers.get("retry-after")
+    for model in ("p1", "pinned"):
+        r = post_pool(url, model)
+        assert r.status_code == 200 and [t["text"] for t in r.json()["translations"]] == refs[model]
