@@ -148,7 +148,10 @@ class AppArgs(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "AppArgs":
-        pooled = self.pool.specs(self.pinned()) if self.pool is not None else []
+        try:
+            pooled = self.pool.specs(self.pinned()) if self.pool is not None else []
+        except FileNotFoundError as e:       # a models_dir that is missing or holds no model
+            raise ValueError(str(e)) from None
         names = [m.name for m in (*self.models, *pooled)]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"models, pool: expected at least one model, with unique names, got {names}")

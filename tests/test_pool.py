@@ -59,6 +59,9 @@ def replica_context(monkeypatch):
     import ray.serve.multiplex as multiplex
     ctx = types.SimpleNamespace(app_name="test", deployment="Pool", replica_id="replica-test")
     monkeypatch.setattr(multiplex, "_get_internal_replica_context", lambda: ctx)
+    # and it tells Serve's controller what it holds: no controller here (none is started)
+    controller = types.SimpleNamespace(record_request_routing_info=lambda info: None)
+    monkeypatch.setattr(multiplex, "_get_global_client", lambda: controller)
 
 
 async def new_pool(checkpoints, max_models, **kw):
@@ -167,7 +170,7 @@ def test_a_load_does_not_stall_the_other_models(checkpoints, reference, replica_
 
     def slow(self, card):
         if card.id == "m1":
-            release.wait(10)
+            release.wait(300)
         return real(self, card)
     monkeypatch.setattr(PoolReplica, "_construct", slow)
 
@@ -221,10 +224,14 @@ def test_models_dir_lists_checkpoints_and_marian_folders_named_by_folder(checkpo
         AppArgs.model_validate({"pool": {"models_dir": str(root)}})
     with pytest.raises(ValueError, match="holds no model"):
         AppArgs.model_validate({"ingress": "separate", "pool": {"models_dir": str(root / "notes")}})
-    with pytest.raises(ValueError, match="unique names"):
-        AppArgs.model_validate({"ingress": "separate", "models": [{"name": "opus-mt-tiny",
-                                                                   "checkpoint": str(checkpoints["m1"])}],
-                                "pool": {"models_dir": str(root)}})
+    # a pinned model found in models_dir too: served pinned, not by the pool
+    pinned = AppArgs.model_validate({"ingress": "separate", "models": [{"name": "opus-mt-tiny",
+                                                                        "checkpoint": str(root / "opus-mt-tiny")}],
+                                     "pool": {"models_dir": str(root)}})
+    assert [m.name for m in pinned.pool.specs(pinned.pinned())] == ["de-en-tiny"]
+    with pytest.raises(ValueError, match="unique names"):     # listed in both: which one is meant?
+        AppArgs.model_validate({"ingress": "separate", "models": [{"name": "x", "checkpoint": str(checkpoints["m1"])}],
+                                "pool": {"models": [{"name": "x", "checkpoint": str(checkpoints["m2"])}]}})
     # a folder with a config.json that is not a model: the build names it
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{}")

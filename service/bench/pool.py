@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import shutil
 import statistics
@@ -173,6 +174,52 @@ def pool_counters(url: str) -> dict[str, float]:
     return out
 
 
+def zipf_rates(total: float, pairs: int, s: float) -> list[float]:
+    """Requests/s of each of ``pairs`` pairs when ``total`` requests/s follow Zipf(s) over them, hottest first."""
+    w = [1.0 / r ** s for r in range(1, pairs + 1)]
+    return [total * x / sum(w) for x in w]
+
+
+def capacity(rates: list[float], mu: float, k: int, utilization: float = 0.7) -> dict:
+    """Replicas that serve ``rates`` (requests/s per pair) when one replica sustains ``mu`` requests/s
+    of a model and holds at most ``k`` models, each replica kept at ``utilization`` of ``mu``:
+
+    per-model: every pair its own deployment, sum over pairs of max(1, ceil(rate / (u mu))).
+    pool: ceil-free packing: each pair's whole multiples of u mu get replicas of their own (one model
+    each, always resident); the remainders are packed first-fit decreasing into replicas of at most
+    ``k`` models and u mu requests/s. Every model then stays resident (no load after start-up);
+    ``copies`` is how many model copies the pool holds (each loaded once, ``load_s`` each)."""
+    cap = utilization * mu
+    per_model = sum(max(1, math.ceil(r / cap - 1e-9)) for r in rates)
+    full = [int(r // cap) for r in rates]
+    rest = sorted((r - f * cap for r, f in zip(rates, full) if r - f * cap > 1e-9), reverse=True)
+    bins: list[list[float]] = []
+    for r in rest:
+        for b in bins:
+            if b[0] + r <= cap and b[1] < k:
+                b[0] += r
+                b[1] += 1
+                break
+        else:
+            bins.append([r, 1])
+    return {"per_model": per_model, "pool": sum(full) + len(bins), "copies": sum(full) + len(rest),
+            "compute_bound": math.ceil(sum(rates) / cap - 1e-9)}
+
+
+def capacity_report(total: float, pairs: int, s: float, mu: float, load_s: float, k: int,
+                    utilization: float) -> None:
+    rates = zipf_rates(total, pairs, s)
+    c = capacity(rates, mu, k, utilization)
+    print(f"{total:g} requests/s over {pairs} pairs, Zipf s={s}: hottest {rates[0]:.1f}/s, coldest {rates[-1]:.2f}/s")
+    print(f"one replica: mu = {mu:g} requests/s of a model, kept at {utilization:.0%}; holds k = {k} models; "
+          f"a load takes {load_s:g} s")
+    print(f"per-model deployments: {c['per_model']} replicas")
+    print(f"pool:                  {c['pool']} replicas ({c['copies']} model copies, loaded once: "
+          f"{c['copies'] * load_s:.0f} replica-seconds of loading at start-up); compute alone needs {c['compute_bound']}")
+    for kk in sorted({1, 2, k, 2 * k}):
+        print(f"  pool with k = {kk}: {capacity(rates, mu, kk, utilization)['pool']} replicas")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m service.bench.pool", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,7 +232,17 @@ def main(argv=None) -> None:
     ap.add_argument("--max-seconds", type=float, default=240, help="time bound of each measured phase")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--layouts", default="pool,per-model")
+    cap = ap.add_argument_group("capacity model (no benchmark run): python -m service.bench.pool --capacity ...")
+    cap.add_argument("--capacity", action="store_true", help="print the replicas a traffic mix needs, then exit")
+    cap.add_argument("--rate", type=float, default=1000.0, help="requests/s in all")
+    cap.add_argument("--pairs", type=int, default=50)
+    cap.add_argument("--mu", type=float, default=20.0, help="requests/s one replica sustains for one model")
+    cap.add_argument("--load-s", type=float, default=1.0, help="seconds to load a model")
+    cap.add_argument("--utilization", type=float, default=0.7)
     args = ap.parse_args(argv)
+    if args.capacity:
+        capacity_report(args.rate, args.pairs, args.zipf, args.mu, args.load_s, args.max_models, args.utilization)
+        return
     root = Path(tempfile.mkdtemp(prefix="mt-bench-pool-"))
     try:
         t0 = time.perf_counter()
