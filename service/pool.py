@@ -90,9 +90,14 @@ class ResidentModel:
         self.last_used = time.time()
         self.idle = asyncio.Event()
         self.idle.set()
+        self._on_evict = on_evict
+        self.arm()
 
+    def arm(self) -> None:
+        """(Re)install the eviction hook: Serve's multiplexer replaces an evicted model's ``__del__``
+        with a stub, so a model taken back while draining needs its own again."""
         async def evicted() -> None:              # awaited by Serve's multiplexer on eviction
-            await on_evict(self)
+            await self._on_evict(self)
         self.__del__ = evicted
 
     @contextlib.contextmanager
@@ -179,10 +184,14 @@ class PoolReplica:
         card = self.cards.get(model_id)
         if card is None:
             raise ServiceError(404, f"model: unknown model {model_id!r}; the pool serves {sorted(self.cards)}", "model")
+        wrapper = self._wrapper()
+        for lost in [m for m in self.resident if wrapper is not None and m not in wrapper.models]:
+            await self._evict(self.resident[lost])    # dropped by the multiplexer without its hook: drain it
         back = self.draining.pop(model_id, None)
         if back is not None and back.state == "draining":    # evicted but still serving: take it back
             self._teardowns.pop(model_id).cancel()
             back.state = "resident"
+            back.arm()
             self.resident[model_id] = back
             logger.info("pool: model %s taken back while draining (no reload)", model_id)
             self._changed()

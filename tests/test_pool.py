@@ -126,6 +126,10 @@ def test_a_request_for_a_draining_model_takes_it_back_without_a_reload(checkpoin
         assert texts_of(again) == reference["m0"]
         assert texts_of([item async for item in held][-1]) == reference["m0"]
         assert pool.loads == {"m0": 1, "m1": 1} and pool.evictions == {"m0": 1, "m1": 1}   # no reload of m0
+        assert texts_of(await pool.translate_with("m2", job(DE))) == reference["m2"]   # evicts m0 again
+        assert pool.evictions["m0"] == 2 and m0.state in ("draining", "stopping", "stopped")
+        await asyncio.gather(*list(pool._teardowns.values()))
+        assert m0.state == "stopped" and list(pool.resident) == ["m2"]
         await pool.__del__()
     asyncio.run(run())
 
@@ -307,7 +311,10 @@ def pool_app(service_info, checkpoints, tmp_path_factory):
             await t.stop()
     asyncio.run(reference())
     yield types.SimpleNamespace(url=url, refs=refs, gone=gone, metrics_url=service_info.url)
-    serve.delete(APP)
+    serve.delete(APP, _blocking=False)
+    deadline = time.time() + 300       # a loaded 2-core machine can take more than serve.delete's 60 s
+    while APP in serve.status().applications and time.time() < deadline:
+        time.sleep(1)
 
 
 def post_pool(url: str, model: str, **fields) -> httpx.Response:
