@@ -197,11 +197,14 @@ class PoolReplica:
             self._changed()
             return back
         await self._fit(self.cards_bytes(model_id))
-        t0 = time.perf_counter()
+        t0, translator = time.perf_counter(), None
         try:
             translator = await asyncio.to_thread(self._construct, card)
             await translator.reconfigure({**self.engine, **card.engine})
         except Exception as e:  # noqa: BLE001 - a failed load is an answer naming the model and the cause
+            if translator is not None:
+                with contextlib.suppress(Exception):
+                    await translator.stop()
             self.metrics.load(model_id, "failed", time.perf_counter() - t0)
             cause = "out of memory" if isinstance(e, MemoryError) else f"{type(e).__name__}: {e}"
             logger.warning("pool: loading model %s failed: %s", model_id, cause)
