@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from .metrics import PoolMetrics
 logger = logging.getLogger("ray.serve")
 MULTIPLEX_WRAPPER = "__serve_multiplex_wrapper"   # where serve.multiplexed keeps its LRU cache on the function
 HEARTBEAT_S = 5.0          # a pool replica re-reports what it holds this often
+REPORT_TIMEOUT_S = 2.0   # a report the directory does not take within this is dropped (the next one follows)
 STALE_S = 3 * HEARTBEAT_S  # the directory forgets a replica not heard of for this long (it died)
 
 
@@ -275,13 +275,11 @@ class PoolReplica:
             self._changed()
 
     def _free(self, rm: ResidentModel) -> None:
-        """Drop the model's weights and KV cache now (objects that ``tune_process``'s gc.freeze
-        moved out of the collector's reach come back to it for this collection)."""
+        """Drop the model's weights and KV cache now: the last references, freed by reference
+        counting (no cycle holds them; tests/test_pool.py checks it), without a full collection
+        pausing the event loop. glibc keeps the freed memory for the next load (``tune_process``)."""
         rm.translator.engine = None
         rm.translator.model = None
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
 
     # ---- residency reports ----------------------------------------------------------------------
     def residency(self) -> dict:
@@ -297,7 +295,7 @@ class PoolReplica:
 
     async def _report(self) -> None:
         try:
-            await self.directory.report.remote(self.residency())
+            await asyncio.wait_for(self.directory.report.remote(self.residency()), timeout=REPORT_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - reporting never fails a request
             logger.warning("pool: reporting residency failed: %s", e)
 
@@ -370,8 +368,8 @@ class PoolReplica:
             await self._evict(rm)
         await asyncio.gather(*list(self._teardowns.values()), return_exceptions=True)
         if self.directory is not None:
-            with contextlib.suppress(Exception):
-                await self.directory.forget.remote(self.replica_id)
+            with contextlib.suppress(Exception):    # the directory may be stopping too
+                await asyncio.wait_for(self.directory.forget.remote(self.replica_id), timeout=REPORT_TIMEOUT_S)
         flush_serve_log()
 
 

@@ -220,6 +220,15 @@ def capacity_report(total: float, pairs: int, s: float, mu: float, load_s: float
         print(f"  pool with k = {kk}: {capacity(rates, mu, kk, utilization)['pool']} replicas")
 
 
+def delete(app: ServeApp, timeout_s: float = 300.0) -> None:
+    """Delete the app and wait until it is gone (a loaded machine takes more than serve.delete's 60 s)."""
+    from ray import serve
+    serve.delete(app.name, _blocking=False)
+    end = time.monotonic() + timeout_s
+    while app.name in serve.status().applications and time.monotonic() < end:
+        time.sleep(1)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m service.bench.pool", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -285,8 +294,7 @@ def main(argv=None) -> None:
                 print(f"{layout:>9}: ready {ready_s:5.0f} s, {r['rps']:5.2f} req/s, p50 {r['p50'] * 1e3:6.0f} ms, "
                       f"p99 {r['p99'] * 1e3:6.0f} ms, answered {r['answered']}/{len(sequence)} errors {r['errors']}, "
                       f"loads {r['loads']:.0f}, evictions {r['evictions']:.0f}, RSS {r['rss']:.0f} MiB", flush=True)
-                app.delete()
-                time.sleep(3)
+                delete(app)
         finally:
             app.close()
         print(f"\n{len(names)} models, Zipf s={args.zipf}, {args.requests} requests, {args.clients} clients, "
