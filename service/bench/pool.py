@@ -8,7 +8,8 @@ vocab.json, tokenizer_config.json) with random weights, the shipped models' size
 layers, 8 heads, FFN 1024) and SentencePiece models trained on Multi30k val. Traffic: each request
 names a model drawn from a Zipf distribution over them (rank r with probability ~ 1/r^s, the
 same seeded sequence for both layouts) and carries one Multi30k test sentence, greedy, at most
-``--max-new-tokens`` tokens; ``--clients`` closed-loop clients send ``--requests`` requests in all.
+``--max-new-tokens`` tokens; ``--clients`` closed-loop clients send ``--requests`` requests in all,
+after one request for each shipped model (``--warm-all``: for every model, so the pool starts warm).
 
 Layouts, both ``ingress: separate`` behind a 0.2-CPU Gateway on ``--num-cpus`` CPUs:
     pool:      a Pool deployment of 2 replicas x 0.8 CPU, each holding up to ``--max-models`` models
@@ -241,6 +242,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-seconds", type=float, default=240, help="time bound of each measured phase")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--layouts", default="pool,per-model")
+    ap.add_argument("--warm-all", action="store_true",
+                    help="one request per model before measuring (default: the two shipped ones only)")
     cap = ap.add_argument_group("capacity model (no benchmark run): python -m service.bench.pool --capacity ...")
     cap.add_argument("--capacity", action="store_true", help="print the replicas a traffic mix needs, then exit")
     cap.add_argument("--rate", type=float, default=1000.0, help="requests/s in all")
@@ -281,7 +284,8 @@ def main(argv=None) -> None:
                 t0 = time.perf_counter()
                 app.deploy(layouts[layout], timeout_s=900)
                 ready_s = time.perf_counter() - t0
-                warm = asyncio.run(drive(app.url, names[:2] * 2, texts, 2, args.max_new_tokens, 60))   # noqa: F841
+                warm = names if args.warm_all else names[:2] * 2    # --warm-all: every model loaded before
+                asyncio.run(drive(app.url, warm, texts, 2, args.max_new_tokens, 300))
                 before = pool_counters(app.url)
                 r = asyncio.run(drive(app.url, sequence, texts, args.clients, args.max_new_tokens, args.max_seconds))
                 time.sleep(2)                # Ray exports metrics every second or so
