@@ -41,6 +41,7 @@ from model.tokenizer import read_lines
 from service.loadtest.serve_app import ServeApp
 
 DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k"
+EXPORT_S = 11.0   # Ray's metrics_report_interval_ms is 10 s: a counter read sooner misses recent loads
 # made-up pair names for the random MarianMT models (the languages do not matter to random weights)
 PAIRS = ["fr-en", "es-en", "it-en", "nl-en", "pt-en", "sv-en", "da-en", "fi-en", "pl-en", "cs-en", "ro-en",
          "hu-en", "el-en", "bg-en", "sk-en", "sl-en", "et-en", "lv-en", "lt-en", "hr-en", "ca-en", "gl-en"]
@@ -286,9 +287,10 @@ def main(argv=None) -> None:
                 ready_s = time.perf_counter() - t0
                 warm = names if args.warm_all else names[:2] * 2    # --warm-all: every model loaded before
                 asyncio.run(drive(app.url, warm, texts, 2, args.max_new_tokens, 300))
+                time.sleep(EXPORT_S)         # Ray's metrics agent exports every 10 s: the warm-up's loads first
                 before = pool_counters(app.url)
                 r = asyncio.run(drive(app.url, sequence, texts, args.clients, args.max_new_tokens, args.max_seconds))
-                time.sleep(2)                # Ray exports metrics every second or so
+                time.sleep(EXPORT_S)
                 after = pool_counters(app.url)
                 r.update(ready_s=ready_s, loads=after["loads"] - before["loads"],
                          evictions=after["evictions"] - before["evictions"],
