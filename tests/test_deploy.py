@@ -131,7 +131,8 @@ def test_serve_config_validates_against_ray_serve_schema(path):
     assert 0 < auto.upscale_delay_s and 0 < auto.downscale_delay_s
 
 
-@pytest.mark.parametrize("path", [*SERVE_CONFIGS, DEPLOY / "two_replicas.yaml"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*SERVE_CONFIGS, DEPLOY / "two_replicas.yaml", DEPLOY / "serve_config.pool.yaml"],
+                         ids=lambda p: p.name)
 def test_one_config_shape(path, tmp_path):
     """A serve config's args, the same keys as a python -m service --config file (YAML or JSON, or the
     serve config itself) and as build_app's argument: one parsed AppArgs, the same deployments."""
