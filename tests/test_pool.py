@@ -17,7 +17,7 @@ import pytest
 
 from service.protocol import TranslateJob, TranslateResponse
 from service.translator import Translator, model_card
-from tests.conftest import build_tiny_checkpoint, metric_sum, scrape
+from conftest import build_tiny_checkpoint, metric_sum, sse_events, wait_for_metric
 
 ENGINE = {"max_num_seqs": 8, "max_waiting": 64, "linear_dtype": "float32"}
 DE = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt mit dem Fahrrad.", "Eine Frau liest ein Buch im Park."]
@@ -212,7 +212,7 @@ def test_models_dir_lists_checkpoints_and_marian_folders_named_by_folder(checkpo
     root = tmp_path / "models"
     root.mkdir()
     shutil.copytree(checkpoints["m0"], root / "de-en-tiny")
-    from tests.tiny_marian import make_marian_dir
+    from tiny_marian import make_marian_dir
     make_marian_dir(root / "opus-mt-tiny")
     (root / "notes").mkdir()                          # not a model: skipped
     assert sorted(discover_models(root)) == ["de-en-tiny", "opus-mt-tiny"]
@@ -248,7 +248,7 @@ def test_pool_serve_config_validates():
     import warnings
     from ray.serve.schema import ServeDeploySchema
     from service.app import AppArgs, deployment_options
-    from tests.test_deploy import NESTED, load_yaml, unknown_keys
+    from test_deploy import NESTED, load_yaml, unknown_keys
     raw = load_yaml(Path(__file__).resolve().parents[1] / "deploy" / "serve_config.pool.yaml")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -274,7 +274,7 @@ def pool_app(service_info, checkpoints, tmp_path_factory):
     (4 checkpoints listed, 1 MarianMT folder found in models_dir), deployed next to the shared service."""
     from ray import serve
     from service.app import build_app
-    from tests.tiny_marian import make_marian_dir
+    from tiny_marian import make_marian_dir
     root = tmp_path_factory.mktemp("pool-app")
     extra = build_tiny_checkpoint(root / "p3", "de", "en", seed=3, max_len=64)
     gone = build_tiny_checkpoint(root / "gone", "de", "en", seed=4, max_len=64)
@@ -344,7 +344,6 @@ def test_pool_routes_to_the_replica_that_holds_the_model_beside_a_pinned_model(p
         assert [t["text"] for t in p.json()["translations"]] == refs["pinned"]
     models = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]}
     assert models["p0"]["loaded_on"] == holder
-    from tests.conftest import wait_for_metric
     text = wait_for_metric(pool_app.metrics_url, lambda t: metric_sum(t, "ray_mt_pool_model_loads_total", model="p0") >= 1)
     assert metric_sum(text, "ray_mt_pool_model_loads_total", model="p0", outcome="ok") == 1
     assert metric_sum(text, "ray_mt_pool_models_resident") >= 1
@@ -354,7 +353,6 @@ def test_pool_routes_to_the_replica_that_holds_the_model_beside_a_pinned_model(p
 def test_pool_eviction_under_load_answers_every_request(pool_app):
     """5 models on 2 replicas x 2: concurrent requests (some streamed) over all of them force
     evictions while others are in flight; every one is answered with its model's translation."""
-    from tests.conftest import sse_events, wait_for_metric
     url, refs = pool_app.url, pool_app.refs
     names = ["p0", "p1", "p2", "p3", "marian"] * 5
 
