@@ -347,6 +347,8 @@ def test_pool_routes_to_the_replica_that_holds_the_model_beside_a_pinned_model(p
     text = wait_for_metric(pool_app.metrics_url, lambda t: metric_sum(t, "ray_mt_pool_model_loads_total", model="p0") >= 1)
     assert metric_sum(text, "ray_mt_pool_model_loads_total", model="p0", outcome="ok") == 1
     assert metric_sum(text, "ray_mt_pool_models_resident") >= 1
+    assert metric_sum(text, "ray_mt_pool_model_load_seconds_count", model="p0") == 1
+    assert metric_sum(text, "ray_mt_pool_resident_bytes") > 0
 
 
 @pytest.mark.slow
