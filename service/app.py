@@ -10,6 +10,8 @@ Layouts (``ingress``; docs/deploy.md#configuration):
         continuous-batching Engine in the same process, no hop between processes)
     separate: HTTP proxy -> Gateway -> Translator-<model> replicas (``TranslatorReplica``), one
         deployment per model with its own replicas, resources and autoscaling
+    separate + ``pool:``: also a ``Pool`` deployment whose replicas load the pool's models on demand
+        (Serve's model multiplexing, ``service/pool.py``) next to the pinned per-model deployments
 Concurrent requests reach a translator directly (no @serve.batch): each sentence is one engine call,
 and the engine merges all of them into its prefill and decode batches. ``engine`` reaches the
 replicas as their ``user_config`` and applies in place (``reconfigure``). ``max_ongoing_requests`` is
@@ -62,6 +64,31 @@ class ModelSpec(BaseModel):
     target_lang: Optional[str] = None
     engine: dict = Field(default_factory=dict)            # EngineConfig overrides for this model
     deployment: dict = Field(default_factory=dict)        # Serve deployment option overrides for this model
+
+
+class PoolSpec(BaseModel):
+    """The model pool (``ingress: separate`` only; docs/deploy.md#model-pool): replicas that load a
+    model on its first request and evict the least recently used idle one."""
+    model_config = ConfigDict(extra="forbid")
+    models: list[ModelSpec] = Field(default_factory=list)   # declared one by one (name + checkpoint)
+    models_dir: Optional[str] = None      # and/or: each checkpoint or MarianMT folder under it, named by folder
+    max_models_per_replica: int = Field(3, ge=1)            # Serve's max_num_models_per_replica
+    memory_budget_mb: Optional[float] = Field(None, gt=0, allow_inf_nan=False)   # weights + KV caches per replica
+    engine: dict = Field(default_factory=dict)        # EngineConfig overrides for every pool model (user_config)
+    deployment: dict = Field(default_factory=dict)    # Serve options of the Pool deployment (replicas, autoscaling)
+
+    @field_validator("models", "engine", "deployment", mode="before")
+    @classmethod
+    def _json_text(cls, v: Any) -> Any:
+        return json.loads(v) if isinstance(v, str) else v
+
+    def specs(self, pinned: frozenset = frozenset()) -> list[ModelSpec]:
+        """The pool's models: the listed ones, then one per model folder under ``models_dir``
+        (``service.pool.discover_models``; FileNotFoundError when it is missing or holds none)
+        except those named in ``pinned`` (served by their own deployments instead)."""
+        from .pool import discover_models
+        found = discover_models(self.models_dir) if self.models_dir else {}
+        return list(self.models) + [ModelSpec(name=n, checkpoint=str(p)) for n, p in found.items() if n not in pinned]
 
 
 def shipped_models(directory: Path = DEFAULT_CHECKPOINT.parent) -> list[ModelSpec]:
@@ -125,7 +152,10 @@ class AppArgs(BaseModel):
     memory_file: Optional[str] = None                     # the memory's SQLite file; None = DEFAULT_MEMORY_FILE
     memory_cache_entries: int = Field(0, ge=0)            # LRU cache of the model's translations per replica; 0 = off
 
-    @field_validator("models", "engine", "translator", "gateway", "rate_limit", "documents", "cors_origins",
+    # models loaded on demand across a replica pool (ingress: separate; None = no pool)
+    pool: Optional[PoolSpec] = None
+
+    @field_validator("models", "engine", "translator", "gateway", "rate_limit", "documents", "cors_origins", "pool",
                      mode="before")
     @classmethod
     def _json_text(cls, v: Any) -> Any:
@@ -145,10 +175,22 @@ class AppArgs(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "AppArgs":
-        names = [m.name for m in self.models]
+        try:
+            pooled = self.pool.specs(self.pinned()) if self.pool is not None else []
+        except FileNotFoundError as e:       # a models_dir that is missing or holds no model
+            raise ValueError(str(e)) from None
+        names = [m.name for m in (*self.models, *pooled)]
         if not names or len(set(names)) != len(names):
-            raise ValueError(f"models: expected at least one, with unique names, got {names}")
+            raise ValueError(f"models, pool: expected at least one model, with unique names, got {names}")
         engines = {m.name: EngineConfig.from_dict({**self.engine, **m.engine}) for m in self.models}
+        if self.pool is not None:
+            if self.ingress != "separate":
+                raise ValueError("pool: a model pool needs ingress: separate (a Gateway in front of the Pool deployment)")
+            _deployment_options(self.pool.deployment)
+            pool_engines = [EngineConfig.from_dict({**self.engine, **self.pool.engine, **m.engine}) for m in pooled]
+            for name in ("cpu_kernels", "fused_step"):      # process-wide (service/engine/process.py)
+                if len({getattr(e, name) for e in pool_engines}) > 1:
+                    raise ValueError(f"pool: engine.{name}: the models of one pool replica must agree")
         for m in self.models:
             _deployment_options(m.deployment)
         if self.ingress == "translator":
@@ -162,6 +204,11 @@ class AppArgs(BaseModel):
                 if len({getattr(e, name) for e in engines.values()}) > 1:
                     raise ValueError(f"engine.{name}: the models of one process must agree (ingress: translator)")
         return self
+
+
+    def pinned(self) -> frozenset:
+        """Names of the models with their own deployments (a pool's models_dir skips them)."""
+        return frozenset(m.name for m in self.models)
 
 
 def _cluster_has_gpu() -> bool:
@@ -199,6 +246,17 @@ def translator_options(args: AppArgs, spec: ModelSpec) -> dict:
     opts.update(spec.deployment)
     if "autoscaling_config" in opts:
         opts.pop("num_replicas", None)
+    return opts
+
+
+def pool_options(args: AppArgs) -> dict:
+    """Serve deployment options of the ``Pool`` deployment: a translator deployment's (CPUs, queue
+    bounds, autoscaling on its ongoing requests, drain), with ``translator:`` and then
+    ``pool.deployment`` over them; user_config is ``engine`` with ``pool.engine`` over it."""
+    pool = args.pool
+    spec = ModelSpec(name="pool", engine=pool.engine, deployment=pool.deployment)
+    opts = translator_options(args, spec)
+    opts.update(name="Pool", user_config={**args.engine, **pool.engine})
     return opts
 
 
@@ -314,6 +372,8 @@ def deployment_options(args: AppArgs) -> dict[str, dict]:
                                                  "per_model": {s.name: s.engine for s in args.models}})
         return {"Gateway": opts}
     translators = [translator_options(args, s) for s in args.models]
+    if args.pool is not None:
+        translators.append(pool_options(args))
     return {"Gateway": gateway_options(args), **{o["name"]: o for o in translators}}
 
 
@@ -326,6 +386,8 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
     args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
     cards = [dataclasses.replace(model_card(s.name, s.checkpoint, s.source_lang, s.target_lang), engine=s.engine)
              for s in args.models]
+    pool_cards = [dataclasses.replace(model_card(s.name, s.checkpoint, s.source_lang, s.target_lang),
+                                      engine={**args.pool.engine, **s.engine}) for s in args.pool.specs(args.pinned())] if args.pool is not None else []
     opts = deployment_options(args)
     gateway = opts["Gateway"]
     clients = client_settings(args)
@@ -337,6 +399,17 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
     handles = {s.name: serve.deployment(TranslatorReplica, **(o := opts[f"Translator-{s.name}"])).bind(
                    card, o["graceful_shutdown_timeout_s"], clients["memory_file"], clients["cache_entries"])
                for s, card in zip(args.models, cards)}
-    return serve.deployment(Gateway, **gateway).bind(cards, handles, args.engine, 1, guard_settings(args, gateway),
-                                                     args.max_timeout_s, clients, pivot_lang=args.pivot_lang,
-                                                     documents=args.documents)
+    pool = None
+    if args.pool is not None:
+        from .pool import PoolDirectory, PoolReplica
+        o = opts["Pool"]
+        directory = serve.deployment(PoolDirectory, name="PoolDirectory", num_replicas=1,
+                                     ray_actor_options={"num_cpus": 0}).bind()
+        budget = int(args.pool.memory_budget_mb * 2 ** 20) if args.pool.memory_budget_mb else None
+        pool = {"handle": serve.deployment(PoolReplica, **o).bind(pool_cards, args.pool.max_models_per_replica, budget,
+                                                                  o["graceful_shutdown_timeout_s"], directory,
+                                                                  clients["memory_file"], clients["cache_entries"]),
+                "directory": directory, "models": [c.id for c in pool_cards]}
+    return serve.deployment(Gateway, **gateway).bind(cards + pool_cards, handles, args.engine, 1,
+                                                     guard_settings(args, gateway), args.max_timeout_s, clients,
+                                                     pivot_lang=args.pivot_lang, documents=args.documents, pool=pool)

@@ -64,6 +64,16 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mt_kv_cache_usage_ratio": ("gauge", "fraction of KV-cache blocks in use, 0..1", ("model",)),
     "mt_replicas_ready": ("gauge", "1 per translator replica whose model is loaded and engine running",
                           ("model",)),
+    # model pool (recorded by the pool replica; service/pool.py)
+    "mt_pool_model_loads_total": ("counter", "models a pool replica loaded on demand, by model and outcome (ok, failed)",
+                                  ("model", "outcome")),
+    "mt_pool_model_load_seconds": ("histogram", "time to load a model on a pool replica (read, prepare, start its "
+                                   "engine), seconds", ("model",)),
+    "mt_pool_model_evictions_total": ("counter", "models a pool replica evicted (least recently used), by model",
+                                      ("model",)),
+    "mt_pool_models_resident": ("gauge", "models resident on a pool replica (the replica label says which)", ()),
+    "mt_pool_resident_bytes": ("gauge", "weights and KV caches of the models a pool replica holds, evicted ones "
+                               "still draining included, bytes", ()),
     # text preparation (recorded by the translator replica)
     "mt_sentence_split_fallbacks_total": ("counter", "lines cut by the fallback sentence splitter, by reason "
                                           "(error: the segmenter raised; timeout: the text's segmenter time "
@@ -77,7 +87,7 @@ _BUCKETS = {"mt_request_duration_seconds": LATENCY_BUCKETS_S, "mt_queue_wait_sec
             "mt_time_to_first_token_seconds": LATENCY_BUCKETS_S, "mt_sentence_duration_seconds": LATENCY_BUCKETS_S,
             "mt_time_per_output_token_seconds": STEP_BUCKETS_S, "mt_prefill_duration_seconds": STEP_BUCKETS_S,
             "mt_decode_step_duration_seconds": STEP_BUCKETS_S, "mt_prefill_batch_size": BATCH_BUCKETS,
-            "mt_decode_batch_size": BATCH_BUCKETS}
+            "mt_decode_batch_size": BATCH_BUCKETS, "mt_pool_model_load_seconds": LATENCY_BUCKETS_S}
 
 
 def exported_names() -> list[str]:
@@ -204,6 +214,27 @@ class EngineMetrics:
         """Count the lines of one text that the fallback sentence splitter cut (``Split.fallbacks``)."""
         for reason in reasons:
             self.sentence_split_fallbacks_total.inc(1, tags={**self.tags, "reason": reason})
+
+
+class PoolMetrics:
+    """A pool replica's loads, evictions and residency (``service.pool``); one per pool replica."""
+
+    def __init__(self):
+        for name in ("mt_pool_model_loads_total", "mt_pool_model_load_seconds", "mt_pool_model_evictions_total",
+                     "mt_pool_models_resident", "mt_pool_resident_bytes"):
+            setattr(self, name[8:], _make(name))
+
+    def load(self, model: str, outcome: str, seconds: float) -> None:
+        self.model_loads_total.inc(1, tags={"model": model, "outcome": outcome})
+        if outcome == "ok":
+            self.model_load_seconds.observe(seconds, tags={"model": model})
+
+    def evict(self, model: str) -> None:
+        self.model_evictions_total.inc(1, tags={"model": model})
+
+    def set_resident(self, models: int, nbytes: int) -> None:
+        self.models_resident.set(models)
+        self.resident_bytes.set(nbytes)
 
 
 # ---- GET /metrics: the whole cluster's series ----------------------------------------------------------

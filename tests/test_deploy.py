@@ -31,7 +31,7 @@ from ray.serve.schema import (DeploymentSchema, HTTPOptionsSchema, LoggingConfig
 
 from service import metrics as service_metrics
 from service.__main__ import load_config
-from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, build_app, deployment_options
+from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, PoolSpec, build_app, deployment_options
 from service.engine import EngineConfig
 from service.ray_env import GRPC_MESSAGE, HAPROXY_BINARY_VAR, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, THROUGHPUT, serve_env
 
@@ -52,6 +52,9 @@ NESTED = {
     (ServeApplicationSchema, "logging_config"): LoggingConfig,
     (ServeApplicationSchema, "args"): AppArgs,
     (AppArgs, "models"): ModelSpec,
+    (AppArgs, "pool"): PoolSpec,
+    (PoolSpec, "models"): ModelSpec,
+    (PoolSpec, "deployment"): DeploymentSchema,
     (AppArgs, "translator"): DeploymentSchema,
     (AppArgs, "gateway"): DeploymentSchema,
     (ModelSpec, "deployment"): DeploymentSchema,
@@ -128,7 +131,8 @@ def test_serve_config_validates_against_ray_serve_schema(path):
     assert 0 < auto.upscale_delay_s and 0 < auto.downscale_delay_s
 
 
-@pytest.mark.parametrize("path", [*SERVE_CONFIGS, DEPLOY / "two_replicas.yaml"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*SERVE_CONFIGS, DEPLOY / "two_replicas.yaml", DEPLOY / "serve_config.pool.yaml"],
+                         ids=lambda p: p.name)
 def test_one_config_shape(path, tmp_path):
     """A serve config's args, the same keys as a python -m service --config file (YAML or JSON, or the
     serve config itself) and as build_app's argument: one parsed AppArgs, the same deployments."""

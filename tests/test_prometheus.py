@@ -254,7 +254,9 @@ def test_documented_metric_names_are_exported(prometheus, scraped_traffic):
     deadline = time.time() + 60
     while True:
         present = set(httpx.get(f"{prometheus}/api/v1/label/__name__/values", timeout=10).json()["data"])
-        missing = [n for n in names if n not in present]
+        # the pool's series (ray_mt_pool_*) come from a pool deployment, which the shared service has
+        # not: tests/test_pool.py checks them in a scrape of its own
+        missing = [n for n in names if n not in present and not n.startswith("ray_mt_pool_")]
         if not missing or time.time() > deadline:
             break
         time.sleep(2)

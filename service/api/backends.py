@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import AsyncIterator, Callable, Optional, Protocol, Union
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError
@@ -197,3 +198,45 @@ class LocalBackend:
         per_model = user_config.get("per_model", {})
         for name, t in self.translators.items():
             await t.reconfigure({**user_config.get("engine", {}), **per_model.get(name, {})})
+
+
+class _Routed(Mapping):
+    """model id -> a handle: the model's own deployment (pinned), or the pool's handle routed to a
+    replica that holds the model (``options(multiplexed_model_id=model)``: Serve's model multiplexing)."""
+
+    def __init__(self, pinned: dict[str, DeploymentHandle], pool: DeploymentHandle, pooled: list[str]):
+        self.pinned, self.pool, self.pooled = pinned, pool, frozenset(pooled)
+
+    def __getitem__(self, model: str) -> DeploymentHandle:
+        if model in self.pinned:
+            return self.pinned[model]
+        if model in self.pooled:
+            return self.pool.options(multiplexed_model_id=model)   # shares the pool handle's router
+        raise KeyError(model)
+
+    def __iter__(self):
+        return iter([*self.pinned, *sorted(self.pooled - set(self.pinned))])
+
+    def __len__(self) -> int:
+        return len(self.pinned) + len(self.pooled - set(self.pinned))
+
+
+class PoolBackend(RemoteBackend):
+    """``RemoteBackend`` over pinned per-model deployments and a model pool (``service/pool.py``):
+    a pool model's calls go to the ``Pool`` deployment with the model as their multiplexed model id,
+    so Serve routes them to a replica that holds it (which loads it on a miss). A lost pool replica's
+    call is retried once as for a pinned one (another replica loads the model if none holds it).
+
+    ``pool``: {"handle": the Pool deployment, "directory": its PoolDirectory, "models": [model ids]}.
+    """
+
+    def __init__(self, handles: dict[str, DeploymentHandle], pool: dict,
+                 on_retry: Optional[Callable[[str, str, bool], None]] = None):
+        super().__init__(handles, on_retry)
+        self.pooled = list(pool["models"])
+        self.handles = _Routed(self.handles, handle_transport(pool["handle"]), self.pooled)
+        self.directory = handle_transport(pool["directory"])
+
+    async def residency(self) -> dict[str, dict]:
+        """The pool directory's view: replica id -> what it holds (``PoolReplica.residency``)."""
+        return await self.directory.snapshot.remote()

@@ -45,7 +45,7 @@ from . import autodetect, deepl, deepl_documents, documents, explorer, glossarie
 from . import body as body_module
 from .cors import CorsMiddleware
 from .access_log import AccessLogMiddleware, flush_serve_log
-from .backends import Backend, LocalBackend, RemoteBackend
+from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
 from .document_store import DocumentSettings, DocumentStore
 from .errors import (LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, libre_error_response,
@@ -184,12 +184,14 @@ class Gateway:
         documents: ``DocumentSettings`` fields (where translated files are kept; document_store.py).
         clients: ``app.client_settings``: cors_origins, memory_file (None: suggestions and the memory
             off), cache_entries (the in-process translators' result cache).
+        pool: the model pool's {"handle", "directory", "models"} (``service/pool.py``); None: no pool.
     """
 
     def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
                  engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
                  max_timeout_s: float = 60.0, clients: Optional[dict] = None,
-                 pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG, documents: Optional[dict] = None):
+                 pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG, documents: Optional[dict] = None,
+                 pool: Optional[dict] = None):
         self.cards = {c.id: c for c in cards}
         self.default = cards[0].id
         self.routes = pivot.routes(cards, pivot_lang)                       # (source, target) -> PivotRoute
@@ -205,6 +207,8 @@ class Gateway:
         self.backend: Backend = (RemoteBackend(handles, RetryMetrics(list(self.cards)).record) if handles is not None
                                  else LocalBackend(cards, num_threads, memory_file=clients.get("memory_file"),
                                                    cache_entries=clients.get("cache_entries", 0)))
+        if pool is not None:    # pinned models through their deployments, the pool's through Serve's multiplexing
+            self.backend = PoolBackend(handles or {}, pool, RetryMetrics(list(self.cards)).record)
         self._ready_seen: set[str] = set()   # models that have answered /readyz's probe once
         self.max_timeout_s = max_timeout_s
         self.guard = Guard(GuardSettings.model_validate(guard or {}))
@@ -456,7 +460,17 @@ class Gateway:
 
     @api.get("/v1/models", response_model=ModelsResponse)
     async def models(self):
-        """The served models with their languages, configuration and test BLEU."""
+        """The served models with their languages, configuration and test BLEU; a pool model says so
+        and names the pool replicas it is loaded on now (``loaded_on``; [] when none holds it)."""
+        loaded_on = {}
+        if isinstance(self.backend, PoolBackend):
+            from service.pool import where_loaded
+            try:
+                loaded_on = where_loaded(await asyncio.wait_for(self.backend.residency(), timeout=5))
+            except Exception:  # noqa: BLE001 - the directory is starting: nothing known to be loaded
+                loaded_on = {}
+        pooled = set(self.backend.pooled) if isinstance(self.backend, PoolBackend) else set()
+
         async def one(c: ModelCard) -> ModelInfo:
             try:   # the replica's own view: the engine settings it really runs with
                 engine = (await asyncio.wait_for(self.backend.info(c.id), timeout=5)).engine
@@ -464,7 +478,8 @@ class Gateway:
                 engine = {**self.engine, **c.engine}
             return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config.to_dict(),
                              target_lang=None if c.target_languages else c.target_lang, target_langs=list(c.targets),
-                             test_bleu=c.test_bleu, metadata=c.metadata, engine=engine)
+                             test_bleu=c.test_bleu, metadata=c.metadata, engine=engine,
+                             **({"pool": True, "loaded_on": loaded_on.get(c.id, [])} if c.id in pooled else {}))
         return ModelsResponse(data=list(await asyncio.gather(*(one(c) for c in self.cards.values()))),
                               pivots=[PivotInfo(**r.info()) for r in self.pivots.values()])
 

@@ -224,6 +224,9 @@ class ModelInfo(BaseModel):
     test_bleu: Optional[float] = Field(None, description="BLEU on Multi30k test_2016_flickr, from the checkpoint")
     metadata: dict = Field(default_factory=dict)
     engine: dict = Field(default_factory=dict, description="engine settings (user_config)")
+    pool: bool = Field(False, description="loaded on demand by the model pool (docs/deploy.md#model-pool)")
+    loaded_on: Optional[list[str]] = Field(None, description="a pool model: the pool replicas (ids) it is loaded "
+                                                             "on now, [] when none; null for a pinned model")
 
 
 class PivotInfo(BaseModel):

@@ -101,7 +101,10 @@ class Translator:
         Raises EngineValidationError for unknown fields or bad values.
         """
         config = EngineConfig.from_dict(engine_config)
-        prepare_model(self.model, config, self.engine_config)   # linear_dtype, kernels: before the engine starts
+        if self.engine is None:     # linear_dtype, kernels: before the engine starts; the event loop keeps serving
+            await asyncio.to_thread(prepare_model, self.model, config, None)
+        else:
+            prepare_model(self.model, config, self.engine_config)
         if self.engine is None:
             self.engine = Engine(self.model, config, on_step=self.metrics.on_step, on_finish=self.metrics.on_finish)
             await self.engine.start()
