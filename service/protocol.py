@@ -24,6 +24,9 @@ MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds on
 MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)
 MAX_KEEP_TERMS = 100           # do-not-translate terms in one request (`keep`)
 MAX_KEEP_CHARS = 200           # characters in one do-not-translate term (a request's or the stored list's)
+MAX_PREFIX_CHARS = 1_000      # characters in a `target_prefix` (its tokens: at most max_new_tokens)
+MAX_REPETITION_PENALTY = 10.0  # `repetition_penalty` in (0, 10]
+MAX_NO_REPEAT_NGRAM_SIZE = 32  # `no_repeat_ngram_size` in 0..32 (0 = off)
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 
@@ -70,6 +73,9 @@ class GenerationOptions:
     length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
     attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
     min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
+    target_prefix: tuple[int, ...] = ()       # target ids every hypothesis starts with (forced), then free decoding
+    repetition_penalty: float = 1.0           # CTranslate2's: logits of generated tokens / p (> 0) or * p (< 0); 1 = off
+    no_repeat_ngram_size: int = 0             # CTranslate2's: no n-gram of this many tokens twice; 0 = off
 
 
 
@@ -93,6 +99,9 @@ class TranslateJob:
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
     n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
     keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
+    target_prefix: Optional[str] = None        # each text's first sentence starts with it (tokenized by the translator)
+    min_confidence: Optional[float] = None     # translations below it carry low_confidence: true
+    return_alignment: bool = False             # each translation carries its word alignment
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------
@@ -101,6 +110,8 @@ class Alternative(BaseModel):
     tokens: list[str]
     score: float
     finish_reason: Literal["eos", "length"]
+    confidence: float = Field(..., description="exp(sum of token log-probs / tokens), all sentences; 0..1")
+    low_confidence: Optional[bool] = Field(None, description="min_confidence only: confidence < min_confidence")
 
 
 class Translation(BaseModel):
@@ -109,6 +120,12 @@ class Translation(BaseModel):
     source_tokens: list[str] = Field(..., description="source pieces, each sentence ending in </s>")
     score: float = Field(..., description="mean over sentences of log_prob / length ** length_penalty")
     finish_reason: Literal["eos", "length"] = Field(..., description="length if any sentence hit max_new_tokens")
+    confidence: float = Field(..., description="exp(sum of token log-probs / tokens, EOS included), all "
+                                               "sentences: the geometric mean token probability, 0..1")
+    low_confidence: Optional[bool] = Field(None, description="min_confidence only: confidence < min_confidence")
+    alignment: Optional[list[tuple[int, int]]] = Field(
+        None, description="return_alignment only: [source word, target word] index pairs (words of "
+                          "source_tokens / tokens, docs/controls.md)")
     alternatives: list[Alternative] = Field(default_factory=list, description="hypotheses 2..n_best")
     attention: Optional[dict[str, list]] = Field(
         None, description="kind -> [layer][head][rows][cols]: cross [len(tokens)][len(source_tokens)], "

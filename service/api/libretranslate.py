@@ -31,8 +31,8 @@ from .autodetect import NAMES as LANGUAGE_NAMES
 from .errors import JSON_TOO_DEEP, ServiceError, libre_error_response, mapped_errors, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
-from .schemas import LibreLanguage, check_unicode
-LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")   # the fields this route reads
+from .schemas import LibreLanguage, check_keep, check_unicode
+LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key", "keep")   # the fields this route reads
 DETECT_FIELDS = ("q", "api_key")                                                # the fields /detect reads
 IGNORED_HEADER = "X-Ignored-Fields"     # the other fields a request sent (LibreTranslate ignores them too)
 MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest are counted
@@ -52,6 +52,8 @@ class LibreTranslateBody(BaseModel):
     alternatives: int = Field(0, ge=0, le=MAX_BEAM_SIZE - 1, description="alternative translations to return")
     api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
                                                      "header is sent")
+    keep: Optional[list[str]] = Field(None, description="do-not-translate terms, as /v1/translate's keep (a JSON "
+                                                        "list, or a repeated form field)")
 
 
 class LibreDetection(BaseModel):
@@ -99,11 +101,12 @@ class LibreRequest:
     html: bool                  # format=html
     auto: bool                  # source=auto: each text's language detected
     target: Optional[str] = None    # the target language (a multilingual model's >>target<< token)
+    keep: tuple[str, ...] = ()      # do-not-translate terms (as /v1/translate's keep)
 
     def job(self, texts: list[str]) -> TranslateJob:
         n_best = self.alternatives + 1
         return TranslateJob(texts, GenerationOptions(beam_size=max(4, n_best), n_best=n_best, length_penalty=1.0),
-                            field="q", is_list=self.batch, target_lang=self.target)
+                            field="q", is_list=self.batch, target_lang=self.target, keep=self.keep)
 
 
 def languages(cards: Iterable[ModelCard]) -> list[LibreLanguage]:
@@ -273,6 +276,11 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     if fmt not in ("text", "html"):
         raise ServiceError(400, f"{fmt} format is not supported", "format")
     n_alt = _whole_number(f.get("alternatives"))
+    try:
+        keep = tuple(check_keep(f.get("keep")) or ())
+    except ValueError as e:
+        raise ServiceError(400, f"Invalid request: keep: {e}" if not str(e).startswith("keep[") else
+                           f"Invalid request: {e}", "keep") from None
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
     if autodetect.is_auto(target):
@@ -284,9 +292,9 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
         if target not in targets and target not in sources:
             raise ServiceError(400, f"{target} is not supported (target languages: {', '.join(sorted(targets))})",
                                "target")
-        return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target)
+        return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target, keep)
     source, target = match_language(source, sources), match_language(target, targets | sources)
-    return LibreRequest(texts, batch, pick(cards, source, target), n_alt, fmt == "html", False, target)
+    return LibreRequest(texts, batch, pick(cards, source, target), n_alt, fmt == "html", False, target, keep)
 
 
 def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
@@ -361,7 +369,8 @@ def _merged(query: Fields, body: Fields) -> Fields:
 
 def _grouped(pairs, what: str) -> Fields:
     """Fields from (name, value) pairs: a repeated ``q`` is a batch (LibreTranslate normalises form
-    line endings to \\n); any other field given twice is a 400 (one value would be dropped)."""
+    line endings to \\n); ``keep`` is a list, one field per term; any other field given twice is a 400
+    (one value would be dropped)."""
     grouped: dict[str, list[str]] = {}
     for k, v in pairs:
         grouped.setdefault(k, []).append(v)
@@ -370,6 +379,8 @@ def _grouped(pairs, what: str) -> Fields:
         if key == "q":
             values = ["\n".join(v.splitlines()) for v in values]
             fields[key] = values if len(values) > 1 else values[0]
+        elif key == "keep":     # do-not-translate terms: one form field per term
+            fields[key] = values
         elif len(values) > 1:
             raise ServiceError(400, f"Invalid request: {what} {shown(key)} given {len(values)} times; send it once", key)
         else:

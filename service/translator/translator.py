@@ -25,7 +25,7 @@ from typing import AsyncIterator, Optional
 import torch
 
 from model.load import load_model
-from model.tokenizer import check_target_lang
+from model.tokenizer import check_target_lang, encode_target
 from model.inference.linear import linear_dtype
 from service.protocol import (MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
@@ -205,11 +205,40 @@ class Translator:
             raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
         return self.tok.encode(f">>{target_lang}<<")
 
-    def _options(self, prepared: Protected, options: GenerationOptions) -> GenerationOptions:
-        """A sentence with inner protected spans also tracks cross-attention (to place them)."""
-        if prepared.spans and "cross" not in options.attention_kinds:
-            return dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
-        return options
+    def _options(self, prepared: Protected, options: GenerationOptions, alignment: bool = False,
+                 prefix: tuple[int, ...] = ()) -> GenerationOptions:
+        """A sentence with inner protected spans also tracks cross-attention (to place them), as does
+        every sentence when the job returns alignments; ``prefix``: its forced target ids."""
+        if (prepared.spans or alignment) and "cross" not in options.attention_kinds:
+            options = dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
+        return dataclasses.replace(options, target_prefix=prefix) if prefix else options
+
+    def _all_options(self, job: TranslateJob, pieces: list[Piece], prepared: list[Protected]) -> list[GenerationOptions]:
+        """Each piece's options: the job's, the target prefix on the first sentence of each text."""
+        prefix = self.encode_prefix(job.target_prefix)
+        firsts = {p.text_index: k for k, p in reversed(list(enumerate(pieces)))}
+        return [self._options(prot, job.options, job.return_alignment, prefix if firsts[p.text_index] == k else ())
+                for k, (p, prot) in enumerate(zip(pieces, prepared))]
+
+    def encode_prefix(self, prefix: Optional[str]) -> tuple[int, ...]:
+        """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None.
+        Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>),
+        or more tokens than the model may generate per sentence."""
+        if prefix is None:
+            return ()
+        ids = encode_target(self.tok, prefix)
+        if not ids:
+            raise InvalidRequest(f"target_prefix: has no tokens for model {self.name} (got {prefix!r}); leave it out",
+                                 "target_prefix")
+        unknown = [p for p, i in zip(self.tok.pieces(ids), ids) if i == self.tok.unk_id or p == "<unk>"]
+        if unknown:
+            raise InvalidRequest(f"target_prefix: model {self.name}'s target vocabulary cannot produce it: "
+                                 f"{len(unknown)} unknown piece(s) (<unk>) in {prefix!r}", "target_prefix")
+        limit = self.engine.max_tgt_len - 1 if self.engine is not None else len(ids)
+        if len(ids) > limit:
+            raise InvalidRequest(f"target_prefix: has {len(ids)} tokens; model {self.name} generates at most "
+                                 f"{limit} per sentence", "target_prefix")
+        return tuple(ids)
 
     def _text_of(self, prepared: list[Protected], pieces: list[Piece]):
         """``text_of`` for build_response: a hypothesis's text with spans and case restored."""
@@ -224,7 +253,7 @@ class Translator:
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
         splits, pieces, prepared = self.prepare(job)
-        results = await self._run_all(pieces, [self._options(p, job.options) for p in prepared])
+        results = await self._run_all(pieces, self._all_options(job, pieces, prepared))
         return build_response(self.name, self.tok, job, splits, pieces, results, self._text_of(prepared, pieces),
                               self.card.config)
 
@@ -259,10 +288,11 @@ class Translator:
         streamed. Closing the generator cancels every sentence.
         """
         splits, pieces, prepared = self.prepare(job)
+        options = self._all_options(job, pieces, prepared)
         streams, group = [], object()   # group: as in _run_all
         try:
-            for p, prot in zip(pieces, prepared):   # QueueFullError comes at once, before anything is streamed
-                streams.append(self.engine.stream(p.src_ids, self._options(prot, job.options), group))
+            for p, o in zip(pieces, options):   # QueueFullError comes at once, before anything is streamed
+                streams.append(self.engine.stream(p.src_ids, o, group))
         except BaseException:
             for st in streams:
                 st.cancel()
