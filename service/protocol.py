@@ -110,7 +110,7 @@ class Alternative(BaseModel):
     tokens: list[str]
     score: float
     finish_reason: Literal["eos", "length"]
-    confidence: float = Field(..., description="exp(sum of token log-probs / tokens), all sentences; 0..1")
+    confidence: Optional[float] = Field(None, description="exp(sum of token log-probs / tokens), all sentences; 0..1")
     low_confidence: Optional[bool] = Field(None, description="min_confidence only: confidence < min_confidence")
 
 
@@ -120,7 +120,7 @@ class Translation(BaseModel):
     source_tokens: list[str] = Field(..., description="source pieces, each sentence ending in </s>")
     score: float = Field(..., description="mean over sentences of log_prob / length ** length_penalty")
     finish_reason: Literal["eos", "length"] = Field(..., description="length if any sentence hit max_new_tokens")
-    confidence: float = Field(..., description="exp(sum of token log-probs / tokens, EOS included), all "
+    confidence: Optional[float] = Field(None, description="exp(sum of token log-probs / tokens, EOS included), all "
                                                "sentences: the geometric mean token probability, 0..1")
     low_confidence: Optional[bool] = Field(None, description="min_confidence only: confidence < min_confidence")
     alignment: Optional[list[tuple[int, int]]] = Field(

@@ -215,15 +215,15 @@ class Translator:
 
     def _all_options(self, job: TranslateJob, pieces: list[Piece], prepared: list[Protected]) -> list[GenerationOptions]:
         """Each piece's options: the job's, the target prefix on the first sentence of each text."""
-        prefix = self.encode_prefix(job.target_prefix)
+        prefix = self.encode_prefix(job.target_prefix, job.options.max_new_tokens)
         firsts = {p.text_index: k for k, p in reversed(list(enumerate(pieces)))}
         return [self._options(prot, job.options, job.return_alignment, prefix if firsts[p.text_index] == k else ())
                 for k, (p, prot) in enumerate(zip(pieces, prepared))]
 
-    def encode_prefix(self, prefix: Optional[str]) -> tuple[int, ...]:
+    def encode_prefix(self, prefix: Optional[str], max_new_tokens: Optional[int] = None) -> tuple[int, ...]:
         """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None.
         Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>),
-        or more tokens than the model may generate per sentence."""
+        or more tokens than ``max_new_tokens`` or the model may generate per sentence."""
         if prefix is None:
             return ()
         ids = encode_target(self.tok, prefix)
@@ -238,6 +238,9 @@ class Translator:
         if len(ids) > limit:
             raise InvalidRequest(f"target_prefix: has {len(ids)} tokens; model {self.name} generates at most "
                                  f"{limit} per sentence", "target_prefix")
+        if max_new_tokens is not None and len(ids) > max_new_tokens:
+            raise InvalidRequest(f"target_prefix: has {len(ids)} tokens, more than max_new_tokens ({max_new_tokens})",
+                                 "target_prefix")
         return tuple(ids)
 
     def _text_of(self, prepared: list[Protected], pieces: list[Piece]):
