@@ -164,6 +164,16 @@ def encode_source(tok: Tokenizer, text: str, max_len: int, target_lang: Optional
     return ids + [tok.eos_id]
 
 
+def encode_target(tok, text: str) -> list[int]:
+    """Target ids of ``text`` (no BOS/EOS), as the decoder would generate it: a ``Tokenizer``'s one
+    SentencePiece model; a ``VocabTokenizer``'s target model, pieces mapped through the target
+    vocabulary (missing ones become ``<unk>``)."""
+    if isinstance(tok, VocabTokenizer):
+        unk = tok.target_vocab.get("<unk>", tok.unk_id)
+        return [tok.target_vocab.get(p, unk) for p in tok.sp_target.encode(text, out_type=str)]
+    return tok.encode(text)
+
+
 def check_target_lang(tok: Tokenizer, target_lang: Optional[str]) -> None:
     """Raise ValueError unless target_lang fits the model: one of ``tok.target_languages`` for a
     multilingual model (required there), None otherwise."""

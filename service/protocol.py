@@ -38,6 +38,9 @@ MAX_GLOSSARY_ENTRIES = 100     # glossary entries in one request (`glossary`)
 MAX_STORED_GLOSSARY_ENTRIES = 10_000   # entries in one stored glossary (file or POST /v1/glossaries)
 MAX_GLOSSARY_TERM_CHARS = 200  # characters in one glossary term (source or target)
 MAX_GLOSSARIES = 100           # stored glossaries per API key (or in all, with keys off)
+MAX_PREFIX_CHARS = 1_000      # characters in a `target_prefix` (its tokens: at most max_new_tokens)
+MAX_REPETITION_PENALTY = 10.0  # `repetition_penalty` in (0, 10]
+MAX_NO_REPEAT_NGRAM_SIZE = 32  # `no_repeat_ngram_size` in 0..32 (0 = off)
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 
@@ -85,6 +88,9 @@ class GenerationOptions:
     attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
     min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
     constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms)
+    target_prefix: tuple[int, ...] = ()       # target ids every hypothesis starts with (forced), then free decoding
+    repetition_penalty: float = 1.0           # CTranslate2's: logits of generated tokens / p (> 0) or * p (< 0); 1 = off
+    no_repeat_ngram_size: int = 0             # CTranslate2's: no n-gram of this many tokens twice; 0 = off
 
 
 
@@ -112,6 +118,9 @@ class TranslateJob:
     split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
     glossary: tuple[tuple[str, str], ...] = ()   # (source term, target term): each occurring term's target is in the output
     glossary_field: str = "glossary"           # the request field the glossary came from, for error messages
+    target_prefix: Optional[str] = None        # each text's first sentence starts with it (tokenized by the translator)
+    min_confidence: Optional[float] = None     # translations below it carry low_confidence: true
+    return_alignment: bool = False             # each translation carries its word alignment
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------
@@ -120,6 +129,8 @@ class Alternative(BaseModel):
     tokens: list[str]
     score: float
     finish_reason: Literal["eos", "length"]
+    confidence: Optional[float] = Field(None, description="exp(sum of token log-probs / tokens), all sentences; 0..1")
+    low_confidence: Optional[bool] = Field(None, description="min_confidence only: confidence < min_confidence")
 
 
 class PivotLeg(BaseModel):
@@ -140,6 +151,12 @@ class Translation(BaseModel):
     source_tokens: list[str] = Field(..., description="source pieces, each sentence ending in </s>")
     score: float = Field(..., description="mean over sentences of log_prob / length ** length_penalty")
     finish_reason: Literal["eos", "length"] = Field(..., description="length if any sentence hit max_new_tokens")
+    confidence: Optional[float] = Field(None, description="exp(sum of token log-probs / tokens, EOS included), all "
+                                               "sentences: the geometric mean token probability, 0..1")
+    low_confidence: Optional[bool] = Field(None, description="min_confidence only: confidence < min_confidence")
+    alignment: Optional[list[tuple[int, int]]] = Field(
+        None, description="return_alignment only: [source word, target word] index pairs (words of "
+                          "source_tokens / tokens, docs/controls.md)")
     alternatives: list[Alternative] = Field(default_factory=list, description="hypotheses 2..n_best")
     attention: Optional[dict[str, list]] = Field(
         None, description="kind -> [layer][head][rows][cols]: cross [len(tokens)][len(source_tokens)], "

@@ -15,6 +15,7 @@ from ..tokenizer import Tokenizer, check_target_lang, encode_source
 from ..transformer import Transformer
 from . import kernels
 from .kv_cache import KVCache
+from .logits import RepetitionControls
 from .paged_cache import allocate_blocks
 from .prefill import prefill
 from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, max_beam_size, search_step
@@ -32,7 +33,8 @@ def default_max_new_tokens(src_len: int, max_len: int) -> int:
 @torch.no_grad()
 def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: int = 1, n_best: int = 1,
              max_new_tokens: int | Sequence[int] = 128, length_penalty: float = 1.0, attention_kinds: Sequence[str] = (),
-             cache: Optional[KVCache] = None) -> list[list[Hypothesis]]:
+             cache: Optional[KVCache] = None, target_prefix: Optional[Sequence[Sequence[int]]] = None,
+             controls: Optional[RepetitionControls] = None) -> list[list[Hypothesis]]:
     """Translate a static batch: every sentence is prefilled together and decoded until the last ends.
 
     Args:
@@ -40,6 +42,8 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
         beam_size / n_best / max_new_tokens / length_penalty: see ``BeamSearch``; max_new_tokens
             may also be a list with one budget per sentence.
         attention_kinds: any of "cross", "encoder", "decoder" to return per-head weights.
+        target_prefix: per sentence, target ids every hypothesis starts with (``BeamSearch.prefix``).
+        controls: repetition controls of every sentence (``logits.RepetitionControls``).
     Returns per sentence its n_best hypotheses, best first.
     Raises ValueError for an empty source, a source longer than max_len, or bad search options.
     """
@@ -62,9 +66,12 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
         if not 0 < len(s) <= cfg.max_len:
             raise ValueError(f"source length must be in 1..{cfg.max_len}, got {len(s)}")
     B = len(sources)
+    prefixes = [()] * B if target_prefix is None else [tuple(p) for p in target_prefix]
+    if len(prefixes) != B:
+        raise ValueError(f"got {len(prefixes)} target prefixes for {B} sources")
     searches = [BeamSearch(beam_size, cfg.eos_id, m, n_best, length_penalty, kinds, len(s),
-                           forced_eos=cfg.forced_eos, early_stopping=cfg.early_stopping)
-                for s, m in zip(sources, budgets)]
+                           forced_eos=cfg.forced_eos, early_stopping=cfg.early_stopping, prefix=p)
+                for s, m, p in zip(sources, budgets, prefixes)]
     todo = [b for b in range(B) if not searches[b].done]
     if todo:
         device = next(model.parameters()).device
@@ -80,7 +87,7 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
         try:
             for _ in todo:
                 slots.append(cache.slots.allocate(beam_size))
-            _run(model, cache, [sources[b] for b in todo], [searches[b] for b in todo], slots, device)
+            _run(model, cache, [sources[b] for b in todo], [searches[b] for b in todo], slots, device, controls)
         finally:
             for s in slots:
                 cache.slots.free(s)
@@ -88,7 +95,7 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
 
 
 def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], searches: list[BeamSearch],
-         slots: list[list[int]], device) -> None:
+         slots: list[list[int]], device, controls: Optional[RepetitionControls] = None) -> None:
     """Prefill all sentences, then step all alive hypotheses together until every search is done
     (on a paged cache, ``allocate_blocks`` first gives each step the blocks it writes).
     Raises what a search's step raised."""
@@ -97,7 +104,7 @@ def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], s
     src = pad_batch(sources, cfg.pad_id, device)
     allocate_blocks(cache, slots, 0, [len(s) for s in sources])
     out = prefill(model, cache, torch.tensor(slots, device=device), src, need_weights=need)
-    running = [ActiveSearch(s, sl, [cfg.bos_id]) for s, sl in zip(searches, slots)]
+    running = [ActiveSearch(s, sl, [cfg.bos_id], controls=controls) for s, sl in zip(searches, slots)]
     for i, s in enumerate(searches):
         s.keep_encoder_attention(out.encoder, i)
     while running:

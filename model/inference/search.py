@@ -6,7 +6,9 @@ extended by its top-2k tokens, the best 2k candidates are ranked, candidates end
 within the top k are finished, and the first k non-EOS candidates stay alive. A sentence is done when
 it has k finished hypotheses or reaches max_new_tokens. Greedy search is beam search with k = 1.
 Scores: log_prob is the sum of token log-probabilities (EOS included); score = log_prob / length **
-length_penalty, where length counts generated tokens including EOS.
+length_penalty, where length counts generated tokens including EOS. A ``prefix`` (target ids) is
+forced first: while it lasts the search keeps one alive hypothesis, extended by the next prefix
+token at the model's log-prob for it (counted in log_prob), so every beam starts with it.
 
 Two rules of transformers' ``generate()``, for models whose generation config asks for them
 (``ModelConfig.forced_eos`` / ``early_stopping``, set by the MarianMT import):
@@ -28,9 +30,11 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .logits import process_step
 from .topk import row_topk
 
 if TYPE_CHECKING:
+    from .logits import RepetitionControls
     from .step import StepOutput
     from .kv_cache import KVCache
 
@@ -80,6 +84,7 @@ class BeamSearch:
     encoder_attention: Optional[Tensor] = None  # [L, H, S, S], set at prefill when tracked
     forced_eos: bool = False                # the last step a budget allows emits EOS (module docstring)
     early_stopping: object = True           # True, False or "never" (module docstring)
+    prefix: tuple = ()                      # target ids forced first (``force``), then free decoding
     alive: list = field(default_factory=lambda: [PartialHypothesis()])
     finished: list = field(default_factory=list)
     done: bool = False
@@ -92,6 +97,32 @@ class BeamSearch:
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         self.done = self.max_new_tokens == 0
+        if len(self.prefix) > self.max_new_tokens:
+            raise ValueError(f"the target prefix has {len(self.prefix)} tokens, more than max_new_tokens "
+                             f"({self.max_new_tokens})")
+
+    @property
+    def forcing(self) -> bool:
+        """Whether the next token is a forced one of ``prefix`` (the search then has one alive hypothesis)."""
+        return bool(self.alive) and len(self.alive[0].tokens) < len(self.prefix)
+
+    def force(self, log_prob: float, cross: Optional[list] = None, decoder: Optional[list] = None
+              ) -> tuple[list[int], list[int]]:
+        """Advance by the next ``prefix`` token, whatever the model prefers (as CTranslate2's
+        ``target_prefix``): the one alive hypothesis is extended by it at ``log_prob`` (the model's
+        log-prob of that token, added to the hypothesis's); every beam thus starts with the prefix.
+        Returns as ``step``."""
+        if self.forced_eos and len(self.alive[0].tokens) >= self.max_new_tokens - 1:
+            return self._end_with_eos()
+        beam = self.alive[0]
+        tok = self.prefix[len(beam.tokens)]
+        new = self._extend(beam, 0, tok, beam.log_prob + log_prob, cross, decoder)
+        if len(new.tokens) >= self.max_new_tokens:
+            self.finished.append(self._final(new, "length"))
+            self.done, self.alive = True, []
+            return [], []
+        self.alive = [new]
+        return [0], [tok]
 
     def keep_encoder_attention(self, encoder: Optional[list[Tensor]], row: int) -> None:
         """When "encoder" is tracked, keep this sentence's prefill encoder self-attention: row ``row``
@@ -247,6 +278,7 @@ class ActiveSearch:
     tokens: list[int]                        # next decoder input of each alive hypothesis (BOS at first)
     position: int = 0                        # their target position (= tokens generated so far)
     min_new_tokens: int = 0                  # EOS is masked until this many tokens exist
+    controls: Optional["RepetitionControls"] = None  # per-sequence logits processing (logits.py); None = none
 
 
 @dataclass
@@ -284,16 +316,24 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
     ``cache.reorder`` for all beams (positions < the longest beam's length: positions beyond a beam's
     own length are rewritten before they are read); then each running search's tokens and position
     are those of the next decode step. A search whose step raises is reported in ``failed`` and
-    dropped; the others go on. A lexically constrained search (``constraints.py``: glossary terms)
-    reads its rows of the shared top-k and advances by its own ``constrained_step``.
+    dropped; the others go on. Before all this, ``logits.process_step`` applies the repetition
+    controls of the searches that have them to their own rows; a search still inside its
+    ``target_prefix`` takes its next prefix token (``BeamSearch.force``) instead of a candidate; a
+    lexically constrained search (``constraints.py``: glossary terms) reads its rows of the shared
+    top-k and advances by its own ``constrained_step``.
     """
+    process_step(parts)                          # per-sequence repetition controls, on their rows only
     k_max, masked, eos, base = 1, [], [], 0
     beams: list[tuple[int, BeamSearch]] = []     # (first row, search) of every search with k > 1
     constrained: dict[ActiveSearch, int] = {}    # lexically constrained searches -> their first row
     greedy_rows: list[int] = []
+    forced = {s for _, searches in parts for s in searches if s.search.forcing}   # taking a prefix token
     for out, searches in parts:
         for s in searches:
             n = len(s.tokens)
+            if s in forced:
+                base += n
+                continue
             k_max = max(k_max, s.search.beam_size)
             if s.position < s.min_new_tokens:
                 masked.extend(range(base, base + n))
@@ -324,11 +364,13 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
             n = len(s.tokens)
             try:
                 greedy = s.search.beam_size == 1 and s not in constrained
-                cands = None if greedy or s in constrained else next(ranked)
+                cands = None if greedy or s in forced or s in constrained else next(ranked)
                 kinds = s.search.attention_kinds
                 c = _attention_rows(out, "cross", stacked, r, n) if "cross" in kinds else None
                 d = _attention_rows(out, "decoder", stacked, r, n) if "decoder" in kinds else None
-                if s in constrained:             # glossary terms: dynamic beam allocation (constraints.py)
+                if s in forced:
+                    parents, tokens = s.search.force(_forced_log_prob(out, r, s.search), c, d)
+                elif s in constrained:           # glossary terms: dynamic beam allocation (constraints.py)
                     rows = slice(constrained[s], constrained[s] + n)
                     parents, tokens = s.search.constrained_step(top_v[rows].tolist(), top_i[rows].tolist(),
                                                                 out, r, c, d)
@@ -349,11 +391,21 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
                     update.running.append(s)
             except Exception as e:  # noqa: BLE001 - fails this search only
                 update.failed[s] = e
-            g += n if s.search.beam_size == 1 and s not in constrained else 0
+            g += n if s.search.beam_size == 1 and s not in constrained and s not in forced else 0
             r += n
     if moved_slots:  # on an indirect cache this copies slot ids, not K/V
         cache.reorder(moved_slots, parent_index, length=length)
     return update
+
+
+def _forced_log_prob(out: "StepOutput", row: int, search: BeamSearch) -> float:
+    """The log-prob of ``search``'s next prefix token in row ``row`` of a step's output (after any
+    logits processing), from that row alone."""
+    tok = search.prefix[len(search.alive[0].tokens)]
+    logits = out.pending_logits
+    if logits is not None:
+        return float(torch.log_softmax(logits[row].float(), dim=-1)[tok])
+    return float(out.log_probs[row, tok])
 
 
 def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, BeamSearch]]

@@ -32,9 +32,9 @@ from .body import Fields
 from .errors import ServiceError, format_validation_error, libre_error_response, mapped_errors, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
-from .schemas import LibreLanguage, TranslateRequest, check_unicode
-LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key",
-                "glossary", "glossary_id")     # the fields this route reads (the last two: this service's own)
+from .schemas import LibreLanguage, TranslateRequest, check_keep, check_unicode
+LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key", "keep",
+                "glossary", "glossary_id")     # the fields this route reads (the last three: this service's own)
 DETECT_FIELDS = ("q", "api_key")                                                # the fields /detect reads
 IGNORED_HEADER = "X-Ignored-Fields"     # the other fields a request sent (LibreTranslate ignores them too)
 MAX_IGNORED_NAMES = 20                  # names listed in that header; the rest are counted
@@ -92,6 +92,8 @@ class LibreTranslateBody(LibreDetectBody):
         None, description='this service\'s own: [{"source", "target"}] entries as on /v1/translate (in a form: '
                           "that list as a JSON string)")
     glossary_id: Optional[str] = Field(None, description="this service's own: a stored glossary's name (GET /v1/glossaries)")
+    keep: Optional[list[str]] = Field(None, description="this service's own: do-not-translate terms, as "
+                                                        "/v1/translate's keep (a JSON list, or one form field per term)")
 
     @field_validator("format", mode="before")
     @classmethod
@@ -117,6 +119,14 @@ class LibreTranslateBody(LibreDetectBody):
     def _unicode(cls, v: str, info) -> str:
         check_unicode([v], info.field_name)
         return v
+
+    @field_validator("keep", mode="before")
+    @classmethod
+    def _keep(cls, v: Any, info) -> Any:
+        """A list of terms (the rules of /v1/translate's keep); in a form, one field per term."""
+        if isinstance(v, str) and (info.context or {}).get("form"):
+            v = [v]
+        return check_keep(v)
 
 
 def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = (),
@@ -199,14 +209,15 @@ class LibreRequest:
     html: bool                  # format=html
     auto: bool                  # source=auto: each text's language detected
     target: Optional[str] = None    # the target language (a multilingual model's >>target<< token)
+    keep: tuple[str, ...] = ()      # do-not-translate terms (as /v1/translate's keep)
     glossary: tuple = ()            # (source term, target term) entries (``glossary`` or ``glossary_id``)
     glossary_field: str = "glossary"
 
     def job(self, texts: list[str]) -> TranslateJob:
         n_best = self.alternatives + 1
         return TranslateJob(texts, GenerationOptions(beam_size=max(4, n_best), n_best=n_best, length_penalty=1.0),
-                            field="q", is_list=self.batch, target_lang=self.target, glossary=self.glossary,
-                            glossary_field=self.glossary_field)
+                            field="q", is_list=self.batch, target_lang=self.target, keep=self.keep,
+                            glossary=self.glossary, glossary_field=self.glossary_field)
 
 
 def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLanguage]:
@@ -394,6 +405,7 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     body = body_module.validate(LibreTranslateBody, f, 400)
     source, target, batch = body.source, body.target, isinstance(body.q, list)
     n_alt, fmt = body.alternatives or 0, body.format or "text"
+    keep = tuple(body.keep or ())
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
     if autodetect.is_auto(target):
@@ -405,9 +417,9 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
         if target not in targets and target not in sources:
             raise ServiceError(400, f"{target} is not supported (target languages: {', '.join(sorted(targets))})",
                                "target")
-        return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target)
+        return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target, keep)
     source, target = match_language(source, sources), match_language(target, targets | sources)
-    return LibreRequest(texts, batch, pick(cards, source, target), n_alt, fmt == "html", False, target)
+    return LibreRequest(texts, batch, pick(cards, source, target), n_alt, fmt == "html", False, target, keep)
 
 
 def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
@@ -433,7 +445,7 @@ def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
 async def read_fields(request: Request) -> Fields:
     """The request fields from a JSON body or a form body (urlencoded or multipart) and the query
     string, like LibreTranslate (``body.read_fields``: a repeated ``q`` is a batch)."""
-    return await body_module.read_fields(request, ("q",), 400, single=LIBRE_FIELDS)
+    return await body_module.read_fields(request, ("q", "keep"), 400, single=LIBRE_FIELDS)
 
 
 def _unique(seq: list[str], exclude: str) -> list[str]:

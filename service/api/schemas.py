@@ -12,7 +12,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from model.inference.search import ATTENTION_KINDS
-from service.protocol import (MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, MAX_KEEP_CHARS, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS,
+from service.protocol import (MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, MAX_KEEP_CHARS,
+                              MAX_KEEP_TERMS, MAX_NO_REPEAT_NGRAM_SIZE, MAX_PREFIX_CHARS, MAX_REPETITION_PENALTY,
+                              MAX_TEXT_CHARS, MAX_TEXTS,
                               AttentionSelection, GenerationOptions, TranslateJob)
 
 from .errors import shown
@@ -93,6 +95,24 @@ class TranslateRequest(_Strict):
     glossary_id: Optional[str] = Field(None, min_length=1, description="a stored glossary's name "
                                                                        "(GET /v1/glossaries); not with glossary")
 
+    target_prefix: Optional[str] = Field(
+        None, min_length=1, max_length=MAX_PREFIX_CHARS,
+        description=f"the translation of each text starts with this text (its first sentence; up to "
+                    f"{MAX_PREFIX_CHARS} characters, at most max_new_tokens tokens); null = free")
+    min_confidence: Optional[float] = Field(
+        None, ge=0.0, le=1.0, allow_inf_nan=False,
+        description="translations (and alternatives) with confidence below it carry low_confidence: true; "
+                    "nothing is dropped")
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=MAX_REPETITION_PENALTY, allow_inf_nan=False,
+        description="CTranslate2's: logits of tokens already generated are divided (if > 0) or multiplied "
+                    "(if < 0) by it; > 1 discourages repetition; 1 = off")
+    no_repeat_ngram_size: int = Field(
+        0, ge=0, le=MAX_NO_REPEAT_NGRAM_SIZE,
+        description="CTranslate2's: no n-gram of this many tokens occurs twice in a sentence's translation; 0 = off")
+    return_alignment: bool = Field(False, description="each translation carries alignment: [source word, target "
+                                                      "word] pairs from cross-attention (docs/controls.md)")
+
     @field_validator("glossary", mode="before")
     @classmethod
     def _glossary_entries(cls, v: Any) -> Any:
@@ -118,6 +138,15 @@ class TranslateRequest(_Strict):
                     check_unicode([term], f"glossary[{i}].{side}")
         return v
 
+    @field_validator("target_prefix")
+    @classmethod
+    def _prefix_text(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            if not v.strip():
+                raise ValueError(f"must not be empty or whitespace only (leave it out for none), got {shown(v)}")
+            check_unicode([v], "target_prefix")
+        return v
+
     @field_validator("text", mode="before")
     @classmethod
     def _text_type(cls, v: Any) -> Any:
@@ -139,21 +168,7 @@ class TranslateRequest(_Strict):
     @field_validator("keep", mode="before")
     @classmethod
     def _keep_terms(cls, v: Any) -> Any:
-        if v is None:
-            return v
-        if not isinstance(v, list):
-            raise ValueError(f"must be a list of strings (do-not-translate terms) or null; got {type(v).__name__}")
-        if len(v) > MAX_KEEP_TERMS:
-            raise ValueError(f"at most {MAX_KEEP_TERMS} terms, got {len(v)}")
-        for i, term in enumerate(v):
-            if not isinstance(term, str):
-                raise ValueError(f"keep[{i}]: must be a string, got {type(term).__name__}")
-            if not term.strip():
-                raise ValueError(f"keep[{i}]: must not be empty or whitespace only, got {shown(term)}")
-            if len(term) > MAX_KEEP_CHARS:
-                raise ValueError(f"keep[{i}]: at most {MAX_KEEP_CHARS} characters, got {len(term)}")
-            check_unicode([term], f"keep[{i}]")
-        return v
+        return check_keep(v)
 
     @field_validator("model", "source_lang", "target_lang")
     @classmethod
@@ -194,13 +209,16 @@ class TranslateRequest(_Strict):
         min_new = self.min_new_tokens if self.max_new_tokens is None else min(self.min_new_tokens, self.max_new_tokens)
         options = GenerationOptions(beam_size=self.beam_size, n_best=self.n_best, max_new_tokens=self.max_new_tokens,
                                     length_penalty=self.length_penalty, attention_kinds=kinds,
-                                    min_new_tokens=min_new)
+                                    min_new_tokens=min_new, repetition_penalty=self.repetition_penalty,
+                                    no_repeat_ngram_size=self.no_repeat_ngram_size)
         att = self.attention
         selection = AttentionSelection(tuple(att.layers) if att.layers else None,
                                        tuple(att.heads) if att.heads else None)
         return TranslateJob(self.texts, options, selection, "text", isinstance(self.text, list),
                             target_lang=self.target_lang, keep=tuple(self.keep or ()),
-                            glossary=tuple((e.source, e.target) for e in self.glossary or ()))
+                            glossary=tuple((e.source, e.target) for e in self.glossary or ()),
+                            target_prefix=self.target_prefix, min_confidence=self.min_confidence,
+                            return_alignment=self.return_alignment)
 
 
 class ErrorBody(BaseModel):
@@ -253,6 +271,27 @@ class LibreLanguage(BaseModel):
     targets: list[str] = Field(..., description="codes it translates into, the pivot-reachable ones (via) included")
     via: Optional[dict[str, str]] = Field(None, description="target -> the pivot language it is translated through, "
                                                             "for the targets no model serves directly; absent: none")
+
+
+def check_keep(v: Any) -> Any:
+    """The rules on ``keep`` (do-not-translate terms), the same on every route: None, or a list of
+    at most MAX_KEEP_TERMS strings, each not blank, at most MAX_KEEP_CHARS characters, valid
+    Unicode. Returns v; raises ValueError naming the term (``keep[i]``) and the limit."""
+    if v is None:
+        return v
+    if not isinstance(v, list):
+        raise ValueError(f"must be a list of strings (do-not-translate terms) or null; got {type(v).__name__}")
+    if len(v) > MAX_KEEP_TERMS:
+        raise ValueError(f"at most {MAX_KEEP_TERMS} terms, got {len(v)}")
+    for i, term in enumerate(v):
+        if not isinstance(term, str):
+            raise ValueError(f"keep[{i}]: must be a string, got {type(term).__name__}")
+        if not term.strip():
+            raise ValueError(f"keep[{i}]: must not be empty or whitespace only, got {shown(term)}")
+        if len(term) > MAX_KEEP_CHARS:
+            raise ValueError(f"keep[{i}]: at most {MAX_KEEP_CHARS} characters, got {len(term)}")
+        check_unicode([term], f"keep[{i}]")
+    return v
 
 
 def check_unicode(texts: list[str], field: str) -> None:

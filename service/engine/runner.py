@@ -28,6 +28,7 @@ from model.inference.step import StepOutput
 from model.inference.generate import length_groups, pad_batch
 from model.inference.paged_cache import PagedKVCache
 from model.inference.constraints import ConstrainedBeamSearch
+from model.inference.logits import RepetitionControls
 from model.inference.search import ActiveSearch, BeamSearch, decode_inputs, search_step
 
 from .cuda_graphs import DecodeGraphs
@@ -140,8 +141,10 @@ class ModelRunner:
                         len(r.src_ids))
                 kw = dict(forced_eos=self.cfg.forced_eos, early_stopping=self.cfg.early_stopping)
                 search = (ConstrainedBeamSearch(*args, constraints=o.constraints, **kw) if o.constraints
-                          else BeamSearch(*args, **kw))   # constraints: glossary terms (constraints.py)
+                          else BeamSearch(*args, prefix=tuple(o.target_prefix), **kw))   # constraints: glossary terms
+                controls = RepetitionControls(o.repetition_penalty, o.no_repeat_ngram_size)
                 seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=o.min_new_tokens,
+                                controls=controls if controls.active else None,
                                 request_id=r.request_id, src_ids=list(r.src_ids), stream=r.stream,
                                 emitted=self._emitted.pop(r.request_id, 0))
                 self.seqs[r.request_id] = seq
@@ -187,6 +190,9 @@ class ModelRunner:
         dev = self.device
         need = any(s.search.attention_kinds for s in seqs)
         inputs = [torch.tensor(x, device=dev) for x in (slots, tokens, positions)]
+        if any(s.controls is not None for s in seqs):   # repetition controls act on logits: the eager step's
+            return step.decode_step(self.model, self.cache, *inputs, need, dense=False,
+                                    self_weights=any("decoder" in s.search.attention_kinds for s in seqs)), seqs
         if self.graphs is not None:
             log_probs = self.graphs.step(*inputs, need, max(positions) + 1, max(len(s.src_ids) for s in seqs))
             if log_probs is not None:

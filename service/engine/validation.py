@@ -19,7 +19,8 @@ from model.config import ModelConfig
 from model.inference.generate import default_max_new_tokens
 from model.inference.constraints import MIN_CONSTRAINED_BEAM
 from model.inference.search import ATTENTION_KINDS, max_beam_size
-from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, AttentionSelection, TooLarge, TranslateJob
+from service.protocol import (MAX_NO_REPEAT_NGRAM_SIZE, MAX_REPETITION_PENALTY, MAX_TEXT_CHARS, MAX_TEXTS,
+                              AttentionSelection, TooLarge, TranslateJob)
 
 from .config import EngineConfig
 from .errors import EngineValidationError
@@ -108,6 +109,22 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
     lp = o.length_penalty
     if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
         raise EngineValidationError("length_penalty", f"must be a finite number, got {lp!r}")
+    prefix = o.target_prefix
+    if not isinstance(prefix, (tuple, list)) or not all(_is_int(t) for t in prefix):
+        raise EngineValidationError("target_prefix", f"must be a sequence of token ids, got {prefix!r}")
+    if len(prefix) > limits.max_new_tokens:
+        raise EngineValidationError("target_prefix", f"has {len(prefix)} tokens, model {limits.model or ''} allows "
+                                                     f"at most {limits.max_new_tokens} target tokens per sentence")
+    if max_new is not None and len(prefix) > max_new:
+        raise EngineValidationError("target_prefix", f"has {len(prefix)} tokens, more than max_new_tokens ({max_new})")
+    rp = o.repetition_penalty
+    if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < rp <= MAX_REPETITION_PENALTY:
+        raise EngineValidationError("repetition_penalty", f"must be a number in (0, {MAX_REPETITION_PENALTY:g}], "
+                                                          f"got {rp!r}")
+    ng = o.no_repeat_ngram_size
+    if not _is_int(ng) or not 0 <= ng <= MAX_NO_REPEAT_NGRAM_SIZE:
+        raise EngineValidationError("no_repeat_ngram_size", f"must be an integer in 0..{MAX_NO_REPEAT_NGRAM_SIZE}, "
+                                                            f"got {ng!r}")
     kinds = () if o.attention_kinds is None else o.attention_kinds
     if (isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset))
             or not all(isinstance(k, str) and k in ATTENTION_KINDS for k in kinds)):
@@ -115,7 +132,12 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
     o = dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best),
                             max_new_tokens=None if max_new is None else int(max_new),
                             min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
-                            attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds))
+                            attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds),
+                            target_prefix=tuple(int(t) for t in prefix), repetition_penalty=float(rp),
+                            no_repeat_ngram_size=int(ng))
+    if o.constraints and o.target_prefix:
+        raise EngineValidationError("target_prefix", "cannot be combined with glossary terms in one sentence "
+                                                     "(send the glossary or the prefix)")
     return check_constraints(o, limits, default) if o.constraints else o
 
 
@@ -175,4 +197,10 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
                                                    f"the pad id {cfg.pad_id}, got {t!r}")
     limits = ModelLimits("", min(max_tgt_len, cfg.max_len - 1), config.max_num_seqs, cfg.target_vocab_size,
                          cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers)   # the cache's bounds, not max_tgt_len
-    return check_options(o, limits, default_max_new_tokens(len(src_ids), cfg.max_len))
+    prefix = o.target_prefix if isinstance(o.target_prefix, (tuple, list)) else ()
+    for t in prefix:
+        if not _is_int(t) or not 0 <= t < cfg.target_vocab_size or t in (cfg.pad_id, cfg.bos_id, cfg.eos_id):
+            raise EngineValidationError("target_prefix", f"ids must be integers in 0..{cfg.target_vocab_size - 1} "
+                                                         f"other than pad, BOS and EOS, got {t!r}")
+    # the default budget is the free part: a prefix does not eat into it
+    return check_options(o, limits, default_max_new_tokens(len(src_ids), cfg.max_len) + len(prefix))

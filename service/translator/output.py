@@ -12,6 +12,7 @@ from service.protocol import (MAX_ATTENTION_VALUES, Alternative, AttentionSelect
                               TranslateResponse, Translation, Usage)
 from service.engine import TranslationResult
 
+from .align import sentence_alignment
 from .text import Piece, Split
 
 
@@ -45,8 +46,13 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
     translations, src_total, gen_total = [], 0, 0
     for i, split in enumerate(splits):
         items = by_text.get(i, [])
-        translations.append(_translation(tok, split, items, job.options.n_best, kinds, job.attention, text_of,
-                                         config))
+        tr = _translation(tok, split, items, job.options.n_best, kinds, job.attention, text_of, config)
+        if job.min_confidence is not None:      # flagged, never dropped
+            for t in (tr, *tr.alternatives):
+                t.low_confidence = t.confidence < job.min_confidence
+        if job.return_alignment:
+            tr.alignment = text_alignment(tok, items)
+        translations.append(tr)
         src_total += sum(len(p.src_ids) for p, _ in items)
         gen_total += sum(len(r.hypotheses[0].tokens) for _, r in items)
     return TranslateResponse(model=model, translations=translations,
@@ -68,7 +74,7 @@ def _translation(tok, split: Optional[Split], items: list[tuple[Piece, Translati
     if split is None or not split.pieces:   # empty, whitespace or invisible characters only: "";
         # no letters (only digits, punctuation, symbols): the text itself; neither touches the model
         return Translation(text=split.join([]) if split is not None else "", tokens=[], source_tokens=[],
-                           score=0.0, finish_reason="eos", alternatives=[],
+                           score=0.0, finish_reason="eos", alternatives=[], confidence=1.0,
                            attention={k: empty_attention(k, config, selection) for k in kinds} if kinds else None)
     best = [r.hypotheses[0] for _, r in items]
     alternatives = []
@@ -92,7 +98,34 @@ def _joined(tok, split: Split, items: list[tuple[Piece, TranslationResult]], hyp
     return {"text": split.join([text_of(p, h) for (p, _), h in zip(items, hyps)]),
             "tokens": [piece for h in hyps for piece in tok.pieces(h.tokens)],
             "score": _finite(sum(h.score for h in hyps) / len(hyps)),
-            "finish_reason": "length" if any(h.finish_reason == "length" for h in hyps) else "eos"}
+            "finish_reason": "length" if any(h.finish_reason == "length" for h in hyps) else "eos",
+            "confidence": confidence(hyps)}
+
+
+def confidence(hyps: Sequence[Hypothesis]) -> float:
+    """A text's confidence from its sentences' hypotheses: exp(sum of log_prob / sum of lengths),
+    the geometric mean probability the model gave each token it generated (EOS included, a forced
+    target prefix's tokens included), in [0, 1]; 1.0 for no tokens. Independent of length_penalty.
+    Its Spearman correlation with sentence-level chrF: ``python -m service.bench.confidence``."""
+    length = sum(len(h.tokens) + (h.finish_reason == "eos") for h in hyps)
+    if not length:
+        return 1.0
+    lp = sum(h.log_prob for h in hyps)
+    return min(1.0, math.exp(lp / length)) if math.isfinite(lp) else 0.0
+
+
+def text_alignment(tok, items: list[tuple[Piece, TranslationResult]]) -> list[tuple[int, int]]:
+    """A text's word alignment (``align.sentence_alignment`` per sentence, best hypothesis): pairs
+    (source word, target word), word indices counted over the whole text (source words of
+    ``source_tokens`` without "</s>" and ">>xx<<" tokens, target words of ``tokens``)."""
+    pairs, s0, t0 = [], 0, 0
+    for p, r in items:
+        h = r.hypotheses[0]
+        got, n_src, n_tgt = sentence_alignment(tok.pieces(p.src_ids), tok.pieces(h.tokens),
+                                               (h.attention or {}).get("cross"))
+        pairs += [(s + s0, t + t0) for s, t in got]
+        s0, t0 = s0 + n_src, t0 + n_tgt
+    return pairs
 
 
 def _finite(x: float) -> float:

@@ -42,6 +42,7 @@ import torch
 
 from service.protocol import MAX_KEEP_CHARS
 
+from .align import mean_attention, word_attention, words
 from .text import Split, is_glue
 from .truecase import Truecaser, apply_style
 
@@ -363,7 +364,7 @@ class Protector:
         """The translation text of one hypothesis (``tokens``; ``cross`` its [L, H, T, S] cross-attention,
         or None) with the case style, edge spans and inner spans put back: every span once.
 
-        Alignment: A = cross averaged over layers and heads, [T, S]. (1) Target positions holding a
+        Alignment (``align.py``): A = cross averaged over layers and heads, [T, S]. (1) Target positions holding a
         sentence's placeholder piece (the model copied it) are copies: each goes to the span whose
         source placeholder it attends to most (among the spans with its word), the copies with the
         highest weight first; a copy takes one span and is replaced by it, and pieces glued to a
@@ -387,7 +388,7 @@ class Protector:
         usable = cross is not None and cross.dim() == 4 and cross.shape[2] >= len(tokens) > 0 \
             and cross.shape[3] >= len(src_ids) and len(src_pos) == len(allowed) \
             and all(src_ids[i] in a for i, a in zip(src_pos, allowed))
-        att = cross.float().mean(dim=(0, 1))[:len(tokens)] if usable else None    # [T, S]
+        att = mean_attention(cross, len(tokens)) if usable else None    # [T, S] (align.py)
         at_copy: dict[int, int] = {}      # target position of a copy -> span index
         if att is not None:               # each copy bids for the span it attends to most
             bids = []
@@ -450,19 +451,12 @@ class Protector:
                 skip_tgt.add(k)
                 k += 1
         skip_tgt |= {t for t, piece in enumerate(tgt) if not _wordlike(piece)}
-        src_words, tgt_words = _words(src), _words(tgt)
+        src_words, tgt_words = words(src), words(tgt)
         s_keep = [w for w in src_words if any(i not in skip_src for i in w)]
         t_keep = [w for w in tgt_words if any(t not in skip_tgt for t in w) and not any(t in copies for t in w)]
         if not s_keep or not t_keep:
             return None
-        to_src = torch.zeros(att.shape[1], len(s_keep))           # pieces -> words, summed
-        for k, w in enumerate(s_keep):
-            to_src[[i for i in w if i not in skip_src], k] = 1.0
-        to_tgt = torch.zeros(len(t_keep), len(tokens))            # pieces -> words, averaged
-        for k, w in enumerate(t_keep):
-            r = [t for t in w if t not in skip_tgt]
-            to_tgt[k, r] = 1.0 / len(r)
-        W = to_tgt @ att @ to_src                                 # [Tw, Sw]
+        W = word_attention(att, s_keep, t_keep, skip_src, skip_tgt)   # [Tw, Sw] (align.py)
         best_src, best_tgt = W.argmax(1).tolist(), W.argmax(0).tolist()
         here = next(k for k, w in enumerate(src_words) if pos in w)      # the placeholder's word
         index = {w[0]: k for k, w in enumerate(src_words)}
@@ -540,18 +534,6 @@ def _continues(piece: str) -> bool:
 def _wordlike(piece: str) -> bool:
     """Whether a piece has a letter or digit."""
     return any(c.isalnum() for c in piece)
-
-
-def _words(pieces: list[str]) -> list[list[int]]:
-    """The positions of pieces grouped into words: a word starts at a piece with the word-boundary
-    mark "▁" (or at the first piece) and takes the pieces after it that lack the mark."""
-    out: list[list[int]] = []
-    for i, piece in enumerate(pieces):
-        if out and not piece.startswith("▁"):
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
 
 
 def _is_byte(piece: str) -> bool:

@@ -25,7 +25,7 @@ from typing import AsyncIterator, Optional
 import torch
 
 from model.load import load_model
-from model.tokenizer import check_target_lang
+from model.tokenizer import check_target_lang, encode_target
 from model.inference.linear import linear_dtype
 from model.inference.search import Hypothesis
 from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_SENTENCES, MAX_STORED_GLOSSARY_ENTRIES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
@@ -243,14 +243,51 @@ class Translator:
             raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
         return self.tok.encode(f">>{target_lang}<<")
 
-    def _options(self, prepared: Protected, options: GenerationOptions,
-                 glossary: Optional[Glossary] = None) -> GenerationOptions:
-        """A sentence with inner protected spans also tracks cross-attention (to place them); one
-        with glossary terms gets their target ids as decoding constraints (``glossary.py``)."""
-        if prepared.spans and "cross" not in options.attention_kinds:
+    def _options(self, prepared: Protected, options: GenerationOptions, alignment: bool = False,
+                 prefix: tuple[int, ...] = (), glossary: Optional[Glossary] = None) -> GenerationOptions:
+        """A sentence with inner protected spans also tracks cross-attention (to place them), as does
+        every sentence when the job returns alignments; ``prefix``: its forced target ids; one with
+        glossary terms gets their target ids as decoding constraints (``glossary.py``)."""
+        if (prepared.spans or alignment) and "cross" not in options.attention_kinds:
             options = dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
+        if prefix:
+            options = dataclasses.replace(options, target_prefix=prefix)
         constraints = glossary.constraints(prepared.source) if glossary else ()
         return dataclasses.replace(options, constraints=constraints) if constraints else options
+
+    def _all_options(self, job: TranslateJob, pieces: list[Piece], prepared: list[Optional[Protected]],
+                     glossary: Optional[Glossary] = None) -> list[GenerationOptions]:
+        """Each piece's options: the job's, the target prefix on the first sentence of each text,
+        the glossary's constraints where its terms occur (a memory hit's, None: no engine run)."""
+        prefix = self.encode_prefix(job.target_prefix, job.options.max_new_tokens)
+        firsts = {p.text_index: k for k, p in reversed(list(enumerate(pieces)))}
+        return [None if prot is None else
+                self._options(prot, job.options, job.return_alignment, prefix if firsts[p.text_index] == k else (),
+                              glossary)
+                for k, (p, prot) in enumerate(zip(pieces, prepared))]
+
+    def encode_prefix(self, prefix: Optional[str], max_new_tokens: Optional[int] = None) -> tuple[int, ...]:
+        """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None.
+        Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>),
+        or more tokens than ``max_new_tokens`` or the model may generate per sentence."""
+        if prefix is None:
+            return ()
+        ids = encode_target(self.tok, prefix)
+        if not ids:
+            raise InvalidRequest(f"target_prefix: has no tokens for model {self.name} (got {prefix!r}); leave it out",
+                                 "target_prefix")
+        unknown = [p for p, i in zip(self.tok.pieces(ids), ids) if i == self.tok.unk_id or p == "<unk>"]
+        if unknown:
+            raise InvalidRequest(f"target_prefix: model {self.name}'s target vocabulary cannot produce it: "
+                                 f"{len(unknown)} unknown piece(s) (<unk>) in {prefix!r}", "target_prefix")
+        limit = self.engine.max_tgt_len - 1 if self.engine is not None else len(ids)
+        if len(ids) > limit:
+            raise InvalidRequest(f"target_prefix: has {len(ids)} tokens; model {self.name} generates at most "
+                                 f"{limit} per sentence", "target_prefix")
+        if max_new_tokens is not None and len(ids) > max_new_tokens:
+            raise InvalidRequest(f"target_prefix: has {len(ids)} tokens, more than max_new_tokens ({max_new_tokens})",
+                                 "target_prefix")
+        return tuple(ids)
 
     def glossary(self, job: TranslateJob) -> Optional[Glossary]:
         """The job's glossary compiled for this model (cached by its entries), or None.
@@ -285,13 +322,13 @@ class Translator:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
         hits: dict[int, str] = {}
         splits, pieces, prepared = self.prepare(job, hits)
-        glossary = self.glossary(job)
-        results = await self._results(pieces, prepared, hits, job.options, glossary)
+        options = self._all_options(job, pieces, prepared, self.glossary(job))
+        results = await self._results(pieces, options, hits)
         return build_response(self.name, self.tok, job, splits, pieces, results,
                               self._text_of(prepared, pieces, hits), self.card.config)
 
-    async def _results(self, pieces: list[Piece], prepared: list[Optional[Protected]], hits: dict[int, str],
-                       options: GenerationOptions, glossary: Optional[Glossary] = None) -> list[TranslationResult]:
+    async def _results(self, pieces: list[Piece], options: list[Optional[GenerationOptions]],
+                       hits: dict[int, str]) -> list[TranslationResult]:
         """Each piece's result: a memory hit's (no tokens; ``memory_hit``), the cache's, else the
         engine's (then cached). Counted in ``mt_memory_lookups_total``."""
         out: list[Optional[TranslationResult]] = [None] * len(pieces)
@@ -301,19 +338,18 @@ class Translator:
                 out[k] = memory_hit()
                 self.metrics.memory_lookup("memory")
                 continue
-            cached = self.cache.get(cache_key(p, self._options(prepared[k], options, glossary))) if self.cache.max_entries else None
+            cached = self.cache.get(cache_key(p, options[k])) if self.cache.max_entries else None
             if cached is not None:
                 out[k] = cached
                 self.metrics.memory_lookup("cache")
             else:
                 todo.append(k)
                 self.metrics.memory_lookup("model")
-        ran = await self._run_all([pieces[k] for k in todo], [self._options(prepared[k], options, glossary) for k in todo])
+        ran = await self._run_all([pieces[k] for k in todo], [options[k] for k in todo])
         for k, r in zip(todo, ran):
             out[k] = r
-            opts = self._options(prepared[k], options, glossary)
-            if self.cache.max_entries and not opts.attention_kinds:    # results with attention: too big to keep
-                self.cache.put(cache_key(pieces[k], opts), r)
+            if self.cache.max_entries and not options[k].attention_kinds:    # results with attention: too big to keep
+                self.cache.put(cache_key(pieces[k], options[k]), r)
         return out
 
     async def _run_all(self, pieces: list[Piece], options: list[GenerationOptions]) -> list[TranslationResult]:
@@ -348,12 +384,12 @@ class Translator:
         """
         hits: dict[int, str] = {}
         splits, pieces, prepared = self.prepare(job, hits)
-        glossary = self.glossary(job)
+        options = self._all_options(job, pieces, prepared, self.glossary(job))
         streams, group = [], object()   # group: as in _run_all
         run = [k for k in range(len(pieces)) if k not in hits]    # memory hits are answered without the engine
         try:
             for k in run:   # QueueFullError comes at once, before anything is streamed
-                streams.append(self.engine.stream(pieces[k].src_ids, self._options(prepared[k], job.options, glossary), group))
+                streams.append(self.engine.stream(pieces[k].src_ids, options[k], group))
         except BaseException:
             for st in streams:
                 st.cancel()
