@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", help="YAML/JSON file with build_app arguments (or a Serve config file)")
     ap.add_argument("--checkpoint", help="serve this checkpoint directory as the default model")
     ap.add_argument("--api-keys-file", help="require API keys: one per line, re-read when it changes "
-                                            "(MT_API_KEYS adds comma-separated keys; docs/api.md#limits)")
+                                            "(MT_API_KEYS adds comma-separated keys; docs/limits.md)")
     ap.add_argument("--num-cpus", type=_cpus, default=None, help="CPUs of the local Ray instance (default: all)")
     ap.add_argument("--metrics-export-port", type=_port, default=8080,
                     help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default 8080)")

@@ -129,7 +129,7 @@ class AppArgs(BaseModel):
     gateway: dict = Field(default_factory=dict)           # Serve options of the Gateway (ingress: separate)
     num_cpus: float = 0.8                                 # per translator replica (fractional: 2 fit on 2 cores)
     num_gpus: Optional[float] = None                      # per translator replica; None = 1 if the cluster has GPUs
-    # hardening (docs/api.md#limits): all off by default
+    # hardening (docs/limits.md): all off by default
     api_keys_file: Optional[str] = None                   # keys one per line (MT_API_KEYS adds more); None = keys off
     protect_metrics: bool = False                         # with keys on, /metrics needs a key too
     protect_docs: bool = False                            # with keys on, /docs and /openapi.json need a key too

@@ -10,7 +10,7 @@ after it that lack it), and W[t, s] = A summed over the pieces of source word s,
 pieces of target word t. Target word t is aligned to its best source word argmax_s W[t, s]; a pair
 that is also the source word's best target word (argmax_t W[t, s]) is mutual, the high-precision
 subset span placement anchors on. All layers are averaged rather than Garg et al.'s penultimate one:
-it is the choice span restoration was measured with (docs/api.md#real-world-text), and one choice
+it is the choice span restoration was measured with (docs/text.md), and one choice
 keeps the two uses consistent.
 """
 from __future__ import annotations

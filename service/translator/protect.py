@@ -52,7 +52,7 @@ from .truecase import Truecaser, apply_style
 # same in German and English captions of the training text for every other span (the model treats
 # it as a name: copies it or leaves it out, and translates the rest as it would without it). A
 # sentence uses the first candidate of a kind that its text outside the spans does not contain
-# (``Protector.placeholder``). The first ones were chosen by measurement, see docs/api.md#real-world-text.
+# (``Protector.placeholder``). The first ones were chosen by measurement, see docs/text.md.
 PLACEHOLDERS = {"number": ("5", "3", "4", "6", "9", "2"),
                 "other": ("Seattle", "Miami", "Atlanta", "Hawaii", "Vegas", "Texas", "London", "Berlin")}
 
