@@ -86,7 +86,7 @@ def test_empty_text_translates_to_empty_without_the_model(service_url, text):
     out = translate(service_url, [text, SENTENCES[0]], beam_size=1)
     empty, real = out["translations"]
     assert empty == {"text": "", "tokens": [], "source_tokens": [], "score": 0.0, "finish_reason": "eos",
-                     "alternatives": []}
+                     "alternatives": [], "confidence": 1.0}
     assert real["text"] and out["usage"]["source_tokens"] == len(real["source_tokens"])
     assert translate(service_url, text)["usage"] == {"source_tokens": 0, "generated_tokens": 0}
 
@@ -164,8 +164,8 @@ def test_n_best_alternatives(service_url):
     t = translate(service_url, SENTENCES[2], beam_size=4, n_best=3)["translations"][0]
     assert 1 <= len(t["alternatives"]) <= 2
     for alt in t["alternatives"]:
-        assert set(alt) == {"text", "tokens", "score", "finish_reason"}
-        assert alt["score"] <= t["score"] + 1e-6
+        assert set(alt) == {"text", "tokens", "score", "finish_reason", "confidence"}
+        assert alt["score"] <= t["score"] + 1e-6 and 0 < alt["confidence"] <= 1
     assert translate(service_url, SENTENCES[2], beam_size=4)["translations"][0]["alternatives"] == []
 
 
