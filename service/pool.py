@@ -146,7 +146,10 @@ class PoolReplica:
         self.cards = {c.id: c for c in cards}
         self.max_models, self.budget = max_models, memory_budget_bytes
         self.drain_timeout_s = drain_timeout_s
-        resources = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
+        try:
+            resources = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
+        except AssertionError:          # a driver process (tests with a Ray instance up), not a Ray worker
+            resources = {}
         self.threads = max(1, round(resources.get("CPU", 1)))
         torch.set_num_threads(self.threads)
         self.device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
