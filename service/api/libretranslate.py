@@ -22,7 +22,7 @@ from service.engine import GenerationOptions
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
-from service.protocol import MAX_BEAM_SIZE, TranslateJob, TranslateResponse, Usage
+from service.protocol import MAX_BEAM_SIZE, MAX_KEEP_TERMS, TranslateJob, TranslateResponse, Usage
 from service.engine.validation import ModelLimits
 
 from . import autodetect, glossaries
@@ -32,7 +32,7 @@ from .body import Fields
 from .errors import ServiceError, format_validation_error, libre_error_response, mapped_errors, short_name, shown
 from .guard import check_body_key
 from .html import HtmlText
-from .schemas import LibreLanguage, TranslateRequest, check_keep, check_unicode
+from .schemas import KeepTerm, LibreLanguage, TranslateRequest, check_keep, check_unicode
 LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key", "keep",
                 "glossary", "glossary_id")     # the fields this route reads (the last three: this service's own)
 DETECT_FIELDS = ("q", "api_key")                                                # the fields /detect reads
@@ -92,7 +92,8 @@ class LibreTranslateBody(LibreDetectBody):
         None, description='this service\'s own: [{"source", "target"}] entries as on /v1/translate (in a form: '
                           "that list as a JSON string)")
     glossary_id: Optional[str] = Field(None, description="this service's own: a stored glossary's name (GET /v1/glossaries)")
-    keep: Optional[list[str]] = Field(None, description="this service's own: do-not-translate terms, as "
+    keep: Optional[list[KeepTerm]] = Field(None, max_length=MAX_KEEP_TERMS,
+                                           description="this service's own: do-not-translate terms, as "
                                                         "/v1/translate's keep (a JSON list, or one form field per term)")
 
     @field_validator("format", mode="before")
@@ -125,7 +126,7 @@ class LibreTranslateBody(LibreDetectBody):
     def _keep(cls, v: Any, info) -> Any:
         """A list of terms (the rules of /v1/translate's keep); in a form, one field per term."""
         if isinstance(v, str) and (info.context or {}).get("form"):
-            v = [v]
+            v = [v] if v else None           # an empty form field: none
         return check_keep(v)
 
 

@@ -26,6 +26,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+# a do-not-translate term as the schema states it: 1..MAX_KEEP_CHARS characters, not blank
+KeepTerm = Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEEP_CHARS, pattern=r"\S")]
+
 def _whole(v: Any) -> Any:
     """A JSON number with no fractional part (4.0) is the integer it equals, as JSON Schema's
     "integer" says; 4.5, "4" and true stay refused (strict)."""
@@ -80,7 +83,7 @@ class TranslateRequest(_Strict):
     timeout_s: Optional[float] = Field(
         None, gt=0, allow_inf_nan=False, description="seconds until the request is cancelled and answered 504 "
                                                      "(at most the server's max_timeout_s; null = that maximum)")
-    keep: Optional[list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEEP_CHARS)]]] = Field(
+    keep: Optional[list[KeepTerm]] = Field(
         None, max_length=MAX_KEEP_TERMS,
         description=f"do-not-translate terms (up to {MAX_KEEP_TERMS}, each up to {MAX_KEEP_CHARS} characters, not "
                     "blank): each occurrence in the text (case-sensitive, whole words) comes back verbatim; "
@@ -160,7 +163,7 @@ class TranslateRequest(_Strict):
         check_unicode([v] if isinstance(v, str) else v, "text")
         return v
 
-    @field_validator("beam_size", "n_best", "max_new_tokens", "min_new_tokens", mode="before")
+    @field_validator("beam_size", "n_best", "max_new_tokens", "min_new_tokens", "no_repeat_ngram_size", mode="before")
     @classmethod
     def _whole_number(cls, v: Any) -> Any:
         return _whole(v)
