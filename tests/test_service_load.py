@@ -88,8 +88,9 @@ def test_engine_queue_full_is_503(service_url):
 
 @pytest.mark.slow
 def test_client_disconnects_cancel_work(service_url):
-    """Close 3 of 8 streams midway: within 10 s their sentences are cancelled and the running and
-    waiting gauges equal what the live requests hold."""
+    """Close 3 of 8 streams midway: exactly their sentences are counted as cancelled, and the running
+    and waiting gauges equal what the live requests hold. (The bounds below only catch a hang: a
+    loaded 2-core machine takes seconds per scrape.)"""
     k = 4    # sentences per request; greedy, so one sequence each
     text = " ".join([SENTENCES[0]] * k)
     models = {m["id"]: m for m in httpx.get(service_url + "/v1/models").json()["data"]}
@@ -117,23 +118,25 @@ def test_client_disconnects_cancel_work(service_url):
             tasks = [asyncio.create_task(run(i, i < 3)) for i in range(8)]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in first_token)), 60)
             closed_at = time.time()
-            matched = cancelled = False
-            while time.time() - closed_at < 10 and not (matched and cancelled):
+            matched = False
+            while time.time() - closed_at < 60 and not matched:
                 text = await asyncio.to_thread(scrape, service_url)
                 live = sum(1 for t in tasks[3:] if not t.done())
                 held = (metric_sum(text, "ray_mt_running_sequences", model="de-en")
                         + metric_sum(text, "ray_mt_waiting_requests", model="de-en"))
-                matched = matched or held == k * live
-                cancelled = metric_sum(text, "ray_mt_sentences_total", model="de-en",
-                                       finish_reason="cancelled") - cancelled0 == 3 * k
+                matched = held == k * live
                 await asyncio.sleep(0.5)
             results = await asyncio.gather(*tasks)
-            return matched, cancelled, results
+            return matched, results
 
-    matched, cancelled, results = asyncio.run(main())
+    matched, results = asyncio.run(main())
     assert results == ["closed"] * 3 + ["done"] * 5
-    assert cancelled, "the closed streams' sentences were not cancelled within 10 s"
-    assert matched, "running + waiting never matched the live requests within 10 s"
+    assert matched, "running + waiting never matched the live requests within 60 s"
+    # The live requests ran to the end: only the closed streams' sentences count as cancelled.
+    text = wait_for_metric(service_url, lambda t: metric_sum(t, "ray_mt_sentences_total", model="de-en",
+                                                             finish_reason="cancelled") - cancelled0 >= 3 * k,
+                           timeout_s=60)
+    assert metric_sum(text, "ray_mt_sentences_total", model="de-en", finish_reason="cancelled") - cancelled0 == 3 * k
 
 
 @pytest.mark.slow
@@ -204,13 +207,14 @@ def replica_values(text: str, name: str, model: str) -> list[float]:
 def test_clients_that_give_up_stop_costing_the_engine(service_url):
     """#38: 16 clients each send 30 sentences with beam 4 (non-streaming) and give up after 0.3 s.
     Behind HAProxy, each departure reaches the ingress replica, whose request is cancelled with its
-    sentences (service/ray_env.py runs HAProxy without splicing; with it, under this load the work ran
-    on for tens of seconds). The engine's running and waiting gauges read 0 within 2 s of the last
-    client leaving, plus the 1 s interval at which replicas export metrics in the tests, plus 2 s for
-    a loaded 2-core machine."""
+    sentences (service/ray_env.py runs HAProxy without splicing; with it, the work ran on to the end
+    and nothing was cancelled). Asserted on work, not time: most of the given-up sentences are
+    counted as cancelled rather than finished, and the engine is idle again (60 s only bounds a hang)."""
     clients, per_client = 16, 30
     texts = read_lines(DATA / "test_2016_flickr.de.gz")[:clients * per_client]
-    cancelled0 = metric_sum(scrape(service_url), "ray_mt_sentences_total", model="de-en", finish_reason="cancelled")
+    before = scrape(service_url)
+    cancelled0 = metric_sum(before, "ray_mt_sentences_total", model="de-en", finish_reason="cancelled")
+    finished0 = metric_sum(before, "ray_mt_sentences_total", model="de-en") - cancelled0
 
     async def give_up(i: int) -> str:
         async with httpx.AsyncClient(timeout=0.3) as c:
@@ -222,28 +226,23 @@ def test_clients_that_give_up_stop_costing_the_engine(service_url):
                 return "gave up"
 
     async def main():
-        outcomes = await asyncio.gather(*(give_up(i) for i in range(clients)))
-        return outcomes, time.time()
-    outcomes, left = asyncio.run(main())
-    assert outcomes.count("gave up") >= clients // 2, outcomes
-    seen = []
-    while time.time() - left < 20:
-        at = time.time() - left          # before the scrape: a loaded machine's scrape takes seconds
-        text = scrape(service_url)
-        held = (metric_sum(text, "ray_mt_running_sequences", model="de-en"),
-                metric_sum(text, "ray_mt_waiting_requests", model="de-en"))
-        seen.append((round(at, 1), held))
-        if held == (0, 0):
-            break
-        time.sleep(0.25)
-    cancelled = cancelled0               # the counter is exported an interval after the gauges
-    for _ in range(40):
-        cancelled = metric_sum(scrape(service_url), "ray_mt_sentences_total", model="de-en",
-                               finish_reason="cancelled")
-        if cancelled > cancelled0:
-            break
-        time.sleep(0.5)
-    assert cancelled > cancelled0, "no sentence was counted as cancelled"
-    print(f"{outcomes.count('gave up')} clients gave up; (s after the last left, (running, waiting)): {seen}")
-    assert seen[-1][1] == (0, 0), f"the engine still held (running, waiting) {seen[-1][1]} 20 s later: {seen}"
-    assert seen[-1][0] <= 2 + 1 + 2, f"the engine was idle only {seen[-1][0]} s after the last client left: {seen}"
+        return await asyncio.gather(*(give_up(i) for i in range(clients)))
+    outcomes = asyncio.run(main())
+    gave_up = outcomes.count("gave up")
+    assert gave_up >= clients // 2, outcomes
+
+    def idle_and_counted(text: str) -> bool:
+        return (metric_sum(text, "ray_mt_running_sequences", model="de-en") == 0
+                and metric_sum(text, "ray_mt_waiting_requests", model="de-en") == 0
+                and metric_sum(text, "ray_mt_sentences_total", model="de-en") >= finished0 + cancelled0
+                + gave_up * per_client // 2)
+    text = wait_for_metric(service_url, idle_and_counted, timeout_s=60)
+    running = metric_sum(text, "ray_mt_running_sequences", model="de-en")
+    waiting = metric_sum(text, "ray_mt_waiting_requests", model="de-en")
+    cancelled = metric_sum(text, "ray_mt_sentences_total", model="de-en", finish_reason="cancelled") - cancelled0
+    finished = metric_sum(text, "ray_mt_sentences_total", model="de-en") - cancelled0 - cancelled - finished0
+    print(f"{gave_up} clients gave up on {gave_up * per_client} sentences: {cancelled:.0f} cancelled, "
+          f"{finished:.0f} finished; engine (running, waiting) = ({running:.0f}, {waiting:.0f})")
+    assert (running, waiting) == (0, 0), f"the engine still held ({running}, {waiting}) 60 s later"
+    assert cancelled >= gave_up * per_client // 2, (cancelled, finished)
+    assert cancelled > finished, (cancelled, finished)
