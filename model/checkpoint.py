@@ -18,7 +18,7 @@ from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
 # The shipped models, by name: German->English (the default) and English->German.
-SHIPPED_CHECKPOINTS = {name: Path(__file__).resolve().parent / "checkpoints" / name for name in ("de-en", "en-de")}
+SHIPPED_CHECKPOINTS = {name: Path(__file__).resolve().parent / "checkpoints" / name for name in ("de-en", "en-de", "en-fr", "fr-en")}
 DEFAULT_CHECKPOINT = SHIPPED_CHECKPOINTS["de-en"]
 
 WEIGHT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}

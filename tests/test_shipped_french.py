@@ -1,0 +1,65 @@
+"""The shipped French models (model/checkpoints/en-fr and fr-en, #35) through HTTP: the gateway
+with its translators in this process behind FastAPI's TestClient (tests/test_pivot.py's
+``gateway_client``) serving every shipped checkpoint as the default config does. Each direction
+translates Multi30k test sentences at a real BLEU, and German<->French goes through English, equal to
+the two legs run one after the other."""
+from __future__ import annotations
+
+import pytest
+import sacrebleu
+
+from conftest import DATA
+from model.checkpoint import SHIPPED_CHECKPOINTS
+from model.tokenizer import read_lines
+from service.translator import model_card
+from test_pivot import gateway_client, ok
+
+FRENCH = ("en-fr", "fr-en")
+pytestmark = pytest.mark.skipif(
+    not all((SHIPPED_CHECKPOINTS[m] / "model.safetensors").exists() for m in ("de-en", "en-de") + FRENCH),
+    reason="the shipped de/en/fr models are not in this checkout")
+N = 40    # the first N sentences of test_2016_flickr (the full-set BLEU is in each metadata.json)
+TEXT = {lang: read_lines(DATA / f"test_2016_flickr.{lang}.gz")[:N] for lang in ("de", "en", "fr")}
+
+
+@pytest.fixture(scope="module")
+def client():
+    from service.app import shipped_models
+    cards = [model_card(m.name, m.checkpoint) for m in shipped_models()]
+    with gateway_client(cards) as c:
+        yield c
+
+
+@pytest.mark.parametrize("source, target, min_bleu", [("en", "fr", 40.0), ("fr", "en", 35.0)])
+def test_each_french_model_translates_at_a_real_bleu(client, source, target, min_bleu):
+    got = ok(client, {"text": TEXT[source], "source_lang": source, "target_lang": target, "beam_size": 4})
+    assert got["model"] == f"{source}-{target}"
+    hyps = [t["text"] for t in got["translations"]]
+    bleu = sacrebleu.corpus_bleu(hyps, [TEXT[target]]).score
+    assert bleu >= min_bleu, (bleu, hyps[:3])
+    # LibreTranslate's route gives the same text
+    libre = ok(client, {"q": TEXT[source][:3], "source": source, "target": target}, "/translate")
+    greedy = ok(client, {"text": TEXT[source][:3], "source_lang": source, "target_lang": target})
+    assert libre["translatedText"] == [t["text"] for t in greedy["translations"]]
+
+
+@pytest.mark.parametrize("source, target, legs", [("de", "fr", ["de-en", "en-fr"]), ("fr", "de", ["fr-en", "en-de"])])
+def test_german_french_goes_through_english(client, source, target, legs):
+    texts = TEXT[source][:8]
+    got = ok(client, {"text": texts, "source_lang": source, "target_lang": target, "beam_size": 2})
+    first = ok(client, {"text": texts, "source_lang": source, "target_lang": "en", "beam_size": 2})
+    second = ok(client, {"text": [t["text"] for t in first["translations"]], "source_lang": "en",
+                         "target_lang": target, "beam_size": 2})
+    assert got["model"] == "+".join(legs) and all(t["path"] == legs for t in got["translations"])
+    assert [t["text"] for t in got["translations"]] == [t["text"] for t in second["translations"]]
+    assert sacrebleu.corpus_bleu([t["text"] for t in got["translations"]], [TEXT[target][:8]]).score > 15
+
+
+def test_languages_list_french_both_ways(client):
+    langs = {x["code"]: x for x in client.get("/languages").json()}
+    assert set(langs) == {"de", "en", "fr"}
+    assert sorted(langs["de"]["targets"]) == ["en", "fr"] and langs["de"]["via"] == {"fr": "en"}
+    assert sorted(langs["fr"]["targets"]) == ["de", "en"] and langs["fr"]["via"] == {"de": "en"}
+    assert sorted(langs["en"]["targets"]) == ["de", "fr"] and "via" not in langs["en"]
+    detected = ok(client, {"q": TEXT["fr"][0]}, "/detect")
+    assert detected[0]["language"] == "fr" and 0 < detected[0]["confidence"] <= 100
