@@ -13,7 +13,7 @@ import pptx
 from lxml import etree
 from pptx.oxml.ns import qn
 
-from .common import DocumentError, RichText, Run, Segments
+from .common import DocumentError, Run, Segments, build, replace_children, saved
 from .safety import open_archive
 
 
@@ -51,36 +51,21 @@ class PptxDocument:
                                  b"" if rpr is None else etree.tostring(rpr)))
             else:
                 items.append(Run(key, "", None, space=child.tag == qn("a:br")))
-        if not any(it.style is not None and it.text.strip() for it in items):
-            return
-        rich = RichText(items)
-
-        def put(tr: list[str]) -> None:
-            at = list(p).index(inline[0])
-            for child in inline:
-                p.remove(child)
-            k = at
-            for it in rich.rebuild(tr):
-                tpl = templates[it.key]
-                if it.style is None and not it.text:
-                    el = tpl
-                elif it.text:
-                    el = copy.deepcopy(tpl)
-                    t = el.find(qn("a:t"))
-                    if t is None:
-                        t = etree.SubElement(el, qn("a:t"))
-                    t.text = it.text
-                else:
-                    continue
-                p.insert(k, el)
-                k += 1
-        self._seg.add(rich.segments, put)
+        self._seg.add_runs(items, lambda rebuilt: replace_children(p, inline, lambda: build(rebuilt, templates, _text_run)))
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._seg.apply(translations)
-        out = io.BytesIO()
-        self.prs.save(out)
-        return out.getvalue()
+        return saved(self.prs.save)
+
+
+def _text_run(tpl, text: str):
+    """A copy of the ``a:r`` with ``text``."""
+    r = copy.deepcopy(tpl)
+    t = r.find(qn("a:t"))
+    if t is None:
+        t = etree.SubElement(r, qn("a:t"))
+    t.text = text
+    return r
 
 
 def load(data: bytes) -> PptxDocument:
