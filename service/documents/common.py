@@ -27,6 +27,11 @@ class DocumentError(ServiceError):
         super().__init__(status, f"file: {message}", "file")
 
 
+def not_valid(what: str, e: Exception) -> DocumentError:
+    """A library's failure on an untrusted file, reported as the file's (422), naming ``what`` it is not."""
+    return DocumentError(422, f"not a valid {what} file: {type(e).__name__}: {str(e)[:200]}")
+
+
 class Document(Protocol):
     segments: list[str]
 
@@ -40,6 +45,15 @@ class Segments:
     def __init__(self):
         self.segments: list[str] = []
         self._units: list[tuple[int, int, object]] = []      # (first segment, count, callback)
+
+    @classmethod
+    def of_paragraphs(cls, paragraphs, read) -> "Segments":
+        """Each paragraph a ``RichText`` unit: ``read(paragraph)`` gives its ``(items, put)`` for
+        ``add_runs``."""
+        seg = cls()
+        for p in paragraphs:
+            seg.add_runs(*read(p))
+        return seg
 
     def add(self, texts: list[str], put) -> None:
         """Register ``texts``; ``put(translations)`` is called with theirs by ``apply``."""

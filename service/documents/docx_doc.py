@@ -16,7 +16,7 @@ from lxml import etree
 from docx.opc.constants import RELATIONSHIP_TYPE as RT
 from docx.oxml.ns import qn
 
-from .common import DocumentError, Group, Item, Run, Segments, build, replace_children, saved
+from .common import Group, Item, Run, Segments, build, not_valid, replace_children, saved
 from .safety import open_archive
 
 _TEXT = {qn("w:t"): None, qn("w:noBreakHyphen"): "-", qn("w:softHyphen"): "\u00ad"}
@@ -31,43 +31,43 @@ class DocxDocument:
         try:
             self.doc = docx.Document(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's
-            raise DocumentError(422, f"not a valid Word (.docx) file: {type(e).__name__}: {str(e)[:200]}") from None
-        self._seg = Segments()
+            raise not_valid("Word (.docx)", e) from None
         roots = [self.doc.element.body]
         for rel in self.doc.part.rels.values():      # parts python-docx parses as XML (others: left as they are)
             if rel.reltype in _PARTS and not rel.is_external and hasattr(rel.target_part, "element"):
                 roots.append(rel.target_part.element)
-        for root in roots:
-            for p in root.iter(qn("w:p")):
-                self._paragraph(p)
+        self._seg = Segments.of_paragraphs((p for root in roots for p in root.iter(qn("w:p"))), _paragraph)
         self.segments = self._seg.segments
-
-    def _paragraph(self, p) -> None:
-        templates: dict[int, object] = {}      # key -> the w:r / w:hyperlink / other element it copies
-        items = []
-        inline = []                            # the children that the rebuilt items replace
-        for child in p:
-            if child.tag == qn("w:pPr"):
-                continue
-            inline.append(child)
-            if child.tag == qn("w:r"):
-                items += _run_items(child, templates)
-            elif child.tag == qn("w:hyperlink") and all(c.tag == qn("w:r") for c in child):
-                key = len(templates)
-                templates[key] = child
-                group = Group(key)
-                for r in child:
-                    group.items += _run_items(r, templates)
-                items.append(group)
-            else:
-                key = len(templates)
-                templates[key] = child
-                items.append(Run(key, "", None))
-        self._seg.add_runs(items, lambda rebuilt: replace_children(p, inline, lambda: _elements(rebuilt, templates)))
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._seg.apply(translations)
         return saved(self.doc.save)
+
+
+def _paragraph(p):
+    """A ``w:p``'s runs, hyperlinks and other children as items, and the ``put`` that writes rebuilt
+    items back in their place (``Segments.add_runs``)."""
+    templates: dict[int, object] = {}      # key -> the w:r / w:hyperlink / other element it copies
+    items = []
+    inline = []                            # the children that the rebuilt items replace
+    for child in p:
+        if child.tag == qn("w:pPr"):
+            continue
+        inline.append(child)
+        if child.tag == qn("w:r"):
+            items += _run_items(child, templates)
+        elif child.tag == qn("w:hyperlink") and all(c.tag == qn("w:r") for c in child):
+            key = len(templates)
+            templates[key] = child
+            group = Group(key)
+            for r in child:
+                group.items += _run_items(r, templates)
+            items.append(group)
+        else:
+            key = len(templates)
+            templates[key] = child
+            items.append(Run(key, "", None))
+    return items, lambda rebuilt: replace_children(p, inline, lambda: _elements(rebuilt, templates))
 
 
 def _run_items(r, templates: dict) -> list[Run]:

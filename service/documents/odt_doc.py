@@ -13,7 +13,7 @@ from odf.element import Element, Node, Text
 from odf.namespaces import TEXTNS
 from odf.opendocument import load as odf_load
 
-from .common import DocumentError, Group, Item, Run, Segments, build, saved
+from .common import DocumentError, Group, Item, Run, Segments, build, not_valid, saved
 from .safety import open_archive
 
 TEXT = "text"
@@ -32,31 +32,31 @@ class OdtDocument:
         try:
             self.doc = odf_load(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's
-            raise DocumentError(422, f"not a valid OpenDocument text (.odt) file: {type(e).__name__}: "
-                                     f"{str(e)[:200]}") from None
-        self._seg = Segments()
-        for root in (self.doc.body, self.doc.masterstyles):
-            for p in _paragraphs(root):
-                self._paragraph(p)
+            raise not_valid("OpenDocument text (.odt)", e) from None
+        self._seg = Segments.of_paragraphs((p for root in (self.doc.body, self.doc.masterstyles)
+                                            for p in _paragraphs(root)), _paragraph)
         self.segments = self._seg.segments
-
-    def _paragraph(self, p) -> None:
-        templates: dict[int, object] = {}
-
-        def put(rebuilt: list[Item]) -> None:
-            for child in list(p.childNodes):
-                if child.nodeType == Node.ELEMENT_NODE:
-                    p.removeChild(child)
-                else:               # odfpy's removeChild takes elements only
-                    p.childNodes.remove(child)
-                    child.parentNode = None
-            for node in build(rebuilt, templates, lambda tpl, text: Text(text), _group):
-                p.appendChild(node)
-        self._seg.add_runs(_items(p, templates), put)
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._seg.apply(translations)
         return saved(self.doc.write)
+
+
+def _paragraph(p):
+    """A ``text:p`` or ``text:h``'s nodes as items, and the ``put`` that replaces its children by the
+    rebuilt items' nodes (``Segments.add_runs``)."""
+    templates: dict[int, object] = {}
+
+    def put(rebuilt: list[Item]) -> None:
+        for child in list(p.childNodes):
+            if child.nodeType == Node.ELEMENT_NODE:
+                p.removeChild(child)
+            else:               # odfpy's removeChild takes elements only
+                p.childNodes.remove(child)
+                child.parentNode = None
+        for node in build(rebuilt, templates, lambda tpl, text: Text(text), _group):
+            p.appendChild(node)
+    return _items(p, templates), put
 
 
 def _paragraphs(root):

@@ -13,7 +13,7 @@ import pptx
 from lxml import etree
 from pptx.oxml.ns import qn
 
-from .common import DocumentError, Run, Segments, build, replace_children, saved
+from .common import Run, Segments, build, not_valid, replace_children, saved
 from .safety import open_archive
 
 
@@ -28,34 +28,34 @@ class PptxDocument:
                 if slide.has_notes_slide:
                     roots.append(slide.notes_slide.element)
         except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's
-            raise DocumentError(422, f"not a valid PowerPoint (.pptx) file: {type(e).__name__}: {str(e)[:200]}") from None
-        self._seg = Segments()
-        for root in roots:
-            for p in root.iter(qn("a:p")):
-                self._paragraph(p)
+            raise not_valid("PowerPoint (.pptx)", e) from None
+        self._seg = Segments.of_paragraphs((p for root in roots for p in root.iter(qn("a:p"))), _paragraph)
         self.segments = self._seg.segments
-
-    def _paragraph(self, p) -> None:
-        templates: dict[int, object] = {}
-        items, inline = [], []
-        for child in p:
-            if child.tag in (qn("a:pPr"), qn("a:endParaRPr")):
-                continue
-            inline.append(child)
-            key = len(templates)
-            templates[key] = child
-            if child.tag == qn("a:r"):
-                rpr = child.find(qn("a:rPr"))
-                t = child.find(qn("a:t"))
-                items.append(Run(key, t.text or "" if t is not None else "",
-                                 b"" if rpr is None else etree.tostring(rpr)))
-            else:
-                items.append(Run(key, "", None, space=child.tag == qn("a:br")))
-        self._seg.add_runs(items, lambda rebuilt: replace_children(p, inline, lambda: build(rebuilt, templates, _text_run)))
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._seg.apply(translations)
         return saved(self.prs.save)
+
+
+def _paragraph(p):
+    """An ``a:p``'s runs, breaks and fields as items, and the ``put`` that writes rebuilt items back
+    in their place (``Segments.add_runs``)."""
+    templates: dict[int, object] = {}
+    items, inline = [], []
+    for child in p:
+        if child.tag in (qn("a:pPr"), qn("a:endParaRPr")):
+            continue
+        inline.append(child)
+        key = len(templates)
+        templates[key] = child
+        if child.tag == qn("a:r"):
+            rpr = child.find(qn("a:rPr"))
+            t = child.find(qn("a:t"))
+            items.append(Run(key, t.text or "" if t is not None else "",
+                             b"" if rpr is None else etree.tostring(rpr)))
+        else:
+            items.append(Run(key, "", None, space=child.tag == qn("a:br")))
+    return items, lambda rebuilt: replace_children(p, inline, lambda: build(rebuilt, templates, _text_run))
 
 
 def _text_run(tpl, text: str):
