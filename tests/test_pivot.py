@@ -1,4 +1,4 @@
-"""Pivoting (service/api/pivot.py, docs/pivot.md): a pair no model serves, translated through a third
+"""Pivoting (service/api/pivot.py, docs/controls.md#pivoting): a pair no model serves, translated through a third
 language by two models one after the other. The route table and the leg jobs without a model; then
 the real gateway in-process over HTTP (FastAPI's TestClient, its translators in this process, no
 Ray) with three tiny random models, de-en, en-fr and fr-en ("fr" is a label: its tokenizer reads

@@ -2,7 +2,7 @@
 source -> X and X -> target models exist (X = ``pivot_lang``: English by default, ``AppArgs.pivot_lang``;
 null turns pivoting off). A pivoted request is two ordinary jobs to two models, one after the other,
 through whatever backend serves each model (``backends.Backend``): the routing layer knows nothing of
-where a model runs. docs/pivot.md has the semantics; in short:
+where a model runs. docs/controls.md#pivoting has the semantics; in short:
 
     routes(cards, "en")          {(source, target): PivotRoute} for every pair no model serves directly
     run(translate, route, job)   first leg (into X, 1-best), then the second leg on its text

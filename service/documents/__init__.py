@@ -8,7 +8,8 @@ structure and formatting kept (docs/documents.md). No HTTP here (the routes: ser
     docx_doc.py      .docx                   python-docx; runs and hyperlinks carried by RichText
     pptx_doc.py      .pptx                   python-pptx; likewise
     odt_doc.py       .odt                    odfpy; spans and links likewise
-    common.py        Document, Segments, RichText, limits, DocumentError
+    common.py        Document, Segments (paragraphs of runs in, rebuilt runs out), RichText, build,
+                     limits, DocumentError
     safety.py        archive and XML checks before any parser runs
 
 ``load(data, filename)`` picks the format by the file name's extension and checks that the content

@@ -8,10 +8,11 @@ carried through the HTML route's inline-element placement (``service/api/html.Ht
 """
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from html import escape
 from html.parser import HTMLParser
-from typing import Optional, Protocol, Union
+from typing import Callable, Optional, Protocol, Union
 
 from service.api.errors import ServiceError
 from service.api.html import MAX_INLINE_DEPTH, HtmlText
@@ -24,6 +25,11 @@ class DocumentError(ServiceError):
 
     def __init__(self, status: int, message: str):
         super().__init__(status, f"file: {message}", "file")
+
+
+def not_valid(what: str, e: Exception) -> DocumentError:
+    """A library's failure on an untrusted file, reported as the file's (422), naming ``what`` it is not."""
+    return DocumentError(422, f"not a valid {what} file: {type(e).__name__}: {str(e)[:200]}")
 
 
 class Document(Protocol):
@@ -40,6 +46,15 @@ class Segments:
         self.segments: list[str] = []
         self._units: list[tuple[int, int, object]] = []      # (first segment, count, callback)
 
+    @classmethod
+    def of_paragraphs(cls, paragraphs, read) -> "Segments":
+        """Each paragraph a ``RichText`` unit: ``read(paragraph)`` gives its ``(items, put)`` for
+        ``add_runs``."""
+        seg = cls()
+        for p in paragraphs:
+            seg.add_runs(*read(p))
+        return seg
+
     def add(self, texts: list[str], put) -> None:
         """Register ``texts``; ``put(translations)`` is called with theirs by ``apply``."""
         if texts:
@@ -47,11 +62,25 @@ class Segments:
             self.segments.extend(texts)
             check_size(self.segments)
 
+    def add_runs(self, items: list[Item], put: Callable[[list[Item]], None]) -> None:
+        """Register a paragraph of runs as one ``RichText`` unit (nothing when no run has text);
+        ``put(items)`` is called by ``apply`` with its items rebuilt around the translation."""
+        if any(isinstance(it, Run) and it.style is not None and it.text.strip() for it in flat(items)):
+            rich = RichText(items)
+            self.add(rich.segments, lambda translations: put(rich.rebuild(translations)))
+
     def apply(self, translations: list[str]) -> None:
         if len(translations) != len(self.segments):
             raise ValueError(f"expected {len(self.segments)} translations, got {len(translations)}")
         for start, n, put in self._units:
             put(translations[start:start + n])
+
+
+def saved(save: Callable[[io.BytesIO], None]) -> bytes:
+    """The bytes a library's ``save(file)`` writes (python-docx, python-pptx, odfpy)."""
+    out = io.BytesIO()
+    save(out)
+    return out.getvalue()
 
 
 def check_size(segments: list[str]) -> None:
@@ -148,6 +177,43 @@ class RichText:
         parser.close()
         _trim(parser.root)
         return parser.root
+
+
+def flat(items: list[Item]):
+    """Every item, depth first: a group, then its items."""
+    for it in items:
+        yield it
+        if isinstance(it, Group):
+            yield from flat(it.items)
+
+
+def build(items: list[Item], templates: dict, text: Callable, group: Optional[Callable] = None,
+          atomic: Callable = lambda template: template) -> list:
+    """A format's nodes for rebuilt items (``RichText.rebuild``), each made from ``templates[key]``
+    (what the format module recorded for that key when it read the paragraph): ``text(template,
+    new_text)`` for a text run (a run whose text merged into another's gives nothing),
+    ``group(template, nodes)`` for a group, with its items' nodes, ``atomic(template)`` for an atomic
+    run (by default the template itself, kept as it was)."""
+    out = []
+    for it in items:
+        template = templates[it.key]
+        if isinstance(it, Group):
+            out.append(group(template, build(it.items, templates, text, group, atomic)))
+        elif it.style is None and not it.text:
+            out.append(atomic(template))
+        elif it.text:
+            out.append(text(template, it.text))
+    return out
+
+
+def replace_children(parent, old: list, new: Callable[[], list]) -> None:
+    """In an lxml element, the children ``old`` replaced by the elements ``new()`` makes once they are
+    detached, at the place of the first."""
+    at = list(parent).index(old[0])
+    for child in old:
+        parent.remove(child)
+    for k, el in enumerate(new()):
+        parent.insert(at + k, el)
 
 
 def _trim(items: list[Item]) -> None:

@@ -16,7 +16,7 @@ from lxml import etree
 from docx.opc.constants import RELATIONSHIP_TYPE as RT
 from docx.oxml.ns import qn
 
-from .common import DocumentError, Group, Item, RichText, Run, Segments
+from .common import Group, Item, Run, Segments, build, not_valid, replace_children, saved
 from .safety import open_archive
 
 _TEXT = {qn("w:t"): None, qn("w:noBreakHyphen"): "-", qn("w:softHyphen"): "\u00ad"}
@@ -31,55 +31,43 @@ class DocxDocument:
         try:
             self.doc = docx.Document(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's
-            raise DocumentError(422, f"not a valid Word (.docx) file: {type(e).__name__}: {str(e)[:200]}") from None
-        self._seg = Segments()
+            raise not_valid("Word (.docx)", e) from None
         roots = [self.doc.element.body]
         for rel in self.doc.part.rels.values():      # parts python-docx parses as XML (others: left as they are)
             if rel.reltype in _PARTS and not rel.is_external and hasattr(rel.target_part, "element"):
                 roots.append(rel.target_part.element)
-        for root in roots:
-            for p in root.iter(qn("w:p")):
-                self._paragraph(p)
+        self._seg = Segments.of_paragraphs((p for root in roots for p in root.iter(qn("w:p"))), _paragraph)
         self.segments = self._seg.segments
-
-    def _paragraph(self, p) -> None:
-        templates: dict[int, object] = {}      # key -> the w:r / w:hyperlink / other element it copies
-        items = []
-        inline = []                            # the children that the rebuilt items replace
-        for child in p:
-            if child.tag == qn("w:pPr"):
-                continue
-            inline.append(child)
-            if child.tag == qn("w:r"):
-                items += _run_items(child, templates)
-            elif child.tag == qn("w:hyperlink") and all(c.tag == qn("w:r") for c in child):
-                key = len(templates)
-                templates[key] = child
-                group = Group(key)
-                for r in child:
-                    group.items += _run_items(r, templates)
-                items.append(group)
-            else:
-                key = len(templates)
-                templates[key] = child
-                items.append(Run(key, "", None))
-        if not any(isinstance(it, Group) or (it.style is not None and it.text.strip()) for it in items):
-            return
-        rich = RichText(items)
-
-        def put(tr: list[str]) -> None:
-            at = list(p).index(inline[0])
-            for child in inline:
-                p.remove(child)
-            for k, el in enumerate(_elements(rich.rebuild(tr), templates)):
-                p.insert(at + k, el)
-        self._seg.add(rich.segments, put)
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._seg.apply(translations)
-        out = io.BytesIO()
-        self.doc.save(out)
-        return out.getvalue()
+        return saved(self.doc.save)
+
+
+def _paragraph(p):
+    """A ``w:p``'s runs, hyperlinks and other children as items, and the ``put`` that writes rebuilt
+    items back in their place (``Segments.add_runs``)."""
+    templates: dict[int, object] = {}      # key -> the w:r / w:hyperlink / other element it copies
+    items = []
+    inline = []                            # the children that the rebuilt items replace
+    for child in p:
+        if child.tag == qn("w:pPr"):
+            continue
+        inline.append(child)
+        if child.tag == qn("w:r"):
+            items += _run_items(child, templates)
+        elif child.tag == qn("w:hyperlink") and all(c.tag == qn("w:r") for c in child):
+            key = len(templates)
+            templates[key] = child
+            group = Group(key)
+            for r in child:
+                group.items += _run_items(r, templates)
+            items.append(group)
+        else:
+            key = len(templates)
+            templates[key] = child
+            items.append(Run(key, "", None))
+    return items, lambda rebuilt: replace_children(p, inline, lambda: _elements(rebuilt, templates))
 
 
 def _run_items(r, templates: dict) -> list[Run]:
@@ -116,36 +104,38 @@ def _elements(items: list[Item], templates: dict) -> list:
     groups (hyperlinks) copied without their runs and filled, atomic runs as they were: the element
     itself, or a run with its run's formatting around the child itself (moved, not copied: a text
     box's paragraphs inside a drawing are units of their own, translated in place)."""
-    out = []
-    for it in items:
-        tpl = templates[it.key]
-        if isinstance(tpl, tuple):
-            r, child = tpl
-            run = r.makeelement(qn("w:r"), dict(r.attrib))
-            if r.find(qn("w:rPr")) is not None:
-                run.append(copy.deepcopy(r.find(qn("w:rPr"))))
-            run.append(child)
-            out.append(run)
-        elif isinstance(it, Group):
-            link = copy.deepcopy(tpl)
-            for c in list(link):
-                link.remove(c)
-            for el in _elements(it.items, templates):
-                link.append(el)
-            out.append(link)
-        elif it.style is None and not it.text:
-            out.append(tpl)
-        elif it.text:
-            r = copy.deepcopy(tpl)
-            for c in list(r):
-                if c.tag != qn("w:rPr"):
-                    r.remove(c)
-            t = r.makeelement(qn("w:t"), {})
-            t.text = it.text
-            t.set("{http://www.w3.org/XML/1998/namespace}space", "preserve")
-            r.append(t)
-            out.append(r)
-    return out
+    return build(items, templates, _text_run, _hyperlink, _atomic)
+
+
+def _text_run(tpl, text: str):
+    r = copy.deepcopy(tpl)
+    for c in list(r):
+        if c.tag != qn("w:rPr"):
+            r.remove(c)
+    t = r.makeelement(qn("w:t"), {})
+    t.text = text
+    t.set("{http://www.w3.org/XML/1998/namespace}space", "preserve")
+    r.append(t)
+    return r
+
+
+def _hyperlink(tpl, children: list):
+    link = copy.deepcopy(tpl)
+    for c in list(link):
+        link.remove(c)
+    link.extend(children)
+    return link
+
+
+def _atomic(tpl):
+    if not isinstance(tpl, tuple):
+        return tpl
+    r, child = tpl
+    run = r.makeelement(qn("w:r"), dict(r.attrib))
+    if r.find(qn("w:rPr")) is not None:
+        run.append(copy.deepcopy(r.find(qn("w:rPr"))))
+    run.append(child)
+    return run
 
 
 def load(data: bytes) -> DocxDocument:

@@ -14,7 +14,7 @@ import re
 from markdown_it import MarkdownIt
 from mdit_py_plugins.front_matter import front_matter_plugin
 
-from .common import Group, Item, RichText, Run, Segments, decode_text
+from .common import Group, Item, Run, Segments, decode_text
 
 _PAIRS = {"strong_open": "strong_close", "em_open": "em_close", "s_open": "s_close", "link_open": "link_close"}
 _ESCAPE = re.compile(r"([\\`*_\[\]<|])")      # written as \x: literal in Markdown (| in table cells)
@@ -64,16 +64,8 @@ class MarkdownDocument:
 
     def _add(self, tok, span: tuple[int, int]) -> None:
         keys: dict[int, object] = {}          # key -> the token (or tokens) it renders
-        items = _items(tok.children, keys)
-        if not any(isinstance(it, Group) or (it.style is not None and it.text.strip()) for it in _flat(items)):
-            return
-        rich = RichText(items)
-        if not rich.segments:
-            return
-
-        def put(tr: list[str]) -> None:
-            self._edits.append((span[0], span[1], _render(rich.rebuild(tr), keys)))
-        self._seg.add(rich.segments, put)
+        self._seg.add_runs(_items(tok.children, keys), lambda rebuilt: self._edits.append(
+            (span[0], span[1], _render(rebuilt, keys))))
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._edits.clear()
@@ -84,13 +76,6 @@ class MarkdownDocument:
             pos = end
         out.append(self.source[pos:])
         return "".join(out).encode("utf-8")
-
-
-def _flat(items: list[Item]):
-    for it in items:
-        yield it
-        if isinstance(it, Group):
-            yield from _flat(it.items)
 
 
 def _items(tokens: list, keys: dict) -> list[Item]:

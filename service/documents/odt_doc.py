@@ -13,7 +13,7 @@ from odf.element import Element, Node, Text
 from odf.namespaces import TEXTNS
 from odf.opendocument import load as odf_load
 
-from .common import DocumentError, Group, Item, RichText, Run, Segments
+from .common import DocumentError, Group, Item, Run, Segments, build, not_valid, saved
 from .safety import open_archive
 
 TEXT = "text"
@@ -32,37 +32,31 @@ class OdtDocument:
         try:
             self.doc = odf_load(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's
-            raise DocumentError(422, f"not a valid OpenDocument text (.odt) file: {type(e).__name__}: "
-                                     f"{str(e)[:200]}") from None
-        self._seg = Segments()
-        for root in (self.doc.body, self.doc.masterstyles):
-            for p in _paragraphs(root):
-                self._paragraph(p)
+            raise not_valid("OpenDocument text (.odt)", e) from None
+        self._seg = Segments.of_paragraphs((p for root in (self.doc.body, self.doc.masterstyles)
+                                            for p in _paragraphs(root)), _paragraph)
         self.segments = self._seg.segments
-
-    def _paragraph(self, p) -> None:
-        templates: dict[int, object] = {}
-        items = _items(p, templates)
-        if not any(isinstance(it, Run) and it.style is not None and it.text.strip() for it in _flat(items)):
-            return
-        rich = RichText(items)
-
-        def put(tr: list[str]) -> None:
-            for child in list(p.childNodes):
-                if child.nodeType == Node.ELEMENT_NODE:
-                    p.removeChild(child)
-                else:               # odfpy's removeChild takes elements only
-                    p.childNodes.remove(child)
-                    child.parentNode = None
-            for node in _nodes(rich.rebuild(tr), templates):
-                p.appendChild(node)
-        self._seg.add(rich.segments, put)
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._seg.apply(translations)
-        out = io.BytesIO()
-        self.doc.write(out)
-        return out.getvalue()
+        return saved(self.doc.write)
+
+
+def _paragraph(p):
+    """A ``text:p`` or ``text:h``'s nodes as items, and the ``put`` that replaces its children by the
+    rebuilt items' nodes (``Segments.add_runs``)."""
+    templates: dict[int, object] = {}
+
+    def put(rebuilt: list[Item]) -> None:
+        for child in list(p.childNodes):
+            if child.nodeType == Node.ELEMENT_NODE:
+                p.removeChild(child)
+            else:               # odfpy's removeChild takes elements only
+                p.childNodes.remove(child)
+                child.parentNode = None
+        for node in build(rebuilt, templates, lambda tpl, text: Text(text), _group):
+            p.appendChild(node)
+    return _items(p, templates), put
 
 
 def _paragraphs(root):
@@ -73,13 +67,6 @@ def _paragraphs(root):
             if child.qname in _PARAGRAPHS:
                 yield child
             yield from _paragraphs(child)
-
-
-def _flat(items):
-    for it in items:
-        yield it
-        if isinstance(it, Group):
-            yield from _flat(it.items)
 
 
 def _items(el, templates: dict) -> list[Item]:
@@ -98,20 +85,12 @@ def _items(el, templates: dict) -> list[Item]:
     return out
 
 
-def _nodes(items: list[Item], templates: dict) -> list:
-    out = []
-    for it in items:
-        tpl = templates[it.key]
-        if isinstance(it, Group):
-            el = Element(qname=tpl.qname, qattributes=dict(tpl.attributes), check_grammar=False)
-            for node in _nodes(it.items, templates):
-                el.appendChild(node)
-            out.append(el)
-        elif it.style is None and not it.text:
-            out.append(tpl)
-        elif it.text:
-            out.append(Text(it.text))
-    return out
+def _group(tpl, nodes: list):
+    """A copy of a span or link element without its children, holding ``nodes``."""
+    el = Element(qname=tpl.qname, qattributes=dict(tpl.attributes), check_grammar=False)
+    for node in nodes:
+        el.appendChild(node)
+    return el
 
 
 def load(data: bytes) -> OdtDocument:

@@ -176,7 +176,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == ["report"]:
         return report_main(argv[1:])
     if argv[:1] == ["soak"]:
-        from .soak import soak_main     # docs/deploy.md#soak-test
+        from .soak import soak_main     # docs/limits.md#soak-test
         return soak_main(argv[1:])
     ap = build_parser()
     args = ap.parse_args(argv)

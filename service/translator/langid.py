@@ -11,8 +11,8 @@ the classifier's scores at a temperature of sqrt(text bytes) (py3langid >= 0.4),
 candidate languages: a detector's candidates are COMMON_LANGUAGES plus the languages the service
 serves, so that text in a language no model reads is detected as that language (and refused by the
 API) instead of as the nearest served one. Confidences are rounded down to 0.1 and at most 99.9: never 100.
-Choice and figures: docs/api.md "Language identification", docs/performance.md (``python -m
-service.bench.langid``). Imports nothing of service/api.
+Choice and figures (``python -m service.bench.langid``): docs/clients.md "Language identification".
+Imports nothing of service/api.
 """
 from __future__ import annotations
 
