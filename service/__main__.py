@@ -126,6 +126,15 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
 
+    if args.address == "local":
+        try:
+            metrics_port = metrics_export_port(args.metrics_export_port)
+        except ValueError as e:
+            ap.error(str(e))
+        if metrics_port != (args.metrics_export_port or DEFAULT_METRICS_EXPORT_PORT):
+            print(f"the Ray metrics agent's default port {DEFAULT_METRICS_EXPORT_PORT} is taken (another instance?): "
+                  f"using {metrics_port}", flush=True)
+
     # Ray Serve reads its data-plane settings when imported, in every process: into os.environ before
     # ray is imported here and before ray.init starts the processes that inherit them.
     ports = haproxy_ports() if args.proxy == "haproxy" else {}
@@ -153,17 +162,10 @@ def main(argv=None) -> int:
         app_args = AppArgs.model_validate(local_layout(config, cpus=int(args.num_cpus) if args.num_cpus else None))
         app = build_app(app_args)        # reads every checkpoint's config: a wrong directory fails here
     except (OSError, ValueError, yaml.YAMLError) as e:   # (pydantic's ValidationError is a ValueError)
+        remove_workdir(serve_env)                        # nothing started: no HAProxy directory left behind
         ap.error(" ".join(str(e).split()))
 
     started_ray = args.address == "local"
-    if started_ray:
-        try:
-            metrics_port = metrics_export_port(args.metrics_export_port)
-        except ValueError as e:
-            ap.error(str(e))
-        if metrics_port != (args.metrics_export_port or DEFAULT_METRICS_EXPORT_PORT):
-            print(f"the Ray metrics agent's default port {DEFAULT_METRICS_EXPORT_PORT} is taken (another instance?): "
-                  f"using {metrics_port}", flush=True)
     # A cluster that runs already: its raylets' environment decides for the processes they have
     # started; the job's env_vars reach the Serve controller, proxies and replicas this run creates.
     init = dict(address=args.address, namespace="serve",
@@ -172,7 +174,11 @@ def main(argv=None) -> int:
         init.update(include_dashboard=False, num_cpus=int(args.num_cpus) if args.num_cpus else None,
                     _metrics_export_port=metrics_port,
                     _system_config={"metrics_report_interval_ms": 2000})
-    ray.init(**init)
+    try:
+        ray.init(**init)
+    except BaseException:       # e.g. Ray's start timing out; HAProxy has not started: its directory goes
+        remove_workdir(serve_env)
+        raise
     stop = threading.Event()
 
     def on_signal(*_):
