@@ -31,7 +31,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .ray_env import PROXIES, apply_serve_env, haproxy_ports, remove_workdir
+from .ray_env import (DEFAULT_METRICS_EXPORT_PORT, PROXIES, apply_serve_env, haproxy_ports, metrics_export_port,
+                      remove_workdir)
 
 # Replicas of the default layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
 # one torch thread each. On 2 cores, in one hour: 263.8 single-sentence requests/s at 32 clients against
@@ -107,8 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--api-keys-file", help="require API keys: one per line, re-read when it changes "
                                             "(MT_API_KEYS adds comma-separated keys; docs/limits.md)")
     ap.add_argument("--num-cpus", type=_cpus, default=None, help="CPUs of the local Ray instance (default: all)")
-    ap.add_argument("--metrics-export-port", type=_port, default=8080,
-                    help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default 8080)")
+    ap.add_argument("--metrics-export-port", type=_port, default=None,
+                    help="Ray metrics agent port, scraped on 127.0.0.1 by GET /metrics (default "
+                         f"{DEFAULT_METRICS_EXPORT_PORT}, or a free port when another instance holds it)")
     ap.add_argument("--address", default="local",
                     help="Ray address: 'local' starts a new instance (default); 'auto' or HOST:PORT joins one")
     ap.add_argument("--ingress", default=None, metavar="{translator,separate}",
@@ -123,6 +125,15 @@ def main(argv=None) -> int:
         settings.from_env()   # MT_LINEAR_DTYPE etc. are read by every replica: refuse a bad value now
     except ValueError as e:
         ap.error(str(e))
+
+    if args.address == "local":
+        try:
+            metrics_port = metrics_export_port(args.metrics_export_port)
+        except ValueError as e:
+            ap.error(str(e))
+        if metrics_port != (args.metrics_export_port or DEFAULT_METRICS_EXPORT_PORT):
+            print(f"the Ray metrics agent's default port {DEFAULT_METRICS_EXPORT_PORT} is taken (another instance?): "
+                  f"using {metrics_port}", flush=True)
 
     # Ray Serve reads its data-plane settings when imported, in every process: into os.environ before
     # ray is imported here and before ray.init starts the processes that inherit them.
@@ -151,6 +162,7 @@ def main(argv=None) -> int:
         app_args = AppArgs.model_validate(local_layout(config, cpus=int(args.num_cpus) if args.num_cpus else None))
         app = build_app(app_args)        # reads every checkpoint's config: a wrong directory fails here
     except (OSError, ValueError, yaml.YAMLError) as e:   # (pydantic's ValidationError is a ValueError)
+        remove_workdir(serve_env)                        # nothing started: no HAProxy directory left behind
         ap.error(" ".join(str(e).split()))
 
     started_ray = args.address == "local"
@@ -160,9 +172,13 @@ def main(argv=None) -> int:
                 **({} if started_ray else {"runtime_env": {"env_vars": serve_env}}))
     if started_ray:
         init.update(include_dashboard=False, num_cpus=int(args.num_cpus) if args.num_cpus else None,
-                    _metrics_export_port=args.metrics_export_port,
+                    _metrics_export_port=metrics_port,
                     _system_config={"metrics_report_interval_ms": 2000})
-    ray.init(**init)
+    try:
+        ray.init(**init)
+    except BaseException:       # e.g. Ray's start timing out; HAProxy has not started: its directory goes
+        remove_workdir(serve_env)
+        raise
     stop = threading.Event()
 
     def on_signal(*_):

@@ -181,6 +181,23 @@ def haproxy_ports() -> dict[str, int]:
     return out
 
 
+DEFAULT_METRICS_EXPORT_PORT = 8080     # the Ray metrics agent's port under ``python -m service``
+
+
+def metrics_export_port(requested: Optional[int] = None, default: int = DEFAULT_METRICS_EXPORT_PORT) -> int:
+    """The port for the local Ray instance's metrics agent (``ray.init(_metrics_export_port=...)``,
+    scraped by ``GET /metrics``): ``requested``; else ``default``, or a spare port where ``default``
+    is taken (another instance on this machine holds it: Ray's dashboard agent would exit with
+    'Address already in use' and Ray's start would fail after a timeout, naming no port). Raises
+    ValueError naming ``--metrics-export-port`` for a ``requested`` port that is taken."""
+    if requested is not None:
+        if _in_use(requested):
+            raise ValueError(f"--metrics-export-port: port {requested} is taken (another instance?); "
+                             "choose a free one, or leave the option out to get one")
+        return requested
+    return spare_port() if _in_use(default) else default
+
+
 def remove_workdir(env: dict[str, str]) -> None:
     """Remove the HAProxy directory ``serve_env`` made (config, sockets, state), once Ray has stopped;
     a directory the operator chose is left alone."""

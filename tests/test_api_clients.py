@@ -243,3 +243,14 @@ def test_deepl_glossary_id_puts_the_stored_glossary_on_every_job_and_its_term_in
             assert (e.value.status, e.value.field) == (status, field), e.value.message
         await t.stop()
     asyncio.run(main())
+
+
+def test_frontend_settings_list_the_document_formats_translate_file_takes():
+    """A LibreTranslate page shows its file tab only when filesTranslation is true, offering the
+    extensions of supportedFilesFormat ('.docx', with the dot, as LibreTranslate sends them)."""
+    from service.documents import FORMATS
+    cards = [ModelCard(id="de-en", checkpoint="x", source_lang="de", target_lang="en", config=None)]
+    s = frontend_settings(cards, keys_on=False, suggestions=True).model_dump()
+    assert s["filesTranslation"] is True
+    assert s["supportedFilesFormat"] == ["." + ext for ext in FORMATS]
+    assert {".txt", ".html", ".docx", ".pptx", ".odt", ".md", ".srt", ".vtt"} <= set(s["supportedFilesFormat"])

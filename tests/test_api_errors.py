@@ -149,3 +149,23 @@ def test_errors_do_not_echo_long_names_or_list_thousands_of_errors():
     r = client.post("/v1/translate", json={"text": "Hallo", "extra": 1})   # a short name: whole, as before
     assert r.json()["error"]["field"] == "extra" and "details" not in r.json()["error"]
     assert shown("de") == "'de'" and shown(long_name) == repr("x" * (MAX_NAME_CHARS // 2) + "...(100000 characters)")
+
+
+def test_an_unknown_deepl_path_is_a_404_in_deepls_shape():
+    """DeepL's clients tell a wrong server_url or an endpoint this server lacks (GET /v2/glossaries:
+    ``deepl.Translator.list_glossaries``) by its 404; invalid input on a route that exists stays 400."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    app = FastAPI()
+    add_exception_handlers(app)
+
+    @app.post("/v2/translate")
+    async def deepl_translate():
+        raise ServiceError(404, "target_lang: no model for de->ja", "target_lang")   # unknown pair: DeepL's 400
+    client = TestClient(app)
+    r = client.get("/v2/glossaries")
+    assert r.status_code == 404 and r.json() == {"message": "GET /v2/glossaries: Not Found"}, r.text
+    r = client.get("/v2/translate")
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.text
+    r = client.post("/v2/translate")
+    assert r.status_code == 400 and r.json() == {"message": "target_lang: no model for de->ja"}, r.text

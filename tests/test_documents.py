@@ -439,3 +439,25 @@ def test_docx_tabs_stay_between_words_and_text_boxes_are_translated_in_place():
     p = docx.Document(io.BytesIO(out)).paragraphs[0]
     assert [r.text for r in p.runs] == ["EIN HUND", "\t", "LÄUFT VOR DEM HAUS.", ""]
     assert p._p.xml.count("IM KASTEN") == 1 and "Im Kasten" not in p._p.xml
+
+
+def test_a_truncated_multipart_upload_is_named_malformed_on_every_document_route(tmp_path):
+    """A body cut before its closing ``--boundary--`` (or without a boundary) is a 400 naming the
+    malformed body on the three upload routes, never read as a form without its file ('file: missing')."""
+    client = keyed_client(tmp_path)
+    part = (b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\nEin Hund.\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="target_lang"\r\n\r\nen\r\n')
+    a = {"Authorization": "Bearer key-a"}
+    for content_type, body in (("multipart/form-data; boundary=b", part),
+                               ("multipart/form-data", part + b"--b--\r\n")):
+        headers = {**a, "Content-Type": content_type}
+        native = client.post("/v1/documents", content=body, headers=headers)
+        assert native.status_code == 400 and native.json()["error"]["field"] == "body", native.text
+        assert "malformed" in native.json()["error"]["message"]
+        libre = client.post("/translate_file", content=body, headers=headers)
+        assert libre.status_code == 400 and "malformed" in libre.json()["error"], libre.text
+        deepl = client.post("/v2/document", content=body, headers=headers)
+        assert deepl.status_code == 400 and "malformed" in deepl.json()["message"], deepl.text
+    whole = client.post("/v1/documents", content=part + b"--b--\r\n",
+                        headers={**a, "Content-Type": "multipart/form-data; boundary=b"})
+    assert whole.status_code == 200 and whole.content == "EIN HUND.".encode()

@@ -180,3 +180,20 @@ def test_an_unusable_memory_file_never_stops_translation(tmp_path):
         store.put("de-en", "", [("Hallo.", "Hi.")])
     err = to_service_error(e.value, "memory")
     assert err.status == 503 and "m.sqlite3" in err.message and err.retry_after
+
+
+@pytest.mark.parametrize("body, field, words", [
+    (b'{"entries": [{"source": "a", "target": 1' + b"0" * 5000 + b'}]}', "entries.0.target",
+     "valid string (got <an integer of 5001 digits>)"),
+    (b'{"entries": 1' + b"0" * 5000 + b'}', "entries", "valid list (got <an integer of 5001 digits>)"),
+    (b"1" + b"0" * 5000, "body", "valid dictionary"),
+    (b'{"entries": [{"source": "Hund \\ud800", "target": "dog"}]}', "entries.0.source",
+     "valid string, unable to parse raw data as a unicode string"),
+    (b'{"entries": [{"source": "a", "target": "b"}], "entries": []}', "entries", "more than once"),
+])
+def test_a_json_import_that_pydantic_cannot_read_is_a_422_naming_the_field(body, field, words):
+    """Integers longer than int() takes and lone surrogates failed pydantic's JSON parser with an
+    error without a location (a 500); they are named like on every other route."""
+    with pytest.raises(ServiceError) as e:
+        read_import(body, "application/json", "de", "en")
+    assert e.value.status == 422 and e.value.field == field and words in e.value.message, e.value.message

@@ -154,9 +154,9 @@ def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
 def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
     """DeepL's error shape ``{"message": ...}`` with its statuses (deepl.py): a missing or wrong key
     (401 here) is 403; invalid input (404 unknown language pair, 415, 422) is 400, an unknown glossary
-    404; 413, 429, 503, 504 stay (Retry-After kept)."""
+    or path 404; 413, 429, 503, 504 stay (Retry-After kept)."""
     status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
-    if err.type == "glossary_not_found":
+    if err.type in ("glossary_not_found", "path_not_found"):
         status = 404
     hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
     hdrs.pop("WWW-Authenticate", None)
@@ -264,7 +264,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     if _is_libre(request):
         return libre_error_response(ServiceError(exc.status_code, message), headers=allow)
     if _is_deepl(request):
-        return deepl_error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}"),
+        return deepl_error_response(ServiceError(exc.status_code, f"{request.method} {request.url.path}: {message}",
+                                                 type="path_not_found" if exc.status_code == 404 else None),
                                     headers=allow)
     if exc.status_code == 400:  # FastAPI could not parse the body: say why where we know it
         cause = exc.__cause__

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from service.protocol import MAX_MEMORY_ENTRIES, MAX_MEMORY_IMPORT, MAX_TEXT_CHARS
 from service.translator.memory import MemoryStore
 
+from .body import load_json
 from .errors import ServiceError, format_validation_error, shown
 
 TSV = "text/tab-separated-values"
@@ -56,8 +57,11 @@ class MemoryAnswer(BaseModel):
 
 
 def parse_json(body: bytes) -> list[tuple[str, str]]:
+    """(source, target) of each entry of ``{"entries": [...]}``. Raises ServiceError 422 naming the
+    field: JSON that ``load_json`` (every route's reader) refuses, a wrong type (an integer longer
+    than int() takes included), text with a lone surrogate (``\\ud800``)."""
     try:
-        parsed = MemoryImport.model_validate_json(body or b"{}")
+        parsed = MemoryImport.model_validate(load_json(body or b"{}"))
     except ValidationError as e:
         field, message = format_validation_error(e.errors()[0])
         raise ServiceError(422, message, field) from None

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from service.documents import EXTENSIONS
 from service.protocol import MAX_TEXT_CHARS
 from service.translator import ModelCard
 from service.translator.card import match_language
@@ -29,7 +30,7 @@ from .schemas import check_unicode
 
 FRONTEND_TIMEOUT_MS = 500        # LibreTranslate's default: the page waits this long after typing
 SUGGEST_FIELDS = ("q", "s", "source", "target", "api_key")
-SUPPORTED_FILE_FORMATS: list[str] = []     # file extensions /translate_file takes (the documents routes add them)
+SUPPORTED_FILE_FORMATS: list[str] = list(EXTENSIONS)   # file extensions /translate_file takes (".docx", ...)
 
 
 class SuggestBody(BaseModel):
