@@ -14,10 +14,14 @@ from model.tokenizer import read_lines
 from service.translator import model_card
 from test_pivot import gateway_client, ok
 
-FRENCH = ("en-fr", "fr-en")
-pytestmark = pytest.mark.skipif(
-    not all((SHIPPED_CHECKPOINTS[m] / "model.safetensors").exists() for m in ("de-en", "en-de") + FRENCH),
-    reason="the shipped de/en/fr models are not in this checkout")
+
+def shipped(name: str) -> bool:
+    return (SHIPPED_CHECKPOINTS[name] / "model.safetensors").exists()
+
+
+FRENCH = [m for m in ("en-fr", "fr-en") if shipped(m)]
+pytestmark = pytest.mark.skipif(not (FRENCH and shipped("de-en") and shipped("en-de")),
+                                reason="no shipped French model in this checkout")
 N = 40    # the first N sentences of test_2016_flickr (the full-set BLEU is in each metadata.json)
 TEXT = {lang: read_lines(DATA / f"test_2016_flickr.{lang}.gz")[:N] for lang in ("de", "en", "fr")}
 
@@ -32,6 +36,8 @@ def client():
 
 @pytest.mark.parametrize("source, target, min_bleu", [("en", "fr", 40.0), ("fr", "en", 35.0)])
 def test_each_french_model_translates_at_a_real_bleu(client, source, target, min_bleu):
+    if f"{source}-{target}" not in FRENCH:
+        pytest.skip(f"{source}-{target} is not shipped")
     got = ok(client, {"text": TEXT[source], "source_lang": source, "target_lang": target, "beam_size": 4})
     assert got["model"] == f"{source}-{target}"
     hyps = [t["text"] for t in got["translations"]]
@@ -45,6 +51,8 @@ def test_each_french_model_translates_at_a_real_bleu(client, source, target, min
 
 @pytest.mark.parametrize("source, target, legs", [("de", "fr", ["de-en", "en-fr"]), ("fr", "de", ["fr-en", "en-de"])])
 def test_german_french_goes_through_english(client, source, target, legs):
+    if legs[0] not in ("de-en", *FRENCH) or legs[1] not in ("en-de", *FRENCH):
+        pytest.skip(f"{' or '.join(legs)} is not shipped")
     texts = TEXT[source][:8]
     got = ok(client, {"text": texts, "source_lang": source, "target_lang": target, "beam_size": 2})
     first = ok(client, {"text": texts, "source_lang": source, "target_lang": "en", "beam_size": 2})
@@ -57,9 +65,11 @@ def test_german_french_goes_through_english(client, source, target, legs):
 
 def test_languages_list_french_both_ways(client):
     langs = {x["code"]: x for x in client.get("/languages").json()}
-    assert set(langs) == {"de", "en", "fr"}
-    assert sorted(langs["de"]["targets"]) == ["en", "fr"] and langs["de"]["via"] == {"fr": "en"}
-    assert sorted(langs["fr"]["targets"]) == ["de", "en"] and langs["fr"]["via"] == {"de": "en"}
-    assert sorted(langs["en"]["targets"]) == ["de", "fr"] and "via" not in langs["en"]
+    assert {"de", "en"} <= set(langs)
+    if "en-fr" in FRENCH:
+        assert sorted(langs["de"]["targets"]) == ["en", "fr"] and langs["de"]["via"] == {"fr": "en"}
+        assert sorted(langs["en"]["targets"]) == ["de", "fr"] and "via" not in langs["en"]
+    if "fr-en" in FRENCH:
+        assert sorted(langs["fr"]["targets"]) == ["de", "en"] and langs["fr"]["via"] == {"de": "en"}
     detected = ok(client, {"q": TEXT["fr"][0]}, "/detect")
     assert detected[0]["language"] == "fr" and 0 < detected[0]["confidence"] <= 100
