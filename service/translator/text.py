@@ -38,7 +38,8 @@ _BOUNDARY = re.compile(r"[.!?…]+[" + re.escape(_CLOSERS + "“‘") + r"]*[" +
 _OPENERS = "\"'„“‘«»‹(["
 # A line of words, commas and dashes with at most one final ".", "!" or "?" (a short sentence as
 # clients mostly send them): pysbd would return it whole (checked on every Multi30k val/test line
-# and 60k random lines in de, en, fr) and never reaches it: 15 µs against pysbd's 1,539 µs per short sentence (timeit, 2026-11-30).
+# and 60k random lines in de, en, fr) and never reaches it: 15 µs against pysbd's 1,539 µs per short
+# sentence (timeit, 2026-11-30).
 _ONE_SENTENCE = re.compile(r"\s*[^\W_][\w\s,'’\-–/&%€$+]*[.!?]?\s*")
 SEGMENTER_BUDGET_S = 0.5   # seconds of pysbd time per text; the lines after it use simple_split
 # A list marker at the start of a sentence, then whitespace: "1.", "2)", "(3)", "a)", "(b)", a dash or
