@@ -51,6 +51,28 @@ def shipped_model_available() -> bool:
     return all((DEFAULT_CHECKPOINT / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.model"))
 
 
+def is_ready(url: str) -> bool:
+    """True when ``url``'s ``GET /readyz`` answers 200 (False on any connection error)."""
+    try:
+        return httpx.get(url + "/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until_ready(url: str, timeout_s: float = 300, what: str = "the service", interval_s: float = 0.5,
+                     alive=None) -> None:
+    """Poll ``url``'s ``/readyz`` until it answers 200; RuntimeError naming ``what`` after
+    ``timeout_s`` seconds. ``alive``: called each round; it may raise (a process that exited)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if alive is not None:
+            alive()
+        if is_ready(url):
+            return
+        time.sleep(interval_s)
+    raise RuntimeError(f"{what} did not become ready within {timeout_s:.0f} s")
+
+
 def build_tiny_checkpoint(directory: Path, source_lang: str, target_lang: str, seed: int = 0,
                           max_len: int = 256, data_langs: Optional[tuple[str, str]] = None,
                           words_only: bool = False) -> Path:
@@ -125,15 +147,8 @@ class SharedService:
         self.args = args
         serve.run(build_app(args), name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         self.url = f"http://127.0.0.1:{http_port}"
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/readyz", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("the service did not become ready within 300 s")
+        wait_until_ready(self.url)
+        return self
 
     def stop(self) -> None:
         if not self.ray_started or self.stopped:
@@ -198,16 +213,7 @@ def pivot_service_url(service_info, tmp_path_factory):
               logging_config=LOGGING_CONFIG)
     url = f"{service_info.url}/{PIVOT_APP}"
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"the {PIVOT_APP} application did not become ready within 300 s")
-            time.sleep(0.5)
+        wait_until_ready(url, what=f"the {PIVOT_APP} application")
         yield url
     finally:
         serve.delete(PIVOT_APP)

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import build_tiny_checkpoint, free_port
+from conftest import build_tiny_checkpoint, free_port, is_ready
 from service.ray_env import HAPROXY_DEFAULT_PORTS, remove_workdir, serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +164,7 @@ def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, mon
         _get_global_client().deploy_apps(config)       # what `serve run deploy/serve_config.yaml` does
         url = f"http://127.0.0.1:{http_port}"
         deadline = time.time() + 240      # ~30 s on an idle 2-core machine; slow when it is shared
-        while not (running_replicas() == 2 and _ready(url)):
+        while not (running_replicas() == 2 and is_ready(url)):
             assert time.time() < deadline, f"app not running with 2 replicas: {serve.status()}"
             time.sleep(1)
         original = replica_actor_names()
@@ -226,8 +226,3 @@ def test_two_node_cluster_replicas_and_failover(no_shared_service, tmp_path, mon
             cluster.shutdown()
 
 
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import SECOND_MODEL, sse_events, wait_for_metric
+from conftest import SECOND_MODEL, is_ready, sse_events, wait_for_metric
 from service.loadtest.soak import SoakConfig, kill_replica, replica_actors, replica_rss, run_soak, send_one
 
 APP, PREFIX, MODEL = "hard", "/hard", "tiny"
@@ -55,11 +54,8 @@ def wait_running(url: str, replicas: int, timeout_s: float = 180) -> None:
     while time.time() < deadline:
         app = serve.status().applications.get(APP)
         if app is not None and str(app.status).endswith("RUNNING") and len(replica_actors(APP)) == replicas:
-            try:
-                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if is_ready(url):
+                return
         time.sleep(0.5)
     raise AssertionError(f"app {APP} not running with {replicas} translator replicas: {serve.status()}")
 

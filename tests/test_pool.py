@@ -17,7 +17,7 @@ import pytest
 
 from service.protocol import TranslateJob, TranslateResponse
 from service.translator import Translator, model_card
-from conftest import build_tiny_checkpoint, metric_sum, sse_events, wait_for_metric
+from conftest import build_tiny_checkpoint, metric_sum, sse_events, wait_for_metric, wait_until_ready
 
 ENGINE = {"max_num_seqs": 8, "max_waiting": 64, "linear_dtype": "float32"}
 DE = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt mit dem Fahrrad.", "Eine Frau liest ein Buch im Park."]
@@ -290,15 +290,7 @@ def pool_app(service_info, checkpoints, tmp_path_factory):
                      "deployment": {"num_replicas": 2}}}
     serve.run(build_app(args), name=APP, route_prefix=PREFIX, blocking=False)
     url = service_info.url + PREFIX
-    deadline = time.time() + 300
-    while True:
-        try:
-            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.time() < deadline, "the pool app did not become ready"
-        time.sleep(1)
+    wait_until_ready(url, what="the pool app", interval_s=1)
     refs = {}
 
     async def reference():

@@ -10,10 +10,9 @@ import os
 import time
 from collections import Counter
 
-import httpx
 import pytest
 
-from conftest import SECOND_MODEL
+from conftest import SECOND_MODEL, is_ready
 from service.loadtest.soak import replica_actors
 from test_hardening import MODEL, load
 
@@ -46,11 +45,8 @@ def wait_ready(url: str, replicas: int, timeout_s: float = 240) -> None:
     while time.time() < deadline:
         app = serve.status().applications.get(APP)
         if app is not None and str(app.status).endswith("RUNNING") and len(ingress_replicas()) == replicas:
-            try:
-                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if is_ready(url):
+                return
         time.sleep(0.5)
     raise AssertionError(f"app {APP} not running with {replicas} ingress replicas: {serve.status()}")
 

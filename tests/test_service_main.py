@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, build_tiny_checkpoint, free_port, metric_sum
+from conftest import ROOT, build_tiny_checkpoint, free_port, metric_sum, wait_until_ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -71,17 +71,9 @@ def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
+        def alive():
             assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("python -m service did not become ready within 180 s")
+        wait_until_ready(url, timeout_s=180, what="python -m service", interval_s=1, alive=alive)
         r = httpx.post(url + "/v1/translate", json={"text": "Ein Hund läuft.", "max_new_tokens": 4}, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == "de-en"
         assert len(r.json()["translations"][0]["tokens"]) <= 4
