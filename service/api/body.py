@@ -304,7 +304,7 @@ async def read_fields(request: Request, repeatable: tuple[str, ...] = ("q",), st
                                     f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
         return FormFields(query)
     if media == MULTIPART:
-        _check_multipart(request.headers.get("content-type", ""), raw, status)
+        check_multipart(request.headers.get("content-type", ""), raw, status)
         form = await request.form()
         pairs = form.multi_items()
         for k, v in pairs:
@@ -356,7 +356,7 @@ def _grouped(pairs, what: str, repeatable: tuple[str, ...], status: int,
     return fields
 
 
-def _check_multipart(content_type: str, raw: bytes, status: int) -> None:
+def check_multipart(content_type: str, raw: bytes, status: int) -> None:
     """Raises ServiceError for a multipart body without a boundary parameter or its closing delimiter
     (``--boundary--``): a truncated body is not read as an empty form."""
     boundary = parse_content_type(content_type)[1].get("boundary", "")

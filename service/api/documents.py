@@ -34,7 +34,7 @@ from service.protocol import GenerationOptions, TranslateJob, TranslateResponse
 from service.translator.card import match_language
 
 from . import autodetect, sse
-from .body import _check_multipart
+from .body import check_multipart
 from .document_store import DocumentSettings, owner_of
 from .errors import ServiceError, error_response, libre_error_response, mapped_errors, shown
 from .guard import bearer, check_body_key
@@ -165,7 +165,7 @@ async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     if ctype != "multipart/form-data":
         raise ServiceError(415, f"Content-Type: a document is sent as multipart/form-data with a 'file' field, "
                                 f"got {ctype or 'none'}", "Content-Type")
-    _check_multipart(request.headers.get("content-type", ""), await request.body(), 400)   # truncated: not an empty form
+    check_multipart(request.headers.get("content-type", ""), await request.body(), 400)   # truncated: not an empty form
     try:
         form = await request.form()
     except Exception as e:  # noqa: BLE001 - the multipart parser's errors are the body's
