@@ -145,8 +145,9 @@ def error_response(err: ServiceError, details: Optional[list] = None,
 
 
 def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    """LibreTranslate's error format: {"error": message}; invalid input is a 400 there."""
-    status = 400 if err.status in (404, 413, 422) else err.status
+    """LibreTranslate's error format: {"error": message}; invalid input is a 400 there. An unknown
+    stored glossary (``glossary_id``, this service's own field) stays 404, as on every route."""
+    status = 400 if err.status in (404, 413, 422) and not (err.status == 404 and err.field == "glossary_id") else err.status
     return JSONResponse({"error": err.message}, status_code=status,
                         headers={**(_retry_header(err.retry_after) or {}), **(headers or {})} or None)
 

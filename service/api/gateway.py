@@ -41,7 +41,7 @@ from service.translator.langid import LanguageDetector
 
 from service.translator.memory import MemoryStore, memory_model
 
-from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, memory, pivot, sse, suggest
+from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, memory, openapi, pivot, sse, suggest
 from . import body as body_module
 from .cors import CorsMiddleware
 from .access_log import AccessLogMiddleware, flush_serve_log
@@ -66,7 +66,8 @@ def _errors(model, statuses: dict[int, str]) -> dict:
 
 
 NATIVE_ERRORS = _errors(ErrorResponse, {
-    404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language)',
+    404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language); '
+         "glossary_id names no stored glossary",
     401: "API keys are on and the request has no valid Authorization: Bearer key",
     413: "a text, list, sentence or body over its limit (the message names it)",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
@@ -122,26 +123,16 @@ add_exception_handlers(api)
 body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
 
 
-def served_models(app: FastAPI) -> tuple[list, dict[str, int]]:
-    """The models this replica serves (its Gateway's cards) and each one's engine max_num_seqs;
-    outside a replica, ``app.state.cards`` (in-process tests)."""
-    try:
-        gateway = serve.get_replica_context().servable_object
-        return list(gateway.cards.values()), {m: lim.max_num_seqs for m, lim in gateway.limits.items()}
-    except Exception:  # noqa: BLE001 - not in a Serve replica
-        return list(getattr(app.state, "cards", ())), {}
-
-
 def openapi_document(app: FastAPI) -> dict:
-    """GET /openapi.json: FastAPI's document, with the LibreTranslate request bodies' ``source`` and
-    ``target`` the served languages and pairs (``libretranslate.request_schema``); built once per
-    replica. (A method of the app, not a function of the module's ``api``: Serve serves a copy of it.)"""
+    """GET /openapi.json: FastAPI's document, with the request bodies as this replica's models and
+    settings accept them (``openapi.complete``); built once per replica. (A method of the app, not a
+    function of the module's ``api``: Serve serves a copy of it.)"""
     if app.openapi_schema is None:
-        doc = FastAPI.openapi(app)
-        cards, seqs = served_models(app)
-        for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
-            doc["paths"][path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards, seqs)
-        app.openapi_schema = doc
+        try:
+            gateway = serve.get_replica_context().servable_object
+        except Exception:  # noqa: BLE001 - not in a Serve replica: no served models
+            gateway = None
+        app.openapi_schema = openapi.complete(FastAPI.openapi(app), gateway)
     return app.openapi_schema
 
 
@@ -546,7 +537,8 @@ class Gateway:
         return JSONResponse([lang.model_dump(exclude_none=True) for lang in langs],
                             headers=libretranslate.ignored_fields_header(fields, ()))
 
-    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses=LIBRE_ERRORS,
+    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **_errors(
+                  libretranslate.LibreError, {404: "glossary_id names no stored glossary"})},
               openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
     async def libre_translate(self, request: Request):
         """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language

@@ -37,6 +37,8 @@ from service.translator.glossary import Glossary, check_entries
 from .errors import ServiceError, shown
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# what the document states of a term (GlossaryEntry's own validators give the messages)
+TERM_SCHEMA = {"minLength": 1, "maxLength": MAX_GLOSSARY_TERM_CHARS, "pattern": r"\S"}
 SHARED = ""          # the scope of file glossaries (and of every glossary when keys are off)
 STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (GlossaryClient.cluster)
 
@@ -44,14 +46,17 @@ STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (G
 class GlossaryEntry(BaseModel):
     """One glossary entry."""
     model_config = ConfigDict(strict=True, extra="forbid")
-    source: str = Field(..., description=f"source term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)")
-    target: str = Field(..., description=f"target term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)")
+    source: str = Field(..., description=f"source term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)",
+                        json_schema_extra=TERM_SCHEMA)
+    target: str = Field(..., description=f"target term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)",
+                        json_schema_extra=TERM_SCHEMA)
 
 
 class GlossaryCreate(BaseModel):
     """POST /v1/glossaries body."""
     model_config = ConfigDict(strict=True, extra="forbid")
-    name: str = Field(..., description="1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit")
+    name: str = Field(..., description="1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit",
+                      json_schema_extra={"pattern": f"^{NAME.pattern}$"})
     entries: list[GlossaryEntry] = Field(..., min_length=1, max_length=MAX_STORED_GLOSSARY_ENTRIES)
     source_lang: Optional[str] = Field(None, description="source language; when set, only models reading it may use it "
                                                          "(and its stemmer checks conflicting entries now)")

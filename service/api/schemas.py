@@ -41,8 +41,10 @@ class AttentionOptions(_Strict):
     kinds: list[Literal[ATTENTION_KINDS]] = Field(
         default_factory=lambda: ["cross"], min_length=1, max_length=3,
         description="any of cross (decoder->encoder), encoder (self), decoder (self)")
-    layers: Optional[list[int]] = Field(None, min_length=1, description="layer indices (0-based); null = all")
-    heads: Optional[list[int]] = Field(None, min_length=1, description="head indices (0-based); null = all")
+    layers: Optional[list[Annotated[int, Field(ge=0)]]] = Field(None, min_length=1, description="layer indices (0-based, "
+                                                                "below the model's layer count); null = all")
+    heads: Optional[list[Annotated[int, Field(ge=0)]]] = Field(None, min_length=1, description="head indices (0-based, "
+                                                               "below the model's head count); null = all")
 
     @field_validator("layers", "heads", mode="before")
     @classmethod
@@ -55,7 +57,12 @@ class TranslateRequest(_Strict):
     # Rules between fields, stated in the document too (JSON Schema's conditional keywords, OpenAPI 3.1):
     # attention selects what return_attention returns, so it comes only with return_attention: true.
     # n_best <= beam_size (beam_size left out: it is max(4, n_best)).
+    # glossary or glossary_id, not both; target_lang never "auto" (it names the output). Per model
+    # (beam_size <= max_num_seqs, max_new_tokens, attention indices): added by service/api/openapi.py.
     model_config = ConfigDict(json_schema_extra={
+        "not": {"anyOf": [{"required": ["glossary", "glossary_id"], "properties": {
+            "glossary": {"not": {"type": "null"}}, "glossary_id": {"not": {"type": "null"}}}},
+            {"required": ["target_lang"], "properties": {"target_lang": {"enum": ["auto", "AUTO", "Auto"]}}}]},
         "if": {"required": ["attention"]},
         "then": {"required": ["return_attention"], "properties": {"return_attention": {"const": True}}},
         "anyOf": [{"not": {"required": ["beam_size"]}}] + [
