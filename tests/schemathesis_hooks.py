@@ -15,17 +15,17 @@ import schemathesis
 
 UPLOAD_ROUTES = ("/v1/documents", "/translate_file", "/v2/document")
 UPLOAD_NAME = "document.txt"        # service/api/openapi.py UPLOAD_NAME
-TEXT = "Ein Mann geht über die Straße."
-SAMPLES = {"txt": TEXT + "\n", "md": f"# {TEXT}\n", "markdown": f"# {TEXT}\n", "html": f"<p>{TEXT}</p>",
-           "htm": f"<p>{TEXT}</p>", "srt": f"1\n00:00:01,000 --> 00:00:02,000\n{TEXT}\n",
-           "vtt": f"WEBVTT\n\n00:00:01.000 --> 00:00:02.000\n{TEXT}\n"}
+TEXTS = {"de": "Ein Mann geht über die Straße.", "en": "A man walks across the street."}
+SAMPLES = {"txt": "{}\n", "md": "# {}\n", "markdown": "# {}\n", "html": "<p>{}</p>", "htm": "<p>{}</p>",
+           "srt": "1\n00:00:01,000 --> 00:00:02,000\n{}\n", "vtt": "WEBVTT\n\n00:00:01.000 --> 00:00:02.000\n{}\n"}
 
 
 @functools.cache
-def sample(ext: str) -> bytes:
-    """A small document of format ``ext`` (lower case, no dot) holding one German sentence."""
+def sample(ext: str, lang: str = "de") -> bytes:
+    """A small document of format ``ext`` (lower case, no dot) holding one sentence in ``lang`` (de, en)."""
+    TEXT = TEXTS[lang]
     if ext in SAMPLES:
-        return SAMPLES[ext].encode("utf-8")
+        return SAMPLES[ext].format(TEXT).encode("utf-8")
     out = io.BytesIO()
     if ext == "docx":
         import docx
@@ -57,5 +57,14 @@ def map_case(context, case):
             or not isinstance(case.body, dict) or "file" not in case.body):
         return case
     name = case.body.get("filename") or UPLOAD_NAME
-    case.body["file"] = sample(name.rsplit(".", 1)[-1].lower())
+    case.body["file"] = sample(name.rsplit(".", 1)[-1].lower(), language(case.body))
     return case
+
+
+def language(body: dict) -> str:
+    """The text's language: the source field's when it names one, else one other than the target."""
+    source = str(body.get("source_lang") or body.get("source") or "").lower()
+    if source[:2] in TEXTS:
+        return source[:2]
+    target = str(body.get("target_lang") or body.get("target") or "").lower()
+    return "en" if target.startswith("de") else "de"

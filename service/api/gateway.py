@@ -329,11 +329,14 @@ class Gateway:
         job.memory_scope = self._scope(request)
         with mapped_errors(card.id):
             self.limits[card.id].check(job)
+        headers = {libretranslate.IGNORED_HEADER: ", ".join(body.ignored)} if body.ignored else None
         if not body.stream:
             result = await self._run(card.id, job)
             request.state.usage = result.usage
-            return Response(result.body_bytes(), media_type="application/json")
-        return await self._stream(card.id, job, request)
+            return Response(result.body_bytes(), media_type="application/json", headers=headers)
+        response = await self._stream(card.id, job, request)
+        response.headers.update(headers or {})
+        return response
 
     async def _translate_auto(self, body: TranslateRequest, request: Request):
         """source_lang "auto": each text's language detected, each text translated by the model that
@@ -381,14 +384,15 @@ class Gateway:
         return await self._stream(model, job, request, lambda r: merged({model: r}))
 
     async def _with_glossary(self, job, glossary_id: Optional[str], request: Request, card: Optional[ModelCard] = None):
-        """The job with stored glossary ``glossary_id``'s entries (none: as it is). Raises
-        ServiceError 404 for an unknown name, 422 for a glossary of other languages than the card's."""
+        """The job with stored glossary ``glossary_id``'s entries (none: as it is), and the request's own
+        ``glossary`` entries after them when both are sent. Raises ServiceError 404 for an unknown
+        name, 422 for a glossary of other languages than the card's."""
         if glossary_id is None:
             return job
-        job.glossary = await self.glossaries.resolve(glossaries.scope_of(request), glossary_id,
-                                                     card.source_lang if card else None,
-                                                     card.target_lang if card else None)
-        job.glossary_field = "glossary_id"
+        stored = await self.glossaries.resolve(glossaries.scope_of(request), glossary_id,
+                                               card.source_lang if card else None,
+                                               card.target_lang if card else None)
+        job.glossary, job.glossary_field = tuple(stored) + tuple(job.glossary), "glossary" if job.glossary else "glossary_id"
         return job
 
     # ---- stored glossaries (glossaries.py) ----
@@ -638,7 +642,7 @@ class Gateway:
         """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
         ``tag_handling`` html|xml, ``split_sentences`` 0|1|nonewlines; answers ``{"translations": [...]}``."""
         try:
-            fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400)
+            fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400, single=deepl.SINGLE_FIELDS)
         except ServiceError as e:
             return deepl.error_response(e)
         body = deepl.parse(fields)

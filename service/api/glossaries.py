@@ -39,6 +39,7 @@ from .errors import ServiceError, shown
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what the document states of a term (GlossaryEntry's own validators give the messages)
 TERM_SCHEMA = {"minLength": 1, "maxLength": MAX_GLOSSARY_TERM_CHARS, "pattern": r"\S"}
+SOURCE_TERM_SCHEMA = {**TERM_SCHEMA, "pattern": r"\w"}     # a letter or digit, to be matched (translator/glossary.py)
 SHARED = ""          # the scope of file glossaries (and of every glossary when keys are off)
 STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (GlossaryClient.cluster)
 
@@ -46,8 +47,8 @@ STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (G
 class GlossaryEntry(BaseModel):
     """One glossary entry."""
     model_config = ConfigDict(strict=True, extra="forbid")
-    source: str = Field(..., description=f"source term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)",
-                        json_schema_extra=TERM_SCHEMA)
+    source: str = Field(..., description=f"source term (1..{MAX_GLOSSARY_TERM_CHARS} characters, a letter or digit "
+                                         "among them)", json_schema_extra=SOURCE_TERM_SCHEMA)
     target: str = Field(..., description=f"target term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)",
                         json_schema_extra=TERM_SCHEMA)
 

@@ -92,7 +92,8 @@ class LibreTranslateBody(LibreDetectBody):
         None, description='this service\'s own: [{"source", "target"}] entries as on /v1/translate (in a form: '
                           "that list as a JSON string)")
     glossary_id: Optional[str] = Field(None, min_length=1, description="this service's own: a stored glossary's name "
-                                                                      "(GET /v1/glossaries; unknown: 404); not with glossary")
+                                                                      "(GET /v1/glossaries; unknown: 404); with "
+                                                                      "glossary: both apply")
     keep: Optional[list[KeepTerm]] = Field(None, max_length=MAX_KEEP_TERMS,
                                            description="this service's own: do-not-translate terms, as "
                                                         "/v1/translate's keep (a JSON list, or one form field per term)")
@@ -144,9 +145,6 @@ def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = (),
     beam its model's engine runs (``max_num_seqs``: model id -> its engine's) -- what the service
     accepts, so that a request valid by the document is not refused for its languages."""
     schema = model.model_json_schema()
-    if "glossary_id" in schema["properties"]:      # glossary (entries) or glossary_id (a stored one), not both
-        schema["not"] = {"required": ["glossary", "glossary_id"], "properties": {
-            "glossary": {"not": {"type": "null"}}, "glossary_id": {"not": {"type": "null"}}}}
     cards = list(cards)
     if not cards or "source" not in schema["properties"]:
         return schema
@@ -180,9 +178,10 @@ def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Ite
         glossary = schema["properties"]["glossary"]
         schema["properties"]["glossary"] = {**glossary, "anyOf": [o for o in glossary["anyOf"] if o.get("type") != "string"]}
     form = {**schema, "properties": {k: _form_field(v) for k, v in schema["properties"].items() if k != "glossary"}}
-    if "not" in schema:      # an empty form field is none
-        form["not"] = {"required": ["glossary", "glossary_id"], "properties": {"glossary": {"minLength": 1},
-                                                                             "glossary_id": {"minLength": 1}}}
+    keep = form["properties"].get("keep")
+    if keep is not None:        # one form field per term: a single one is a string
+        term = next(o["items"] for o in keep["anyOf"] if o.get("type") == "array")
+        form["properties"]["keep"] = {**keep, "anyOf": keep["anyOf"] + [term]}
     if "glossary" in schema["properties"]:
         form["description"] = ("Form fields. glossary: the JSON list of entries as one field's text (not stated "
                                "here: JSON Schema cannot describe a JSON text inside a string)")
@@ -396,16 +395,14 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
     entries, name = f.get("glossary"), f.get("glossary_id")
     if isinstance(f, body_module.FormFields):       # an empty form field: none (as the model reads it)
         entries, name = (None if v == "" else v for v in (entries, name))
-    if entries is not None and name is not None:
-        raise ServiceError(400, "Invalid request: send glossary or glossary_id, not both", "glossary")
-    if name is not None:
+    stored: tuple = ()
+    if name is not None:        # its entries first, then the request's own (both apply, as on /v1/translate)
         if not isinstance(name, str) or not name or store is None:
             raise ServiceError(400, "Invalid request: glossary_id must be a stored glossary's name", "glossary_id")
         card = req.card
-        req.glossary = await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
-                                           req.target)
-        req.glossary_field = "glossary_id"
-        return
+        stored = tuple(await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
+                                           req.target))
+        req.glossary, req.glossary_field = stored, "glossary_id"
     if entries is None:
         return
     if isinstance(entries, str):
@@ -419,7 +416,7 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
     except pydantic.ValidationError as e:
         field, message = format_validation_error(e.errors()[0])
         raise ServiceError(400, "Invalid request: " + message, field) from None
-    req.glossary = tuple((g.source, g.target) for g in parsed)
+    req.glossary, req.glossary_field = stored + tuple((g.source, g.target) for g in parsed), "glossary"
 
 
 def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:

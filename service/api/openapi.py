@@ -47,6 +47,12 @@ def _smallest(all_limits: list[dict]) -> dict:
     return {k: min(lim[k] for lim in all_limits) for k in all_limits[0]}
 
 
+# a boolean as DeepL's fields take it: JSON true/false, or (forms; JSON too) 0/1 and the words pydantic reads
+BOOLEAN = {"anyOf": [{"type": "boolean"}, {"enum": [0, 1]}, {"enum": [w for word in ("0", "1", "true", "false", "yes", "no",
+                                                                                  "on", "off", "t", "f", "y", "n")
+                                                                     for w in dict.fromkeys((word, word.upper(), word.title()))]}]}
+
+
 def _model_rules(lim: dict) -> dict:
     return {"beam_size": {"maximum": lim["beam"]}, "n_best": {"maximum": lim["beam"]},
             "max_new_tokens": {"maximum": lim["max_new_tokens"]},
@@ -106,14 +112,14 @@ def deepl_translate_schema(gateway) -> dict:
         "target_lang": {"type": "string", "minLength": 1, "description": 'e.g. "DE", "EN-GB", "EN-US" (GET /v2/languages)'},
         "source_lang": {"type": "string", "description": "absent or empty: each text's language is detected"},
         "tag_handling": {"enum": ["html", "xml"], "description": "tags kept, the text between them translated"},
-        "split_sentences": {"enum": ["0", "1", "nonewlines"],
+        "split_sentences": {"enum": ["0", "1", "nonewlines", 0, 1, False, True],
                             "description": "1 (default): at punctuation and line breaks; nonewlines: at punctuation "
                                            "only (the default with tag_handling); 0: each text is one sentence"},
-        "preserve_formatting": {"type": "boolean", "description": "accepted; whitespace and case are always kept"},
+        "preserve_formatting": {**BOOLEAN, "description": "accepted; whitespace and case are always kept"},
         "formality": {"type": "string", "description": "accepted, not applied (named in X-Ignored-Fields)"},
         "glossary_id": {"type": "string", "description": "a stored glossary's name (GET /v1/glossaries); needs "
                                                          "source_lang; unknown: 404"},
-        "show_billed_characters": {"type": "boolean"}}
+        "show_billed_characters": BOOLEAN}
     schema = {"type": "object", "required": ["text", "target_lang"], "properties": props,
               "if": {"required": ["glossary_id"], "properties": {"glossary_id": {"minLength": 1}}},
               "then": {"required": ["source_lang"], "properties": {"source_lang": {"minLength": 1}}}}
@@ -127,8 +133,7 @@ def deepl_translate_schema(gateway) -> dict:
     props["source_lang"]["enum"] = [""] + [s.upper() for s in sources]
     branches = [{"properties": {"source_lang": {"const": s.upper()}, "target_lang": {"enum": sorted(
         {c for t in targets if (s, t) in pairs or t == s for c in tcodes[t]})}}} for s in sources]
-    branches.append({"properties": {"source_lang": {"const": ""}}})
-    branches.append({"not": {"required": ["source_lang"]}})
+    branches.append({"properties": {"source_lang": {"const": ""}}})      # (absent: the same branch)
     schema["anyOf"] = branches
     return schema
 
@@ -174,18 +179,34 @@ def upload_schema(schema: dict, gateway, source: Optional[str], target: Optional
             codes = {t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in targets}
             props[target] = {**props[target], "enum": sorted({c for t in targets for c in codes[t]})}
             props[source] = {**props[source], "enum": [""] + sorted({s.upper() for s, _ in pairs})}
-            schema["anyOf"] = [{"properties": {source: {"const": s.upper()}, target: {"enum": sorted(
+            languages = [{"properties": {source: {"const": s.upper()}, target: {"enum": sorted(
                 {c for t in targets if (s, t) in pairs for c in codes[t]})}}} for s in sorted({s for s, _ in pairs})] + [
-                {"properties": {source: {"const": ""}}}, {"not": {"required": [source]}}]
+                {"properties": {source: {"const": ""}}}]       # (absent: the same branch)
+            schema["allOf"] = [{"anyOf": languages}, {"anyOf": _output_format_branches()}]
         else:
             libre = source == "source"
             props[source] = {**props[source], "enum": sorted({s for s, _ in pairs}) + ["auto"]}
             props[target] = {**props[target], "enum": sorted({t for _, t in pairs})}
             schema["anyOf"] = [{"properties": {source: {"const": s}, target: {"enum": sorted({t for s2, t in pairs if s2 == s})}}}
                                for s in sorted({s for s, _ in pairs})] + [{"properties": {source: {"const": "auto"}}}]
-            if not libre:
-                schema["anyOf"].append({"not": {"required": [source]}})
     return schema
+
+
+def _extension_pattern(ext: str) -> str:
+    return r"\." + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in ext) + "$"
+
+
+def _output_format_branches() -> list[dict]:
+    """DeepL's output_format: empty or the input's own extension (``filename``'s, else the file part's)."""
+    upload_ext = UPLOAD_NAME.rsplit(".", 1)[1]
+    out = []
+    for e in (x[1:] for x in EXTENSIONS):
+        branch = {"properties": {"filename": {"pattern": _extension_pattern(e)},
+                                 "output_format": {"enum": ["", e, e.upper()]}}}
+        if e != upload_ext:         # without filename: the file part's name
+            branch["required"] = ["filename"]
+        out.append(branch)
+    return out
 
 
 def with_upload_encoding(body: dict) -> dict:
@@ -216,12 +237,39 @@ _TSV_FIELD = r'[^\t\r\n"\x00]*[^\s"\x00][^\t\r\n"\x00]*'
 TSV_PATTERN = rf"^({_TSV_FIELD}\t{_TSV_FIELD}\n)*({_TSV_FIELD}\t{_TSV_FIELD}\n?)?$"
 
 
-def memory_bodies(doc: dict) -> None:
-    """PUT /v1/memory's JSON body and GET's answer with their entries inlined; TSV lines as a pattern."""
+# XML 1.0 text: no control characters but tab and line breaks, no U+FFFE/U+FFFF; a character other than whitespace
+_XML_CHAR = r"[^\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]"
+SEG_PATTERN = rf"^{_XML_CHAR}*[^\s\x00-\x1f\ufffe\uffff]{_XML_CHAR}*$"
+
+
+def tmx_schema(source_lang: Optional[str], target_lang: Optional[str]) -> dict:
+    """A TMX 1.4 body as OpenAPI's ``xml`` keywords describe it: <tmx version="1.4"><body>, then per
+    unit <tu><tuv lang="SOURCE"><seg>..</seg></tuv><tuv lang="TARGET"><seg>..</seg></tuv></tu>
+    (the languages of the model the query picks: the default model's here)."""
+    from . import memory
+
+    def tuv(lang: Optional[str]) -> dict:
+        return {"type": "object", "xml": {"name": "tuv"}, "required": ["lang", "seg"], "properties": {
+            "lang": {"type": "string", "xml": {"attribute": True}, **({"enum": [lang]} if lang else {}),
+                     "description": "xml:lang (or lang)"},
+            "seg": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": SEG_PATTERN}}}
+    unit = {"type": "object", "xml": {"name": "tu"}, "required": ["source", "target"],
+            "properties": {"source": tuv(source_lang), "target": tuv(target_lang)}}
+    return {"type": "object", "xml": {"name": "tmx"}, "required": ["body"], "description": "TMX 1.4", "properties": {
+        "version": {"type": "string", "enum": ["1.4"], "xml": {"attribute": True}},
+        "body": {"type": "object", "properties": {"tu": {"type": "array", "items": unit,
+                                                         "maxItems": memory.MAX_MEMORY_IMPORT}}}}}
+
+
+def memory_bodies(doc: dict, gateway=None) -> None:
+    """PUT /v1/memory's JSON body and GET's answer with their entries inlined; TSV lines as a pattern;
+    TMX as XML (``tmx_schema``)."""
     from . import memory
     put = doc["paths"]["/v1/memory"]["put"]["requestBody"]["content"]
     put["application/json"]["schema"] = inlined(memory.MemoryImport.model_json_schema())
     put[memory.TSV]["schema"] = {**put[memory.TSV]["schema"], "pattern": TSV_PATTERN}
+    card = next(iter(gateway.cards.values())) if gateway is not None else None
+    put[memory.TMX]["schema"] = tmx_schema(card.source_lang if card else None, card.target_lang if card else None)
     get = doc["paths"]["/v1/memory"]["get"]["responses"]["200"]["content"]
     get["application/json"]["schema"] = inlined(memory.MemoryAnswer.model_json_schema())
 
@@ -248,11 +296,11 @@ def complete(doc: dict, gateway) -> dict:
         body = {**body, "content": {"multipart/form-data": {"schema": upload_schema(schema, gateway, *langs,
                                                                                      deepl_shape=deepl_shape)}}}
         paths[path]["post"]["requestBody"] = with_upload_encoding(body)
-    memory_bodies(doc)
+    memory_bodies(doc, gateway)
     if gateway is not None:
         schemas = doc["components"]["schemas"]
         request = schemas["TranslateRequest"]
-        request["allOf"] = [native_rules(gateway)]
+        request["allOf"] = [native_rules(gateway)]     # (beside if/then: JSON Schema generators give up on more)
         request["properties"]["timeout_s"] = {**request["properties"]["timeout_s"],
                                               "description": request["properties"]["timeout_s"].get("description", ""),
                                               "anyOf": [{"type": "number", "exclusiveMinimum": 0,
