@@ -194,7 +194,10 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         check_unicode(texts, "text")
     except ValueError as e:
         raise ServiceError(400, str(e), "text") from None
-    autodetect.check_sizes(texts, "text", True)
+    try:
+        autodetect.check_sizes(texts, "text", True)
+    except ServiceError as e:       # a stated limit of the field (maxLength, maxItems): DeepL's 400
+        raise ServiceError(400, f"Value for 'text' not supported: {e.message}", "text") from None
     if body.glossary_id and not (body.source_lang or "").strip():
         raise ServiceError(400, "source_lang: required with glossary_id (a glossary is for one language pair)",
                            "source_lang")

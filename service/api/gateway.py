@@ -80,7 +80,7 @@ GLOSSARY_ERRORS = _errors(ErrorResponse, {
     401: "API keys are on and the request has no valid Authorization: Bearer key",
     403: "DELETE of a shared glossary (loaded from the server's glossary directory)",
     404: "no glossary of that name for this key (nor a shared one)",
-    409: "POST: a glossary of that name exists",
+    409: "POST: a glossary of that name exists, or two of its entries give one source term different targets",
     413: "POST: the key has MAX_GLOSSARIES glossaries already",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
     422: "invalid fields: a bad name, blank or over-long terms, conflicting entries (the message names them)",

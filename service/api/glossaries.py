@@ -159,8 +159,8 @@ class GlossaryStore:
         entries = [(e.source, e.target) for e in body.entries]
         try:
             Glossary(entries, body.source_lang, None, 0, "entries", MAX_STORED_GLOSSARY_ENTRIES)
-        except InvalidRequest as e:
-            raise ServiceError(422, e.message, e.field) from None
+        except InvalidRequest as e:     # two of its entries conflict (one source, two targets): 409, as a taken name
+            raise ServiceError(409 if " conflicts with " in e.message else 422, e.message, e.field) from None
         g = StoredGlossary(body.name, tuple(Glossary.normalized(entries)), body.source_lang, body.target_lang)
         with self._lock:
             own = self._by_scope.setdefault(scope, {})

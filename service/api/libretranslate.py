@@ -22,7 +22,7 @@ from service.engine import GenerationOptions
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
-from service.protocol import MAX_BEAM_SIZE, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS, TranslateJob, TranslateResponse, Usage
+from service.protocol import MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS, TranslateJob, TranslateResponse, Usage
 from service.engine.validation import ModelLimits
 
 from . import autodetect, glossaries
@@ -64,10 +64,14 @@ def _texts(v: Any) -> Any:
     return v
 
 
+# a text: the document states the limits that autodetect.check_sizes / ModelLimits.check answer (with their messages)
+TextField = Annotated[str, Field(min_length=1, json_schema_extra={"maxLength": MAX_TEXT_CHARS})]
+
+
 class LibreDetectBody(BaseModel):
     """POST /detect, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
     model_config = ConfigDict(extra="allow")     # LibreTranslate answers without the fields it does not read
-    q: Union[Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)], Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]], Field(min_length=1, max_length=MAX_TEXTS)]] = Field(
+    q: Union[TextField, Annotated[list[TextField], Field(min_length=1, json_schema_extra={"maxItems": MAX_TEXTS})]] = Field(
         ..., description="text (a list: each language's mean confidence over the texts)")
     api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
                                                      "header is sent")
@@ -81,7 +85,7 @@ class LibreDetectBody(BaseModel):
 
 class LibreTranslateBody(LibreDetectBody):
     """POST /translate, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
-    q: Union[Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)], Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]], Field(min_length=1, max_length=MAX_TEXTS)]] = Field(
+    q: Union[TextField, Annotated[list[TextField], Field(min_length=1, json_schema_extra={"maxItems": MAX_TEXTS})]] = Field(
         ..., description="text, or a list of texts (a repeated form field)")
     source: str = Field(..., min_length=1, description='language code (GET /languages) or "auto"')
     target: str = Field(..., min_length=1, description="language code (GET /languages)")
@@ -174,9 +178,11 @@ def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Ite
     is a JSON list in a JSON body; in a form it is that list as JSON text, which JSON Schema cannot
     state: the forms' schema leaves it out (the description says it)."""
     schema = request_schema(model, cards, max_num_seqs, auto)
-    if "glossary" in schema["properties"]:
-        glossary = schema["properties"]["glossary"]
-        schema["properties"]["glossary"] = {**glossary, "anyOf": [o for o in glossary["anyOf"] if o.get("type") != "string"]}
+    if "glossary" in schema["properties"]:      # a JSON body's: entries as on /v1/translate
+        glossary, entry = schema["properties"]["glossary"], glossaries.GlossaryEntry.model_json_schema()
+        schema["properties"]["glossary"] = {**glossary, "anyOf": [
+            {**o, "items": entry, "maxItems": MAX_GLOSSARY_ENTRIES} if o.get("type") == "array" else o
+            for o in glossary["anyOf"] if o.get("type") != "string"]}
     form = {**schema, "properties": {k: _form_field(v) for k, v in schema["properties"].items() if k != "glossary"}}
     keep = form["properties"].get("keep")
     if keep is not None:        # one form field per term: a single one is a string

@@ -54,10 +54,10 @@ BOOLEAN = {"anyOf": [{"type": "boolean"}, {"enum": [0, 1]}, {"enum": [w for word
 
 
 def _model_rules(lim: dict) -> dict:
+    # (attention indices: on AttentionOptions, the largest model's: a branch constraining them makes
+    # JSON Schema generators give up; complete() says so)
     return {"beam_size": {"maximum": lim["beam"]}, "n_best": {"maximum": lim["beam"]},
-            "max_new_tokens": {"maximum": lim["max_new_tokens"]},
-            "attention": {"properties": {"layers": {"items": {"maximum": lim["layers"] - 1}},
-                                         "heads": {"items": {"maximum": lim["heads"] - 1}}}}}
+            "max_new_tokens": {"maximum": lim["max_new_tokens"]}}
 
 
 def _code(value: Optional[str]) -> dict:
@@ -110,15 +110,15 @@ def deepl_translate_schema(gateway) -> dict:
                  "description": f"a text or a list of up to {MAX_TEXTS} (a repeated form field), each up to "
                                 f"{MAX_TEXT_CHARS} characters"},
         "target_lang": {"type": "string", "minLength": 1, "description": 'e.g. "DE", "EN-GB", "EN-US" (GET /v2/languages)'},
-        "source_lang": {"type": "string", "description": "absent or empty: each text's language is detected"},
-        "tag_handling": {"enum": ["html", "xml"], "description": "tags kept, the text between them translated"},
+        "source_lang": {"type": ["string", "null"], "description": "absent, null or empty: each text's language is detected"},
+        "tag_handling": {"enum": ["html", "xml", None], "description": "tags kept, the text between them translated"},
         "split_sentences": {"enum": ["0", "1", "nonewlines", 0, 1, False, True],
                             "description": "1 (default): at punctuation and line breaks; nonewlines: at punctuation "
                                            "only (the default with tag_handling); 0: each text is one sentence"},
         "preserve_formatting": {**BOOLEAN, "description": "accepted; whitespace and case are always kept"},
-        "formality": {"type": "string", "description": "accepted, not applied (named in X-Ignored-Fields)"},
-        "glossary_id": {"type": "string", "description": "a stored glossary's name (GET /v1/glossaries); needs "
-                                                         "source_lang; unknown: 404"},
+        "formality": {"type": ["string", "null"], "description": "accepted, not applied (named in X-Ignored-Fields)"},
+        "glossary_id": {"type": ["string", "null"], "description": "a stored glossary's name (GET /v1/glossaries); "
+                                                                   "needs source_lang; unknown: 404"},
         "show_billed_characters": BOOLEAN}
     schema = {"type": "object", "required": ["text", "target_lang"], "properties": props,
               "if": {"required": ["glossary_id"], "properties": {"glossary_id": {"minLength": 1}}},
@@ -130,10 +130,10 @@ def deepl_translate_schema(gateway) -> dict:
     tcodes = {t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in targets}
     sources = sorted({s for s, _ in pairs})
     props["target_lang"]["enum"] = sorted({c for t in targets for c in tcodes[t]})
-    props["source_lang"]["enum"] = [""] + [s.upper() for s in sources]
+    props["source_lang"]["enum"] = [None, ""] + [s.upper() for s in sources]
     branches = [{"properties": {"source_lang": {"const": s.upper()}, "target_lang": {"enum": sorted(
         {c for t in targets if (s, t) in pairs or t == s for c in tcodes[t]})}}} for s in sources]
-    branches.append({"properties": {"source_lang": {"const": ""}}})      # (absent: the same branch)
+    branches.append({"properties": {"source_lang": {"enum": ["", None]}}})      # (absent: the same branch)
     schema["anyOf"] = branches
     return schema
 
@@ -142,6 +142,10 @@ def form_of(schema: dict) -> dict:
     """A JSON body's schema as a form's (DeepL's): text fields, so never null."""
     props = {}
     for k, v in schema["properties"].items():
+        if isinstance(v.get("type"), list):
+            v = {**v, "type": [t for t in v["type"] if t != "null"][0]}
+        if None in v.get("enum", ()):
+            v = {**v, "enum": [e for e in v["enum"] if e is not None]}
         if {"type": "null"} in v.get("anyOf", ()):
             v = {**{a: b for a, b in v.items() if a != "anyOf"}, **({"anyOf": [o for o in v["anyOf"] if o != {"type": "null"}]}
                                                                    if len(v["anyOf"]) > 2 else
@@ -257,8 +261,8 @@ def tmx_schema(source_lang: Optional[str], target_lang: Optional[str]) -> dict:
             "properties": {"source": tuv(source_lang), "target": tuv(target_lang)}}
     return {"type": "object", "xml": {"name": "tmx"}, "required": ["body"], "description": "TMX 1.4", "properties": {
         "version": {"type": "string", "enum": ["1.4"], "xml": {"attribute": True}},
-        "body": {"type": "object", "properties": {"tu": {"type": "array", "items": unit,
-                                                         "maxItems": memory.MAX_MEMORY_IMPORT}}}}}
+        "body": {"type": "object", "properties": {"tu": {"type": "array", "items": unit, "description": (
+            f"at most {memory.MAX_MEMORY_IMPORT} units (MAX_MEMORY_IMPORT, 413; the body's own cap comes first)")}}}}}
 
 
 def memory_bodies(doc: dict, gateway=None) -> None:
@@ -301,6 +305,12 @@ def complete(doc: dict, gateway) -> dict:
         schemas = doc["components"]["schemas"]
         request = schemas["TranslateRequest"]
         request["allOf"] = [native_rules(gateway)]     # (beside if/then: JSON Schema generators give up on more)
+        most = [_limits_of(l) for l in gateway.limits.values()]
+        attention = schemas["AttentionOptions"]["properties"]
+        for name, count in (("layers", max(m["layers"] for m in most)), ("heads", max(m["heads"] for m in most))):
+            items = attention[name]["anyOf"][0]["items"]
+            items["maximum"] = count - 1
+            attention[name]["description"] += f" (at most {count - 1} on the largest model; each model's count: GET /v1/models)"
         request["properties"]["timeout_s"] = {**request["properties"]["timeout_s"],
                                               "description": request["properties"]["timeout_s"].get("description", ""),
                                               "anyOf": [{"type": "number", "exclusiveMinimum": 0,
