@@ -110,7 +110,7 @@ def test_store_loads_files_and_scopes_created_glossaries_by_key(tmp_path):
               (lambda: store.create("k:alice", GlossaryCreate(name="../x", entries=body.entries)), 422, "name"),
               (lambda: store.create("k:alice", GlossaryCreate(name="c", entries=[
                   {"source": "Vertrag", "target": "a"}, {"source": "Verträge", "target": "b"}], source_lang="de")),
-               422, "entries[1].source"),
+               409, "entries[1].source"),
               (lambda: store.delete("k:alice", "cars"), 403, "name"),
               (lambda: store.delete("k:bob", "legal"), 404, "name")]
     for call, status, field in errors:
