@@ -50,8 +50,11 @@ def test_model_limits_are_service_errors_naming_field_and_limit(fields, status, 
 
 def test_within_the_limits_passes_and_attention_indices_matter_only_when_asked():
     LIMITS.check(job(beam_size=4, max_new_tokens=63, min_new_tokens=63))
-    with pytest.raises(ValidationError, match="attention: selects the weights return_attention returns"):
-        job(attention={"kinds": ["cross"], "layers": [7]})               # return_attention is false: refused
+    with pytest.raises(ServiceError) as e:      # a selection without return_attention asks for the weights
+        gateway_check(LIMITS, job(attention={"kinds": ["cross"], "layers": [7]}))
+    assert e.value.field == "attention.layers"
+    LIMITS.check(job(return_attention=False, attention={"kinds": ["cross"], "layers": [7]}))   # not applied
+    assert TranslateRequest(text="x", return_attention=False, attention={"layers": [7]}).ignored == ["attention"]
     LIMITS.check(job(max_new_tokens=None, min_new_tokens=100))          # per sentence: the engine's guard
 
 
@@ -111,7 +114,6 @@ def test_n_best_without_beam_size_widens_the_beam_and_the_schema_states_the_rule
     with pytest.raises(ValueError, match="n_best: must be <= beam_size"):
         TranslateRequest(text="x", n_best=6, beam_size=5)
     schema = TranslateRequest.model_json_schema()
-    branch = {b["properties"]["beam_size"]["const"]: b["properties"]["n_best"]["maximum"]
-              for b in schema["anyOf"] if "properties" in b}
+    assert schema["if"] == {"required": ["beam_size"]}
+    branch = {b["properties"]["beam_size"]["const"]: b["properties"]["n_best"]["maximum"] for b in schema["then"]["anyOf"]}
     assert branch == {k: k for k in range(1, 17)}
-    assert schema["then"]["properties"]["return_attention"] == {"const": True}

@@ -83,9 +83,9 @@ def test_bad_glossary_fields_are_rejected(glossary, where):
         TranslateRequest(text="x", glossary=glossary)
 
 
-def test_glossary_and_glossary_id_not_both_and_job_carries_entries():
-    with pytest.raises(pydantic.ValidationError, match="not both"):
-        TranslateRequest(text="x", glossary=[{"source": "a", "target": "b"}], glossary_id="g")
+def test_glossary_with_glossary_id_is_valid_and_job_carries_entries():
+    both = TranslateRequest(text="x", glossary=[{"source": "a", "target": "b"}], glossary_id="g")
+    assert both.job().glossary == (("a", "b"),) and both.glossary_id == "g"     # the stored ones: the gateway's
     job = TranslateRequest(text="x", glossary=[{"source": "Vertrag", "target": "agreement"}]).job()
     assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary"
 
@@ -110,7 +110,7 @@ def test_store_loads_files_and_scopes_created_glossaries_by_key(tmp_path):
               (lambda: store.create("k:alice", GlossaryCreate(name="../x", entries=body.entries)), 422, "name"),
               (lambda: store.create("k:alice", GlossaryCreate(name="c", entries=[
                   {"source": "Vertrag", "target": "a"}, {"source": "Verträge", "target": "b"}], source_lang="de")),
-               422, "entries[1].source"),
+               409, "entries[1].source"),
               (lambda: store.delete("k:alice", "cars"), 403, "name"),
               (lambda: store.delete("k:bob", "legal"), 404, "name")]
     for call, status, field in errors:
@@ -208,10 +208,12 @@ def test_libretranslate_glossary_fields():
         r = LibreRequest(["x"], False, card, 0, False, False, "en")
         asyncio.run(read_glossary(r, fields, request, store))
         assert r.glossary == want and r.job(["x"]).glossary == want
+    r = LibreRequest(["x"], False, card, 0, False, False, "en")       # both: the stored entries, then the request's
+    asyncio.run(read_glossary(r, {"glossary": [{"source": "Hund", "target": "dog"}], "glossary_id": "bikes"}, request, store))
+    assert r.glossary == (("Fahrrad", "bike"), ("Hund", "dog"))
     for fields, field in (({"glossary": "[{"}, "glossary"), ({"glossary": [{"source": "a"}]}, "glossary.0.target"),
                           ({"glossary": [{"source": " ", "target": "b"}]}, "glossary"),
-                          ({"glossary_id": "nope"}, "glossary_id"),
-                          ({"glossary": [], "glossary_id": "bikes"}, "glossary")):
+                          ({"glossary_id": "nope"}, "glossary_id")):
         with pytest.raises(ServiceError) as e:
             asyncio.run(read_glossary(LibreRequest(["x"], False, card, 0, False, False, "en"), fields, request, store))
         assert e.value.field == field and e.value.status in (400, 404), e.value

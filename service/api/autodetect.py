@@ -3,11 +3,12 @@ language is detected (``service/translator/langid.py``) and the text goes to the
 a list may mix languages (one job per model, run together, answers put back in request order).
 
     no letters ("12345", "😀")         passed through unchanged (as the translator does), detected "und" at 0
-    letters, no language found ("A")   422 (400 on /translate) on the source field: send the source language
+    letters, no language found ("A")   404 on the source field (every route, LibreTranslate's and DeepL's too:
+                                       it depends on the text, which no schema states): send the source language
     detected == target                 passed through unchanged, ``passthrough: true``
     detected, a model reads it         translated by that model, with the detected language and confidence
-    detected, no model for it          4xx on the source field naming the text, what was detected (with
-                                       its confidence and runners-up) and what is served
+    detected, no model for it          404 (the same) naming the text, what was detected (with its
+                                       confidence and runners-up) and what is served
 
 ``POST /detect`` answers LibreTranslate's ``[{"confidence", "language"}]`` from the same detector.
 """
@@ -23,6 +24,7 @@ from service.translator.langid import NO_LANGUAGE, LanguageDetector
 from .errors import ServiceError
 
 AUTO = "auto"
+NOT_SERVED = "language_not_served"     # the ServiceError type of both 404s (errors.py keeps them 404)
 # Language names for messages (GET /languages uses libretranslate.LANGUAGE_NAMES, a subset)
 NAMES = {"ar": "Arabic", "bg": "Bulgarian", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
          "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French", "he": "Hebrew",
@@ -79,9 +81,9 @@ def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], t
         lang, conf = cands[0]
         where = f"{field}[{i}]" if is_list else field
         if lang == NO_LANGUAGE:
-            raise ServiceError(422, f"{source_field}: auto cannot tell the language of {where} (too little text the "
+            raise ServiceError(404, f"{source_field}: auto cannot tell the language of {where} (too little text the "
                                     f"detector knows); send {source_field} to choose"
-                                    f"{' (served: ' + served + ')' if served else ''}", source_field)
+                                    f"{' (served: ' + served + ')' if served else ''}", source_field, type=NOT_SERVED)
         if target is not None and lang == target:
             out.append(Routed(None, lang, conf, True))
             continue
@@ -90,10 +92,11 @@ def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], t
         except ServiceError as e:
             others = ", ".join(f"{c} {p:g}%" for c, p in cands[1:])
             reason = e.message[len(e.field) + 2:] if e.field and e.message.startswith(f"{e.field}: ") else e.message
-            raise ServiceError(e.status, f"{source_field}: auto detected {named(lang)} in {where} (confidence "
-                                         f"{conf:g}%{'; then ' + others if others else ''}), which no model here "
-                                         f"translates{' into ' + target if target else ''}: {reason}; send "
-                                         f"{source_field} to choose", source_field) from None
+            raise ServiceError(404 if e.status in (400, 404) else e.status,
+                               f"{source_field}: auto detected {named(lang)} in {where} (confidence "
+                               f"{conf:g}%{'; then ' + others if others else ''}), which no model here "
+                               f"translates{' into ' + target if target else ''}: {reason}; send "
+                               f"{source_field} to choose", source_field, type=NOT_SERVED) from None
     return out
 
 

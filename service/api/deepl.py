@@ -44,6 +44,9 @@ NO_CHARACTER_LIMIT = 1_000_000_000_000
 # Fields DeepL defines that change nothing here: reported in IGNORED_HEADER when sent with a value that
 # asks for something (formality other than default, a context, ...)
 LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "glossary_ids", "custom_instructions")
+# the fields read once (given twice: 400); others, unknown ones included, may repeat (named in IGNORED_HEADER)
+SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences", "preserve_formatting", "formality",
+                 "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
 NOT_APPLIED = ("formality", "context", "model_type", "outline_detection", "non_splitting_tags", "splitting_tags",
                "ignore_tags", "tag_handling_version", "custom_instructions", "style_id", "translation_memory_id",
                "translation_memory_threshold", "glossary_ids")
@@ -191,7 +194,10 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         check_unicode(texts, "text")
     except ValueError as e:
         raise ServiceError(400, str(e), "text") from None
-    autodetect.check_sizes(texts, "text", True)
+    try:
+        autodetect.check_sizes(texts, "text", True)
+    except ServiceError as e:       # a stated limit of the field (maxLength, maxItems): DeepL's 400
+        raise ServiceError(400, f"Value for 'text' not supported: {e.message}", "text") from None
     if body.glossary_id and not (body.source_lang or "").strip():
         raise ServiceError(400, "source_lang: required with glossary_id (a glossary is for one language pair)",
                            "source_lang")

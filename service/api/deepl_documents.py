@@ -67,12 +67,15 @@ ERRORS.update({status: {"model": ErrorResponse, "description": what} for status,
     401: "API keys are on and no valid key was sent (Authorization: Bearer)",
     429: "over the rate limit of this key or client"}.items()})
 OPENAPI_KEY = {"required": True, "content": {m: {"schema": {"type": "object", "required": ["document_key"], "properties": {
-    "document_key": {"type": "string"}}}} for m in ("application/json", "application/x-www-form-urlencoded")}}
+    "document_key": {"type": "string", "minLength": 1, "description": "POST /v2/document's answer (unknown: 404)"}}}}
+    for m in ("application/json", "application/x-www-form-urlencoded")}}
 OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file", "target_lang"], "properties": {
         "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"},
         "source_lang": {"type": "string"}, "filename": {"type": "string"}, "formality": {"type": "string"},
-        "output_format": {"type": "string"}, "glossary_id": {"type": "string"}}}}}}
+        "output_format": {"type": "string", "description": "empty, or the file's own extension (no conversion)"},
+        "glossary_id": {"type": "string"}, "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
+    "additionalProperties": False}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
 FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")

@@ -50,11 +50,12 @@ OPENAPI_NATIVE = {"required": True, "content": {"multipart/form-data": {"schema"
         "file": _FILE, "source_lang": {"type": "string", "description": 'a code, "auto" or absent'},
         "target_lang": {"type": "string"}, "model": {"type": "string"},
         "stream": {"type": "boolean", "description": "SSE progress, then a download URL"},
-        "filename": {"type": "string", "description": "overrides the file part's name (its extension picks the format)"}}}}}}
+        "filename": {"type": "string", "description": "overrides the file part's name (its extension picks the format)"}},
+    "additionalProperties": False}}}}
 OPENAPI_LIBRE = {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file", "source", "target"], "properties": {
         "file": _FILE, "source": {"type": "string", "description": 'a code or "auto"'},
-        "target": {"type": "string"}, "api_key": {"type": "string"}}}}}}
+        "target": {"type": "string"}, "api_key": {"type": "string"}}, "additionalProperties": False}}}}
 
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
@@ -212,7 +213,8 @@ async def detected_source(detector, doc: Document, field: str) -> str:
             break
     (cands,) = await autodetect.detect_texts(detector, [" ".join(sample)[:DETECT_SAMPLE_CHARS]])
     if not cands or cands[0][0] == autodetect.NO_LANGUAGE:
-        raise ServiceError(422, f"{field}: auto cannot tell the document's language; send {field}", field)
+        raise ServiceError(404, f"{field}: auto cannot tell the document's language; send {field}", field,
+                           type=autodetect.NOT_SERVED)
     return cands[0][0]
 
 
@@ -281,7 +283,13 @@ async def plan(gw, doc: Document, model: Optional[str], source: Optional[str], t
     the model's). Raises ServiceError 404/422 (the gateway's ``resolve``)."""
     if autodetect.is_auto(source):
         source = await detected_source(gw.detector, doc, source_field)
-    card = gw.resolve(model, source, target)
+        try:
+            card = gw.resolve(model, source, target)
+        except ServiceError as e:      # the detected language: the 404 of autodetect.route
+            raise ServiceError(e.status, f"{source_field}: auto detected {source} in the document: {e.message}",
+                               source_field, type=autodetect.NOT_SERVED if e.status == 404 else None) from None
+    else:
+        card = gw.resolve(model, source, target)
     return card.id, match_language(target, set(card.targets)) if target else None
 
 

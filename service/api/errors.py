@@ -145,8 +145,11 @@ def error_response(err: ServiceError, details: Optional[list] = None,
 
 
 def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    """LibreTranslate's error format: {"error": message}; invalid input is a 400 there."""
-    status = 400 if err.status in (404, 413, 422) else err.status
+    """LibreTranslate's error format: {"error": message}; invalid input is a 400 there. An unknown
+    stored glossary (``glossary_id``, this service's own field) and a text whose language ``source:
+    auto`` finds no model for (autodetect.NOT_SERVED) stay 404, as on every route."""
+    kept = err.status == 404 and (err.field == "glossary_id" or err.type == "language_not_served")
+    status = 400 if err.status in (404, 413, 422) and not kept else err.status
     return JSONResponse({"error": err.message}, status_code=status,
                         headers={**(_retry_header(err.retry_after) or {}), **(headers or {})} or None)
 
@@ -156,7 +159,7 @@ def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
     (401 here) is 403; invalid input (404 unknown language pair, 415, 422) is 400, an unknown glossary
     or path 404; 413, 429, 503, 504 stay (Retry-After kept)."""
     status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
-    if err.type in ("glossary_not_found", "path_not_found"):
+    if err.type in ("glossary_not_found", "path_not_found", "language_not_served"):
         status = 404
     hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
     hdrs.pop("WWW-Authenticate", None)

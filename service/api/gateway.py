@@ -41,7 +41,7 @@ from service.translator.langid import LanguageDetector
 
 from service.translator.memory import MemoryStore, memory_model
 
-from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, memory, pivot, sse, suggest
+from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, memory, openapi, pivot, sse, suggest
 from . import body as body_module
 from .cors import CorsMiddleware
 from .access_log import AccessLogMiddleware, flush_serve_log
@@ -66,7 +66,8 @@ def _errors(model, statuses: dict[int, str]) -> dict:
 
 
 NATIVE_ERRORS = _errors(ErrorResponse, {
-    404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language)',
+    404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language); '
+         "glossary_id names no stored glossary",
     401: "API keys are on and the request has no valid Authorization: Bearer key",
     413: "a text, list, sentence or body over its limit (the message names it)",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
@@ -79,7 +80,7 @@ GLOSSARY_ERRORS = _errors(ErrorResponse, {
     401: "API keys are on and the request has no valid Authorization: Bearer key",
     403: "DELETE of a shared glossary (loaded from the server's glossary directory)",
     404: "no glossary of that name for this key (nor a shared one)",
-    409: "POST: a glossary of that name exists",
+    409: "POST: a glossary of that name exists, or two of its entries give one source term different targets",
     413: "POST: the key has MAX_GLOSSARIES glossaries already",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
     422: "invalid fields: a bad name, blank or over-long terms, conflicting entries (the message names them)",
@@ -122,26 +123,16 @@ add_exception_handlers(api)
 body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
 
 
-def served_models(app: FastAPI) -> tuple[list, dict[str, int]]:
-    """The models this replica serves (its Gateway's cards) and each one's engine max_num_seqs;
-    outside a replica, ``app.state.cards`` (in-process tests)."""
-    try:
-        gateway = serve.get_replica_context().servable_object
-        return list(gateway.cards.values()), {m: lim.max_num_seqs for m, lim in gateway.limits.items()}
-    except Exception:  # noqa: BLE001 - not in a Serve replica
-        return list(getattr(app.state, "cards", ())), {}
-
-
 def openapi_document(app: FastAPI) -> dict:
-    """GET /openapi.json: FastAPI's document, with the LibreTranslate request bodies' ``source`` and
-    ``target`` the served languages and pairs (``libretranslate.request_schema``); built once per
-    replica. (A method of the app, not a function of the module's ``api``: Serve serves a copy of it.)"""
+    """GET /openapi.json: FastAPI's document, with the request bodies as this replica's models and
+    settings accept them (``openapi.complete``); built once per replica. (A method of the app, not a
+    function of the module's ``api``: Serve serves a copy of it.)"""
     if app.openapi_schema is None:
-        doc = FastAPI.openapi(app)
-        cards, seqs = served_models(app)
-        for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
-            doc["paths"][path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards, seqs)
-        app.openapi_schema = doc
+        try:
+            gateway = serve.get_replica_context().servable_object
+        except Exception:  # noqa: BLE001 - not in a Serve replica: no served models
+            gateway = None
+        app.openapi_schema = openapi.complete(FastAPI.openapi(app), gateway)
     return app.openapi_schema
 
 
@@ -338,11 +329,14 @@ class Gateway:
         job.memory_scope = self._scope(request)
         with mapped_errors(card.id):
             self.limits[card.id].check(job)
+        headers = {libretranslate.IGNORED_HEADER: ", ".join(body.ignored)} if body.ignored else None
         if not body.stream:
             result = await self._run(card.id, job)
             request.state.usage = result.usage
-            return Response(result.body_bytes(), media_type="application/json")
-        return await self._stream(card.id, job, request)
+            return Response(result.body_bytes(), media_type="application/json", headers=headers)
+        response = await self._stream(card.id, job, request)
+        response.headers.update(headers or {})
+        return response
 
     async def _translate_auto(self, body: TranslateRequest, request: Request):
         """source_lang "auto": each text's language detected, each text translated by the model that
@@ -390,14 +384,15 @@ class Gateway:
         return await self._stream(model, job, request, lambda r: merged({model: r}))
 
     async def _with_glossary(self, job, glossary_id: Optional[str], request: Request, card: Optional[ModelCard] = None):
-        """The job with stored glossary ``glossary_id``'s entries (none: as it is). Raises
-        ServiceError 404 for an unknown name, 422 for a glossary of other languages than the card's."""
+        """The job with stored glossary ``glossary_id``'s entries (none: as it is), and the request's own
+        ``glossary`` entries after them when both are sent. Raises ServiceError 404 for an unknown
+        name, 422 for a glossary of other languages than the card's."""
         if glossary_id is None:
             return job
-        job.glossary = await self.glossaries.resolve(glossaries.scope_of(request), glossary_id,
-                                                     card.source_lang if card else None,
-                                                     card.target_lang if card else None)
-        job.glossary_field = "glossary_id"
+        stored = await self.glossaries.resolve(glossaries.scope_of(request), glossary_id,
+                                               card.source_lang if card else None,
+                                               card.target_lang if card else None)
+        job.glossary, job.glossary_field = tuple(stored) + tuple(job.glossary), "glossary" if job.glossary else "glossary_id"
         return job
 
     # ---- stored glossaries (glossaries.py) ----
@@ -546,7 +541,8 @@ class Gateway:
         return JSONResponse([lang.model_dump(exclude_none=True) for lang in langs],
                             headers=libretranslate.ignored_fields_header(fields, ()))
 
-    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses=LIBRE_ERRORS,
+    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **_errors(
+                  libretranslate.LibreError, {404: "glossary_id names no stored glossary"})},
               openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
     async def libre_translate(self, request: Request):
         """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
@@ -646,7 +642,7 @@ class Gateway:
         """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
         ``tag_handling`` html|xml, ``split_sentences`` 0|1|nonewlines; answers ``{"translations": [...]}``."""
         try:
-            fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400)
+            fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400, single=deepl.SINGLE_FIELDS)
         except ServiceError as e:
             return deepl.error_response(e)
         body = deepl.parse(fields)

@@ -37,6 +37,9 @@ from service.translator.glossary import Glossary, check_entries
 from .errors import ServiceError, shown
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# what the document states of a term (GlossaryEntry's own validators give the messages)
+TERM_SCHEMA = {"minLength": 1, "maxLength": MAX_GLOSSARY_TERM_CHARS, "pattern": r"\S"}
+SOURCE_TERM_SCHEMA = {**TERM_SCHEMA, "pattern": r"\w"}     # a letter or digit, to be matched (translator/glossary.py)
 SHARED = ""          # the scope of file glossaries (and of every glossary when keys are off)
 STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (GlossaryClient.cluster)
 
@@ -44,14 +47,17 @@ STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (G
 class GlossaryEntry(BaseModel):
     """One glossary entry."""
     model_config = ConfigDict(strict=True, extra="forbid")
-    source: str = Field(..., description=f"source term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)")
-    target: str = Field(..., description=f"target term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)")
+    source: str = Field(..., description=f"source term (1..{MAX_GLOSSARY_TERM_CHARS} characters, a letter or digit "
+                                         "among them)", json_schema_extra=SOURCE_TERM_SCHEMA)
+    target: str = Field(..., description=f"target term (1..{MAX_GLOSSARY_TERM_CHARS} characters, not blank)",
+                        json_schema_extra=TERM_SCHEMA)
 
 
 class GlossaryCreate(BaseModel):
     """POST /v1/glossaries body."""
     model_config = ConfigDict(strict=True, extra="forbid")
-    name: str = Field(..., description="1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit")
+    name: str = Field(..., description="1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit",
+                      json_schema_extra={"pattern": f"^{NAME.pattern}$"})
     entries: list[GlossaryEntry] = Field(..., min_length=1, max_length=MAX_STORED_GLOSSARY_ENTRIES)
     source_lang: Optional[str] = Field(None, description="source language; when set, only models reading it may use it "
                                                          "(and its stemmer checks conflicting entries now)")
@@ -153,8 +159,8 @@ class GlossaryStore:
         entries = [(e.source, e.target) for e in body.entries]
         try:
             Glossary(entries, body.source_lang, None, 0, "entries", MAX_STORED_GLOSSARY_ENTRIES)
-        except InvalidRequest as e:
-            raise ServiceError(422, e.message, e.field) from None
+        except InvalidRequest as e:     # two of its entries conflict (one source, two targets): 409, as a taken name
+            raise ServiceError(409 if " conflicts with " in e.message else 422, e.message, e.field) from None
         g = StoredGlossary(body.name, tuple(Glossary.normalized(entries)), body.source_lang, body.target_lang)
         with self._lock:
             own = self._by_scope.setdefault(scope, {})

@@ -22,7 +22,7 @@ from service.engine import GenerationOptions
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
-from service.protocol import MAX_BEAM_SIZE, MAX_KEEP_TERMS, TranslateJob, TranslateResponse, Usage
+from service.protocol import MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS, TranslateJob, TranslateResponse, Usage
 from service.engine.validation import ModelLimits
 
 from . import autodetect, glossaries
@@ -64,10 +64,14 @@ def _texts(v: Any) -> Any:
     return v
 
 
+# a text: the document states the limits that autodetect.check_sizes / ModelLimits.check answer (with their messages)
+TextField = Annotated[str, Field(min_length=1, json_schema_extra={"maxLength": MAX_TEXT_CHARS})]
+
+
 class LibreDetectBody(BaseModel):
     """POST /detect, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
     model_config = ConfigDict(extra="allow")     # LibreTranslate answers without the fields it does not read
-    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]] = Field(
+    q: Union[TextField, Annotated[list[TextField], Field(min_length=1, json_schema_extra={"maxItems": MAX_TEXTS})]] = Field(
         ..., description="text (a list: each language's mean confidence over the texts)")
     api_key: Optional[str] = Field(None, description="checked when API keys are on and no Authorization "
                                                      "header is sent")
@@ -81,7 +85,7 @@ class LibreDetectBody(BaseModel):
 
 class LibreTranslateBody(LibreDetectBody):
     """POST /translate, as JSON, application/x-www-form-urlencoded or multipart/form-data."""
-    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]] = Field(
+    q: Union[TextField, Annotated[list[TextField], Field(min_length=1, json_schema_extra={"maxItems": MAX_TEXTS})]] = Field(
         ..., description="text, or a list of texts (a repeated form field)")
     source: str = Field(..., min_length=1, description='language code (GET /languages) or "auto"')
     target: str = Field(..., min_length=1, description="language code (GET /languages)")
@@ -91,10 +95,17 @@ class LibreTranslateBody(LibreDetectBody):
     glossary: Optional[Union[list[dict[str, str]], str]] = Field(
         None, description='this service\'s own: [{"source", "target"}] entries as on /v1/translate (in a form: '
                           "that list as a JSON string)")
-    glossary_id: Optional[str] = Field(None, description="this service's own: a stored glossary's name (GET /v1/glossaries)")
+    glossary_id: Optional[str] = Field(None, min_length=1, description="this service's own: a stored glossary's name "
+                                                                      "(GET /v1/glossaries; unknown: 404); with "
+                                                                      "glossary: both apply")
     keep: Optional[list[KeepTerm]] = Field(None, max_length=MAX_KEEP_TERMS,
                                            description="this service's own: do-not-translate terms, as "
                                                         "/v1/translate's keep (a JSON list, or one form field per term)")
+
+    @field_validator("glossary", "glossary_id", mode="before")
+    @classmethod
+    def _empty_form_field(cls, v: Any, info) -> Any:
+        return None if v == "" and (info.context or {}).get("form") else v     # an empty form field: none
 
     @field_validator("format", mode="before")
     @classmethod
@@ -131,7 +142,7 @@ class LibreTranslateBody(LibreDetectBody):
 
 
 def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = (),
-                   max_num_seqs: Optional[dict[str, int]] = None) -> dict:
+                   max_num_seqs: Optional[dict[str, int]] = None, auto: bool = True) -> dict:
     """The JSON Schema of a LibreTranslate request body. With the served models: ``source`` and
     ``target`` take the served codes only (``source`` also "auto"), and each source only the targets
     its models translate into (an ``anyOf`` of source/target pairs), with ``alternatives`` below the
@@ -145,27 +156,41 @@ def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = (),
 
     def most(chosen: list[ModelCard]) -> dict:
         n = min([MAX_BEAM_SIZE] + [seqs[c.id] for c in chosen if c.id in seqs]) - 1
-        return {"alternatives": {"maximum": n}} if n < MAX_BEAM_SIZE - 1 else {}
+        return {"alternatives": {"maximum": n}} if n < MAX_BEAM_SIZE - 1 and "alternatives" in props else {}
     sources = sorted({c.source_lang for c in cards})
     targets = sorted({t for c in cards for t in c.targets})
     props = schema["properties"]
-    props["source"] = {**props["source"], "enum": sources + [autodetect.AUTO]}
+    props["source"] = {**props["source"], "enum": sources + ([autodetect.AUTO] if auto else [])}
     props["target"] = {**props["target"], "enum": targets}
     pairs = []
     for s in sources:
         for t in sorted({t for c in cards if c.source_lang == s for t in c.targets}):
             chosen = min((c for c in cards if c.source_lang == s and t in c.targets), key=lambda c: bool(c.target_languages))
             pairs.append({"properties": {"source": {"const": s}, "target": {"const": t}, **most([chosen])}})
-    schema["anyOf"] = pairs + [{"properties": {"source": {"const": autodetect.AUTO}, **most(cards)}}]
+    schema["anyOf"] = pairs + ([{"properties": {"source": {"const": autodetect.AUTO}, **most(cards)}}] if auto else [])
     return schema
 
 
 def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Iterable[ModelCard] = (),
-                         max_num_seqs: Optional[dict[str, int]] = None) -> dict:
-    """The requestBody of POST /translate (or /detect) for the OpenAPI document: JSON and the two
-    form types, whose fields are text: never null, but empty for the default."""
-    schema = request_schema(model, cards, max_num_seqs)
-    form = {**schema, "properties": {k: _form_field(v) for k, v in schema["properties"].items()}}
+                         max_num_seqs: Optional[dict[str, int]] = None, auto: bool = True) -> dict:
+    """The requestBody of POST /translate (or /detect, /suggest) for the OpenAPI document: JSON and
+    the two form types, whose fields are text: never null, but empty for the default. ``glossary``
+    is a JSON list in a JSON body; in a form it is that list as JSON text, which JSON Schema cannot
+    state: the forms' schema leaves it out (the description says it)."""
+    schema = request_schema(model, cards, max_num_seqs, auto)
+    if "glossary" in schema["properties"]:      # a JSON body's: entries as on /v1/translate
+        glossary, entry = schema["properties"]["glossary"], glossaries.GlossaryEntry.model_json_schema()
+        schema["properties"]["glossary"] = {**glossary, "anyOf": [
+            {**o, "items": entry, "maxItems": MAX_GLOSSARY_ENTRIES} if o.get("type") == "array" else o
+            for o in glossary["anyOf"] if o.get("type") != "string"]}
+    form = {**schema, "properties": {k: _form_field(v) for k, v in schema["properties"].items() if k != "glossary"}}
+    keep = form["properties"].get("keep")
+    if keep is not None:        # one form field per term: a single one is a string
+        term = next(o["items"] for o in keep["anyOf"] if o.get("type") == "array")
+        form["properties"]["keep"] = {**keep, "anyOf": keep["anyOf"] + [term]}
+    if "glossary" in schema["properties"]:
+        form["description"] = ("Form fields. glossary: the JSON list of entries as one field's text (not stated "
+                               "here: JSON Schema cannot describe a JSON text inside a string)")
     return {"required": True, "content": {body_module.JSON: {"schema": schema},
                                           **{m: {"schema": form} for m in body_module.FORM_TYPES}}}
 
@@ -374,16 +399,16 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
     that list as a JSON string) or the stored glossary ``glossary_id``. Raises ServiceError 400
     naming the field (the entries themselves are checked as /v1/translate's, by the translator)."""
     entries, name = f.get("glossary"), f.get("glossary_id")
-    if entries is not None and name is not None:
-        raise ServiceError(400, "Invalid request: send glossary or glossary_id, not both", "glossary")
-    if name is not None:
+    if isinstance(f, body_module.FormFields):       # an empty form field: none (as the model reads it)
+        entries, name = (None if v == "" else v for v in (entries, name))
+    stored: tuple = ()
+    if name is not None:        # its entries first, then the request's own (both apply, as on /v1/translate)
         if not isinstance(name, str) or not name or store is None:
             raise ServiceError(400, "Invalid request: glossary_id must be a stored glossary's name", "glossary_id")
         card = req.card
-        req.glossary = await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
-                                           req.target)
-        req.glossary_field = "glossary_id"
-        return
+        stored = tuple(await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
+                                           req.target))
+        req.glossary, req.glossary_field = stored, "glossary_id"
     if entries is None:
         return
     if isinstance(entries, str):
@@ -397,7 +422,7 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
     except pydantic.ValidationError as e:
         field, message = format_validation_error(e.errors()[0])
         raise ServiceError(400, "Invalid request: " + message, field) from None
-    req.glossary = tuple((g.source, g.target) for g in parsed)
+    req.glossary, req.glossary_field = stored + tuple((g.source, g.target) for g in parsed), "glossary"
 
 
 def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:

@@ -41,8 +41,10 @@ class AttentionOptions(_Strict):
     kinds: list[Literal[ATTENTION_KINDS]] = Field(
         default_factory=lambda: ["cross"], min_length=1, max_length=3,
         description="any of cross (decoder->encoder), encoder (self), decoder (self)")
-    layers: Optional[list[int]] = Field(None, min_length=1, description="layer indices (0-based); null = all")
-    heads: Optional[list[int]] = Field(None, min_length=1, description="head indices (0-based); null = all")
+    layers: Optional[list[Annotated[int, Field(ge=0)]]] = Field(None, min_length=1, description="layer indices (0-based, "
+                                                                "below the model's layer count); null = all")
+    heads: Optional[list[Annotated[int, Field(ge=0)]]] = Field(None, min_length=1, description="head indices (0-based, "
+                                                               "below the model's head count); null = all")
 
     @field_validator("layers", "heads", mode="before")
     @classmethod
@@ -52,20 +54,21 @@ class AttentionOptions(_Strict):
 
 class TranslateRequest(_Strict):
     """POST /v1/translate body."""
-    # Rules between fields, stated in the document too (JSON Schema's conditional keywords, OpenAPI 3.1):
-    # attention selects what return_attention returns, so it comes only with return_attention: true.
-    # n_best <= beam_size (beam_size left out: it is max(4, n_best)).
+    # The rule between fields, stated in the document too (JSON Schema's if/then, OpenAPI 3.1): n_best <=
+    # beam_size (beam_size left out: it is max(4, n_best)). Per model (beam_size <= max_num_seqs,
+    # max_new_tokens, attention indices): added by service/api/openapi.py. attention without
+    # return_attention turns it on; glossary and glossary_id together: both apply.
     model_config = ConfigDict(json_schema_extra={
-        "if": {"required": ["attention"]},
-        "then": {"required": ["return_attention"], "properties": {"return_attention": {"const": True}}},
-        "anyOf": [{"not": {"required": ["beam_size"]}}] + [
-            {"properties": {"beam_size": {"const": k}, "n_best": {"maximum": k}}} for k in range(1, MAX_BEAM_SIZE + 1)]})
+        "if": {"required": ["beam_size"]},
+        "then": {"anyOf": [{"properties": {"beam_size": {"const": k}, "n_best": {"maximum": k}}}
+                           for k in range(1, MAX_BEAM_SIZE + 1)]}})
     text: Union[str, list[str]] = Field(
         ..., description=f"one text or a list of up to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
     source_lang: Optional[str] = Field(None, description='source language code; null = the model\'s; "auto": each '
                                                          "text's language detected, each text sent to its model")
-    target_lang: Optional[str] = Field(None, description="target language code; null = the model's")
+    target_lang: Optional[Annotated[str, Field(json_schema_extra={"not": {"enum": ["auto", "AUTO", "Auto"]}})]] = Field(
+        None, description="target language code; null = the model's (never auto)")
     model: Optional[str] = Field(None, description="model id from GET /v1/models; null = chosen by languages")
     beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search; left out: 4, or n_best when "
                                                                     "that is larger")
@@ -77,8 +80,10 @@ class TranslateRequest(_Strict):
                                                      "exactly max_new_tokens tokens")
     length_penalty: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False,
                                   description="score = log_prob / length ** length_penalty")
-    return_attention: bool = False
-    attention: AttentionOptions = Field(default_factory=AttentionOptions)
+    return_attention: bool = Field(False, description="attention weights in the answer; left out: true when attention "
+                                                      "is sent")
+    attention: AttentionOptions = Field(default_factory=AttentionOptions, description="which weights to return; with "
+                                        "return_attention: false it is not applied (named in X-Ignored-Fields)")
     stream: bool = Field(False, description="answer with Server-Sent Events, one per new target token")
     timeout_s: Optional[float] = Field(
         None, gt=0, allow_inf_nan=False, description="seconds until the request is cancelled and answered 504 "
@@ -94,9 +99,9 @@ class TranslateRequest(_Strict):
         description=f"terminology (up to {MAX_GLOSSARY_ENTRIES} entries, terms up to {MAX_GLOSSARY_TERM_CHARS} "
                     "characters, not blank): where a source term occurs (case-insensitive, any inflection with "
                     "the same Snowball stem), its target term is in the translation (constrained beam search, at "
-                    "least beam 4); one source term with two targets is a 422. Not with glossary_id")
+                    "least beam 4); one source term with two targets is a 422. With glossary_id: both apply")
     glossary_id: Optional[str] = Field(None, min_length=1, description="a stored glossary's name "
-                                                                       "(GET /v1/glossaries); not with glossary")
+                                                                       "(GET /v1/glossaries; unknown: 404)")
 
     target_prefix: Optional[str] = Field(
         None, min_length=1, max_length=MAX_PREFIX_CHARS,
@@ -193,12 +198,15 @@ class TranslateRequest(_Strict):
             self.beam_size = self.n_best        # n_best hypotheses need a beam at least as wide
         if self.n_best > self.beam_size:
             raise ValueError(f"n_best: must be <= beam_size ({self.beam_size}), got {self.n_best}")
-        if self.glossary is not None and self.glossary_id is not None:
-            raise ValueError("glossary: send glossary (entries) or glossary_id (a stored glossary), not both")
-        if "attention" in self.model_fields_set and not self.return_attention:   # nothing sent is ignored
-            raise ValueError("attention: selects the weights return_attention returns; send return_attention: "
-                             "true with it, or leave attention out")
+        if "attention" in self.model_fields_set and "return_attention" not in self.model_fields_set:
+            self.return_attention = True        # a selection asks for the weights
         return self
+
+    @property
+    def ignored(self) -> list[str]:
+        """Fields sent that change nothing (named in the X-Ignored-Fields header): attention with
+        return_attention: false."""
+        return ["attention"] if "attention" in self.model_fields_set and not self.return_attention else []
 
     @property
     def texts(self) -> list[str]:
