@@ -113,9 +113,19 @@ def _translator(spec: dict):
         model, _, _ = load_model(spec["checkpoint"], linear_dtype="int8" if system == "engine int8" else "float32")
     tune_process()
 
+    # The engine takes its share of the sentences all at once in corpus order (as part (c), and as
+    # requests arrive), not length-sorted: sorted, the longest would be admitted last and decode
+    # alone at the end. The outputs go back in the order given.
+    order = sorted(range(len(spec["index"])), key=spec["index"].__getitem__)
+
     def translate(srcs):
-        run = asyncio.run(run_engine(model, srcs, beam, spec["slots"], part="(f)", warmup=False, fixed_len=fixed))
-        return run.outputs, run.tokens
+        ids = order if len(srcs) == len(order) else range(len(srcs))
+        run = asyncio.run(run_engine(model, [srcs[i] for i in ids], beam, spec["slots"], part="(f)", warmup=False,
+                                     fixed_len=fixed))
+        outputs: list = [None] * len(srcs)
+        for i, out in zip(ids, run.outputs):
+            outputs[i] = out
+        return outputs, run.tokens
     return translate
 
 
