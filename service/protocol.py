@@ -37,6 +37,9 @@ MAX_MEMORY_ENTRIES = 100_000   # translation-memory entries stored per model and
 MAX_GLOSSARY_ENTRIES = 100     # glossary entries in one request (`glossary`)
 MAX_STORED_GLOSSARY_ENTRIES = 10_000   # entries in one stored glossary (file or POST /v1/glossaries)
 MAX_GLOSSARY_TERM_CHARS = 200  # characters in one glossary term (source or target)
+# A JSON Schema pattern: a character that is not whitespace as Python's str.strip() sees it (which the
+# service's blank checks use; a schema's \s, Unicode White_Space, leaves out U+001C-U+001F)
+NOT_BLANK = r"[^\s\x1c-\x1f]"
 MAX_GLOSSARIES = 100           # stored glossaries per API key (or in all, with keys off)
 MAX_PREFIX_CHARS = 1_000      # characters in a `target_prefix` (its tokens: at most max_new_tokens)
 MAX_REPETITION_PENALTY = 10.0  # `repetition_penalty` in (0, 10]

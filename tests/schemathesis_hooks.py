@@ -1,10 +1,12 @@
 """Schemathesis hooks for tests/test_api_openapi.py (SCHEMATHESIS_HOOKS=schemathesis_hooks).
 
-One hook, and it filters nothing: it generates the content of a document upload's ``file`` part. The
-document states the part's name (``encoding``: ``document.txt``) and the ``filename`` field's
-supported extensions, and the extension picks the format; a format's bytes (a .docx is a zip of
-XML parts) are no JSON Schema. So in schema-valid (positive) cases of the upload routes the part
-holds a small real document of that format; negative cases keep what schemathesis generated.
+One hook, and it filters nothing: it writes the content of file formats, which no JSON Schema states.
+A document upload's ``file`` part: the document states the part's name (``encoding``:
+``document.txt``) and the ``filename`` field's supported extensions, and the extension picks the
+format; a format's bytes (a .docx is a zip of XML parts) are no JSON Schema. A TMX import (PUT
+/v1/memory as ``application/x-tmx+xml``): an XML format. So in schema-valid (positive) cases the part,
+or the body, holds a small real document of that format; negative cases keep what schemathesis
+generated.
 """
 from __future__ import annotations
 
@@ -15,7 +17,15 @@ import schemathesis
 
 UPLOAD_ROUTES = ("/v1/documents", "/translate_file", "/v2/document")
 UPLOAD_NAME = "document.txt"        # service/api/openapi.py UPLOAD_NAME
-TEXTS = {"de": "Ein Mann geht über die Straße.", "en": "A man walks across the street."}
+TEXTS = {"de": "Ein Mann geht über die Straße.", "en": "A man walks across the street.",
+         "fr": "Un homme traverse la rue."}
+TMX_MEDIA = "application/x-tmx+xml"
+# one unit in every served language: whichever model the query picks finds its two
+TMX = ('<?xml version="1.0" encoding="UTF-8"?>\n<tmx version="1.4"><header srclang="de" datatype="plaintext" '
+       'segtype="sentence" adminlang="en" creationtool="tests" creationtoolversion="1" o-tmf="none"/><body><tu>'
+       + "".join(f'<tuv xml:lang="{lang}"><seg>{text}</seg></tuv>' for lang, text in TEXTS.items())
+       + "</tu></body></tmx>")   # a str: schemathesis sends a format: binary body's str as it is, and
+#                                   still counts the case schema-valid (bytes would make it a negative case)
 SAMPLES = {"txt": "{}\n", "md": "# {}\n", "markdown": "# {}\n", "html": "<p>{}</p>", "htm": "<p>{}</p>",
            "srt": "1\n00:00:01,000 --> 00:00:02,000\n{}\n", "vtt": "WEBVTT\n\n00:00:01.000 --> 00:00:02.000\n{}\n"}
 
@@ -53,8 +63,12 @@ def sample(ext: str, lang: str = "de") -> bytes:
 @schemathesis.hook
 def map_case(context, case):
     meta = getattr(case, "meta", None)
-    if (meta is None or not meta.generation.mode.is_positive or case.operation.path not in UPLOAD_ROUTES
-            or not isinstance(case.body, dict) or "file" not in case.body):
+    if meta is None or not meta.generation.mode.is_positive:
+        return case
+    if case.operation.path == "/v1/memory" and case.operation.method.upper() == "PUT" and case.media_type == TMX_MEDIA:
+        case.body = TMX
+        return case
+    if case.operation.path not in UPLOAD_ROUTES or not isinstance(case.body, dict) or "file" not in case.body:
         return case
     name = case.body.get("filename") or UPLOAD_NAME
     case.body["file"] = sample(name.rsplit(".", 1)[-1].lower(), language(case.body))

@@ -54,7 +54,7 @@ def test_stored_glossary_api_and_glossary_id(service_url):
     assert libre.status_code == 200 and "bike" in libre.json()["translatedText"]
     wrong_pair = post(service_url, {"text": "A man.", "source_lang": "en", "target_lang": "de",
                                     "glossary_id": "test-bikes"})
-    assert wrong_pair.status_code == 422 and wrong_pair.json()["error"]["field"] == "glossary_id"
+    assert wrong_pair.status_code == 409 and wrong_pair.json()["error"]["field"] == "glossary_id"
     assert httpx.delete(url + "/test-bikes").status_code == 204
     gone = post(service_url, {"text": SENTENCE, "glossary_id": "test-bikes"})
     assert gone.status_code == 404 and gone.json()["error"]["field"] == "glossary_id"

@@ -69,7 +69,7 @@ def test_the_job_carries_the_resolved_options():
 
 
 def test_schema_rejects_what_no_model_accepts():
-    for bad in ({"text": "x", "beam_size": "4"}, {"text": "x", "n_best": 3, "beam_size": 2},
+    for bad in ({"text": "x", "beam_size": "4"},
                 {"text": "x", "attention": {"kinds": ["sideways"]}}, {"text": "\ud800"}):
         with pytest.raises(ValidationError):
             TranslateRequest(**bad)
@@ -108,12 +108,12 @@ def test_min_new_tokens_above_max_new_tokens_means_exactly_max_new_tokens():
     assert TranslateRequest(text="x", min_new_tokens=6).job().options.min_new_tokens == 6
 
 
-def test_n_best_without_beam_size_widens_the_beam_and_the_schema_states_the_rule():
-    assert TranslateRequest(text="x", n_best=6).beam_size == 6
+def test_n_best_above_beam_size_widens_the_beam_and_names_a_sent_beam_size_as_ignored():
+    assert (TranslateRequest(text="x", n_best=6).beam_size, TranslateRequest(text="x", n_best=6).ignored) == (6, [])
     assert TranslateRequest(text="x", n_best=2).beam_size == 4
-    with pytest.raises(ValueError, match="n_best: must be <= beam_size"):
-        TranslateRequest(text="x", n_best=6, beam_size=5)
+    narrow = TranslateRequest(text="x", n_best=6, beam_size=5)
+    assert (narrow.beam_size, narrow.job().options.beam_size, narrow.ignored) == (6, 6, ["beam_size"])
+    wide = TranslateRequest(text="x", n_best=3, beam_size=5)
+    assert (wide.beam_size, wide.ignored) == (5, [])
     schema = TranslateRequest.model_json_schema()
-    assert schema["if"] == {"required": ["beam_size"]}
-    branch = {b["properties"]["beam_size"]["const"]: b["properties"]["n_best"]["maximum"] for b in schema["then"]["anyOf"]}
-    assert branch == {k: k for k in range(1, 17)}
+    assert "if" not in schema and "then" not in schema       # a rule of behaviour, not a refusal

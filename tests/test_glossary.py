@@ -105,7 +105,7 @@ def test_store_loads_files_and_scopes_created_glossaries_by_key(tmp_path):
     assert resolve(store, "k:alice", "legal", "de", "en") == (("Vertrag", "agreement"),)
     assert resolve(store, "k:bob", "cars", "de", "en") == (("Wagen", "car"), ("Reifen", "tyre"))
     errors = [(lambda: resolve(store, "k:bob", "legal", "de", "en"), 404, "glossary_id"),
-              (lambda: resolve(store, "k:alice", "legal", "en", "de"), 422, "glossary_id"),
+              (lambda: resolve(store, "k:alice", "legal", "en", "de"), 409, "glossary_id"),
               (lambda: store.create("k:alice", body), 409, "name"),
               (lambda: store.create("k:alice", GlossaryCreate(name="../x", entries=body.entries)), 422, "name"),
               (lambda: store.create("k:alice", GlossaryCreate(name="c", entries=[

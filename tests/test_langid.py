@@ -246,7 +246,7 @@ def test_native_auto_errors_name_the_field(service_url):
                                 ({"text": DE[0], "source_lang": "auto", "target_lang": "AUTO"}, 422, "target_lang"),
                                 ({"text": DE[0], "source_lang": "auto", "target_lang": "xx"}, 404, "target_lang"),
                                 ({"text": DE[0], "source_lang": "xx"}, 404, "source_lang"),
-                                ({"text": "A", "source_lang": "auto"}, 422, "source_lang"),
+                                ({"text": "A", "source_lang": "auto"}, 404, "source_lang"),
                                 ({"text": [DE[0], EN[0]], "source_lang": "auto", "stream": True}, 422, "stream")):
         r = post(service_url, body)
         assert (r.status_code, r.json()["error"]["field"]) == (status, field), (body, r.text)

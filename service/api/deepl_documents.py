@@ -59,6 +59,7 @@ class DeepLError(BaseModel):
 ERRORS = {status: {"model": DeepLError, "description": what} for status, what in {
     400: "a field missing or invalid (target_lang, output_format, document_key), an unreadable body",
     404: "unknown document_id, wrong document_key or API key, expired; or no model for the languages",
+    409: "glossary_id names a stored glossary of other languages",
     413: "a file over a limit (docs/documents.md#limits)",
     415: "an unsupported extension, or content that is not that format",
     422: "a damaged file, or its language could not be detected",
@@ -69,6 +70,18 @@ ERRORS.update({status: {"model": ErrorResponse, "description": what} for status,
 OPENAPI_KEY = {"required": True, "content": {m: {"schema": {"type": "object", "required": ["document_key"], "properties": {
     "document_key": {"type": "string", "minLength": 1, "description": "POST /v2/document's answer (unknown: 404)"}}}}
     for m in ("application/json", "application/x-www-form-urlencoded")}}
+# OpenAPI links: a handle's document_id and document_key are what the status and result calls take
+# (a stateful client, such as schemathesis' stateful phase, follows them)
+_HANDLE = {"parameters": {"document_id": "$response.body#/document_id"},
+           "requestBody": {"document_key": "$response.body#/document_key"}}
+UPLOAD_LINKS = {"status": {"operationId": "deepl_document_status", **_HANDLE,
+                           "description": "the status of the uploaded document"},
+                "result": {"operationId": "deepl_document_result", **_HANDLE,
+                           "description": "the translated document, once its status is done"}}
+STATUS_LINKS = {"result": {"operationId": "deepl_document_result",
+                           "parameters": {"document_id": "$request.path.document_id"},
+                           "requestBody": {"document_key": "$request.body#/document_key"},
+                           "description": "the translated document, with the same key"}}
 OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file", "target_lang"], "properties": {
         "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"},

@@ -63,7 +63,12 @@ FILE = {"description": "the translated file: same format, its name in Content-Di
         "content": {m: _BINARY for m in dict.fromkeys(f.media_type.split(";")[0] for f in documents.FORMATS.values())}}
 FILE_OR_EVENTS = {"description": FILE["description"] + '; with stream=true, text/event-stream: "progress" '
                                  '{"done", "total"} events, then "document" {"url", "filename", "bytes"} or "error"',
-                  "content": {**FILE["content"], "text/event-stream": {"schema": {"type": "string"}}}}
+                  "content": {**FILE["content"], "text/event-stream": {"schema": {   # one event (OpenAPI < 3.2)
+                      "type": "object", "required": ["event", "data"],
+                      "properties": {"event": {"type": "string", "enum": ["progress", "document", "error"]},
+                                     "data": {"type": "string", "contentMediaType": "application/json",
+                                              "description": 'progress: {"done", "total"}; document: {"url", '
+                                                             '"filename", "bytes"}; error: an ErrorResponse'}}}}}}
 
 
 class TranslatedFileUrl(BaseModel):

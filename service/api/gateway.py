@@ -68,6 +68,7 @@ def _errors(model, statuses: dict[int, str]) -> dict:
 NATIVE_ERRORS = _errors(ErrorResponse, {
     404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language); '
          "glossary_id names no stored glossary",
+    409: "glossary_id names a stored glossary of other languages than the model's",
     401: "API keys are on and the request has no valid Authorization: Bearer key",
     413: "a text, list, sentence or body over its limit (the message names it)",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
@@ -321,15 +322,20 @@ class Gateway:
         if autodetect.is_auto(body.target_lang):
             raise ServiceError(422, "target_lang: auto detects the source language only; target_lang must be a "
                                     f"language code (one of {', '.join(sorted(self._targets))}) or null", "target_lang")
+        headers = {libretranslate.IGNORED_HEADER: ", ".join(body.ignored)} if body.ignored else None
         if autodetect.is_auto(body.source_lang):
-            return await self._translate_auto(body, request)
+            response = await self._translate_auto(body, request)
+            if headers and isinstance(response, TranslateResponse):
+                response = Response(response.model_dump_json(), media_type="application/json")
+            if headers:
+                response.headers.update(headers)
+            return response
         card = self.resolve(body.model, body.source_lang, body.target_lang)
         request.state.model = card.id
         job = await self._with_glossary(self._deadline(body.job(), body.timeout_s), body.glossary_id, request, card)
         job.memory_scope = self._scope(request)
         with mapped_errors(card.id):
             self.limits[card.id].check(job)
-        headers = {libretranslate.IGNORED_HEADER: ", ".join(body.ignored)} if body.ignored else None
         if not body.stream:
             result = await self._run(card.id, job)
             request.state.usage = result.usage
@@ -386,7 +392,7 @@ class Gateway:
     async def _with_glossary(self, job, glossary_id: Optional[str], request: Request, card: Optional[ModelCard] = None):
         """The job with stored glossary ``glossary_id``'s entries (none: as it is), and the request's own
         ``glossary`` entries after them when both are sent. Raises ServiceError 404 for an unknown
-        name, 422 for a glossary of other languages than the card's."""
+        name, 409 for a glossary of other languages than the card's."""
         if glossary_id is None:
             return job
         stored = await self.glossaries.resolve(glossaries.scope_of(request), glossary_id,
@@ -542,7 +548,8 @@ class Gateway:
                             headers=libretranslate.ignored_fields_header(fields, ()))
 
     @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **_errors(
-                  libretranslate.LibreError, {404: "glossary_id names no stored glossary"})},
+                  libretranslate.LibreError, {404: "glossary_id names no stored glossary",
+                                              409: "glossary_id names a glossary of other languages than the model's"})},
               openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
     async def libre_translate(self, request: Request):
         """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
@@ -634,6 +641,7 @@ class Gateway:
                                           400: {"description": 'invalid input: {"message": ...} naming the field'},
                                           403: {"description": "no or a wrong DeepL-Auth-Key (keys on)"},
                                           404: {"description": "glossary_id names no stored glossary"},
+                                          409: {"description": "glossary_id names a glossary of other languages"},
                                           413: {"description": "a text or the body over its limit"},
                                           429: {"description": "over the rate limit"},
                                           503: {"description": "overloaded or loading", "headers": _RETRY}},
@@ -707,19 +715,23 @@ class Gateway:
         with keys on, only with the key that uploaded it (Bearer or ``?api_key=``)."""
         return await documents.download(self, request, name)
 
-    @api.post("/v2/document", response_model=deepl_documents.DocumentHandle, responses=deepl_documents.ERRORS,
+    @api.post("/v2/document", response_model=deepl_documents.DocumentHandle, operation_id="deepl_document_upload",
+              responses={200: {"links": deepl_documents.UPLOAD_LINKS}, **deepl_documents.ERRORS},
               openapi_extra={"requestBody": deepl_documents.OPENAPI_UPLOAD})
     async def deepl_document(self, request: Request):
         """DeepL: upload a document to translate; answers ``{"document_id", "document_key"}``."""
         return await deepl_documents.upload(self, request)
 
     @api.post("/v2/document/{document_id}", response_model=deepl_documents.DocumentStatus,
-              responses=deepl_documents.ERRORS, openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
+              operation_id="deepl_document_status",
+              responses={200: {"links": deepl_documents.STATUS_LINKS}, **deepl_documents.ERRORS},
+              openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
     async def deepl_document_status(self, document_id: str, request: Request):
         """DeepL: the status of a document translation (``document_key`` in the body)."""
         return await deepl_documents.status(self, request, document_id)
 
-    @api.post("/v2/document/{document_id}/result", responses={200: documents.FILE, **deepl_documents.ERRORS},
+    @api.post("/v2/document/{document_id}/result", operation_id="deepl_document_result",
+              responses={200: documents.FILE, **deepl_documents.ERRORS},
               openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
     async def deepl_document_result(self, document_id: str, request: Request):
         """DeepL: the translated document once its status is done (503 before)."""

@@ -30,7 +30,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.protocol import (MAX_GLOSSARIES, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS,
+from service.protocol import (NOT_BLANK, MAX_GLOSSARIES, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS,
                               MAX_STORED_GLOSSARY_ENTRIES, InvalidRequest)
 from service.translator.glossary import Glossary, check_entries
 
@@ -38,7 +38,7 @@ from .errors import ServiceError, shown
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what the document states of a term (GlossaryEntry's own validators give the messages)
-TERM_SCHEMA = {"minLength": 1, "maxLength": MAX_GLOSSARY_TERM_CHARS, "pattern": r"\S"}
+TERM_SCHEMA = {"minLength": 1, "maxLength": MAX_GLOSSARY_TERM_CHARS, "pattern": NOT_BLANK}
 SOURCE_TERM_SCHEMA = {**TERM_SCHEMA, "pattern": r"\w"}     # a letter or digit, to be matched (translator/glossary.py)
 SHARED = ""          # the scope of file glossaries (and of every glossary when keys are off)
 STORE_ACTOR = "glossary-store"   # the Ray actor every gateway replica shares (GlossaryClient.cluster)
@@ -59,9 +59,11 @@ class GlossaryCreate(BaseModel):
     name: str = Field(..., description="1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit",
                       json_schema_extra={"pattern": f"^{NAME.pattern}$"})
     entries: list[GlossaryEntry] = Field(..., min_length=1, max_length=MAX_STORED_GLOSSARY_ENTRIES)
-    source_lang: Optional[str] = Field(None, description="source language; when set, only models reading it may use it "
+    source_lang: Optional[str] = Field(None, min_length=1, pattern=NOT_BLANK,
+                                       description="source language; when set, only models reading it may use it "
                                                          "(and its stemmer checks conflicting entries now)")
-    target_lang: Optional[str] = Field(None, description="target language; when set, only models writing it may use it")
+    target_lang: Optional[str] = Field(None, min_length=1, pattern=NOT_BLANK,
+                                       description="target language; when set, only models writing it may use it")
 
 
 class GlossaryInfo(BaseModel):
@@ -253,17 +255,18 @@ def resolve(store: GlossaryStore, scope: str, glossary_id: str, source_lang: Opt
             target_lang: Optional[str], field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
     """The entries of stored glossary ``glossary_id`` for a model source_lang -> target_lang: what a
     route (this API's, LibreTranslate's, DeepL's) puts in ``TranslateJob.glossary``. Raises
-    ServiceError 404 for an unknown name, 422 when the glossary's languages are not the model's."""
+    ServiceError 404 for an unknown name, 409 when the glossary's languages are not the model's."""
     return check_languages(store.get(scope, glossary_id, field), source_lang, target_lang, field)
 
 
 def check_languages(g: StoredGlossary, source_lang: Optional[str], target_lang: Optional[str],
                     field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
-    """``g``'s entries, once its languages (when set) are the model's. Raises ServiceError 422."""
+    """``g``'s entries, once its languages (when set) are the model's. Raises ServiceError 409 (the
+    stored glossary's languages conflict with the model's: state no request schema can state)."""
     glossary_id = g.name
     for side, want, have in (("source_lang", g.source_lang, source_lang), ("target_lang", g.target_lang, target_lang)):
         if want is not None and have is not None and want.split("-")[0].lower() != have.split("-")[0].lower():
-            raise ServiceError(422, f"{field}: glossary {shown(glossary_id)} is for {side} {want}; the model "
+            raise ServiceError(409, f"{field}: glossary {shown(glossary_id)} is for {side} {want}; the model "
                                     f"translates {source_lang}->{target_lang}", field)
     return g.entries
 

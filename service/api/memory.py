@@ -49,11 +49,19 @@ class MemoryImport(BaseModel):
     entries: list[MemoryEntry] = Field(..., max_length=MAX_MEMORY_IMPORT)
 
 
+class StoredEntry(BaseModel):
+    """An entry as the memory keeps it: the source is its key, normalized (NFKC, whitespace runs as one
+    space, trimmed): NFKC can lengthen a text, and one of whitespace, control and format characters
+    only is empty (such a text is passed through untranslated, never looked up)."""
+    source: str
+    target: str
+
+
 class MemoryAnswer(BaseModel):
     model: str
     stored: Optional[int] = Field(None, description="PUT: entries added or replaced")
     deleted: Optional[int] = Field(None, description="DELETE: entries removed")
-    entries: Optional[list[MemoryEntry]] = Field(None, description="GET: every entry, sources in order")
+    entries: Optional[list[StoredEntry]] = Field(None, description="GET: every entry, sources in order")
 
 
 def parse_json(body: bytes) -> list[tuple[str, str]]:
@@ -141,7 +149,7 @@ def _units(root: ET.Element, source_lang: str, target_lang: str) -> list[tuple[s
 
 def check_entries(pairs: list[tuple[str, str]], stored: int) -> None:
     """Raises ServiceError 413 past MAX_MEMORY_IMPORT entries per request or MAX_MEMORY_ENTRIES stored,
-    or for a source or target over MAX_TEXT_CHARS characters."""
+    422 for a source or target over MAX_TEXT_CHARS characters (as the JSON body's own check)."""
     if len(pairs) > MAX_MEMORY_IMPORT:
         raise ServiceError(413, f"body: at most {MAX_MEMORY_IMPORT} entries per request, got {len(pairs)}", "body")
     if stored + len(pairs) > MAX_MEMORY_ENTRIES:
@@ -150,7 +158,7 @@ def check_entries(pairs: list[tuple[str, str]], stored: int) -> None:
     for i, (s, t) in enumerate(pairs):
         for name, v in (("source", s), ("target", t)):
             if len(v) > MAX_TEXT_CHARS:
-                raise ServiceError(413, f"entries[{i}].{name}: at most {MAX_TEXT_CHARS} characters, got {len(v)}",
+                raise ServiceError(422, f"entries[{i}].{name}: at most {MAX_TEXT_CHARS} characters, got {len(v)}",
                                    f"entries.{name}")
 
 
@@ -198,6 +206,6 @@ def export(store: MemoryStore, model: str, scope: str, fmt: str, source_lang: st
     if fmt == "tmx":
         return write_tmx(pairs, source_lang, target_lang), TMX
     if fmt == "json":
-        return (MemoryAnswer(model=model, entries=[MemoryEntry(source=s, target=t) for s, t in pairs])
+        return (MemoryAnswer(model=model, entries=[StoredEntry(source=s, target=t) for s, t in pairs])
                 .model_dump_json(exclude_none=True).encode("utf-8"), "application/json")
     raise ServiceError(422, f"format: one of json, tsv, tmx, got {shown(fmt)}", "format")

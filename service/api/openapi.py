@@ -19,7 +19,7 @@ import re
 from typing import Optional
 
 from service.documents import EXTENSIONS
-from service.protocol import MAX_BEAM_SIZE, MAX_TEXT_CHARS, MAX_TEXTS
+from service.protocol import MAX_BEAM_SIZE, MAX_MEMORY_IMPORT, MAX_TEXT_CHARS, MAX_TEXTS
 from model.inference.search import max_beam_size
 
 from . import deepl, libretranslate, suggest
@@ -144,8 +144,8 @@ def form_of(schema: dict) -> dict:
     for k, v in schema["properties"].items():
         if isinstance(v.get("type"), list):
             v = {**v, "type": [t for t in v["type"] if t != "null"][0]}
-        if None in v.get("enum", ()):
-            v = {**v, "enum": [e for e in v["enum"] if e is not None]}
+        if any(not isinstance(e, str) for e in v.get("enum", ())):    # a form field carries text: "1", not 1 or true
+            v = {**v, "enum": [e for e in v["enum"] if isinstance(e, str)]}
         if {"type": "null"} in v.get("anyOf", ()):
             v = {**{a: b for a, b in v.items() if a != "anyOf"}, **({"anyOf": [o for o in v["anyOf"] if o != {"type": "null"}]}
                                                                    if len(v["anyOf"]) > 2 else
@@ -237,43 +237,25 @@ def inlined(schema: dict) -> dict:
 
 
 # a TSV line: two tab-separated fields, each with a character other than whitespace (no quote, NUL or line break)
-_TSV_FIELD = r'[^\t\r\n"\x00]*[^\s"\x00][^\t\r\n"\x00]*'
+_TSV_FIELD = r'[^\t\r\n"\x00]*[^\s\x1c-\x1f"\x00][^\t\r\n"\x00]*'
 TSV_PATTERN = rf"^({_TSV_FIELD}\t{_TSV_FIELD}\n)*({_TSV_FIELD}\t{_TSV_FIELD}\n?)?$"
 
 
-# XML 1.0 text: no control characters but tab and line breaks, no U+FFFE/U+FFFF; a character other than whitespace
-_XML_CHAR = r"[^\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]"
-SEG_PATTERN = rf"^{_XML_CHAR}*[^\s\x00-\x1f\ufffe\uffff]{_XML_CHAR}*$"
-
-
-def tmx_schema(source_lang: Optional[str], target_lang: Optional[str]) -> dict:
-    """A TMX 1.4 body as OpenAPI's ``xml`` keywords describe it: <tmx version="1.4"><body>, then per
-    unit <tu><tuv lang="SOURCE"><seg>..</seg></tuv><tuv lang="TARGET"><seg>..</seg></tuv></tu>
-    (the languages of the model the query picks: the default model's here)."""
-    from . import memory
-
-    def tuv(lang: Optional[str]) -> dict:
-        return {"type": "object", "xml": {"name": "tuv"}, "required": ["lang", "seg"], "properties": {
-            "lang": {"type": "string", "xml": {"attribute": True}, **({"enum": [lang]} if lang else {}),
-                     "description": "xml:lang (or lang)"},
-            "seg": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": SEG_PATTERN}}}
-    unit = {"type": "object", "xml": {"name": "tu"}, "required": ["source", "target"],
-            "properties": {"source": tuv(source_lang), "target": tuv(target_lang)}}
-    return {"type": "object", "xml": {"name": "tmx"}, "required": ["body"], "description": "TMX 1.4", "properties": {
-        "version": {"type": "string", "enum": ["1.4"], "xml": {"attribute": True}},
-        "body": {"type": "object", "properties": {"tu": {"type": "array", "items": unit, "description": (
-            f"at most {memory.MAX_MEMORY_IMPORT} units (MAX_MEMORY_IMPORT, 413; the body's own cap comes first)")}}}}}
+TMX_SCHEMA = {"type": "string", "format": "binary", "description": (
+    'a TMX 1.4 document: <tmx version="1.4"><body>, per unit <tu><tuv xml:lang="SOURCE"><seg>..</seg></tuv>'
+    f'<tuv xml:lang="TARGET"><seg>..</seg></tuv></tu>, in the languages of the model the query picks; at most '
+    f"{MAX_MEMORY_IMPORT} units (413). An XML format, as a document upload's file: no JSON Schema states it "
+    "(an XML writer working from one could not carry what the service checks: no DTD, the xml:lang of units)")}
 
 
 def memory_bodies(doc: dict, gateway=None) -> None:
     """PUT /v1/memory's JSON body and GET's answer with their entries inlined; TSV lines as a pattern;
-    TMX as XML (``tmx_schema``)."""
+    TMX a document (``TMX_SCHEMA``)."""
     from . import memory
     put = doc["paths"]["/v1/memory"]["put"]["requestBody"]["content"]
     put["application/json"]["schema"] = inlined(memory.MemoryImport.model_json_schema())
     put[memory.TSV]["schema"] = {**put[memory.TSV]["schema"], "pattern": TSV_PATTERN}
-    card = next(iter(gateway.cards.values())) if gateway is not None else None
-    put[memory.TMX]["schema"] = tmx_schema(card.source_lang if card else None, card.target_lang if card else None)
+    put[memory.TMX]["schema"] = TMX_SCHEMA
     get = doc["paths"]["/v1/memory"]["get"]["responses"]["200"]["content"]
     get["application/json"]["schema"] = inlined(memory.MemoryAnswer.model_json_schema())
 

@@ -7,12 +7,14 @@ sentences per request) is the translator's to check.
 """
 from __future__ import annotations
 
+import re
+
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, field_validator, model_validator
 
 from model.inference.search import ATTENTION_KINDS
-from service.protocol import (MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, MAX_KEEP_CHARS,
+from service.protocol import (NOT_BLANK, MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, MAX_KEEP_CHARS,
                               MAX_KEEP_TERMS, MAX_NO_REPEAT_NGRAM_SIZE, MAX_PREFIX_CHARS, MAX_REPETITION_PENALTY,
                               MAX_TEXT_CHARS, MAX_TEXTS,
                               AttentionSelection, GenerationOptions, TranslateJob)
@@ -27,7 +29,7 @@ class _Strict(BaseModel):
 
 
 # a do-not-translate term as the schema states it: 1..MAX_KEEP_CHARS characters, not blank
-KeepTerm = Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEEP_CHARS, pattern=r"\S")]
+KeepTerm = Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEEP_CHARS, pattern=NOT_BLANK)]
 
 def _whole(v: Any) -> Any:
     """A JSON number with no fractional part (4.0) is the integer it equals, as JSON Schema's
@@ -54,25 +56,25 @@ class AttentionOptions(_Strict):
 
 class TranslateRequest(_Strict):
     """POST /v1/translate body."""
-    # The rule between fields, stated in the document too (JSON Schema's if/then, OpenAPI 3.1): n_best <=
-    # beam_size (beam_size left out: it is max(4, n_best)). Per model (beam_size <= max_num_seqs,
-    # max_new_tokens, attention indices): added by service/api/openapi.py. attention without
-    # return_attention turns it on; glossary and glossary_id together: both apply.
-    model_config = ConfigDict(json_schema_extra={
-        "if": {"required": ["beam_size"]},
-        "then": {"anyOf": [{"properties": {"beam_size": {"const": k}, "n_best": {"maximum": k}}}
-                           for k in range(1, MAX_BEAM_SIZE + 1)]}})
+    # Per model (beam_size and n_best <= max_num_seqs, max_new_tokens, attention indices): stated by
+    # service/api/openapi.py. Rules between fields are behaviour, not refusals: n_best above beam_size
+    # widens the beam to n_best (the beam_size sent changes nothing: X-Ignored-Fields); attention
+    # without return_attention turns it on; glossary and glossary_id together both apply.
+    _beam_raised: bool = PrivateAttr(False)
     text: Union[str, list[str]] = Field(
         ..., description=f"one text or a list of up to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
-    source_lang: Optional[str] = Field(None, description='source language code; null = the model\'s; "auto": each '
+    source_lang: Optional[Annotated[str, Field(json_schema_extra={"pattern": NOT_BLANK})]] = Field(
+        None, description='source language code; null = the model\'s; "auto": each '
                                                          "text's language detected, each text sent to its model")
-    target_lang: Optional[Annotated[str, Field(json_schema_extra={"not": {"enum": ["auto", "AUTO", "Auto"]}})]] = Field(
+    target_lang: Optional[Annotated[str, Field(json_schema_extra={"not": {"enum": ["auto", "AUTO", "Auto"]},
+                                                                  "pattern": NOT_BLANK})]] = Field(
         None, description="target language code; null = the model's (never auto)")
     model: Optional[str] = Field(None, description="model id from GET /v1/models; null = chosen by languages")
-    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search; left out: 4, or n_best when "
-                                                                    "that is larger")
-    n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (<= beam_size)")
+    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 = greedy search; left out: 4. Below n_best: "
+                                                                    "n_best (named in X-Ignored-Fields when sent)")
+    n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (the beam is at least "
+                                                                 "this wide)")
     max_new_tokens: Optional[int] = Field(
         None, ge=0, description="target tokens per sentence; null = min(2 * source_len + 10, model max_len - 1)")
     min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens (for "
@@ -144,6 +146,9 @@ class TranslateRequest(_Strict):
                         raise ValueError(f"glossary[{i}].{side}: at most {MAX_GLOSSARY_TERM_CHARS} characters, "
                                          f"got {len(term)}")
                     check_unicode([term], f"glossary[{i}].{side}")
+            source = e.get("source")
+            if isinstance(source, str) and source.strip() and not re.search(r"\w", source):
+                raise ValueError(f"glossary[{i}].source: needs a letter or digit to be matched, got {shown(source)}")
         return v
 
     @field_validator("target_prefix")
@@ -194,10 +199,9 @@ class TranslateRequest(_Strict):
 
     @model_validator(mode="after")
     def _n_best_within_beam(self) -> "TranslateRequest":
-        if "beam_size" not in self.model_fields_set and self.n_best > self.beam_size:
-            self.beam_size = self.n_best        # n_best hypotheses need a beam at least as wide
-        if self.n_best > self.beam_size:
-            raise ValueError(f"n_best: must be <= beam_size ({self.beam_size}), got {self.n_best}")
+        if self.n_best > self.beam_size:        # n_best hypotheses need a beam at least as wide
+            self._beam_raised = "beam_size" in self.model_fields_set
+            self.beam_size = self.n_best
         if "attention" in self.model_fields_set and "return_attention" not in self.model_fields_set:
             self.return_attention = True        # a selection asks for the weights
         return self
@@ -205,8 +209,9 @@ class TranslateRequest(_Strict):
     @property
     def ignored(self) -> list[str]:
         """Fields sent that change nothing (named in the X-Ignored-Fields header): attention with
-        return_attention: false."""
-        return ["attention"] if "attention" in self.model_fields_set and not self.return_attention else []
+        return_attention: false; a beam_size below n_best (the beam is n_best wide)."""
+        return (["attention"] if "attention" in self.model_fields_set and not self.return_attention else []) + \
+            (["beam_size"] if self._beam_raised else [])
 
     @property
     def texts(self) -> list[str]:
