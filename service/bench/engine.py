@@ -131,22 +131,28 @@ async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[l
                      fixed_len: Optional[int] = None, policy: str = "decode_first", part: str = "(c)",
                      admission: str = "fifo",
                      system: str = "continuous engine, all at once", warmup: bool = True,
-                     prefill_every: int = 4, dtype: str = "auto") -> Run:
+                     prefill_every: int = 4, dtype: str = "auto", engine=None) -> Run:
     """Submit every sentence (at once, or at the given arrival offsets in seconds) and await all;
-    with warmup, first push a few batches through a throw-away engine (outside the clock)."""
+    with warmup, first push a few batches through a throw-away engine (outside the clock). With
+    ``engine`` (started on this event loop), that engine serves the sentences and stays running, as a
+    replica's does (the engine arguments and warmup are then unused)."""
     from service.engine import Engine, EngineConfig, GenerationOptions
     opts = GenerationOptions(beam_size=beam, n_best=1)
     if fixed_len is not None:
         opts = GenerationOptions(beam_size=beam, max_new_tokens=fixed_len, min_new_tokens=fixed_len)
     config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy, admission=admission,
                           prefill_every=prefill_every, dtype=dtype)
-    if warmup:
-        warm = Engine(model, config)
-        await asyncio.gather(*[warm.translate(s, opts) for s in srcs[: min(len(srcs), 2 * E_BATCH)]])
-        await warm.stop()
     prof = StepProfile()
-    engine = Engine(model, config, on_step=prof)
-    await engine.start()
+    own = engine is None
+    if own:
+        if warmup:
+            warm = Engine(model, config)
+            await asyncio.gather(*[warm.translate(s, opts) for s in srcs[: min(len(srcs), 2 * E_BATCH)]])
+            await warm.stop()
+        engine = Engine(model, config, on_step=prof)
+        await engine.start()
+    else:
+        engine.on_step = prof
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     if arrivals is None:
@@ -160,7 +166,8 @@ async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[l
             tasks.append(asyncio.ensure_future(engine.translate(s, opts)))
     results = await asyncio.gather(*tasks)
     wall = time.perf_counter() - t0
-    await engine.stop()
+    if own:
+        await engine.stop()
     tokens = sum(r.timings.generated_tokens for r in results)
     return Run(part, system, beam, len(srcs), tokens, wall, [r.timings.total_s for r in results],
                profile=prof.as_dict(wall), outputs=[r.hypotheses[0].tokens for r in results])

@@ -12,6 +12,8 @@ converted to CTranslate2 (``model/interop/ct2.py``) in a temporary directory; th
   engine               this repository's continuous engine, float32 linear layers, all sentences
                        submitted at once (``--engine-slots`` KV-cache slots)
   engine int8          the same engine with int8 linear layers (the CPU default, ``model/inference/linear.py``)
+                       (each worker builds and starts one engine, its KV cache allocated, outside the clock, as
+                       CTranslate2's translator is built; it takes the sentences in corpus order)
   transformers         ``MarianMTModel.generate()`` on the export (its generation_config: our search)
   CTranslate2 float32  the conversion, ``compute_type`` float32
   CTranslate2 int8     the same weights, ``compute_type`` int8
@@ -113,15 +115,21 @@ def _translator(spec: dict):
         model, _, _ = load_model(spec["checkpoint"], linear_dtype="int8" if system == "engine int8" else "float32")
     tune_process()
 
-    # The engine takes its share of the sentences all at once in corpus order (as part (c), and as
-    # requests arrive), not length-sorted: sorted, the longest would be admitted last and decode
-    # alone at the end. The outputs go back in the order given.
+    # One engine per worker, built and started outside the clock as CTranslate2's translator is (its
+    # KV cache allocated once, as a replica's), serving the warm-up and then the timed sentences. It
+    # takes them all at once in corpus order (as part (c), and as requests arrive), not length-sorted:
+    # sorted, the longest would be admitted last and decode alone at the end. The outputs go back in
+    # the order given.
+    from service.engine import Engine, EngineConfig
+    loop = asyncio.new_event_loop()
+    engine = Engine(model, EngineConfig(max_num_seqs=spec["slots"], max_waiting=max(len(spec["srcs"]), 1)))
+    loop.run_until_complete(engine.start())
     order = sorted(range(len(spec["index"])), key=spec["index"].__getitem__)
 
     def translate(srcs):
         ids = order if len(srcs) == len(order) else range(len(srcs))
-        run = asyncio.run(run_engine(model, [srcs[i] for i in ids], beam, spec["slots"], part="(f)", warmup=False,
-                                     fixed_len=fixed))
+        run = loop.run_until_complete(run_engine(model, [srcs[i] for i in ids], beam, spec["slots"], part="(f)",
+                                                 fixed_len=fixed, engine=engine))
         outputs: list = [None] * len(srcs)
         for i, out in zip(ids, run.outputs):
             outputs[i] = out
