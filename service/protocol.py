@@ -41,7 +41,7 @@ MAX_GLOSSARY_TERM_CHARS = 200  # characters in one glossary term (source or targ
 # service's blank checks use; a schema's \s, Unicode White_Space, leaves out U+001C-U+001F)
 NOT_BLANK = r"[^\s\x1c-\x1f]"
 MAX_GLOSSARIES = 100           # stored glossaries per API key (or in all, with keys off)
-MAX_PREFIX_CHARS = 1_000      # characters in a `target_prefix` (its tokens: at most max_new_tokens)
+MAX_PREFIX_CHARS = 1_000      # characters in a `target_prefix` (one that fills the model's window is the answer)
 MAX_REPETITION_PENALTY = 10.0  # `repetition_penalty` in (0, 10]
 MAX_NO_REPEAT_NGRAM_SIZE = 32  # `no_repeat_ngram_size` in 0..32 (0 = off)
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
@@ -86,10 +86,11 @@ class GenerationOptions:
     """Decoding options of one sentence, checked against a model by ``service.engine.validation``."""
     beam_size: int = 4                        # hypotheses kept per sentence (1 = greedy); each holds a cache slot
     n_best: int = 1                           # hypotheses returned, best first; 1..beam_size
-    max_new_tokens: Optional[int] = None      # None: 2 x source length + 10, capped by the model
+    max_new_tokens: Optional[int] = None      # tokens after target_prefix; None: 2 x source length + 10; the
+                                              # prefix and these fit the model's window (cut to fit)
     length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
     attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
-    min_new_tokens: int = 0                   # EOS is masked until this many tokens exist (fixed-length benchmarks)
+    min_new_tokens: int = 0                   # EOS is masked until this many follow the prefix (fixed-length benchmarks)
     constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms)
     target_prefix: tuple[int, ...] = ()       # target ids every hypothesis starts with (forced), then free decoding
     repetition_penalty: float = 1.0           # CTranslate2's: logits of generated tokens / p (> 0) or * p (< 0); 1 = off

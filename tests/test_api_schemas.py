@@ -11,7 +11,7 @@ from service.api.errors import ServiceError, mapped_errors
 from service.api.schemas import TranslateRequest
 from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS
 from service.engine.validation import ModelLimits
-from service.engine import EngineConfig
+from service.engine import EngineConfig, EngineValidationError
 
 TINY = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)   # 2 layers, 4 heads
 LIMITS = ModelLimits.of("tiny", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))
@@ -55,7 +55,9 @@ def test_within_the_limits_passes_and_attention_indices_matter_only_when_asked()
     assert e.value.field == "attention.layers"
     LIMITS.check(job(return_attention=False, attention={"kinds": ["cross"], "layers": [7]}))   # not applied
     assert TranslateRequest(text="x", return_attention=False, attention={"layers": [7]}).ignored == ["attention"]
-    LIMITS.check(job(max_new_tokens=None, min_new_tokens=100))          # per sentence: the engine's guard
+    LIMITS.check(job(max_new_tokens=None, min_new_tokens=63))   # raises the sentence's default budget
+    with pytest.raises(EngineValidationError, match="min_new_tokens: must be an integer in 0..63, got 64"):
+        LIMITS.check(job(max_new_tokens=None, min_new_tokens=64))
 
 
 def test_the_job_carries_the_resolved_options():

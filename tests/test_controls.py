@@ -219,7 +219,8 @@ async def test_mixed_batch_plain_sentences_equal_alone_and_controlled_equal_offl
         assert [h.tokens for h in a.hypotheses] == [h.tokens for h in t.hypotheses]   # shape gives any sentence
         assert all(abs(x.log_prob - y.log_prob) < 1e-10 for x, y in zip(a.hypotheses, t.hypotheses))
     for (src, o), got in zip(controlled, together[1::2]):
-        ref = generate(model, [src], o.beam_size, o.n_best, o.max_new_tokens, target_prefix=[o.target_prefix],
+        ref = generate(model, [src], o.beam_size, o.n_best, len(o.target_prefix) + o.max_new_tokens,
+                       target_prefix=[o.target_prefix],
                        controls=RepetitionControls(o.repetition_penalty, o.no_repeat_ngram_size))[0]
         assert [h.tokens for h in got.hypotheses] == [h.tokens for h in ref]
         assert all(abs(h.log_prob - r.log_prob) < 1e-9 for h, r in zip(got.hypotheses, ref))
@@ -237,8 +238,33 @@ async def test_streaming_starts_with_the_prefix_tokens(model, beam):
     assert items[:-1] == result.hypotheses[0].tokens and items[:3] == [7, 9, 13]
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+async def test_max_new_tokens_counts_after_the_prefix_and_a_prefix_that_fills_the_window_is_the_answer(model, beam):
+    """max_new_tokens and min_new_tokens count the tokens after target_prefix; the two together are
+    cut to the model's window (max_len - 1 target tokens), so a prefix longer than the window is the
+    answer itself ("length", no model run), as is any prefix with max_new_tokens 0."""
+    engine = Engine(model, EngineConfig(max_num_seqs=16))
+    window = model.cfg.max_len - 1
+    prefix = (7, 9, 13)
+    try:
+        exact = await engine.translate(source(8, 5), GenerationOptions(beam_size=beam, max_new_tokens=5,
+                                                                       min_new_tokens=5, target_prefix=prefix))
+        assert all(len(h.tokens) == 8 and tuple(h.tokens[:3]) == prefix for h in exact.hypotheses)
+        assert exact.hypotheses[0].finish_reason == "length" and exact.timings.num_steps == 8
+        near = tuple(4 + i % 50 for i in range(window - 2))       # room for 2 more tokens
+        cut = await engine.translate(source(8, 5), GenerationOptions(beam_size=beam, max_new_tokens=10,
+                                                                     min_new_tokens=10, target_prefix=near))
+        assert [len(h.tokens) for h in cut.hypotheses] == [window] and tuple(cut.hypotheses[0].tokens[:-2]) == near
+        for long, max_new in [(tuple(4 + i % 50 for i in range(window + 9)), None), (prefix, 0)]:
+            res = await engine.translate(source(8, 5), GenerationOptions(beam_size=beam, max_new_tokens=max_new,
+                                                                         target_prefix=long))
+            assert [(h.tokens, h.finish_reason) for h in res.hypotheses] == [(list(long), "length")]
+            assert res.timings.num_steps == 0
+    finally:
+        await engine.stop()
+
+
 @pytest.mark.parametrize("opts, field", [
-    (dict(target_prefix=tuple(range(4, 20)), max_new_tokens=10), "target_prefix"),
     (dict(target_prefix=(3,)), "target_prefix"),                       # EOS
     (dict(target_prefix=(64,)), "target_prefix"),                      # outside the vocabulary
     (dict(repetition_penalty=0.0), "repetition_penalty"),

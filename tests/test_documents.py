@@ -386,6 +386,11 @@ def test_files_are_downloadable_only_with_the_key_that_uploaded_them(tmp_path):
     assert r.status_code == 200 and r.content == "EIN HUND.\n".encode()
     r = client.post("/v1/documents", files=txt, data={"target_lang": "xx"}, headers=a)
     assert r.status_code == 404 and r.json()["error"]["field"] == "target_lang"
+    for name in ("", "brief.mar\u212adown"):   # an empty filename field is no name; the Kelvin sign is no k
+        r = client.post("/v1/documents", files=txt, data={"target_lang": "en", "filename": name}, headers=a)
+        assert r.status_code == 415 and "supported" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/documents", files=txt, data={"target_lang": "en", "filename": "brief.TXT"}, headers=a)
+    assert r.status_code == 200 and r.content == "EIN HUND.\n".encode()
     r = client.post("/v1/documents", files=txt, data={"target_lang": "en", "stream": "true"}, headers=a)
     from conftest import sse_events
     events = sse_events(r.text)

@@ -355,13 +355,20 @@ async def test_bad_inputs_raise_typed_validation_errors(model64, src, opts, fiel
     await engine.stop()
 
 
-def test_min_new_tokens_above_the_default_max_says_it_is_the_default(model64):
+async def test_min_new_tokens_above_the_default_budget_raises_it_up_to_the_window(model64):
+    """A sentence's default budget (2 x source + 10 = 14 here) grows to min_new_tokens; past the
+    model's window (max_len - 1) min_new_tokens is a 422 naming it, as is one above a max_new_tokens sent."""
     engine = Engine(model64, EngineConfig(max_num_seqs=16))
-    with pytest.raises(EngineValidationError, match=r"max_new_tokens \(\d+: the default max_new_tokens for this "
-                                                    r"sentence's length\), got 1000"):
+    window = model64.cfg.max_len - 1
+    assert engine.validate([5, 3], GenerationOptions()).max_new_tokens == 14
+    assert engine.validate([5, 3], GenerationOptions(min_new_tokens=20)).max_new_tokens == 20
+    res = await engine.translate([5, 3], GenerationOptions(beam_size=1, min_new_tokens=20))
+    assert len(res.hypotheses[0].tokens) >= 20
+    with pytest.raises(EngineValidationError, match=rf"min_new_tokens: must be an integer in 0..{window}, got 1000"):
         engine.validate([5, 3], GenerationOptions(min_new_tokens=1000))
     with pytest.raises(EngineValidationError, match=r"max_new_tokens \(4\), got 5"):
         engine.validate([5, 3], GenerationOptions(max_new_tokens=4, min_new_tokens=5))
+    await engine.stop()
 
 
 @pytest.mark.parametrize("max_new", [0, 1])

@@ -69,7 +69,6 @@ def test_limits_are_service_errors_naming_field_and_limit(card):
         cases = [
             (request(["x"], beam_size=5), 422, "beam_size", "4"),
             (request(["x"], max_new_tokens=64), 422, "max_new_tokens", "63"),
-            (request([" ".join(["Hund"] * 80)]), 413, "text", "64"),
             (request(["Ein Satz. " * 6]), 413, "text", "5 sentences"),
         ]
         for req, status, field, words in cases:
@@ -79,6 +78,26 @@ def test_limits_are_service_errors_naming_field_and_limit(card):
             assert isinstance(err, ServiceError), e.value
             assert (err.status, err.field) == (status, field), err.message
             assert words in err.message and field.split(".")[0] in err.message
+        await t.stop()
+    asyncio.run(main())
+
+
+def test_a_sentence_longer_than_the_model_reads_is_cut_and_each_part_translated_as_alone(card):
+    """A sentence over the model's source window (64 tokens here) is cut at clauses or words into
+    parts that fit (text.cut_long); the translation is each part's translation, as when the parts
+    are sent as texts of their own, joined by the text's whitespace."""
+    async def main():
+        t = Translator(card)
+        await t.reconfigure({"max_num_seqs": 8})
+        long = ", ".join(["Ein Hund läuft über die Straße"] * 12) + ". Kurz."
+        splits, pieces, _ = t.prepare(request([long]))
+        parts = splits[0].pieces
+        assert len(parts) >= 4 and parts[-1] == "Kurz." and splits[0].join(parts) == long
+        assert all(len(p.src_ids) <= t.engine.max_src_len for p in pieces)
+        res = await t.translate(request([long]))
+        alone = await t.translate(request(parts))
+        assert res.translations[0].text == splits[0].join([tr.text for tr in alone.translations])
+        assert res.translations[0].tokens == [tok for tr in alone.translations for tok in tr.tokens]
         await t.stop()
     asyncio.run(main())
 

@@ -10,7 +10,8 @@ import pytest
 
 from service.api.schemas import TranslateRequest
 from service.translator import text as text_module
-from service.translator.text import Split, has_text, needs_model, simple_split, split_sentences, split_text
+from service.translator.text import (Split, cut_long, has_text, needs_model, simple_split, split_sentences,
+                                    split_text)
 
 
 def test_paragraph_of_three_sentences():
@@ -244,3 +245,37 @@ def test_one_sentence_fast_path_agrees_with_pysbd():
         for line in fast:
             assert [s.strip() for s in _segmenter(language).segment(line) if s.strip()] == [line.strip()], line
             assert split_sentences(line, language) == [line.strip()]
+
+
+# ---- sentences longer than the model reads -----------------------------------------------------------------
+def test_cut_long_prefers_clauses_then_words_then_characters():
+    fits = lambda s: len(s) <= 20       # a window of 20 characters stands for the model's tokens
+    s = cut_long(Split(["Ein Hund läuft, eine Katze schläft und ein Vogel singt laut.", "Kurz."], ["", " ", "\n"]),
+                 fits)
+    assert s.pieces == ["Ein Hund läuft,", "eine Katze schläft", "und ein Vogel singt", "laut.", "Kurz."]
+    assert s.glue == ["", " ", " ", " ", " ", "\n"] and s.fallbacks == ["too_long"]
+    one_word = cut_long(Split(["x" * 45], ["", ""]), fits)          # no whitespace: between characters
+    assert one_word.pieces == ["x" * 20, "x" * 20, "x" * 5] and one_word.glue == ["", "", "", ""]
+
+
+def test_cut_long_keeps_spans_and_combining_marks_whole():
+    fits = lambda s: len(s) <= 10
+    text = "abcdefghij" + "e\u0301" * 6     # a cut never separates a combining accent from its letter
+    got = cut_long(Split([text], ["", ""]), fits, lambda s: [(8, 14)]).pieces
+    assert "".join(got) == text and all(len(p) <= 10 for p in got)
+    assert not any(p[0] == "\u0301" for p in got)
+    assert any("ij" + "e\u0301" * 2 in p for p in got)     # the span [8, 14) is in one chunk
+
+
+def test_cut_long_on_random_texts_keeps_the_text_and_fits():
+    rng = random.Random(5)
+    alphabet = list("abc ,;:-") + ["\n", "  ", "Straße", "e\u0301"]
+    for n in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 400)))
+        s = split_text(text, "de")
+        window = rng.randint(4, 60)
+        cut = cut_long(s, lambda p: len(p) <= window)
+        assert cut.join(cut.pieces) == text
+        assert all(len(p) <= window and p for p in cut.pieces)
+        assert len(cut.pieces) >= len(s.pieces)
+        assert cut.fallbacks.count("too_long") == sum(len(p) > window for p in s.pieces)

@@ -196,7 +196,8 @@ async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     data = await upload.read(documents.MAX_DOCUMENT_BYTES + 1)
     if len(data) > documents.MAX_DOCUMENT_BYTES:
         raise ServiceError(413, f"file: at most {documents.MAX_DOCUMENT_BYTES} bytes (MAX_DOCUMENT_BYTES)", "file")
-    return Upload(data, fields.get("filename") or upload.filename or "", fields)
+    name = fields["filename"] if "filename" in fields else upload.filename or ""    # an empty field: no name
+    return Upload(data, name, fields)
 
 
 def parse_document(upload: Upload) -> Document:

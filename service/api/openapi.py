@@ -57,7 +57,7 @@ def _model_rules(lim: dict) -> dict:
     # (attention indices: on AttentionOptions, the largest model's: a branch constraining them makes
     # JSON Schema generators give up; complete() says so)
     return {"beam_size": {"maximum": lim["beam"]}, "n_best": {"maximum": lim["beam"]},
-            "max_new_tokens": {"maximum": lim["max_new_tokens"]}}
+            "max_new_tokens": {"maximum": lim["max_new_tokens"]}, "min_new_tokens": {"maximum": lim["max_new_tokens"]}}
 
 
 def _code(value: Optional[str]) -> dict:

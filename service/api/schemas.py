@@ -76,10 +76,11 @@ class TranslateRequest(_Strict):
     n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="hypotheses returned per text (the beam is at least "
                                                                  "this wide)")
     max_new_tokens: Optional[int] = Field(
-        None, ge=0, description="target tokens per sentence; null = min(2 * source_len + 10, model max_len - 1)")
-    min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens (for "
-                                                     "fixed-length benchmarks); at or above max_new_tokens: "
-                                                     "exactly max_new_tokens tokens")
+        None, ge=0, description="target tokens per sentence after target_prefix; null = 2 * source_len + 10; "
+                                "the prefix and these are cut to the model's max_len - 1 (finish_reason length)")
+    min_new_tokens: int = Field(0, ge=0, description="EOS is not generated before this many tokens after target_prefix (for "
+                                                     "fixed-length benchmarks); raises the default budget; at or "
+                                                     "above max_new_tokens: exactly max_new_tokens tokens")
     length_penalty: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False,
                                   description="score = log_prob / length ** length_penalty")
     return_attention: bool = Field(False, description="attention weights in the answer; left out: true when attention "
@@ -108,7 +109,8 @@ class TranslateRequest(_Strict):
     target_prefix: Optional[str] = Field(
         None, min_length=1, max_length=MAX_PREFIX_CHARS,
         description=f"the translation of each text starts with this text (its first sentence; up to "
-                    f"{MAX_PREFIX_CHARS} characters, at most max_new_tokens tokens); null = free")
+                    f"{MAX_PREFIX_CHARS} characters; max_new_tokens counts the tokens after it, and one that fills "
+                    f"the model's max_len - 1 tokens is that sentence's translation); null = free")
     min_confidence: Optional[float] = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False,
         description="translations (and alternatives) with confidence below it carry low_confidence: true; "

@@ -53,7 +53,8 @@ def extension(filename: str) -> str:
     """The lower-case extension of ``filename`` (without the dot). Raises DocumentError 415 for one
     that is not a supported format."""
     name = filename.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
-    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    ext = name.rsplit(".", 1)[-1] if "." in name else ""
+    ext = ext.lower() if ext.isascii() else ext     # ASCII only: "\u212a" (Kelvin sign) lowers to "k"
     if ext not in FORMATS:
         raise DocumentError(415, f"{'.' + ext if ext else 'a file without an extension'} is not a supported "
                                  f"format; supported: {', '.join(EXTENSIONS)}")

@@ -30,7 +30,7 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from model.inference.search import BeamSearch, Hypothesis
+from model.inference.search import Hypothesis
 
 from .config import EngineConfig, resolve_dtype
 from .errors import EngineError, EngineStoppedError, EngineValidationError
@@ -167,9 +167,10 @@ class Engine:
                                  f"{sched.slots.num_blocks} (kv_blocks)"))
 
     # ---- requests ------------------------------------------------------------------------------
-    def validate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> None:
-        """Raise EngineValidationError(field, message) if the request can never be served."""
-        self._resolve(src_ids, options)
+    def validate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None) -> GenerationOptions:
+        """The options as the engine would run them (``validation.resolve_options``: max_new_tokens
+        resolved). Raises EngineValidationError(field, message) if the request can never be served."""
+        return self._resolve(src_ids, options)
 
     async def translate(self, src_ids: Sequence[int], options: Optional[GenerationOptions] = None,
                         group: Optional[Hashable] = None) -> TranslationResult:
@@ -200,10 +201,11 @@ class Engine:
     def _resolve(self, src_ids, options) -> GenerationOptions:
         opts = resolve_options(src_ids, options, self.model.cfg, self.config, self.max_src_len, self.max_tgt_len)
         sched = self.scheduler
-        need = sched.max_blocks(ScheduledRequest(0, len(src_ids), opts.beam_size, max_new_tokens=opts.max_new_tokens))
+        positions = len(opts.target_prefix) + opts.max_new_tokens
+        need = sched.max_blocks(ScheduledRequest(0, len(src_ids), opts.beam_size, max_new_tokens=positions))
         if sched.paged and need > sched.slots.num_blocks:
             raise EngineValidationError("beam_size", f"beam_size {opts.beam_size} with {len(src_ids)} source tokens "
-                                                     f"and max_new_tokens {opts.max_new_tokens} needs up to {need} "
+                                                     f"and {positions} target positions needs up to {need} "
                                                      f"KV-cache blocks, the engine has {sched.slots.num_blocks} (kv_blocks)")
         return opts
 
@@ -217,13 +219,13 @@ class Engine:
         req = _Request(rid, [int(t) for t in src_ids], opts, self._loop.create_future(), stream,
                        asyncio.Queue() if stream else None, time.perf_counter())
         req.future.add_done_callback(lambda f, r=req: self._on_future_done(f, r))
-        if opts.max_new_tokens == 0:  # nothing to generate: answer without the model
-            search = BeamSearch(opts.beam_size, self.model.cfg.eos_id, 0, opts.n_best, opts.length_penalty,
-                                opts.attention_kinds, len(req.src_ids))
-            self._finish(req, hypotheses=search.results())
+        if opts.max_new_tokens == 0:  # nothing to generate after the prefix: the prefix is the answer, no model
+            kw = {} if opts.attention_kinds else None
+            self._finish(req, hypotheses=[Hypothesis(list(opts.target_prefix), 0.0, 0.0, "length", kw)])
             return req
         self.scheduler.add(ScheduledRequest(rid, len(req.src_ids), opts.beam_size, tuple(req.src_ids), opts, stream,
-                                            max_new_tokens=opts.max_new_tokens, group=group))
+                                            max_new_tokens=len(opts.target_prefix) + opts.max_new_tokens,
+                                            group=group))
         self._requests[rid] = req
         self._wakeup.set()
         return req

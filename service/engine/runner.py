@@ -137,13 +137,14 @@ class ModelRunner:
             try:
                 o = r.options
                 kinds = tuple(o.attention_kinds)
-                args = (o.beam_size, self.cfg.eos_id, o.max_new_tokens, o.n_best, o.length_penalty, kinds,
+                forced = len(o.target_prefix)        # max_new_tokens and min_new_tokens count after the prefix
+                args = (o.beam_size, self.cfg.eos_id, forced + o.max_new_tokens, o.n_best, o.length_penalty, kinds,
                         len(r.src_ids))
                 kw = dict(forced_eos=self.cfg.forced_eos, early_stopping=self.cfg.early_stopping)
                 search = (ConstrainedBeamSearch(*args, constraints=o.constraints, **kw) if o.constraints
                           else BeamSearch(*args, prefix=tuple(o.target_prefix), **kw))   # constraints: glossary terms
                 controls = RepetitionControls(o.repetition_penalty, o.no_repeat_ngram_size)
-                seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=o.min_new_tokens,
+                seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=forced + o.min_new_tokens,
                                 controls=controls if controls.active else None,
                                 request_id=r.request_id, src_ids=list(r.src_ids), stream=r.stream,
                                 emitted=self._emitted.pop(r.request_id, 0))

@@ -78,8 +78,8 @@ class ModelLimits:
 
 def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Optional[int] = None) -> GenerationOptions:
     """Every rule on one sentence's options against ``limits``. ``default_max_new``: the sentence's
-    own budget when ``o.max_new_tokens`` is None (the engine knows it, the gateway does not: then
-    min_new_tokens is checked per sentence by the engine). Returns the options with their types made
+    own budget when ``o.max_new_tokens`` is None (the engine knows it, the gateway does not), raised
+    to min_new_tokens where that is larger. Returns the options with their types made
     exact, max_new_tokens resolved where known and attention kinds in canonical order.
     Raises EngineValidationError(field, message)."""
     if not isinstance(o, GenerationOptions):
@@ -96,15 +96,17 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
         raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), "
                                               f"got {o.n_best!r}")
     max_new = o.max_new_tokens
-    default = max_new is None
-    if default:
-        max_new = None if default_max_new is None else min(default_max_new, limits.max_new_tokens)
-    elif not _is_int(max_new) or not 0 <= max_new <= limits.max_new_tokens:
+    if max_new is not None and (not _is_int(max_new) or not 0 <= max_new <= limits.max_new_tokens):
         raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limits.max_new_tokens}, "
                                                       f"got {max_new!r}")
-    if max_new is not None and (not _is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= max_new):
-        which = ": the default max_new_tokens for this sentence's length" if default else ""
-        raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}{which}), "
+    if not _is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= limits.max_new_tokens:
+        raise EngineValidationError("min_new_tokens", f"must be an integer in 0..{limits.max_new_tokens}, "
+                                                      f"got {o.min_new_tokens!r}")
+    if max_new is None:     # the sentence's default budget, raised to min_new_tokens
+        max_new = None if default_max_new is None else \
+            min(max(default_max_new, o.min_new_tokens), limits.max_new_tokens)
+    elif o.min_new_tokens > max_new:
+        raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}), "
                                                       f"got {o.min_new_tokens!r}")
     lp = o.length_penalty
     if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
@@ -112,11 +114,6 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
     prefix = o.target_prefix
     if not isinstance(prefix, (tuple, list)) or not all(_is_int(t) for t in prefix):
         raise EngineValidationError("target_prefix", f"must be a sequence of token ids, got {prefix!r}")
-    if len(prefix) > limits.max_new_tokens:
-        raise EngineValidationError("target_prefix", f"has {len(prefix)} tokens, model {limits.model or ''} allows "
-                                                     f"at most {limits.max_new_tokens} target tokens per sentence")
-    if max_new is not None and len(prefix) > max_new:
-        raise EngineValidationError("target_prefix", f"has {len(prefix)} tokens, more than max_new_tokens ({max_new})")
     rp = o.repetition_penalty
     if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < rp <= MAX_REPETITION_PENALTY:
         raise EngineValidationError("repetition_penalty", f"must be a number in (0, {MAX_REPETITION_PENALTY:g}], "
@@ -181,7 +178,10 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
         src_ids: source ids, EOS included; options: None for the defaults.
         cfg: the model's ``ModelConfig``; config: the engine's settings;
         max_src_len / max_tgt_len: the cache's bounds (source ids, target positions).
-    Returns the options with max_new_tokens resolved (default: ``default_max_new_tokens``).
+    Returns the options with max_new_tokens resolved: the tokens to generate after ``target_prefix``
+    (default: ``default_max_new_tokens`` of the source), cut so that the prefix and they fit the
+    model's target window (0 when the prefix fills it: the answer is the prefix), min_new_tokens
+    at most that.
     Raises EngineValidationError(field, message).
     """
     o = GenerationOptions() if options is None else options
@@ -202,5 +202,9 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
         if not _is_int(t) or not 0 <= t < cfg.target_vocab_size or t in (cfg.pad_id, cfg.bos_id, cfg.eos_id):
             raise EngineValidationError("target_prefix", f"ids must be integers in 0..{cfg.target_vocab_size - 1} "
                                                          f"other than pad, BOS and EOS, got {t!r}")
-    # the default budget is the free part: a prefix does not eat into it
-    return check_options(o, limits, default_max_new_tokens(len(src_ids), cfg.max_len) + len(prefix))
+    o = check_options(o, limits, default_max_new_tokens(len(src_ids), cfg.max_len))
+    # max_new_tokens and min_new_tokens count the tokens after the prefix; prefix + generated tokens fit
+    # the model's window (limits.max_new_tokens), so a prefix that fills it leaves 0 to generate
+    room = max(limits.max_new_tokens - len(o.target_prefix), 0)
+    max_new = min(o.max_new_tokens, room)
+    return dataclasses.replace(o, max_new_tokens=max_new, min_new_tokens=min(o.min_new_tokens, max_new))

@@ -243,3 +243,73 @@ def split_sentences_of(text: str, language: str = "en", mode: str = "1") -> Spli
         pos += len(g) + len(piece)
     glue.append(text[pos:])
     return Split([" ".join(p.split()) for p in split.pieces], glue, split.fallbacks)
+
+
+# Where an over-long sentence is cut, best first: after clause punctuation, at whitespace.
+_CLAUSE_CUT = re.compile(r"(?<=[,;:\u2013\u2014)\]])\s+")
+_WORD_CUT = re.compile(r"\s+")
+
+
+def cut_long(split: Split, fits: Callable[[str], bool], spans: Callable[[str], list[tuple[int, int]]] = lambda s: [],
+             ) -> Split:
+    """``split`` with each piece that does not ``fit`` (the model reads at most its source window of
+    tokens per sentence) cut into chunks that do, each translated as a sentence of its own.
+
+    Each chunk is the longest that fits, cut after clause punctuation (``, ; : – — ) ]`` and
+    whitespace) when that keeps at least half of what a cut at the last fitting whitespace would,
+    else at that whitespace, else (a run without whitespace: CJK text, a very long word) between two
+    characters, never before a combining mark or inside a range of ``spans(piece)`` (protected
+    spans: a URL or a do-not-translate term stays whole). The whitespace at a cut becomes glue, so
+    ``join`` still rebuilds the text, and nothing of the piece is dropped. A chunk is found by
+    binary search over the cut positions (a text's token count grows with its length), so a piece
+    costs O(log n) ``fits`` calls per chunk. Each cut piece adds "too_long" to ``fallbacks``.
+    """
+    if all(fits(p) for p in split.pieces):
+        return split
+    pieces, glue, fallbacks = [], [split.glue[0]], list(split.fallbacks)
+    for piece, after in zip(split.pieces, split.glue[1:]):
+        if fits(piece):
+            pieces.append(piece)
+            glue.append(after)
+            continue
+        fallbacks.append("too_long")
+        chunks, gaps = _cut(piece, fits, spans(piece))
+        pieces += chunks
+        glue += gaps + [after]
+    return Split(pieces, glue, fallbacks)
+
+
+def _cut(piece: str, fits: Callable[[str], bool], spans: list[tuple[int, int]]) -> tuple[list[str], list[str]]:
+    """``cut_long`` of one piece: its chunks and the len(chunks) - 1 runs of whitespace between them."""
+    def free(i: int) -> bool:   # a cut between characters i - 1 and i
+        return i >= len(piece) or not unicodedata.combining(piece[i]) and not any(a < i < b for a, b in spans)
+
+    clause = [(m.start(), m.end()) for m in _CLAUSE_CUT.finditer(piece) if free(m.start()) and free(m.end())]
+    words = [(m.start(), m.end()) for m in _WORD_CUT.finditer(piece) if free(m.start()) and free(m.end())]
+    chars = [(i, i) for i in range(1, len(piece)) if free(i)]
+    chunks, gaps, start = [], [], 0
+    while not fits(piece[start:]):
+        def last_fitting(cuts):     # the last cut (a, b) after start with piece[start:a] fitting, or None
+            cuts = [c for c in cuts if c[0] > start]
+            lo, hi, best = 0, len(cuts) - 1, None
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                if fits(piece[start:cuts[mid][0]]):
+                    best, lo = cuts[mid], mid + 1
+                else:
+                    hi = mid - 1
+            return best
+        cut = last_fitting(words)
+        if cut is not None:
+            at_clause = last_fitting([c for c in clause if c[0] <= cut[0]])
+            if at_clause is not None and 2 * (at_clause[0] - start) >= cut[0] - start:
+                cut = at_clause
+        else:
+            cut = last_fitting(chars) or next((c for c in chars if c[0] > start), None)
+            if cut is None:          # nothing to cut at: the rest goes as it is (the caller's limit check)
+                break
+        chunks.append(piece[start:cut[0]])
+        gaps.append(piece[cut[0]:cut[1]])
+        start = cut[1]
+    chunks.append(piece[start:])
+    return chunks, gaps

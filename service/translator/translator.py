@@ -41,7 +41,7 @@ from .glossary import Glossary
 from .output import build_response
 from .protect import Protected, Protector, Terms
 from .streaming import StreamState, merge_streams
-from .text import Piece, Split, has_text, split_sentences_of, split_text, trim
+from .text import Piece, Split, cut_long, has_text, split_sentences_of, split_text, trim
 from .truecase import Truecaser
 
 logger = logging.getLogger("ray.serve")
@@ -174,8 +174,10 @@ class Translator:
         ``hits`` (filled when given and the job has a ``memory_scope``): piece index -> the translation
         memory's text for it (the whole text's, or the sentence's; ``memory.py``); such a piece has no
         source ids and no ``Protected`` (None) and is not sent to the engine.
-        Raises Unavailable while the engine is not built yet, TooLarge for a sentence longer than the
-        model accepts or more sentences than one request may have.
+        A sentence longer than the model reads (its source window, ``max_src_len``) is cut into
+        chunks that fit (``text.cut_long``), each translated as a sentence.
+        Raises Unavailable while the engine is not built yet, TooLarge for more sentences than one
+        request may have (or a sentence ``cut_long`` found no cut for).
         """
         if self.engine is None:
             raise Unavailable(f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
@@ -195,9 +197,12 @@ class Translator:
             mode = getattr(job, "split_sentences", "1")     # DeepL's split_sentences (text.split_sentences_of)
             split = (split_text(text, self.card.source_lang) if mode == "1" else
                      split_sentences_of(text, self.card.source_lang, mode))
-            self.metrics.split_fallbacks(split.fallbacks)
             seen: dict[str, Protected] = {}
             split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
+            split = cut_long(split, lambda s: len(prefix) + len(self.protector.encode(
+                seen.setdefault(s, self.protector.prepare(s, keep)))) <= max_src,
+                lambda s: [(sp.start, sp.end) for sp in self.protector.find_spans(s, keep=keep)])
+            self.metrics.split_fallbacks(split.fallbacks)
             split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s, keep)).needs_model)
             stored: dict[str, str] = {}
             if memory is not None:      # one query per text: the whole text and each sentence
@@ -220,7 +225,7 @@ class Translator:
                     continue
                 prepared.append(seen[sentence])   # translatable() prepared every piece it kept
                 ids = prefix + self.protector.encode(prepared[-1])
-                if len(ids) > max_src:
+                if len(ids) > max_src:      # cut_long found no cut that fits
                     where = f"{field}[{i}]" if job.is_list else field
                     raise TooLarge(f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
                                    f"accepts at most {max_src} per sentence: split it", field)
@@ -259,17 +264,18 @@ class Translator:
                      glossary: Optional[Glossary] = None) -> list[GenerationOptions]:
         """Each piece's options: the job's, the target prefix on the first sentence of each text,
         the glossary's constraints where its terms occur (a memory hit's, None: no engine run)."""
-        prefix = self.encode_prefix(job.target_prefix, job.options.max_new_tokens)
+        prefix = self.encode_prefix(job.target_prefix)
         firsts = {p.text_index: k for k, p in reversed(list(enumerate(pieces)))}
         return [None if prot is None else
                 self._options(prot, job.options, job.return_alignment, prefix if firsts[p.text_index] == k else (),
                               glossary)
                 for k, (p, prot) in enumerate(zip(pieces, prepared))]
 
-    def encode_prefix(self, prefix: Optional[str], max_new_tokens: Optional[int] = None) -> tuple[int, ...]:
-        """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None.
-        Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>),
-        or more tokens than ``max_new_tokens`` or the model may generate per sentence."""
+    def encode_prefix(self, prefix: Optional[str]) -> tuple[int, ...]:
+        """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None. Any length:
+        max_new_tokens counts the tokens after it, and a prefix that fills the model's target window
+        is the sentence's answer (finish_reason "length"; ``service.engine.validation``).
+        Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>)."""
         if prefix is None:
             return ()
         ids = encode_target(self.tok, prefix)
@@ -280,13 +286,6 @@ class Translator:
         if unknown:
             raise InvalidRequest(f"target_prefix: model {self.name}'s target vocabulary cannot produce it: "
                                  f"{len(unknown)} unknown piece(s) (<unk>) in {prefix!r}", "target_prefix")
-        limit = self.engine.max_tgt_len - 1 if self.engine is not None else len(ids)
-        if len(ids) > limit:
-            raise InvalidRequest(f"target_prefix: has {len(ids)} tokens; model {self.name} generates at most "
-                                 f"{limit} per sentence", "target_prefix")
-        if max_new_tokens is not None and len(ids) > max_new_tokens:
-            raise InvalidRequest(f"target_prefix: has {len(ids)} tokens, more than max_new_tokens ({max_new_tokens})",
-                                 "target_prefix")
         return tuple(ids)
 
     def glossary(self, job: TranslateJob) -> Optional[Glossary]:
