@@ -1,6 +1,8 @@
 """Per-row top-k of candidates (model/inference/topk.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,7 +13,9 @@ from model.inference.topk import row_topk
 @pytest.mark.parametrize("k", [2, 8])
 @pytest.mark.parametrize("compiled", [True, False])
 def test_row_topk_equals_torch_topk(vocab, k, compiled, monkeypatch):
-    from model.inference import kernels
+    from model.inference import kernels, settings
+    # an engine started earlier in this process may have switched the kernels off (a process-wide setting)
+    monkeypatch.setattr(settings, "_current", dataclasses.replace(settings.current(), cpu_kernels=True))
     if compiled and kernels.topk_op() is None:
         pytest.skip("no compiled CPU kernels here")
     if not compiled:

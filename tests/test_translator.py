@@ -10,7 +10,7 @@ from conftest import build_tiny_checkpoint
 from service.engine import EngineValidationError
 from service.api.errors import ServiceError, to_service_error
 from service.api.schemas import TranslateRequest
-from service.protocol import TooLarge, Unavailable
+from service.protocol import StreamToken, TooLarge, Unavailable
 from service.translator import Translator, model_card
 
 
@@ -59,7 +59,7 @@ def test_reconfigure_applies_user_config_in_place(card):
 
 
 def test_limits_are_service_errors_naming_field_and_limit(card):
-    """Tokens per sentence and sentences per request are the translator's checks; beam_size and
+    """beam_size and
     max_new_tokens reach the engine's guard (the gateway checks them first: test_api_schemas.py),
     whose errors map to the same statuses. Attention indices and Unicode: test_api_schemas.py,
     test_api_libretranslate.py."""
@@ -69,7 +69,6 @@ def test_limits_are_service_errors_naming_field_and_limit(card):
         cases = [
             (request(["x"], beam_size=5), 422, "beam_size", "4"),
             (request(["x"], max_new_tokens=64), 422, "max_new_tokens", "63"),
-            (request(["Ein Satz. " * 6]), 413, "text", "5 sentences"),
         ]
         for req, status, field, words in cases:
             with pytest.raises(Exception) as e:
@@ -78,6 +77,24 @@ def test_limits_are_service_errors_naming_field_and_limit(card):
             assert isinstance(err, ServiceError), e.value
             assert (err.status, err.field) == (status, field), err.message
             assert words in err.message and field.split(".")[0] in err.message
+        await t.stop()
+    asyncio.run(main())
+
+
+def test_a_request_of_more_sentences_than_the_queue_holds_goes_in_as_earlier_ones_end(card):
+    """max_waiting 5: a request of 12 sentences is never all in the engine; it is answered whole,
+    each sentence as alone, plain and streamed (the deltas add up to the answer)."""
+    async def main():
+        t = Translator(card)
+        await t.reconfigure({"max_num_seqs": 4, "max_waiting": 5})
+        sentences = [f"Ein Hund läuft {n} Meter." for n in range(12)]
+        whole = await t.translate(request([" ".join(sentences)]))
+        alone = [(await t.translate(request([s]))).translations[0].text for s in sentences]
+        assert whole.translations[0].text == " ".join(alone)
+        streamed = [item async for item in t.stream(request([" ".join(sentences)]))]
+        assert streamed[-1].translations == whole.translations
+        assert "".join(e.text for e in streamed if isinstance(e, StreamToken)) == whole.translations[0].text
+        assert (t.engine.stats().waiting_requests, t.engine.stats().running_requests) == (0, 0)
         await t.stop()
     asyncio.run(main())
 

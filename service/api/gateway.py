@@ -548,7 +548,8 @@ class Gateway:
                             headers=libretranslate.ignored_fields_header(fields, ()))
 
     @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **_errors(
-                  libretranslate.LibreError, {404: "glossary_id names no stored glossary",
+                  libretranslate.LibreError, {404: "glossary_id names no stored glossary, or source auto finds no model "
+                                                   "for the text's language",
                                               409: "glossary_id names a glossary of other languages than the model's"})},
               openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
     async def libre_translate(self, request: Request):
@@ -699,7 +700,9 @@ class Gateway:
         ``progress`` {"done", "total"} then ``document`` {"url", "filename", "bytes"}."""
         return await documents.native(self, request)
 
-    @api.post("/translate_file", response_model=documents.TranslatedFileUrl, responses=LIBRE_ERRORS,
+    @api.post("/translate_file", response_model=documents.TranslatedFileUrl, responses={**LIBRE_ERRORS, **_errors(
+                  libretranslate.LibreError, {404: "source auto: the document's language cannot be told, or no model "
+                                                   "translates it"})},
               openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
     async def libre_translate_file(self, request: Request):
         """LibreTranslate: multipart ``file``, ``source`` (or auto), ``target``, ``api_key``; answers

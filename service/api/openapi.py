@@ -122,7 +122,7 @@ def deepl_translate_schema(gateway) -> dict:
         "show_billed_characters": BOOLEAN}
     schema = {"type": "object", "required": ["text", "target_lang"], "properties": props,
               "if": {"required": ["glossary_id"], "properties": {"glossary_id": {"minLength": 1}}},
-              "then": {"required": ["source_lang"], "properties": {"source_lang": {"minLength": 1}}}}
+              "then": {"required": ["source_lang"], "properties": {"source_lang": {"type": "string", "minLength": 1}}}}
     if not cards:
         return schema
     pairs = _pairs(gateway, True)

@@ -2,8 +2,8 @@
 silently coerced; unknown fields are rejected, so nothing a client sends is ignored), errors, models
 and languages. A request becomes a ``TranslateJob`` (``service/protocol.py``), whose answer
 ``TranslateResponse`` is the response body; the service-wide limits live there too, and what one model
-accepts in ``service.engine.validation.ModelLimits``. What needs tokenization (tokens per sentence,
-sentences per request) is the translator's to check.
+accepts in ``service.engine.validation.ModelLimits``. What needs tokenization (a sentence over the
+model's window) is the translator's: it cuts such a sentence, and no count of tokens or sentences is refused.
 """
 from __future__ import annotations
 

@@ -96,13 +96,14 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
         raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), "
                                               f"got {o.n_best!r}")
     max_new = o.max_new_tokens
-    if max_new is not None and (not _is_int(max_new) or not 0 <= max_new <= limits.max_new_tokens):
+    default = max_new is None
+    if not default and (not _is_int(max_new) or not 0 <= max_new <= limits.max_new_tokens):
         raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limits.max_new_tokens}, "
                                                       f"got {max_new!r}")
     if not _is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= limits.max_new_tokens:
         raise EngineValidationError("min_new_tokens", f"must be an integer in 0..{limits.max_new_tokens}, "
                                                       f"got {o.min_new_tokens!r}")
-    if max_new is None:     # the sentence's default budget, raised to min_new_tokens
+    if default:             # the sentence's default budget, raised to min_new_tokens
         max_new = None if default_max_new is None else \
             min(max(default_max_new, o.min_new_tokens), limits.max_new_tokens)
     elif o.min_new_tokens > max_new:

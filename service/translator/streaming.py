@@ -95,13 +95,18 @@ class StreamState:
         return [StreamToken(index=p.text_index, text=glue + delta, token=token)]
 
 
-async def merge_streams(streams: Sequence[TokenStream]) -> AsyncIterator[tuple[int, Union[int, TranslationResult]]]:
+async def merge_streams(streams: Sequence[TokenStream], later: Sequence[Callable[[], TokenStream]] = ()
+                        ) -> AsyncIterator[tuple[int, Union[int, TranslationResult]]]:
     """The items of several engine token streams as they arrive, each with its stream's index.
 
-    Ends after every stream's TranslationResult; raises the first error a stream raises. Closing
-    the iterator (or an error) cancels every stream still running.
+    ``later``: streams started one per finished stream, in order (indices after ``streams``'), so
+    at most len(streams) run at once. Ends after every stream's TranslationResult; raises the first
+    error a stream raises (or starting one). Closing the iterator (or an error) cancels every
+    stream still running.
     """
     queue: asyncio.Queue = asyncio.Queue()
+    streams = list(streams)
+    waiting = list(later)
 
     async def run(k: int, st: TokenStream) -> None:
         try:
@@ -115,13 +120,16 @@ async def merge_streams(streams: Sequence[TokenStream]) -> AsyncIterator[tuple[i
 
     tasks = [asyncio.create_task(run(k, st)) for k, st in enumerate(streams)]
     try:
-        remaining = len(streams)
+        remaining = len(streams) + len(waiting)
         while remaining:
             k, item = await queue.get()
             if isinstance(item, BaseException):
                 raise item
             if not isinstance(item, int):
                 remaining -= 1
+                if waiting:
+                    streams.append(waiting.pop(0)())
+                    tasks.append(asyncio.create_task(run(len(streams) - 1, streams[-1])))
             yield k, item
     finally:
         for t in tasks:

@@ -4,10 +4,12 @@ A Ray Serve replica wraps one ``Translator`` (``service/app.py``); it is plain P
 also run inside the ingress process and in unit tests. A job's texts are split into lines and
 sentences (``text.split_text``), every sentence becomes one engine call, all calls are awaited
 together (so they join the engine's prefill and decode batches with everyone else's), and the
-translated sentences are rejoined with the original whitespace (``output.build_response``).
+translated sentences are rejoined with the original whitespace (``output.build_response``); at
+most ``in_flight()`` sentences of a request are in the engine at once, the next going in as one ends.
 
-The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); the
-translator checks what needs tokenization: tokens per sentence and sentences per request. A
+The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); what
+needs tokenization is the translator's: a sentence over the model's source window is cut into parts
+that fit (``text.cut_long``). A
 multilingual MarianMT model's sources start with the job's target-language token
 (``target_prefix``). Its errors and the engine's are the domain errors of ``service/protocol.py``; the API maps them
 to HTTP statuses (``service.api.errors.to_service_error``).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -176,8 +179,8 @@ class Translator:
         source ids and no ``Protected`` (None) and is not sent to the engine.
         A sentence longer than the model reads (its source window, ``max_src_len``) is cut into
         chunks that fit (``text.cut_long``), each translated as a sentence.
-        Raises Unavailable while the engine is not built yet, TooLarge for more sentences than one
-        request may have (or a sentence ``cut_long`` found no cut for).
+        Raises Unavailable while the engine is not built yet, TooLarge for a sentence ``cut_long``
+        found no cut for.
         """
         if self.engine is None:
             raise Unavailable(f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
@@ -230,10 +233,12 @@ class Translator:
                     raise TooLarge(f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
                                    f"accepts at most {max_src} per sentence: split it", field)
                 pieces.append(Piece(i, j, ids))
-        limit = min(MAX_SENTENCES, self.engine_config.max_waiting)
-        if len(pieces) > limit:
-            raise TooLarge(f"{field}: at most {limit} sentences per request, got {len(pieces)}", field)
         return splits, pieces, prepared
+
+    def in_flight(self) -> int:
+        """Sentences of one request in the engine at once (its next ones go in as these finish):
+        ``MAX_SENTENCES``, at most the engine's queue (``max_waiting``), so a request of any size fits."""
+        return max(1, min(MAX_SENTENCES, self.engine_config.max_waiting))
 
     def target_prefix(self, target_lang: Optional[str]) -> list[int]:
         """The ids every source starts with: a multilingual model's ``>>target_lang<<`` token, as
@@ -352,12 +357,17 @@ class Translator:
         return out
 
     async def _run_all(self, pieces: list[Piece], options: list[GenerationOptions]) -> list[TranslationResult]:
-        """Await every piece concurrently (``options[k]`` for piece k); on the first failure cancel the
-        rest and raise it."""
+        """Await every piece concurrently (``options[k]`` for piece k), at most ``in_flight()`` in the
+        engine at once, in order; on the first failure cancel the rest and raise it."""
         if not pieces:
             return []
         group = object()   # this request's sentences: the engine admits them in turns with other requests'
-        tasks = [asyncio.create_task(self.engine.translate(p.src_ids, o, group)) for p, o in zip(pieces, options)]
+        slots = asyncio.Semaphore(self.in_flight())
+
+        async def one(p: Piece, o: GenerationOptions) -> TranslationResult:
+            async with slots:
+                return await self.engine.translate(p.src_ids, o, group)
+        tasks = [asyncio.create_task(one(p, o)) for p, o in zip(pieces, options)]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
@@ -386,8 +396,10 @@ class Translator:
         options = self._all_options(job, pieces, prepared, self.glossary(job))
         streams, group = [], object()   # group: as in _run_all
         run = [k for k in range(len(pieces)) if k not in hits]    # memory hits are answered without the engine
+        first = self.in_flight()        # the rest start as these finish (merge_streams)
+        later = [functools.partial(self.engine.stream, pieces[k].src_ids, options[k], group) for k in run[first:]]
         try:
-            for k in run:   # QueueFullError comes at once, before anything is streamed
+            for k in run[:first]:   # QueueFullError comes at once, before anything is streamed
                 streams.append(self.engine.stream(pieces[k].src_ids, options[k], group))
         except BaseException:
             for st in streams:
@@ -407,7 +419,7 @@ class Translator:
                 yield ev
         for _ in run:
             self.metrics.memory_lookup("model")
-        async with contextlib.aclosing(merge_streams(streams)) as items:
+        async with contextlib.aclosing(merge_streams(streams, later)) as items:
             async for i, item in items:
                 k = run[i]
                 if isinstance(item, int):
