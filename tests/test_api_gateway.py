@@ -215,7 +215,6 @@ LONG_SENTENCE = " ".join(["Hund"] * 400)   # one "sentence" longer than any mode
     ({}, 422, "text", ["required"]),
     ({"text": "x" * (MAX_TEXT_CHARS + 1)}, 413, "text", [str(MAX_TEXT_CHARS)]),
     ({"text": ["x"] * (MAX_TEXTS + 1)}, 413, "text", [str(MAX_TEXTS)]),
-    ({"text": LONG_SENTENCE}, 413, "text", ["sentence 1", "at most"]),
     ({"text": "x", "model": "fr-en"}, 404, "model", ["fr-en", "de-en"]),
     ({"text": "x", "source_lang": "fr"}, 404, "source_lang", ["fr"]),
     ({"text": "x", "model": "de-en", "target_lang": "fr"}, 404, "target_lang", ["fr"]),
@@ -256,9 +255,24 @@ def test_engine_limits_are_422_with_the_limit(service_url):
     assert r.status_code == 422
     assert r.json()["error"]["field"] == "beam_size"
     assert str(SECOND_ENGINE["max_num_seqs"]) in r.json()["error"]["message"]
+    # more sentences than the engine's queue holds: they go in as earlier ones end, none is refused
     r = post(service_url, {"text": ". ".join(["A dog"] * (SECOND_ENGINE["max_waiting"] + 1)) + ".",
-                           "model": SECOND_MODEL})
-    assert r.status_code == 413 and str(SECOND_ENGINE["max_waiting"]) in r.json()["error"]["message"]
+                           "model": SECOND_MODEL, "beam_size": 1})
+    assert r.status_code == 200, r.text
+    alone = post(service_url, {"text": "A dog.", "model": SECOND_MODEL, "beam_size": 1}).json()
+    assert r.json()["translations"][0]["text"] == " ".join([alone["translations"][0]["text"]] *
+                                                           (SECOND_ENGINE["max_waiting"] + 1))
+
+
+@pytest.mark.slow
+def test_a_sentence_longer_than_the_model_reads_is_cut_and_translated(service_url):
+    """400 words in one sentence (the shipped model reads 256 tokens): cut into parts that fit,
+    every source token translated; the source tokens are the parts' (each ending in </s>)."""
+    r = post(service_url, {"text": LONG_SENTENCE, "beam_size": 1})
+    assert r.status_code == 200, r.text
+    tr = r.json()["translations"][0]
+    pieces = tr["source_tokens"]
+    assert pieces.count("</s>") >= 2 and len(pieces) - pieces.count("</s>") >= 400
 
 
 # ---- streaming ---------------------------------------------------------------------------------
