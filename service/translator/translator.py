@@ -200,11 +200,16 @@ class Translator:
             mode = getattr(job, "split_sentences", "1")     # DeepL's split_sentences (text.split_sentences_of)
             split = (split_text(text, self.card.source_lang) if mode == "1" else
                      split_sentences_of(text, self.card.source_lang, mode))
-            seen: dict[str, Protected] = {}
+            seen: dict[str, Protected] = {}     # sentence -> what the model sees of it
+            encoded: dict[str, list[int]] = {}  # sentence -> its source ids (with EOS), each encoded once
+
+            def ids_of(s: str) -> list[int]:
+                if s not in encoded:
+                    encoded[s] = self.protector.encode(seen.setdefault(s, self.protector.prepare(s, keep)))
+                return encoded[s]
             split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
-            split = cut_long(split, lambda s: len(prefix) + len(self.protector.encode(
-                seen.setdefault(s, self.protector.prepare(s, keep)))) <= max_src,
-                lambda s: [(sp.start, sp.end) for sp in self.protector.find_spans(s, keep=keep)])
+            split = cut_long(split, lambda s: len(prefix) + len(ids_of(s)) <= max_src,
+                             lambda s: [(sp.start, sp.end) for sp in self.protector.find_spans(s, keep=keep)])
             self.metrics.split_fallbacks(split.fallbacks)
             split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s, keep)).needs_model)
             stored: dict[str, str] = {}
@@ -227,7 +232,7 @@ class Translator:
                     prepared.append(None)
                     continue
                 prepared.append(seen[sentence])   # translatable() prepared every piece it kept
-                ids = prefix + self.protector.encode(prepared[-1])
+                ids = prefix + ids_of(sentence)
                 if len(ids) > max_src:      # cut_long found no cut that fits
                     where = f"{field}[{i}]" if job.is_list else field
                     raise TooLarge(f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
