@@ -16,6 +16,8 @@ path), ``error_response`` (DeepL's error shape and statuses), ``DEEPL_PREFIX`` (
 """
 from __future__ import annotations
 
+import asyncio
+
 import dataclasses
 import json
 from typing import Awaitable, Callable, Iterable, Literal, Optional
@@ -208,7 +210,9 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         raise ServiceError(400, f"Value for 'target_lang' not supported: {shown(body.target_lang)}; target languages "
                                 f"here: {', '.join(c for t in sorted(targets) for c in deepl_codes(t, True))}",
                            "target_lang")
-    htmls = [HtmlText(t) for t in texts] if body.tag_handling else []
+    # parsed (and rebuilt below) in a worker thread: a large fragment must not hold up the event loop
+    htmls = await asyncio.to_thread(lambda: [HtmlText(t, "text", f"text[{i}]") for i, t in enumerate(texts)]) \
+        if body.tag_handling else []
     if body.source_lang is None or not body.source_lang.strip():
         plain = [" ".join(h.segments) for h in htmls] if htmls else texts
         detections = await autodetect.detect_texts(ctx.detector or LanguageDetector(), plain)
@@ -248,7 +252,7 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         for i in idx:
             if htmls:
                 n = len(htmls[i].segments)
-                out[i] = htmls[i].rebuild([t.text for t in result.translations[k:k + n]])
+                out[i] = await asyncio.to_thread(htmls[i].rebuild, [t.text for t in result.translations[k:k + n]])
                 k += n
             else:
                 out[i] = result.translations[k].text

@@ -1,6 +1,7 @@
 """LibreTranslate's ``format=html``: translate the text of an HTML fragment and keep its markup."""
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 from html import escape, unescape
@@ -8,11 +9,13 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Optional, Union
 
+from service.protocol import MAX_HTML_CHARS
 from service.translator.text import has_text
 
 from .errors import ServiceError
 
 MAX_INLINE_DEPTH = 100     # inline elements inside one another around a sentence (deeper: 413)
+_LOOKAHEAD = 100           # characters of the text after an empty element read to place it (its next word)
 
 # Elements that sit inside a sentence (HTML's phrasing content); text around them is one sentence.
 _INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small span strong sub sup time u".split())
@@ -148,18 +151,27 @@ class HtmlText:
     input; entities in the model's output (Multi30k's text has ``&amp;``) are decoded before escaping.
     """
 
-    def __init__(self, html: str):
+    def __init__(self, html: str, field: str = "q", where: Optional[str] = None,
+                 max_chars: Optional[int] = MAX_HTML_CHARS):
+        """Raises ServiceError 413 naming ``where`` (default ``field``: the request field) for a text of
+        more than ``max_chars`` characters, tags included (None: no cap; documents have their own
+        limits), or inline elements nested deeper than MAX_INLINE_DEPTH."""
+        where = where or field
+        if max_chars is not None and len(html) > max_chars:
+            raise ServiceError(413, f"{where}: at most {max_chars} characters of HTML per text (tags included), "
+                                    f"got {len(html)}", field)
         self._refs: dict[str, str] = {}     # character reference kept as written -> its sentinel
         parts = _parse(html, self._refs)
         self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])
+        ends = _run_ends(parts)
         i = 0
         while i < len(parts):
-            end = _run_end(parts, i)
+            end = ends[i]
             if end == i:
                 self.units.append(("markup", parts[i][1]))
                 i += 1
             else:
-                self.units.append(("run", _tree(parts[i:end])))
+                self.units.append(("run", _tree(parts[i:end], field, where)))
                 i = end
         self.segments: list[str] = []       # what to translate, in order, whitespace collapsed
         self._seg: dict[int, int] = {}       # id(node list or element) -> index of its segment
@@ -218,17 +230,48 @@ class HtmlText:
             out.append(n.start + self._render(n.children, whole, tr) + n.end)
         else:
             low, pos, done, total = whole.lower(), 0, 0, len(_text(nodes))
-            todo, prev = list(nodes[first:last + 1]), None
+            # what is left, the next node last (a stack: an element placed nowhere puts its children
+            # back on top), and per entry the nearest entry at or below it with text (-1: none), so
+            # that the text after a node is found without joining all that is left
+            todo: list[Node] = []
+            with_text: list[int] = []
+            texts: dict[int, str] = {}          # id(node) -> its text
+
+            def text_of(n: Node) -> str:
+                if id(n) not in texts:
+                    texts[id(n)] = n if isinstance(n, str) else _text(n.children)
+                return texts[id(n)]
+
+            def push(items: list[Node]) -> None:
+                for item in reversed(items):
+                    below = with_text[-1] if with_text else -1
+                    todo.append(item)
+                    with_text.append(len(todo) - 1 if text_of(item) else below)
+
+            def after() -> str:     # the start of the text after the current node: its first word or character
+                got, k = "", with_text[-1] if with_text else -1
+                while k >= 0 and (not got or re.fullmatch(r"\w+", got)) and len(got) < _LOOKAHEAD:
+                    got += text_of(todo[k])
+                    k = with_text[k - 1] if k > 0 else -1
+                return got
+
+            push(nodes[first:last + 1])
+            prev, words = None, None
             while todo:
-                n = todo.pop(0)
-                size = len(_text([n]))
+                n = todo.pop()
+                with_text.pop()
+                size = len(text_of(n))
                 done += size                                 # source characters up to the end of n
                 if isinstance(n, str):
                     prev = n
                     continue                                 # its words are in the gaps
                 if not _visible(n.children):
-                    at = pos if isinstance(prev, Element) and not _text(todo)[:1].strip() \
-                        else _empty_at(whole, pos, _text(todo), done / total)
+                    following = after()
+                    if isinstance(prev, Element) and not following[:1].strip():
+                        at = pos
+                    else:
+                        words = words or _WordBounds(whole)
+                        at = _empty_at(whole, pos, following, done / total, words)
                     out += [escape(whole[pos:at], quote=False), _raw([n])]
                     pos, prev = at, n
                     continue
@@ -236,7 +279,7 @@ class HtmlText:
                 span = span or _words_at(whole, pos, (done - size) / total, done / total)
                 if span is None:     # no words for it: its tags stay, empty, here; its children looked for here
                     out.append(n.start + n.end)
-                    todo[:0] = n.children
+                    push(n.children)
                     done -= size
                     continue
                 out += [escape(whole[pos:span[0]], quote=False),
@@ -247,25 +290,51 @@ class HtmlText:
         return "".join(out)
 
 
-def _run_end(parts: list[Part], i: int) -> int:
-    """Where the run of text and inline elements starting at ``parts[i]`` ends: the last point from
-    which every inline element opened in it is closed again (``i``: no run starts there)."""
-    open_tags: list[str] = []
-    end = i
-    for j in range(i, len(parts)):
-        kind, _, tag = parts[j]
+def _run_ends(parts: list[Part]) -> list[int]:
+    """For every i, where the run of text and inline elements starting at ``parts[i]`` ends: the last
+    point from which every inline element opened in it is closed again (``i``: no run starts there).
+
+    A run from i stops at the first part that is neither text, a comment, an inline start tag nor
+    the end tag of the innermost element it opened. One pass over the parts keeps the stack of open
+    inline elements (emptied at each such part for every run), each element's closing position, and
+    the depth after each part; a run from i then ends at the last part before its stop where the
+    depth is back to the depth before i (bisection in the positions of each depth). O(n log n) for
+    n parts: scanning from every i was O(n^2), minutes for 40,000 unclosed ``<i>``.
+    """
+    n = len(parts)
+    depth = [0] * n             # open inline elements after part j
+    before = [0] * n            # ... before part j
+    enclosing = [-1] * n        # the innermost element open before part j (its index), -1: none
+    close = [n] * n             # the end tag closing the element opened at j (n: none)
+    stop = [n] * n              # the next part that ends every run (other markup, a stray end tag)
+    stack: list[tuple[str, int]] = []
+    for j, (kind, _, tag) in enumerate(parts):
+        before[j] = len(stack)
+        enclosing[j] = stack[-1][1] if stack else -1
         if kind == "start" and tag in _INLINE_TAGS:
-            open_tags.append(tag)
-        elif kind == "end" and open_tags and open_tags[-1] == tag:
-            open_tags.pop()
+            stack.append((tag, j))
+        elif kind == "end" and stack and stack[-1][0] == tag:
+            close[stack.pop()[1]] = j
         elif kind not in ("text", "comment"):
-            break
-        if not open_tags:
-            end = j + 1
-    return end
+            stack.clear()
+            stop[j] = j
+        depth[j] = len(stack)
+    for j in range(n - 2, -1, -1):
+        stop[j] = min(stop[j], stop[j + 1])
+    at_depth: dict[int, list[int]] = {}     # depth -> the parts after which it is that, ascending
+    for j, d in enumerate(depth):
+        at_depth.setdefault(d, []).append(j)
+    ends = list(range(n))
+    for i in range(n):
+        limit = min(stop[i], close[enclosing[i]] if enclosing[i] >= 0 else n)
+        same = at_depth.get(before[i], [])
+        k = bisect.bisect_left(same, limit) - 1    # the last part before limit at the starting depth
+        if k >= 0 and same[k] >= i:
+            ends[i] = same[k] + 1
+    return ends
 
 
-def _tree(parts: list[Part]) -> list[Node]:
+def _tree(parts: list[Part], field: str = "q", where: str = "q") -> list[Node]:
     """The nodes of a run (balanced, see ``_run_end``): text as str, inline elements as Element.
     Raises ServiceError 413 for inline elements nested deeper than MAX_INLINE_DEPTH."""
     top: list[Node] = []
@@ -277,8 +346,8 @@ def _tree(parts: list[Part]) -> list[Node]:
             stack[-1].append(Element(raw, [], ""))
         elif kind == "start":
             if len(stack) > MAX_INLINE_DEPTH:
-                raise ServiceError(413, f"q: inline HTML elements nested more than {MAX_INLINE_DEPTH} levels "
-                                        f"deep around one sentence ({raw[:40]!r}...)", "q")
+                raise ServiceError(413, f"{where}: inline HTML elements nested more than {MAX_INLINE_DEPTH} levels "
+                                        f"deep around one sentence ({raw[:40]!r}...)", field)
             element = Element(raw, [], "")
             stack[-1].append(element)
             stack.append(element.children)
@@ -318,20 +387,35 @@ def _space_around(raw: str) -> tuple[str, str]:
     return "".join(pieces[:lead]), "".join(pieces[len(pieces) - trail:])
 
 
-def _empty_at(whole: str, pos: int, after: str, frac: float) -> int:
+class _WordBounds:
+    """Where the words of a text start and end (character offsets, ascending), for ``_empty_at``."""
+
+    def __init__(self, text: str):
+        n = len(text)
+        self.starts = [i for i in range(n) if text[i].isalnum() and (i == 0 or not text[i - 1].isalnum())]
+        self.ends = [i for i in range(1, n + 1) if text[i - 1].isalnum() and (i == n or not text[i].isalnum())]
+
+
+def _nearest(points: list[int], lo: int, target: float, default: int) -> int:
+    """The point of ``points`` (ascending) at or after ``lo`` nearest to ``target``, the first on a tie."""
+    first = bisect.bisect_left(points, lo)
+    k = max(first, bisect.bisect_left(points, target))
+    near = [points[j] for j in (k - 1, k) if first <= j < len(points)]
+    return min(near, key=lambda i: abs(i - target), default=default)
+
+
+def _empty_at(whole: str, pos: int, after: str, frac: float, words: _WordBounds) -> int:
     """Where an element without text goes in ``whole`` (at or after ``pos``): before the word that
-    follows it in the source (``after``, its text) where that word is there, else at the word start
-    (glued to the next word) or word end (else) nearest to ``frac`` of its length."""
+    follows it in the source (``after``, the start of its text) where that word is there, else at the
+    word start (glued to the next word) or word end (else) nearest to ``frac`` of its length
+    (``words``: whole's word bounds)."""
     word = re.match(r"\w+", after)
     if word:
         m = re.compile(rf"\b{re.escape(word.group())}\b", re.I).search(whole, pos)
         if m:
             return m.start()
-    glued, n = bool(after[:1].strip()), len(whole)
-    starts = [i for i in range(pos, n) if whole[i].isalnum() and (i == 0 or not whole[i - 1].isalnum())]
-    ends = [i for i in range(max(pos, 1), n + 1) if whole[i - 1].isalnum() and (i == n or not whole[i].isalnum())]
-    at = starts if glued else ends
-    return min(at, key=lambda i: abs(i - frac * len(whole)), default=pos)
+    glued = bool(after[:1].strip())
+    return _nearest(words.starts if glued else words.ends, pos if glued else max(pos, 1), frac * len(whole), pos)
 
 
 def _find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:

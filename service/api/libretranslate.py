@@ -9,6 +9,8 @@ with LibreTranslate's statuses (``errors.libre_error_response``).
 """
 from __future__ import annotations
 
+import asyncio
+
 import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
@@ -278,7 +280,9 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
     except ServiceError as e:
         return libre_error_response(e)
     try:
-        htmls = [HtmlText(t) for t in req.texts] if req.html else []
+        # parsed in a worker thread: a large fragment must not hold up the replica's event loop
+        htmls = await asyncio.to_thread(lambda: [HtmlText(t, "q", f"q[{i}]" if req.batch else "q")
+                                                  for i, t in enumerate(req.texts)]) if req.html else []
         if req.auto:
             autodetect.check_sizes(req.texts, "q", req.batch)
             plain = [" ".join(h.segments) for h in htmls] if req.html else req.texts
@@ -301,7 +305,10 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
     out: list[str] = list(req.texts)                  # a text passed through comes back as it was sent
     alts: list[list[str]] = [[] for _ in req.texts]
     for idx, result in zip(by_model.values(), results):
-        _answers(req, idx, htmls, result, out, alts)
+        if req.html:    # rebuilding a large fragment, like parsing it, in a worker thread
+            await asyncio.to_thread(_answers, req, idx, htmls, result, out, alts)
+        else:
+            _answers(req, idx, htmls, result, out, alts)
     body: dict[str, object] = {"translatedText": out if req.batch else out[0]}
     if req.auto:
         detected = [{"confidence": r.confidence, "language": r.language} for r in routed]
@@ -441,7 +448,7 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
     if autodetect.is_auto(source):
         target = match_language(target, targets | sources)
         if target not in targets and target not in sources:
-            raise ServiceError(400, f"{target} is not supported (target languages: {', '.join(sorted(targets))})",
+            raise ServiceError(400, f"{short_name(target)} is not supported (target languages: {', '.join(sorted(targets))})",
                                "target")
         return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target, keep)
     source, target = match_language(source, sources), match_language(target, targets | sources)
@@ -454,11 +461,12 @@ def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
     sources = {c.source_lang for c in cards}
     targets = {t for c in cards for t in c.targets}
     if source not in sources:
-        raise ServiceError(400, f"{source} is not supported (source languages: {', '.join(sorted(sources))})",
+        raise ServiceError(400, f"{short_name(source)} is not supported (source languages: {', '.join(sorted(sources))})",
                            "source")
     choices = sorted({t for c in cards if c.source_lang == source for t in c.targets})
     if target not in targets and target not in sources:
-        raise ServiceError(400, f"{target} is not supported (targets from {source}: {', '.join(choices)})", "target")
+        raise ServiceError(400, f"{short_name(target)} is not supported (targets from {source}: {', '.join(choices)})",
+                           "target")
     card = min((c for c in cards if c.source_lang == source and target in c.targets),
                key=lambda c: bool(c.target_languages), default=None)
     if card is None:
