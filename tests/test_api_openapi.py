@@ -96,6 +96,19 @@ def test_405_carries_allow(service_url):
                                 ("POST", "/healthz", "GET, HEAD")):
         r = httpx.request(method, service_url + path, timeout=30)
         assert r.status_code == 405 and r.headers["allow"] == allow, (path, r.status_code, r.headers)
+    # with a body of a media type the route does not read: still the method's 405, not a 415
+    for method, path in (("PUT", "/v1/translate"), ("PATCH", "/translate"), ("POST", "/v1/memory")):
+        r = httpx.request(method, service_url + path, data={"text": "Hallo"}, timeout=30)
+        assert r.status_code == 405 and method not in r.headers["allow"], (method, path, r.status_code, r.text)
+
+
+def test_the_body_routes_the_middleware_knows_are_the_app_routes_with_a_body():
+    """body.BODY_ROUTES (methods that take a body, per path the middleware decodes) equals the app's."""
+    from service.api.body import BODY_ROUTES, MEDIA_TYPES
+    from service.api.gateway import api
+    routes = {path: {m.upper() for m in ops} & {"POST", "PUT", "PATCH"}
+              for path, ops in api.openapi()["paths"].items() if path in MEDIA_TYPES}
+    assert routes == BODY_ROUTES
 
 
 def test_head_answers_every_get_route_like_get_without_a_body(service_url):

@@ -64,6 +64,9 @@ MEDIA_TYPES = {"/v1/translate": (JSON,), "/translate": (JSON, FORM, MULTIPART), 
                                                                         "application/x-tmx+xml", "application/xml",
                                                                         "text/xml")}
 JSON_KEY_PATHS = frozenset(MEDIA_TYPES)     # routes whose JSON bodies are checked for repeated keys
+# The methods that take a body on each path of MEDIA_TYPES; another method is left to the router (405).
+BODY_ROUTES = {"/v1/translate": {"POST"}, "/translate": {"POST"}, "/detect": {"POST"}, "/suggest": {"POST"},
+               "/v2/translate": {"POST"}, "/v1/memory": {"PUT"}}
 M = TypeVar("M", bound=BaseModel)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # The charsets honoured, as codecs.lookup() names them: character encodings only, never Python's
@@ -450,6 +453,8 @@ class BodyMiddleware:
         if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
             return await self.app(scope, receive, send)
         path = route_path(scope)
+        if scope["method"] not in BODY_ROUTES.get(path, _BODY_METHODS):    # a method the route has not: 405
+            return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
             length = int(headers.get("content-length") or 0)

@@ -49,7 +49,7 @@ from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .body import BodyMiddleware, HeadMiddleware
 from .document_store import DocumentSettings, DocumentStore
 from .errors import (LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, libre_error_response,
-                     mapped_errors, shown)
+                     mapped_errors, short_name, shown)
 from .guard import Guard, GuardMiddleware, GuardSettings
 from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
@@ -262,8 +262,8 @@ class Gateway:
             return self.routes[source_lang, target_lang].card
         field = "source_lang" if source_lang is not None and not any(
             c.source_lang == source_lang for c in self.cards.values()) else "target_lang"
-        raise ServiceError(404, f"{field}: no model for {source_lang or '*'}->{target_lang or '*'}; available "
-                                f"pairs: {self._pairs()}", field)
+        pair = f"{short_name(source_lang or '*')}->{short_name(target_lang or '*')}"
+        raise ServiceError(404, f"{field}: no model for {pair}; available pairs: {self._pairs()}", field)
 
     def _pairs(self) -> str:
         return ", ".join([f"{c.pair} ({c.id})" for c in self.cards.values()] +
