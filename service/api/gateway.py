@@ -43,41 +43,17 @@ from service.translator.memory import MemoryStore, memory_model
 
 from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, memory, openapi, pivot, sse, suggest
 from . import body as body_module
-from .cors import CorsMiddleware
-from .access_log import AccessLogMiddleware, flush_serve_log
+from .access_log import flush_serve_log
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
-from .body import BodyMiddleware, HeadMiddleware
 from .document_store import DocumentSettings, DocumentStore
-from .errors import (LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, libre_error_response,
-                     mapped_errors, shown)
-from .guard import Guard, GuardMiddleware, GuardSettings
+from .errors import RETRY_AFTER_S, ServiceError, libre_error_response, mapped_errors, shown
+from .guard import Guard, GuardSettings
+from .routes_common import LIBRE_ERRORS, NATIVE_ERRORS, RETRY_HEADERS, api, error_responses
 from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 
-# The OpenAPI responses of each route: every status it answers, with its body schema.
-_RETRY = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
-
-
-def _errors(model, statuses: dict[int, str]) -> dict:
-    """FastAPI ``responses`` for {status: description}, each with ``model`` as its body (503 with Retry-After)."""
-    return {status: {"model": model, "description": description, **({"headers": _RETRY} if status == 503 else {})}
-            for status, description in statuses.items()}
-
-
-NATIVE_ERRORS = _errors(ErrorResponse, {
-    404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language); '
-         "glossary_id names no stored glossary",
-    409: "glossary_id names a stored glossary of other languages than the model's",
-    401: "API keys are on and the request has no valid Authorization: Bearer key",
-    413: "a text, list, sentence or body over its limit (the message names it)",
-    415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
-    422: "invalid fields (wrong types, out of range, unknown), an undecodable body, or a multilingual model's "
-         "target_lang missing or unknown (the message names the choices)",
-    429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)",
-    503: "overloaded, queue full, or the model is loading",
-    504: "timeout_s (or the server's max_timeout_s) passed; the request's sentences were cancelled"})
-GLOSSARY_ERRORS = _errors(ErrorResponse, {
+GLOSSARY_ERRORS = error_responses(ErrorResponse, {
     401: "API keys are on and the request has no valid Authorization: Bearer key",
     403: "DELETE of a shared glossary (loaded from the server's glossary directory)",
     404: "no glossary of that name for this key (nor a shared one)",
@@ -86,15 +62,7 @@ GLOSSARY_ERRORS = _errors(ErrorResponse, {
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
     422: "invalid fields: a bad name, blank or over-long terms, conflicting entries (the message names them)",
     429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)"})
-LIBRE_ERRORS = _errors(libretranslate.LibreError, {
-    400: "invalid request: a field missing or invalid, an unsupported language pair (with source auto: a detected "
-         "language no model translates), a text over its limit",
-    413: "a body over MAX_BODY_BYTES (service/api/body.py)",
-    401: "API keys are on and neither Authorization: Bearer nor api_key holds a valid key",
-    415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
-    429: "over the rate limit of this key or client",
-    503: "overloaded or the model is loading",
-    504: "the server's max_timeout_s passed"})
+
 READY_SCHEMA = {"type": "object", "required": ["status", "models"], "properties": {
     "status": {"type": "string", "enum": ["ready", "loading"]},
     "models": {"type": "object", "additionalProperties": {"type": "string", "enum": ["ready", "loading"]}}}}
@@ -107,20 +75,6 @@ SSE_CONTENT = {"text/event-stream": {"schema": {   # one event (OpenAPI < 3.2: `
                             "description": 'token: {"index", "text", "token"}; response: TranslateResponse; '
                                            "error: ErrorResponse"}}}}}
 
-api = FastAPI(
-    title="Transformer MT service",
-    version="0.1.0",
-    description="Machine translation with the original Transformer, continuous batching on Ray Serve. "
-                "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
-    redirect_slashes=False,   # "/v1/translate/" is a 404 naming the path, not a redirect built from the Host header
-)
-api.add_middleware(HeadMiddleware)        # innermost: HEAD on every GET route, answered without a body
-api.add_middleware(BodyMiddleware)        # decodes bodies before the routes read them
-api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
-api.add_middleware(CorsMiddleware, get_origins=lambda: getattr(api.state, "cors_origins", None))   # preflights
-# answered before the guard (a browser sends them without the key); its headers reach every answer, errors too
-api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
-add_exception_handlers(api)
 body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
 
 
@@ -491,7 +445,7 @@ class Gateway:
 
     @api.get("/readyz", responses={200: {"content": {"application/json": {"schema": READY_SCHEMA}}},
                                    503: {"description": 'a model is still loading ("status": "loading")',
-                                         "headers": _RETRY,
+                                         "headers": RETRY_HEADERS,
                                          "content": {"application/json": {"schema": READY_SCHEMA}}}})
     async def readyz(self):
         """Readiness: 200 once every model is loaded and its engine runs, else 503 (within
@@ -515,7 +469,7 @@ class Gateway:
                             headers=None if ready else {"Retry-After": str(RETRY_AFTER_S)})
 
     @api.get("/metrics", response_class=PlainTextResponse,
-             responses={503: {"description": "no Ray metrics agent answered", "headers": _RETRY, "content": {
+             responses={503: {"description": "no Ray metrics agent answered", "headers": RETRY_HEADERS, "content": {
                  "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}})
     async def metrics(self):
         """Prometheus text format: every replica's series, from every node's Ray metrics agent."""
@@ -547,7 +501,7 @@ class Gateway:
         return JSONResponse([lang.model_dump(exclude_none=True) for lang in langs],
                             headers=libretranslate.ignored_fields_header(fields, ()))
 
-    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **_errors(
+    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **error_responses(
                   libretranslate.LibreError, {404: "glossary_id names no stored glossary, or source auto finds no model "
                                                    "for the text's language",
                                               409: "glossary_id names a glossary of other languages than the model's"})},
@@ -574,7 +528,7 @@ class Gateway:
         """LibreTranslate: the settings its web page reads (limits, keys, suggestions, files, default languages)."""
         return suggest.frontend_settings(list(self.cards.values()), self.guard.keys_on, self.memory is not None)
 
-    @api.post("/suggest", response_model=suggest.SuggestAnswer, responses={**LIBRE_ERRORS, **_errors(
+    @api.post("/suggest", response_model=suggest.SuggestAnswer, responses={**LIBRE_ERRORS, **error_responses(
                   libretranslate.LibreError, {403: "suggestions are off on this server (suggestions: false)"})},
               openapi_extra={"requestBody": libretranslate.openapi_request_body(suggest.SuggestBody)})
     async def libre_suggest(self, request: Request):
@@ -645,7 +599,7 @@ class Gateway:
                                           409: {"description": "glossary_id names a glossary of other languages"},
                                           413: {"description": "a text or the body over its limit"},
                                           429: {"description": "over the rate limit"},
-                                          503: {"description": "overloaded or loading", "headers": _RETRY}},
+                                          503: {"description": "overloaded or loading", "headers": RETRY_HEADERS}},
               openapi_extra={"requestBody": libretranslate.openapi_request_body(deepl.DeepLTranslateBody)})
     async def deepl_translate(self, request: Request):
         """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
@@ -690,7 +644,7 @@ class Gateway:
 
 
     # ---- documents (documents.py; DeepL's shapes: deepl_documents.py) ----
-    @api.post("/v1/documents", responses={200: documents.FILE_OR_EVENTS, **NATIVE_ERRORS, **_errors(ErrorResponse, {
+    @api.post("/v1/documents", responses={200: documents.FILE_OR_EVENTS, **NATIVE_ERRORS, **error_responses(ErrorResponse, {
         400: "the multipart form: no file part, a field given twice or unknown, unreadable"})},
               openapi_extra={"requestBody": documents.OPENAPI_NATIVE})
     async def translate_document(self, request: Request):
@@ -700,7 +654,7 @@ class Gateway:
         ``progress`` {"done", "total"} then ``document`` {"url", "filename", "bytes"}."""
         return await documents.native(self, request)
 
-    @api.post("/translate_file", response_model=documents.TranslatedFileUrl, responses={**LIBRE_ERRORS, **_errors(
+    @api.post("/translate_file", response_model=documents.TranslatedFileUrl, responses={**LIBRE_ERRORS, **error_responses(
                   libretranslate.LibreError, {404: "source auto: the document's language cannot be told, or no model "
                                                    "translates it"})},
               openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
@@ -709,7 +663,7 @@ class Gateway:
         ``{"translatedFileUrl": ...}`` (GET it while it is kept, with the same key when keys are on)."""
         return await documents.libre(self, request)
 
-    @api.get("/download_file/{name}", responses={200: documents.FILE, **_errors(ErrorResponse, {
+    @api.get("/download_file/{name}", responses={200: documents.FILE, **error_responses(ErrorResponse, {
         401: "API keys are on and the request has no valid key (Bearer or ?api_key=)",
         404: "no such file kept: unknown, expired, evicted, or uploaded with another key",
         429: "over the rate limit of this key or client"})})
