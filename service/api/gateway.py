@@ -41,19 +41,19 @@ from service.translator.langid import LanguageDetector
 
 from service.translator.memory import MemoryStore
 
-from . import (autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, openapi, pivot,
-               sse, suggest)
+from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, openapi, pivot, sse
 from . import body as body_module
 from .access_log import flush_serve_log
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .document_store import DocumentSettings, DocumentStore
-from .errors import RETRY_AFTER_S, ServiceError, libre_error_response, mapped_errors, shown
+from .errors import RETRY_AFTER_S, ServiceError, mapped_errors, shown
 from .guard import Guard, GuardSettings
 from .routes_common import LIBRE_ERRORS, NATIVE_ERRORS, RETRY_HEADERS, api, error_responses
 # The route groups register on ``api`` as these modules are imported, in this order (the OpenAPI
 # document lists them so), and before Gateway's own routes.
 from .routes_stores import StoreRoutes
-from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
+from .routes_libre import LibreRoutes
+from .schemas import ErrorResponse, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 
@@ -110,7 +110,7 @@ async def _rewrite_final(items, final):
 
 
 @serve.ingress(api)
-class Gateway(StoreRoutes):
+class Gateway(StoreRoutes, LibreRoutes):
     """The HTTP ingress in front of one translator per model.
 
     Args:
@@ -216,10 +216,6 @@ class Gateway(StoreRoutes):
     def _pairs(self) -> str:
         return ", ".join([f"{c.pair} ({c.id})" for c in self.cards.values()] +
                          [r.describe() for r in self.pivots.values()])
-
-    def _cards(self) -> list[ModelCard]:
-        """The served models' cards, then a card per pivot route (LibreTranslate picks among them)."""
-        return list(self.cards.values()) + [r.card for r in self.pivots.values()]
 
     async def _run(self, model: str, job) -> TranslateResponse:
         """``job`` on ``model``: a model's translator, or both legs of a pivot route (pivot.py)."""
@@ -457,57 +453,6 @@ class Gateway(StoreRoutes):
     async def explorer_file(self, name: str):
         """The explorer's script and style sheet; 404 for any other name."""
         return explorer.static_file(name)
-
-    # ---- LibreTranslate-compatible API ----
-    @api.get("/languages", response_model=list[LibreLanguage], response_model_exclude_none=True,
-             responses=LIBRE_ERRORS)
-    async def languages(self, request: Request):
-        """LibreTranslate: every language with the codes it translates into (those reached through
-        a pivot language too, named in ``via``). It reads no parameter: any sent is named in the
-        X-Ignored-Fields header."""
-        try:
-            fields = await body_module.read_fields(request, (), 400, single=())
-        except ServiceError as e:
-            return libre_error_response(e)
-        langs = libretranslate.languages(self.cards.values(), self.pivots.values())
-        return JSONResponse([lang.model_dump(exclude_none=True) for lang in langs],
-                            headers=libretranslate.ignored_fields_header(fields, ()))
-
-    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **error_responses(
-                  libretranslate.LibreError, {404: "glossary_id names no stored glossary, or source auto finds no model "
-                                                   "for the text's language",
-                                              409: "glossary_id names a glossary of other languages than the model's"})},
-              openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
-    async def libre_translate(self, request: Request):
-        """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
-        detected), ``target``, ``format`` (text|html), ``alternatives``, ``api_key`` as JSON,
-        form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus ``alternatives``
-        when asked, ``detectedLanguage`` with auto); errors ``{"error": message}``.
-        """
-        return await libretranslate.translate(request, self._cards(), self.limits, self._scoped(request),
-                                              self.detector, self.glossaries)
-
-    @api.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
-              openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})
-    async def libre_detect(self, request: Request):
-        """LibreTranslate: the language of ``q`` (a string; a list: each language's mean over the
-        texts) as ``[{"confidence": 0-100, "language": code}]``, best first; ``[{"confidence": 0.0,
-        "language": "und"}]`` for text without letters. ``q`` and ``api_key`` as JSON or a form."""
-        return await libretranslate.detect(request, self.detector)
-
-    @api.get("/frontend/settings", response_model=suggest.FrontendSettings)
-    async def frontend_settings(self):
-        """LibreTranslate: the settings its web page reads (limits, keys, suggestions, files, default languages)."""
-        return suggest.frontend_settings(list(self.cards.values()), self.guard.keys_on, self.memory is not None)
-
-    @api.post("/suggest", response_model=suggest.SuggestAnswer, responses={**LIBRE_ERRORS, **error_responses(
-                  libretranslate.LibreError, {403: "suggestions are off on this server (suggestions: false)"})},
-              openapi_extra={"requestBody": libretranslate.openapi_request_body(suggest.SuggestBody)})
-    async def libre_suggest(self, request: Request):
-        """LibreTranslate: store ``s`` as the translation of ``q`` (``source`` -> ``target``) in the
-        translation memory of that model (and of the caller's key): the next request holding ``q`` as
-        a text or a sentence gets ``s`` on every route. ``{"success": true}``."""
-        return await suggest.suggest(request, list(self.cards.values()), self.memory, self._scope(request) or "")
 
     # ---- DeepL-compatible API ----
     @api.post("/v2/translate", responses={200: {"description": '{"translations": [{"detected_source_language", '
