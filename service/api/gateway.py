@@ -41,7 +41,7 @@ from service.translator.langid import LanguageDetector
 
 from service.translator.memory import MemoryStore
 
-from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, openapi, pivot, sse
+from . import autodetect, deepl_documents, documents, explorer, glossaries, libretranslate, openapi, pivot, sse
 from . import body as body_module
 from .access_log import flush_serve_log
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
@@ -53,6 +53,7 @@ from .routes_common import LIBRE_ERRORS, NATIVE_ERRORS, RETRY_HEADERS, api, erro
 # document lists them so), and before Gateway's own routes.
 from .routes_stores import StoreRoutes
 from .routes_libre import LibreRoutes
+from .routes_deepl import DeepLRoutes
 from .schemas import ErrorResponse, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
@@ -110,7 +111,7 @@ async def _rewrite_final(items, final):
 
 
 @serve.ingress(api)
-class Gateway(StoreRoutes, LibreRoutes):
+class Gateway(StoreRoutes, LibreRoutes, DeepLRoutes):
     """The HTTP ingress in front of one translator per model.
 
     Args:
@@ -453,59 +454,6 @@ class Gateway(StoreRoutes, LibreRoutes):
     async def explorer_file(self, name: str):
         """The explorer's script and style sheet; 404 for any other name."""
         return explorer.static_file(name)
-
-    # ---- DeepL-compatible API ----
-    @api.post("/v2/translate", responses={200: {"description": '{"translations": [{"detected_source_language", '
-                                                               '"text", "billed_characters"}]}'},
-                                          400: {"description": 'invalid input: {"message": ...} naming the field'},
-                                          403: {"description": "no or a wrong DeepL-Auth-Key (keys on)"},
-                                          404: {"description": "glossary_id names no stored glossary"},
-                                          409: {"description": "glossary_id names a glossary of other languages"},
-                                          413: {"description": "a text or the body over its limit"},
-                                          429: {"description": "over the rate limit"},
-                                          503: {"description": "overloaded or loading", "headers": RETRY_HEADERS}},
-              openapi_extra={"requestBody": libretranslate.openapi_request_body(deepl.DeepLTranslateBody)})
-    async def deepl_translate(self, request: Request):
-        """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
-        ``tag_handling`` html|xml, ``split_sentences`` 0|1|nonewlines; answers ``{"translations": [...]}``."""
-        try:
-            fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400, single=deepl.SINGLE_FIELDS)
-        except ServiceError as e:
-            return deepl.error_response(e)
-        body = deepl.parse(fields)
-        scope = glossaries.scope_of(request)
-        ctx = deepl.Context(list(self.cards.values()), self.limits, lambda s, t: self.resolve(None, s, t),
-                            self._scoped(request), self.detector,
-                            glossary=lambda name, s, t: self.glossaries.resolve(scope, name, s, t))
-        translations, chars = await deepl.translate(body, ctx)
-        self._count_usage(request, chars)
-        return JSONResponse({"translations": translations}, headers=deepl.ignored(body, fields))
-
-    def _count_usage(self, request: Request, chars: int) -> None:
-        if self.memory is not None:
-            with mapped_errors("memory"):
-                self.memory.add_usage(self._scope(request) or "", chars)
-        else:
-            self._usage = getattr(self, "_usage", 0) + chars
-
-    @api.get("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
-    @api.post("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
-    async def deepl_languages(self, request: Request):
-        """DeepL: ``[{"language", "name"(, "supports_formality")}]`` for ``type`` source (default) or target."""
-        fields = await body_module.read_fields(request, (), 400)     # the query, or a form body (the client sends
-        kind = deepl.source_or_target(fields.get("type"))      # one with GET too)
-        return deepl.languages(self.cards.values(), kind)
-
-    @api.get("/v2/usage")
-    @api.post("/v2/usage")
-    async def deepl_usage(self, request: Request):
-        """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) sent to
-        /v2/translate; no limit (DeepL Pro's figure for none)."""
-        with mapped_errors("memory"):
-            chars = (self.memory.usage(self._scope(request) or "") if self.memory is not None
-                     else getattr(self, "_usage", 0))
-        return deepl.usage(chars)
-
 
     # ---- documents (documents.py; DeepL's shapes: deepl_documents.py) ----
     @api.post("/v1/documents", responses={200: documents.FILE_OR_EVENTS, **NATIVE_ERRORS, **error_responses(ErrorResponse, {
