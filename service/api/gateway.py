@@ -1,20 +1,30 @@
 """The HTTP ingress (FastAPI on Ray Serve): validates, resolves the model, checks its limits, sends
 a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Events.
 
+``Gateway`` (here) holds the native API and the service's own routes; it inherits each other route
+group from a mixin in its own module. All register on the one app, ``routes_common.api``.
+
+    gateway.py (Gateway)
     POST /v1/translate        native API (TranslateRequest -> TranslateResponse, or SSE)
     GET  /v1/models           served models, their languages, config, engine settings, test BLEU
     GET  /healthz, /readyz    liveness; readiness of every model
-    (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
     GET  /metrics             Prometheus text of the whole cluster (service/metrics.py)
-    POST /translate, GET /languages, POST /detect   LibreTranslate-compatible (libretranslate.py)
-    source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
-    a pair no model serves, but X -> target and source -> X do: two legs through X (pivot.py)
     GET  /, /explorer/{name}  the attention explorer page and its files (explorer.py)
+    routes_libre.py (LibreRoutes)
+    POST /translate, GET /languages, POST /detect   LibreTranslate-compatible (libretranslate.py)
+    GET  /frontend/settings, POST /suggest          LibreTranslate's other routes (suggest.py)
+    routes_stores.py (StoreRoutes)
+    GET|POST /v1/glossaries, GET|DELETE /v1/glossaries/{name}   stored glossaries (glossaries.py)
+    PUT|GET|DELETE /v1/memory  the translation memory: import, export, delete (memory.py)
+    routes_deepl.py (DeepLRoutes)
+    POST /v2/translate, GET|POST /v2/languages, /v2/usage  DeepL-compatible (deepl.py)
+    routes_documents.py (DocumentRoutes)
     POST /v1/documents, POST /translate_file, GET /download_file/{name}   documents (documents.py)
     POST /v2/document, /v2/document/{id}, /v2/document/{id}/result        DeepL's (deepl_documents.py)
-    GET  /frontend/settings, POST /suggest                LibreTranslate's other routes (suggest.py)
-    PUT|GET|DELETE /v1/memory  the translation memory: import, export, delete (memory.py)
-    POST /v2/translate, GET|POST /v2/languages, /v2/usage  DeepL-compatible (deepl.py)
+    every route
+    source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
+    a pair no model serves, but X -> target and source -> X do: two legs through X (pivot.py)
+    (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
     CORS: preflights answered and Access-Control-* headers on every route (cors.py)
 """
 # No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
@@ -41,20 +51,21 @@ from service.translator.langid import LanguageDetector
 
 from service.translator.memory import MemoryStore
 
-from . import autodetect, deepl_documents, documents, explorer, glossaries, libretranslate, openapi, pivot, sse
+from . import autodetect, explorer, glossaries, libretranslate, openapi, pivot, sse
 from . import body as body_module
 from .access_log import flush_serve_log
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .document_store import DocumentSettings, DocumentStore
 from .errors import RETRY_AFTER_S, ServiceError, mapped_errors, shown
 from .guard import Guard, GuardSettings
-from .routes_common import LIBRE_ERRORS, NATIVE_ERRORS, RETRY_HEADERS, api, error_responses
+from .routes_common import NATIVE_ERRORS, RETRY_HEADERS, api
 # The route groups register on ``api`` as these modules are imported, in this order (the OpenAPI
 # document lists them so), and before Gateway's own routes.
 from .routes_stores import StoreRoutes
 from .routes_libre import LibreRoutes
 from .routes_deepl import DeepLRoutes
-from .schemas import ErrorResponse, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
+from .routes_documents import DocumentRoutes
+from .schemas import ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 
@@ -111,8 +122,9 @@ async def _rewrite_final(items, final):
 
 
 @serve.ingress(api)
-class Gateway(StoreRoutes, LibreRoutes, DeepLRoutes):
-    """The HTTP ingress in front of one translator per model.
+class Gateway(StoreRoutes, LibreRoutes, DeepLRoutes, DocumentRoutes):
+    """The HTTP ingress in front of one translator per model; the route groups of its bases are
+    routes_stores.py, routes_libre.py, routes_deepl.py and routes_documents.py.
 
     Args:
         cards: the served models; the first is the default.
@@ -454,54 +466,3 @@ class Gateway(StoreRoutes, LibreRoutes, DeepLRoutes):
     async def explorer_file(self, name: str):
         """The explorer's script and style sheet; 404 for any other name."""
         return explorer.static_file(name)
-
-    # ---- documents (documents.py; DeepL's shapes: deepl_documents.py) ----
-    @api.post("/v1/documents", responses={200: documents.FILE_OR_EVENTS, **NATIVE_ERRORS, **error_responses(ErrorResponse, {
-        400: "the multipart form: no file part, a field given twice or unknown, unreadable"})},
-              openapi_extra={"requestBody": documents.OPENAPI_NATIVE})
-    async def translate_document(self, request: Request):
-        """Translate a document (multipart ``file``; ``source_lang`` (a code, auto or absent),
-        ``target_lang``, ``model``, ``stream``): .txt .html .md .srt .vtt .docx .pptx .odt, structure
-        and formatting kept (docs/documents.md). Answers the translated file; with ``stream=true``, SSE
-        ``progress`` {"done", "total"} then ``document`` {"url", "filename", "bytes"}."""
-        return await documents.native(self, request)
-
-    @api.post("/translate_file", response_model=documents.TranslatedFileUrl, responses={**LIBRE_ERRORS, **error_responses(
-                  libretranslate.LibreError, {404: "source auto: the document's language cannot be told, or no model "
-                                                   "translates it"})},
-              openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
-    async def libre_translate_file(self, request: Request):
-        """LibreTranslate: multipart ``file``, ``source`` (or auto), ``target``, ``api_key``; answers
-        ``{"translatedFileUrl": ...}`` (GET it while it is kept, with the same key when keys are on)."""
-        return await documents.libre(self, request)
-
-    @api.get("/download_file/{name}", responses={200: documents.FILE, **error_responses(ErrorResponse, {
-        401: "API keys are on and the request has no valid key (Bearer or ?api_key=)",
-        404: "no such file kept: unknown, expired, evicted, or uploaded with another key",
-        429: "over the rate limit of this key or client"})})
-    async def download_file(self, name: str, request: Request):
-        """A translated file from /translate_file or a streamed /v1/documents, while it is kept;
-        with keys on, only with the key that uploaded it (Bearer or ``?api_key=``)."""
-        return await documents.download(self, request, name)
-
-    @api.post("/v2/document", response_model=deepl_documents.DocumentHandle, operation_id="deepl_document_upload",
-              responses={200: {"links": deepl_documents.UPLOAD_LINKS}, **deepl_documents.ERRORS},
-              openapi_extra={"requestBody": deepl_documents.OPENAPI_UPLOAD})
-    async def deepl_document(self, request: Request):
-        """DeepL: upload a document to translate; answers ``{"document_id", "document_key"}``."""
-        return await deepl_documents.upload(self, request)
-
-    @api.post("/v2/document/{document_id}", response_model=deepl_documents.DocumentStatus,
-              operation_id="deepl_document_status",
-              responses={200: {"links": deepl_documents.STATUS_LINKS}, **deepl_documents.ERRORS},
-              openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
-    async def deepl_document_status(self, document_id: str, request: Request):
-        """DeepL: the status of a document translation (``document_key`` in the body)."""
-        return await deepl_documents.status(self, request, document_id)
-
-    @api.post("/v2/document/{document_id}/result", operation_id="deepl_document_result",
-              responses={200: documents.FILE, **deepl_documents.ERRORS},
-              openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
-    async def deepl_document_result(self, document_id: str, request: Request):
-        """DeepL: the translated document once its status is done (503 before)."""
-        return await deepl_documents.result(self, request, document_id)
