@@ -21,7 +21,7 @@ group from a mixin in its own module. All register on the one app, ``routes_comm
     routes_documents.py (DocumentRoutes)
     POST /v1/documents, POST /translate_file, GET /download_file/{name}   documents (documents.py)
     POST /v2/document, /v2/document/{id}, /v2/document/{id}/result        DeepL's (deepl_documents.py)
-    every route
+    across the groups
     source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
     a pair no model serves, but X -> target and source -> X do: two legs through X (pivot.py)
     (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
