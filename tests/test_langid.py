@@ -1,7 +1,7 @@
 """Language identification (service/translator/langid.py; its benchmark service/bench/langid.py),
-source "auto" and POST /detect (service/api/autodetect.py, libretranslate.py, gateway.py): the
-detector and the routing in-process without Ray, then the running service over HTTP (slow),
-LibreTranslate's own client among them."""
+source "auto" and POST /detect (service/api/autodetect.py, libretranslate.py, gateway.py,
+routes_libre.py): the detector and the routing in-process without Ray, then the running service
+over HTTP (slow), LibreTranslate's own client among them."""
 from __future__ import annotations
 
 import json

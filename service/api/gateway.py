@@ -1,20 +1,30 @@
 """The HTTP ingress (FastAPI on Ray Serve): validates, resolves the model, checks its limits, sends
 a ``TranslateJob`` to that model's translator and answers JSON or Server-Sent Events.
 
+``Gateway`` (here) holds the native API and the service's own routes; it inherits each other route
+group from a mixin in its own module. All register on the one app, ``routes_common.api``.
+
+    gateway.py (Gateway)
     POST /v1/translate        native API (TranslateRequest -> TranslateResponse, or SSE)
     GET  /v1/models           served models, their languages, config, engine settings, test BLEU
     GET  /healthz, /readyz    liveness; readiness of every model
-    (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
     GET  /metrics             Prometheus text of the whole cluster (service/metrics.py)
-    POST /translate, GET /languages, POST /detect   LibreTranslate-compatible (libretranslate.py)
-    source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
-    a pair no model serves, but X -> target and source -> X do: two legs through X (pivot.py)
     GET  /, /explorer/{name}  the attention explorer page and its files (explorer.py)
+    routes_libre.py (LibreRoutes)
+    POST /translate, GET /languages, POST /detect   LibreTranslate-compatible (libretranslate.py)
+    GET  /frontend/settings, POST /suggest          LibreTranslate's other routes (suggest.py)
+    routes_stores.py (StoreRoutes)
+    GET|POST /v1/glossaries, GET|DELETE /v1/glossaries/{name}   stored glossaries (glossaries.py)
+    PUT|GET|DELETE /v1/memory  the translation memory: import, export, delete (memory.py)
+    routes_deepl.py (DeepLRoutes)
+    POST /v2/translate, GET|POST /v2/languages, /v2/usage  DeepL-compatible (deepl.py)
+    routes_documents.py (DocumentRoutes)
     POST /v1/documents, POST /translate_file, GET /download_file/{name}   documents (documents.py)
     POST /v2/document, /v2/document/{id}, /v2/document/{id}/result        DeepL's (deepl_documents.py)
-    GET  /frontend/settings, POST /suggest                LibreTranslate's other routes (suggest.py)
-    PUT|GET|DELETE /v1/memory  the translation memory: import, export, delete (memory.py)
-    POST /v2/translate, GET|POST /v2/languages, /v2/usage  DeepL-compatible (deepl.py)
+    across the groups
+    source_lang / source "auto": each text's language detected, the text sent to its model (autodetect.py)
+    a pair no model serves, but X -> target and source -> X do: two legs through X (pivot.py)
+    (HEAD on every GET route: the same status and headers, no body; body.HeadMiddleware)
     CORS: preflights answered and Access-Control-* headers on every route (cors.py)
 """
 # No `from __future__ import annotations` here: Serve's ingress rebinds the route methods, and FastAPI
@@ -39,62 +49,26 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
-from service.translator.memory import MemoryStore, memory_model
+from service.translator.memory import MemoryStore
 
-from . import autodetect, deepl, deepl_documents, documents, explorer, glossaries, libretranslate, memory, openapi, pivot, sse, suggest
+from . import autodetect, explorer, glossaries, libretranslate, openapi, pivot, sse
 from . import body as body_module
-from .cors import CorsMiddleware
-from .access_log import AccessLogMiddleware, flush_serve_log
+from .access_log import flush_serve_log
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
-from .body import BodyMiddleware, HeadMiddleware
 from .document_store import DocumentSettings, DocumentStore
-from .errors import (LIBRE_PATHS, RETRY_AFTER_S, ServiceError, add_exception_handlers, libre_error_response,
-                     mapped_errors, short_name, shown)
-from .guard import Guard, GuardMiddleware, GuardSettings
-from .schemas import ErrorResponse, LibreLanguage, ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
+from .errors import RETRY_AFTER_S, ServiceError, mapped_errors, short_name, shown
+from .guard import Guard, GuardSettings
+from .routes_common import NATIVE_ERRORS, RETRY_HEADERS, api
+# The route groups register on ``api`` as these modules are imported, in this order (the OpenAPI
+# document lists them so), and before Gateway's own routes.
+from .routes_stores import StoreRoutes
+from .routes_libre import LibreRoutes
+from .routes_deepl import DeepLRoutes
+from .routes_documents import DocumentRoutes
+from .schemas import ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 
-# The OpenAPI responses of each route: every status it answers, with its body schema.
-_RETRY = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
-
-
-def _errors(model, statuses: dict[int, str]) -> dict:
-    """FastAPI ``responses`` for {status: description}, each with ``model`` as its body (503 with Retry-After)."""
-    return {status: {"model": model, "description": description, **({"headers": _RETRY} if status == 503 else {})}
-            for status, description in statuses.items()}
-
-
-NATIVE_ERRORS = _errors(ErrorResponse, {
-    404: 'unknown model, or no model for source_lang/target_lang (with source_lang "auto": for a detected language); '
-         "glossary_id names no stored glossary",
-    409: "glossary_id names a stored glossary of other languages than the model's",
-    401: "API keys are on and the request has no valid Authorization: Bearer key",
-    413: "a text, list, sentence or body over its limit (the message names it)",
-    415: "a Content-Type, charset or Content-Encoding other than the accepted ones (named in the message)",
-    422: "invalid fields (wrong types, out of range, unknown), an undecodable body, or a multilingual model's "
-         "target_lang missing or unknown (the message names the choices)",
-    429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)",
-    503: "overloaded, queue full, or the model is loading",
-    504: "timeout_s (or the server's max_timeout_s) passed; the request's sentences were cancelled"})
-GLOSSARY_ERRORS = _errors(ErrorResponse, {
-    401: "API keys are on and the request has no valid Authorization: Bearer key",
-    403: "DELETE of a shared glossary (loaded from the server's glossary directory)",
-    404: "no glossary of that name for this key (nor a shared one)",
-    409: "POST: a glossary of that name exists, or two of its entries give one source term different targets",
-    413: "POST: the key has MAX_GLOSSARIES glossaries already",
-    415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
-    422: "invalid fields: a bad name, blank or over-long terms, conflicting entries (the message names them)",
-    429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)"})
-LIBRE_ERRORS = _errors(libretranslate.LibreError, {
-    400: "invalid request: a field missing or invalid, an unsupported language pair (with source auto: a detected "
-         "language no model translates), a text over its limit",
-    413: "a body over MAX_BODY_BYTES (service/api/body.py)",
-    401: "API keys are on and neither Authorization: Bearer nor api_key holds a valid key",
-    415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
-    429: "over the rate limit of this key or client",
-    503: "overloaded or the model is loading",
-    504: "the server's max_timeout_s passed"})
 READY_SCHEMA = {"type": "object", "required": ["status", "models"], "properties": {
     "status": {"type": "string", "enum": ["ready", "loading"]},
     "models": {"type": "object", "additionalProperties": {"type": "string", "enum": ["ready", "loading"]}}}}
@@ -107,20 +81,6 @@ SSE_CONTENT = {"text/event-stream": {"schema": {   # one event (OpenAPI < 3.2: `
                             "description": 'token: {"index", "text", "token"}; response: TranslateResponse; '
                                            "error: ErrorResponse"}}}}}
 
-api = FastAPI(
-    title="Transformer MT service",
-    version="0.1.0",
-    description="Machine translation with the original Transformer, continuous batching on Ray Serve. "
-                "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
-    redirect_slashes=False,   # "/v1/translate/" is a 404 naming the path, not a redirect built from the Host header
-)
-api.add_middleware(HeadMiddleware)        # innermost: HEAD on every GET route, answered without a body
-api.add_middleware(BodyMiddleware)        # decodes bodies before the routes read them
-api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
-api.add_middleware(CorsMiddleware, get_origins=lambda: getattr(api.state, "cors_origins", None))   # preflights
-# answered before the guard (a browser sends them without the key); its headers reach every answer, errors too
-api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
-add_exception_handlers(api)
 body_module.ROUTE_MODELS["/v1/translate"] = TranslateRequest     # FastAPI parses it; the middleware names long integers
 
 
@@ -161,9 +121,9 @@ async def _rewrite_final(items, final):
             await aclose()
 
 
-@serve.ingress(api)
-class Gateway:
-    """The HTTP ingress in front of one translator per model.
+class Gateway(StoreRoutes, LibreRoutes, DeepLRoutes, DocumentRoutes):
+    """The HTTP ingress in front of one translator per model; the route groups of its bases are
+    routes_stores.py, routes_libre.py, routes_deepl.py and routes_documents.py.
 
     Args:
         cards: the served models; the first is the default.
@@ -268,10 +228,6 @@ class Gateway:
     def _pairs(self) -> str:
         return ", ".join([f"{c.pair} ({c.id})" for c in self.cards.values()] +
                          [r.describe() for r in self.pivots.values()])
-
-    def _cards(self) -> list[ModelCard]:
-        """The served models' cards, then a card per pivot route (LibreTranslate picks among them)."""
-        return list(self.cards.values()) + [r.card for r in self.pivots.values()]
 
     async def _run(self, model: str, job) -> TranslateResponse:
         """``job`` on ``model``: a model's translator, or both legs of a pivot route (pivot.py)."""
@@ -401,28 +357,6 @@ class Gateway:
         job.glossary, job.glossary_field = tuple(stored) + tuple(job.glossary), "glossary" if job.glossary else "glossary_id"
         return job
 
-    # ---- stored glossaries (glossaries.py) ----
-    @api.get("/v1/glossaries", response_model=glossaries.GlossaryList, responses=GLOSSARY_ERRORS)
-    async def list_glossaries(self, request: Request):
-        """The caller's stored glossaries (those of its API key) and the shared ones, without entries."""
-        return glossaries.GlossaryList(data=[g.info() for g in await self.glossaries.list(glossaries.scope_of(request))])
-
-    @api.post("/v1/glossaries", status_code=201, response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
-    async def create_glossary(self, body: glossaries.GlossaryCreate, request: Request):
-        """Store a glossary under a name for the caller's API key; 409 when the name is taken."""
-        return (await self.glossaries.create(glossaries.scope_of(request), body)).info()
-
-    @api.get("/v1/glossaries/{name}", response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
-    async def get_glossary(self, name: str, request: Request):
-        """One stored glossary with its entries."""
-        return (await self.glossaries.get(glossaries.scope_of(request), name, "name")).info(with_entries=True)
-
-    @api.delete("/v1/glossaries/{name}", status_code=204, responses=GLOSSARY_ERRORS)
-    async def delete_glossary(self, name: str, request: Request):
-        """Delete a glossary the caller created (204); 403 for a shared one from the directory."""
-        await self.glossaries.delete(glossaries.scope_of(request), name)
-        return Response(status_code=204)
-
     async def _stream(self, model: str, job, request: Request, final=None):
         """The SSE answer of ``job`` on ``model``; ``final`` rewrites the closing TranslateResponse.
         A pivot route streams its last leg: the first runs whole before the stream starts (its errors
@@ -491,7 +425,7 @@ class Gateway:
 
     @api.get("/readyz", responses={200: {"content": {"application/json": {"schema": READY_SCHEMA}}},
                                    503: {"description": 'a model is still loading ("status": "loading")',
-                                         "headers": _RETRY,
+                                         "headers": RETRY_HEADERS,
                                          "content": {"application/json": {"schema": READY_SCHEMA}}}})
     async def readyz(self):
         """Readiness: 200 once every model is loaded and its engine runs, else 503 (within
@@ -515,7 +449,7 @@ class Gateway:
                             headers=None if ready else {"Retry-After": str(RETRY_AFTER_S)})
 
     @api.get("/metrics", response_class=PlainTextResponse,
-             responses={503: {"description": "no Ray metrics agent answered", "headers": _RETRY, "content": {
+             responses={503: {"description": "no Ray metrics agent answered", "headers": RETRY_HEADERS, "content": {
                  "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}})
     async def metrics(self):
         """Prometheus text format: every replica's series, from every node's Ray metrics agent."""
@@ -532,210 +466,9 @@ class Gateway:
         """The explorer's script and style sheet; 404 for any other name."""
         return explorer.static_file(name)
 
-    # ---- LibreTranslate-compatible API ----
-    @api.get("/languages", response_model=list[LibreLanguage], response_model_exclude_none=True,
-             responses=LIBRE_ERRORS)
-    async def languages(self, request: Request):
-        """LibreTranslate: every language with the codes it translates into (those reached through
-        a pivot language too, named in ``via``). It reads no parameter: any sent is named in the
-        X-Ignored-Fields header."""
-        try:
-            fields = await body_module.read_fields(request, (), 400, single=())
-        except ServiceError as e:
-            return libre_error_response(e)
-        langs = libretranslate.languages(self.cards.values(), self.pivots.values())
-        return JSONResponse([lang.model_dump(exclude_none=True) for lang in langs],
-                            headers=libretranslate.ignored_fields_header(fields, ()))
 
-    @api.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={**LIBRE_ERRORS, **_errors(
-                  libretranslate.LibreError, {404: "glossary_id names no stored glossary, or source auto finds no model "
-                                                   "for the text's language",
-                                              409: "glossary_id names a glossary of other languages than the model's"})},
-              openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
-    async def libre_translate(self, request: Request):
-        """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
-        detected), ``target``, ``format`` (text|html), ``alternatives``, ``api_key`` as JSON,
-        form-urlencoded or multipart form. Answers ``{"translatedText": ...}`` (plus ``alternatives``
-        when asked, ``detectedLanguage`` with auto); errors ``{"error": message}``.
-        """
-        return await libretranslate.translate(request, self._cards(), self.limits, self._scoped(request),
-                                              self.detector, self.glossaries)
-
-    @api.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
-              openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})
-    async def libre_detect(self, request: Request):
-        """LibreTranslate: the language of ``q`` (a string; a list: each language's mean over the
-        texts) as ``[{"confidence": 0-100, "language": code}]``, best first; ``[{"confidence": 0.0,
-        "language": "und"}]`` for text without letters. ``q`` and ``api_key`` as JSON or a form."""
-        return await libretranslate.detect(request, self.detector)
-
-    @api.get("/frontend/settings", response_model=suggest.FrontendSettings)
-    async def frontend_settings(self):
-        """LibreTranslate: the settings its web page reads (limits, keys, suggestions, files, default languages)."""
-        return suggest.frontend_settings(list(self.cards.values()), self.guard.keys_on, self.memory is not None)
-
-    @api.post("/suggest", response_model=suggest.SuggestAnswer, responses={**LIBRE_ERRORS, **_errors(
-                  libretranslate.LibreError, {403: "suggestions are off on this server (suggestions: false)"})},
-              openapi_extra={"requestBody": libretranslate.openapi_request_body(suggest.SuggestBody)})
-    async def libre_suggest(self, request: Request):
-        """LibreTranslate: store ``s`` as the translation of ``q`` (``source`` -> ``target``) in the
-        translation memory of that model (and of the caller's key): the next request holding ``q`` as
-        a text or a sentence gets ``s`` on every route. ``{"success": true}``."""
-        return await suggest.suggest(request, list(self.cards.values()), self.memory, self._scope(request) or "")
-
-    # ---- translation memory ----
-    def _memory_target(self, request: Request) -> tuple[ModelCard, str, str]:
-        """(card, the store's model key, the memory scope) of a /v1/memory request (query: model, or
-        source_lang and target_lang, as /v1/translate picks it; none: the default model). Raises
-        ServiceError 403 (memory off), 404, 422."""
-        if self.memory is None:
-            raise ServiceError(403, "memory: the translation memory is off on this server (suggestions: false)")
-        q = request.query_params
-        known = {"model", "source_lang", "target_lang", "format", "source"}
-        unknown = [k for k in q.keys() if k not in known]
-        if unknown:
-            raise ServiceError(422, f"query parameter {shown(unknown[0])}: /v1/memory takes model, source_lang, "
-                                    "target_lang (and format on GET, source on DELETE)", unknown[0])
-        card = self.resolve(q.get("model"), q.get("source_lang"), q.get("target_lang"))
-        target = match_language(q.get("target_lang"), self._targets) if card.target_languages else None
-        return card, memory_model(card.id, target), self._scope(request) or ""
-
-    @api.put("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS, openapi_extra={
-        "requestBody": {"required": True, "content": {
-            "application/json": {"schema": memory.MemoryImport.model_json_schema()},
-            memory.TSV: {"schema": {"type": "string", "description": "source TAB target per line"}},
-            memory.TMX: {"schema": {"type": "string", "description": "TMX 1.4"}}}}})
-    async def memory_put(self, request: Request):
-        """Import entries (TSV, TMX or JSON) into the memory of a model (and the caller's key): each
-        source's stored translation is used for it on every route from the next request on."""
-        card, key, scope = self._memory_target(request)
-        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        target = key.split(">>")[1] if ">>" in key else card.target_lang
-        pairs = memory.read_import(await request.body(), media, card.source_lang, target)
-        with mapped_errors("memory"):     # a file that cannot be written: 503 naming it
-            memory.check_entries(pairs, self.memory.count(key, scope))
-            return memory.MemoryAnswer(model=card.id, stored=self.memory.put(key, scope, pairs, origin="import"))
-
-    @api.get("/v1/memory", responses={200: {"content": {"application/json": {"schema": memory.MemoryAnswer.model_json_schema()},
-                                                        memory.TSV: {}, memory.TMX: {}}}, **NATIVE_ERRORS})
-    async def memory_get(self, request: Request):
-        """Export the memory of a model (and the caller's key): ``format`` json (default), tsv or tmx."""
-        card, key, scope = self._memory_target(request)
-        target = key.split(">>")[1] if ">>" in key else card.target_lang
-        with mapped_errors("memory"):
-            body, media = memory.export(self.memory, key, scope, request.query_params.get("format", "json"),
-                                        card.source_lang, target)
-        return Response(body, media_type=media)
-
-    @api.delete("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS)
-    async def memory_delete(self, request: Request):
-        """Delete the memory of a model (and the caller's key), or with ``source`` that one entry."""
-        card, key, scope = self._memory_target(request)
-        source = request.query_params.get("source")
-        with mapped_errors("memory"):
-            return memory.MemoryAnswer(model=card.id, deleted=self.memory.delete(key, scope, None if source is None
-                                                                               else [source]))
-
-    # ---- DeepL-compatible API ----
-    @api.post("/v2/translate", responses={200: {"description": '{"translations": [{"detected_source_language", '
-                                                               '"text", "billed_characters"}]}'},
-                                          400: {"description": 'invalid input: {"message": ...} naming the field'},
-                                          403: {"description": "no or a wrong DeepL-Auth-Key (keys on)"},
-                                          404: {"description": "glossary_id names no stored glossary"},
-                                          409: {"description": "glossary_id names a glossary of other languages"},
-                                          413: {"description": "a text or the body over its limit"},
-                                          429: {"description": "over the rate limit"},
-                                          503: {"description": "overloaded or loading", "headers": _RETRY}},
-              openapi_extra={"requestBody": libretranslate.openapi_request_body(deepl.DeepLTranslateBody)})
-    async def deepl_translate(self, request: Request):
-        """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
-        ``tag_handling`` html|xml, ``split_sentences`` 0|1|nonewlines; answers ``{"translations": [...]}``."""
-        try:
-            fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400, single=deepl.SINGLE_FIELDS)
-        except ServiceError as e:
-            return deepl.error_response(e)
-        body = deepl.parse(fields)
-        scope = glossaries.scope_of(request)
-        ctx = deepl.Context(list(self.cards.values()), self.limits, lambda s, t: self.resolve(None, s, t),
-                            self._scoped(request), self.detector,
-                            glossary=lambda name, s, t: self.glossaries.resolve(scope, name, s, t))
-        translations, chars = await deepl.translate(body, ctx)
-        self._count_usage(request, chars)
-        return JSONResponse({"translations": translations}, headers=deepl.ignored(body, fields))
-
-    def _count_usage(self, request: Request, chars: int) -> None:
-        if self.memory is not None:
-            with mapped_errors("memory"):
-                self.memory.add_usage(self._scope(request) or "", chars)
-        else:
-            self._usage = getattr(self, "_usage", 0) + chars
-
-    @api.get("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
-    @api.post("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
-    async def deepl_languages(self, request: Request):
-        """DeepL: ``[{"language", "name"(, "supports_formality")}]`` for ``type`` source (default) or target."""
-        fields = await body_module.read_fields(request, (), 400)     # the query, or a form body (the client sends
-        kind = deepl.source_or_target(fields.get("type"))      # one with GET too)
-        return deepl.languages(self.cards.values(), kind)
-
-    @api.get("/v2/usage")
-    @api.post("/v2/usage")
-    async def deepl_usage(self, request: Request):
-        """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) sent to
-        /v2/translate; no limit (DeepL Pro's figure for none)."""
-        with mapped_errors("memory"):
-            chars = (self.memory.usage(self._scope(request) or "") if self.memory is not None
-                     else getattr(self, "_usage", 0))
-        return deepl.usage(chars)
-
-
-    # ---- documents (documents.py; DeepL's shapes: deepl_documents.py) ----
-    @api.post("/v1/documents", responses={200: documents.FILE_OR_EVENTS, **NATIVE_ERRORS, **_errors(ErrorResponse, {
-        400: "the multipart form: no file part, a field given twice or unknown, unreadable"})},
-              openapi_extra={"requestBody": documents.OPENAPI_NATIVE})
-    async def translate_document(self, request: Request):
-        """Translate a document (multipart ``file``; ``source_lang`` (a code, auto or absent),
-        ``target_lang``, ``model``, ``stream``): .txt .html .md .srt .vtt .docx .pptx .odt, structure
-        and formatting kept (docs/documents.md). Answers the translated file; with ``stream=true``, SSE
-        ``progress`` {"done", "total"} then ``document`` {"url", "filename", "bytes"}."""
-        return await documents.native(self, request)
-
-    @api.post("/translate_file", response_model=documents.TranslatedFileUrl, responses={**LIBRE_ERRORS, **_errors(
-                  libretranslate.LibreError, {404: "source auto: the document's language cannot be told, or no model "
-                                                   "translates it"})},
-              openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
-    async def libre_translate_file(self, request: Request):
-        """LibreTranslate: multipart ``file``, ``source`` (or auto), ``target``, ``api_key``; answers
-        ``{"translatedFileUrl": ...}`` (GET it while it is kept, with the same key when keys are on)."""
-        return await documents.libre(self, request)
-
-    @api.get("/download_file/{name}", responses={200: documents.FILE, **_errors(ErrorResponse, {
-        401: "API keys are on and the request has no valid key (Bearer or ?api_key=)",
-        404: "no such file kept: unknown, expired, evicted, or uploaded with another key",
-        429: "over the rate limit of this key or client"})})
-    async def download_file(self, name: str, request: Request):
-        """A translated file from /translate_file or a streamed /v1/documents, while it is kept;
-        with keys on, only with the key that uploaded it (Bearer or ``?api_key=``)."""
-        return await documents.download(self, request, name)
-
-    @api.post("/v2/document", response_model=deepl_documents.DocumentHandle, operation_id="deepl_document_upload",
-              responses={200: {"links": deepl_documents.UPLOAD_LINKS}, **deepl_documents.ERRORS},
-              openapi_extra={"requestBody": deepl_documents.OPENAPI_UPLOAD})
-    async def deepl_document(self, request: Request):
-        """DeepL: upload a document to translate; answers ``{"document_id", "document_key"}``."""
-        return await deepl_documents.upload(self, request)
-
-    @api.post("/v2/document/{document_id}", response_model=deepl_documents.DocumentStatus,
-              operation_id="deepl_document_status",
-              responses={200: {"links": deepl_documents.STATUS_LINKS}, **deepl_documents.ERRORS},
-              openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
-    async def deepl_document_status(self, document_id: str, request: Request):
-        """DeepL: the status of a document translation (``document_key`` in the body)."""
-        return await deepl_documents.status(self, request, document_id)
-
-    @api.post("/v2/document/{document_id}/result", operation_id="deepl_document_result",
-              responses={200: documents.FILE, **deepl_documents.ERRORS},
-              openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
-    async def deepl_document_result(self, document_id: str, request: Request):
-        """DeepL: the translated document once its status is done (503 before)."""
-        return await deepl_documents.result(self, request, document_id)
+# The native API first in the OpenAPI document (and Swagger UI), then the route groups as imported
+# above: the bases' routes registered before this class's (no two routes share a path pattern, so
+# the order decides nothing else).
+api.router.routes.sort(key=lambda r: not getattr(getattr(r, "endpoint", None), "__qualname__", "").startswith("Gateway."))
+Gateway = serve.ingress(api)(Gateway)
