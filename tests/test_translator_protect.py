@@ -680,3 +680,13 @@ def test_keep_is_the_requests_own(translate):
         return await asyncio.gather(*(t.translate(j) for j in jobs))
     kept, plain = (r.translations[0].text for r in loop.run_until_complete(both()))
     assert kept.count("Hund") == 1 and "Hund" not in plain and "dog" in plain, (kept, plain)
+
+
+@pytest.mark.parametrize("escape", ["\x1b[31m", "\x1b[0m", "\x1b[1;4;38;5;208m", "\x1b]0;title\x07", "\x1bM"])
+def test_a_terminal_escape_sequence_is_one_span_and_its_final_letter_joins_no_word(protector, translate, escape):
+    sentence = f"Ein {escape}Hund rennt."
+    spans = protector.find_spans(sentence)
+    assert [sentence[s.start:s.end] for s in spans] == [escape] and spans[0].kind == "escape"
+    plain, colored = translate(["Ein Hund rennt.", f"{escape}Ein Hund rennt.\x1b[0m"])
+    assert colored.text == f"{escape}{plain.text}\x1b[0m", colored.text
+    assert colored.source_tokens == plain.source_tokens

@@ -279,3 +279,14 @@ def test_cut_long_on_random_texts_keeps_the_text_and_fits():
         assert all(len(p) <= window and p for p in cut.pieces)
         assert len(cut.pieces) >= len(s.pieces)
         assert cut.fallbacks.count("too_long") == sum(len(p) > window for p in s.pieces)
+
+
+def test_terminal_escape_sequences_at_a_sentences_edges_are_glue_whole():
+    from service.translator.text import has_text, split_text, trim
+    for text, pieces in (("\x1b[1;31mEin Hund rennt.\x1b[0m", ["Ein Hund rennt."]),
+                         ("\x1b]0;Titel\x07Ein Hund rennt. Zwei Katzen schlafen.\x1bM",
+                          ["Ein Hund rennt.", "Zwei Katzen schlafen."])):
+        split = split_text(text, "de")
+        assert split.pieces == pieces and split.join(split.pieces) == text, split
+    assert trim("\x1b[31m\u200b Hund \x1b[0m\x07") == "Hund" and not has_text("\x1b[0m \x1b[31m")
+    assert trim("\x1b[31") == "[31" and trim("Hund\x1b[") == "Hund\x1b["     # unfinished: not a sequence

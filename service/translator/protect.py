@@ -5,7 +5,7 @@ edges they stay in the glue, see ``text.is_glue``) are left out of the model's i
 back: they mark places in the source words (a hyphenation point, a word break) that the translation
 does not have; inside a protected span they stay, verbatim with it (an emoji's joiners).
 A sentence's spans the model cannot know (``find_spans``: URLs, e-mail addresses, numbers with
-their separators and units, code-like tokens, HTML entities, runs of characters outside the model's
+their separators and units, code-like tokens, HTML entities, terminal escape sequences, runs of characters outside the model's
 alphabet such as emoji, U+FFFD or private-use characters), and the occurrences of do-not-translate
 terms (``Terms``: a request's ``keep`` and the server's stored list), are kept out of its input.
 Spans are found on the sentence as sent, in any case ("HTTPS://EXAMPLE.COM" is a URL), before
@@ -43,7 +43,7 @@ import torch
 from service.protocol import MAX_KEEP_CHARS
 
 from .align import mean_attention, word_attention, words
-from .text import Split, is_glue
+from .text import ESCAPE, Split, is_glue
 from .truecase import Truecaser, apply_style
 
 # The placeholder candidates of each kind, best first, one vocabulary piece each (a candidate that is
@@ -74,9 +74,10 @@ _NUMBER = r"(?<![\w.,])[+-]?\d+(?:[.,:/'-]\d+)*(?:%|[A-Za-z]{1,3}\b)?"
 _CODE = (r"\b(?:\w*[A-Za-z0-9]_\w+|[a-z]+[A-Z]\w*)\b(?:\(\))?|(?<!\w)(?:~|\.{1,2})?/[\w.-]+(?:/[\w.-]*)+"
          r"|\b[A-Za-z]:\\[\w\\.-]+|\b\w+(?:\.\w+)+\(\)")
 _ENTITY = r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]{1,31});"    # "&nbsp;", "&#0;", "&unknown;"
+
 # A unit glued to a number's symbol ("25°C", "30 °F", "5 €/kg"): letters after the symbol.
 _UNIT = re.compile(r"/?[^\W\d_]{1,3}(?!\w)")
-SPAN_PATTERNS = {"url": _URL, "email": _EMAIL, "code": _CODE, "entity": _ENTITY, "number": _NUMBER}
+SPAN_PATTERNS = {"escape": ESCAPE, "url": _URL, "email": _EMAIL, "code": _CODE, "entity": _ENTITY, "number": _NUMBER}
 _TRAILING = ".,;:!?)]}\"'»”’"   # taken off the end of a URL unless the URL opened the bracket
 _FINAL = ".!?…:;\"'»”’)]"       # what ends a sentence before a trailing span
 
@@ -85,7 +86,7 @@ _FINAL = ".!?…:;\"'»”’)]"       # what ends a sentence before a trailing 
 class Span:
     start: int    # character offsets in the sentence
     end: int
-    kind: str     # url, email, code, entity, number, symbol, word (with a letter the model lacks), keep (a term)
+    kind: str     # escape, url, email, code, entity, number, symbol, word (with a letter the model lacks), keep (a term)
 
     def merge(self, other: "Span") -> "Span":
         return Span(self.start, max(self.end, other.end), self.kind if self.kind == other.kind else "mixed")
