@@ -169,3 +169,13 @@ def test_an_unknown_deepl_path_is_a_404_in_deepls_shape():
     assert r.status_code == 405 and r.headers["allow"] == "POST", r.text
     r = client.post("/v2/translate")
     assert r.status_code == 400 and r.json() == {"message": "target_lang: no model for de->ja"}, r.text
+
+
+def test_a_message_that_names_the_value_does_not_repeat_it():
+    from service.api.errors import format_validation_error
+    err = {"type": "value_error", "loc": ("body", "source_lang"), "input": "",
+           "msg": "Value error, must be a language code, got ''"}
+    field, message = format_validation_error(err)
+    assert field == "source_lang" and message.count("got ''") == 1, message
+    err = {"type": "greater_than_equal", "loc": ("body", "beam_size"), "input": 0, "msg": "Input should be >= 1"}
+    assert format_validation_error(err) == ("beam_size", "beam_size: Input should be >= 1 (got 0)")

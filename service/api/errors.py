@@ -196,7 +196,7 @@ def format_validation_error(err: dict) -> tuple[str, str]:
         field = named.group(1) if named else "body"
     if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):
         got = repr(err["input"])
-        if len(got) <= 40:
+        if len(got) <= 40 and f"got {got}" not in msg:     # a message that names the value already: once
             msg += f" (got {got})"
     return field, f"{field}: {msg}" if field and not msg.startswith(field) else msg
 
