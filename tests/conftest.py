@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -362,15 +363,25 @@ def translate(url: str, text, **fields) -> dict:
 
 
 # ---- helpers for tests that read the Prometheus text of GET /metrics ----------------------------------
+@functools.lru_cache(maxsize=8)
+def _family_samples(text: str, family: str) -> tuple:
+    """The samples of the metric families in ``text`` whose names start with ``family``, parsed once per
+    scrape and prefix: after a run of every route the cluster's text is megabytes of Ray's own series,
+    a second to parse whole, and the tests ask it several questions per poll."""
+    from prometheus_client.parser import text_string_to_metric_families
+    lines = [line for line in text.splitlines()
+             if line.startswith(family) or line.startswith(("# HELP " + family, "# TYPE " + family))]
+    return tuple(sample for fam in text_string_to_metric_families("\n".join(lines) + "\n") for sample in fam.samples)
+
+
+def metric_samples(text: str, name: str) -> list:
+    """The samples of series `name` in a scrape (prometheus_client's Sample: name, labels, value)."""
+    return [s for s in _family_samples(text, "_".join(name.split("_")[:2]) + "_") if s.name == name]
+
+
 def metric_sum(text: str, name: str, **labels: str) -> float:
     """Sum of the samples of series `name` whose labels include `labels` (0 when none)."""
-    from prometheus_client.parser import text_string_to_metric_families
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return sum(s.value for s in metric_samples(text, name) if all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def scrape(url: str) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import SECOND_MODEL, is_ready, sse_events, wait_for_metric
+from conftest import SECOND_MODEL, is_ready, metric_samples, sse_events, wait_for_metric
 from service.loadtest.soak import SoakConfig, kill_replica, replica_actors, replica_rss, run_soak, send_one
 
 APP, PREFIX, MODEL = "hard", "/hard", "tiny"
@@ -137,14 +137,11 @@ def test_replica_killed_under_load_no_request_fails(hard):
 
 def retry_series(text: str) -> dict[tuple[str, str], float]:
     """ray_mt_replica_retries_total of this app's model: (call, outcome) -> value."""
-    from prometheus_client.parser import text_string_to_metric_families
     out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sm in family.samples:
-            if sm.name == "ray_mt_replica_retries_total" and sm.labels.get("model") == MODEL \
-                    and sm.labels.get("application") == APP:
-                key = (sm.labels["call"], sm.labels["outcome"])
-                out[key] = out.get(key, 0.0) + sm.value
+    for sm in metric_samples(text, "ray_mt_replica_retries_total"):
+        if sm.labels.get("model") == MODEL and sm.labels.get("application") == APP:
+            key = (sm.labels["call"], sm.labels["outcome"])
+            out[key] = out.get(key, 0.0) + sm.value
     return out
 
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from conftest import DATA, IN_INGRESS, SECOND_ENGINE, SECOND_MODEL, metric_sum, scrape, wait_for_metric
+from conftest import DATA, IN_INGRESS, SECOND_ENGINE, SECOND_MODEL, metric_samples, metric_sum, scrape, wait_for_metric
 from model.tokenizer import read_lines
 from service.metrics import exported_names
 
@@ -198,9 +198,7 @@ def test_metrics_doc_lists_exactly_the_exported_metric_names():
 
 def replica_values(text: str, name: str, model: str) -> list[float]:
     """The value of every series of gauge `name` for `model` (one per replica)."""
-    from prometheus_client.parser import text_string_to_metric_families
-    return [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name == name and sample.labels.get("model") == model]
+    return [sample.value for sample in metric_samples(text, name) if sample.labels.get("model") == model]
 
 
 @pytest.mark.slow
