@@ -30,7 +30,9 @@ TEXT = {lang: read_lines(DATA / f"test_2016_flickr.{lang}.gz")[:N] for lang in (
 def client():
     from service.app import shipped_models
     cards = [model_card(m.name, m.checkpoint) for m in shipped_models()]
-    with gateway_client(cards) as c:
+    # the compiled kernels and room for 16 beam-4 sentences, as a replica has (the eager int8 path with
+    # 8 slots took a minute here)
+    with gateway_client(cards, engine={"max_num_seqs": 64, "cpu_kernels": True}) as c:
         yield c
 
 
