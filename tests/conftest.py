@@ -364,7 +364,7 @@ def translate(url: str, text, **fields) -> dict:
 
 # ---- helpers for tests that read the Prometheus text of GET /metrics ----------------------------------
 @functools.lru_cache(maxsize=8)
-def _family_samples(text: str, family: str) -> tuple:
+def family_samples(text: str, family: str) -> tuple:
     """The samples of the metric families in ``text`` whose names start with ``family``, parsed once per
     scrape and prefix: after a run of every route the cluster's text is megabytes of Ray's own series,
     a second to parse whole, and the tests ask it several questions per poll."""
@@ -376,7 +376,7 @@ def _family_samples(text: str, family: str) -> tuple:
 
 def metric_samples(text: str, name: str) -> list:
     """The samples of series `name` in a scrape (prometheus_client's Sample: name, labels, value)."""
-    return [s for s in _family_samples(text, "_".join(name.split("_")[:2]) + "_") if s.name == name]
+    return [s for s in family_samples(text, "_".join(name.split("_")[:2]) + "_") if s.name == name]
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:

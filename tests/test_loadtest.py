@@ -16,9 +16,8 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DATA, ROOT, SECOND_MODEL
+from conftest import DATA, ROOT, SECOND_MODEL, family_samples
 from service.loadtest import KEEPS_UP, LoadConfig, load_sentences, plot_sweep, run_load, run_sweep, saturation
 
 GERMAN = str(DATA / "test_2016_flickr.de.gz")
@@ -30,9 +29,11 @@ SENTENCES = "ray_mt_sentences_total"
 
 # ---- helpers: the service's Prometheus counters ------------------------------------------------
 def scrape(url: str) -> list:
+    """The samples of the service's own series (``ray_mt_*``; the rest of the text is Ray's, and
+    megabytes after a run of every route)."""
     r = httpx.get(url + "/metrics", timeout=10, trust_env=False)
     r.raise_for_status()
-    return [s for fam in text_string_to_metric_families(r.text) for s in fam.samples]
+    return list(family_samples(r.text, "ray_mt_"))
 
 
 def total(samples: list, name: str, **labels: str) -> float:
