@@ -155,7 +155,7 @@ class Gateway(StoreRoutes, LibreRoutes, DeepLRoutes, DocumentRoutes):
         threading.Thread(target=self.detector.load, name="langid-load", daemon=True).start()
         clients = clients or {}
         self.memory = MemoryStore(clients["memory_file"]) if clients.get("memory_file") else None
-        api.state.cors_origins = clients.get("cors_origins", ["*"])     # read by CorsMiddleware
+        self.cors_origins = clients.get("cors_origins", ["*"])     # read by CorsMiddleware (routes_common)
         self.backend: Backend = (RemoteBackend(handles, RetryMetrics(list(self.cards)).record) if handles is not None
                                  else LocalBackend(cards, num_threads, memory_file=clients.get("memory_file"),
                                                    cache_entries=clients.get("cache_entries", 0)))
@@ -165,7 +165,6 @@ class Gateway(StoreRoutes, LibreRoutes, DeepLRoutes, DocumentRoutes):
         self.max_timeout_s = max_timeout_s
         self.guard = Guard(GuardSettings.model_validate(guard or {}))
         self.guard.metrics = GuardMetrics()
-        api.state.guard = self.guard          # read by GuardMiddleware (one Gateway per replica process)
         self.doc_settings = DocumentSettings.model_validate(documents or {})
         self.doc_store = DocumentStore(self.doc_settings)
         self._configure(engine or {})

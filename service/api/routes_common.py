@@ -7,6 +7,8 @@ Gateway's MRO (``ray.serve._private.http_util.make_fastapi_class_based_view``). 
 the app's OpenAPI document (``openapi_document``).
 """
 from fastapi import FastAPI
+from ray import serve
+from ray.serve.exceptions import RayServeException
 
 from .access_log import AccessLogMiddleware
 from .body import BodyMiddleware, HeadMiddleware
@@ -49,6 +51,16 @@ LIBRE_ERRORS = error_responses(LibreError, {
     503: "overloaded or the model is loading",
     504: "the server's max_timeout_s passed"})
 
+def replica_gateway():
+    """This replica's ``gateway.Gateway`` (its API keys, rate limits and CORS origins), None outside a
+    Serve replica. Read per request through Serve's replica context, not through this module's ``api``:
+    Serve runs a copy of the app, which the Gateway's constructor does not see."""
+    try:
+        return serve.get_replica_context().servable_object
+    except RayServeException:
+        return None
+
+
 api = FastAPI(
     title="Transformer MT service",
     version="0.1.0",
@@ -58,8 +70,8 @@ api = FastAPI(
 )
 api.add_middleware(HeadMiddleware)        # innermost: HEAD on every GET route, answered without a body
 api.add_middleware(BodyMiddleware)        # decodes bodies before the routes read them
-api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(api.state, "guard", None), libre_paths=LIBRE_PATHS)
-api.add_middleware(CorsMiddleware, get_origins=lambda: getattr(api.state, "cors_origins", None))   # preflights
+api.add_middleware(GuardMiddleware, get_guard=lambda: getattr(replica_gateway(), "guard", None), libre_paths=LIBRE_PATHS)
+api.add_middleware(CorsMiddleware, get_origins=lambda: getattr(replica_gateway(), "cors_origins", None))   # preflights
 # answered before the guard (a browser sends them without the key); its headers reach every answer, errors too
 api.add_middleware(AccessLogMiddleware)   # outer: logs and counts every answer, the body's 413/415 too
 add_exception_handlers(api)
