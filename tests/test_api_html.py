@@ -50,9 +50,15 @@ def test_nested_inline_elements_are_one_unit_and_each_goes_around_its_own_words(
     h = HtmlText("<b>Ein <i>großer</i> Hund</b> rennt.")
     out = h.rebuild(["A large dog runs.", "A large dog is running.", "Large large."])
     assert out == "A <b><i>large</i> dog</b> runs."
-    # an unclosed inline element ends the run; its tag stays, the texts around it are translated
+    # an inline element never closed (a browser closes it at the end of the block) does not split the
+    # sentence: its tag stays, an element without text, before the word that follows it
     segments, out = roundtrip("<p>Ein <b>Hund</p> rennt.")
-    assert out == "<p>EIN <b>HUND</p> RENNT."
+    assert segments == ["Ein Hund", "rennt."] and out == "<p>EIN <b>HUND</p> RENNT."
+    segments, out = roundtrip("<p>Ein <b>großer <i>Hund läuft.</p><!-- x -->")
+    assert segments == ["Ein großer Hund läuft."] and out == "<p>EIN <b>GROSSER <i>HUND LÄUFT.</p><!-- x -->"
+    segments, out = roundtrip("Ein <b>großer <i>Hund</b> läuft.")    # </b> leaves the <i> inside it unclosed
+    assert segments == ["Ein großer Hund läuft.", "großer Hund"]
+    assert out == "EIN <b>GROSSER <i>HUND</b> LÄUFT."
     # an element without text stays, byte for byte, where its siblings' words end
     segments, out = roundtrip('<p><a id="x"></a>Ein <b>Hund</b><span class="i"></span> rennt.</p>')
     assert segments == ["Ein Hund rennt.", "Hund"]

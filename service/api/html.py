@@ -133,8 +133,8 @@ class HtmlText:
     """The translatable segments of an HTML fragment, and the fragment rebuilt around their translations.
 
     A run of text and inline elements (``<b>``, ``<a href=..>``, ``<em>``, ..., nested to any depth,
-    each closed inside the run) is translated as one unit, so a sentence split by tags keeps its
-    meaning. Each inline element is then put back around its own words, level by level inside the
+    each closed inside the run; one never closed counts as an element without text, ``_void_unclosed``)
+    is translated as one unit, so a sentence split by tags keeps its meaning. Each inline element is then put back around its own words, level by level inside the
     words of its parent: an element holding all the text of its parent gets all of it; any other is
     translated on its own too, and goes around that translation where it occurs in the parent's
     (case-insensitive; the approach of Argos Translate's tag handling), else around the words of it
@@ -163,6 +163,7 @@ class HtmlText:
         self._refs: dict[str, str] = {}     # character reference kept as written -> its sentinel
         parts = _parse(html, self._refs)
         self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])
+        parts = _void_unclosed(parts)
         ends = _run_ends(parts)
         i = 0
         while i < len(parts):
@@ -288,6 +289,37 @@ class HtmlText:
             out.append(escape(whole[pos:], quote=False))
         out += [trail, _raw(nodes[last + 1:])]
         return "".join(out)
+
+
+def _void_unclosed(parts: list[Part]) -> list[Part]:
+    """parts with each inline start tag that is never closed ("<p>Ein <b>Hund</p>", "Ein <i>Hund
+    läuft.") as a part of kind "comment": an element without text, kept byte for byte, that does not
+    split the sentence around it (a browser closes such elements at the end of their block). An end tag
+    closes the innermost open element of its name, leaving those opened inside it unclosed; other
+    markup (a block tag, a line break, a stray end tag) leaves every open one unclosed."""
+    out = list(parts)
+    stack: list[tuple[str, int]] = []       # open inline elements: (tag, index of the start tag)
+    depth_of: dict[str, list[int]] = {}     # tag -> the stack positions of its open elements, ascending
+
+    def close_from(k: int, void: bool) -> None:     # every open element from stack position k up
+        for tag, j in stack[k:]:
+            depth_of[tag].pop()
+            if void:
+                out[j] = ("comment", parts[j][1], "")
+        del stack[k:]
+
+    for j, (kind, _, tag) in enumerate(parts):
+        if kind == "start" and tag in _INLINE_TAGS:
+            depth_of.setdefault(tag, []).append(len(stack))
+            stack.append((tag, j))
+        elif kind == "end" and depth_of.get(tag):
+            k = depth_of[tag][-1]
+            close_from(k + 1, void=True)            # opened inside it, never closed
+            close_from(k, void=False)
+        elif kind not in ("text", "comment"):
+            close_from(0, void=True)
+    close_from(0, void=True)
+    return out
 
 
 def _run_ends(parts: list[Part]) -> list[int]:
