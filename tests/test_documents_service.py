@@ -153,3 +153,36 @@ def test_a_short_request_sent_during_a_long_document_is_answered_first(service_u
     print(json.dumps({"document_s": round(done["doc"] - started, 2), "short_alone_s": round(alone, 2),
                       "short_s": round(answered - sent, 2),
                       "document_left_s": round(done["doc"] - answered, 2)}))
+
+
+def test_a_deepl_document_keeps_a_stored_glossarys_terms(service_url):
+    """/v2/document with glossary_id: every segment keeps the glossary's terms, as /v2/translate does
+    with the same glossary; an unknown glossary is a 404 at the upload, and without source_lang the
+    glossary applies to the model of the document's detected language (409 for another pair)."""
+    text = "Ein Mann fährt mit dem Fahrrad die Straße entlang."
+    glossary = {"name": "doc-bike", "source_lang": "de", "target_lang": "en",
+                "entries": [{"source": "Fahrrad", "target": "unicycle"}]}
+    assert httpx.post(service_url + "/v1/glossaries", json=glossary, timeout=30).status_code == 201
+    try:
+        fields = {"target_lang": "EN-GB", "source_lang": "DE", "glossary_id": "doc-bike"}
+        up = httpx.post(service_url + "/v2/document", files={"file": ("bike.txt", text.encode())}, data=fields,
+                        timeout=60)
+        assert up.status_code == 200, up.text
+        job, key = up.json()["document_id"], up.json()["document_key"]
+        deadline = time.time() + 60
+        while (status := httpx.post(f"{service_url}/v2/document/{job}", data={"document_key": key},
+                                    timeout=30).json())["status"] != "done":
+            assert status["status"] in ("queued", "translating") and time.time() < deadline, status
+            time.sleep(0.5)
+        got = httpx.post(f"{service_url}/v2/document/{job}/result", data={"document_key": key}, timeout=30).text
+        want = httpx.post(service_url + "/v2/translate", data={"text": text, **fields}, timeout=60).json()
+        assert "unicycle" in got and got.strip() == want["translations"][0]["text"], (got, want)
+        for extra, status_code, words in (({"glossary_id": "nope"}, 404, "glossary"),
+                                          ({"source_lang": ""}, 200, "document_id"),
+                                          ({"source_lang": "", "target_lang": "DE"}, 409, "glossary")):
+            name, data = ("bike.txt", text.encode()) if "target_lang" not in extra else ("bike.txt", b"A man rides a bike.")
+            r = httpx.post(service_url + "/v2/document", files={"file": (name, data)}, data={**fields, **extra},
+                           timeout=60)
+            assert r.status_code == status_code and words in r.text, r.text
+    finally:
+        httpx.delete(service_url + "/v1/glossaries/doc-bike", timeout=30)

@@ -2,7 +2,8 @@
 clients call it (``deepl.Translator(auth_key, server_url=...).translate_document``):
 
     POST /v2/document                       multipart ``file``, ``target_lang`` (EN-GB, DE, ...), optional
-                                            ``source_lang``, ``filename``, ``formality``, ``output_format``
+                                            ``source_lang``, ``filename``, ``formality``, ``output_format``,
+                                            ``glossary_id`` (a stored glossary's terms)
                                             -> {"document_id", "document_key"}; translation starts in the
                                             background of the replica that took the upload
     POST /v2/document/{document_id}         ``document_key`` (form or JSON) -> {"document_id", "status":
@@ -14,7 +15,8 @@ The job's record and file live in the shared ``DocumentStore``, so any ingress r
 status and result. ``document_key`` is the capability (only its SHA-256 is stored); with API keys on,
 the same key must also come with every call (``Authorization: DeepL-Auth-Key`` or Bearer). Errors
 are DeepL's ``{"message": ...}``. ``formality`` is accepted and not applied (the ``X-Unsupported``
-header says so); ``output_format`` other than the input's is a 400; glossaries are not applied here.
+header says so); ``output_format`` other than the input's is a 400; ``glossary_id`` is resolved at the
+upload for the document's model (404 unknown, 409 other languages) and applied to every segment.
 Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the served ones
 (``deepl_language``; the clients helper's service/api/deepl.py is meant to own this at merge).
 """
@@ -35,6 +37,7 @@ from pydantic import BaseModel, Field
 from service import documents
 
 from . import documents as routes
+from . import glossaries
 from .document_store import owner_of
 from .errors import ServiceError
 from .schemas import ErrorResponse
@@ -58,7 +61,7 @@ class DeepLError(BaseModel):
 
 ERRORS = {status: {"model": DeepLError, "description": what} for status, what in {
     400: "a field missing or invalid (target_lang, output_format, document_key), an unreadable body",
-    404: "unknown document_id, wrong document_key or API key, expired; or no model for the languages",
+    404: "unknown document_id, wrong document_key or API key, expired; no model for the languages; unknown glossary_id",
     409: "glossary_id names a stored glossary of other languages",
     413: "a file over a limit (docs/documents.md#limits)",
     415: "an unsupported extension, or content that is not that format",
@@ -87,7 +90,9 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
         "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"},
         "source_lang": {"type": "string"}, "filename": {"type": "string"}, "formality": {"type": "string"},
         "output_format": {"type": "string", "description": "empty, or the file's own extension (no conversion)"},
-        "glossary_id": {"type": "string"}, "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
+        "glossary_id": {"type": "string", "description": "a stored glossary's name (GET /v1/glossaries); unknown: "
+                                                        "404; of other languages than the document's model: 409"},
+        "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
     "additionalProperties": False}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
@@ -123,7 +128,14 @@ async def upload(gw, request: Request) -> Response:
                                     "the translated file has the input's format", "output_format")
         doc = await routes.parsed(up)
         source = deepl_language(up.fields.get("source_lang")) or "auto"
+        glossary_id = up.fields.get("glossary_id") or None
         model, target = await routes.plan(gw, doc, None, source, target, "source_lang")
+        glossary: tuple = ()
+        if glossary_id is not None:     # for the model the document goes to (its language detected without
+            # source_lang): 404 for an unknown name, 409 for a glossary of other languages
+            card = gw.cards.get(model) or gw.pivots[model].card
+            glossary = await gw.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
+                                                   card.target_lang)
     except ServiceError as e:
         return message(e)
     job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
@@ -131,14 +143,15 @@ async def upload(gw, request: Request) -> Response:
     record = {"status": "queued", "key": _hash(key), "owner": owner, "filename": up.filename, "total": len(doc.segments),
               "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
     await asyncio.to_thread(gw.doc_store.put_job, job_id, record)
-    task = asyncio.ensure_future(_run(gw, job_id, record, doc, model, target, up.filename))
+    task = asyncio.ensure_future(_run(gw, job_id, record, doc, model, target, up.filename, glossary))
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
 
 
-async def _run(gw, job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str) -> None:
+async def _run(gw, job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
+               glossary: tuple = ()) -> None:
     store = gw.doc_store
     last = [0.0]
 
@@ -150,7 +163,7 @@ async def _run(gw, job_id: str, record: dict, doc, model: str, target: Optional[
     try:
         record["status"] = "translating"
         await asyncio.to_thread(store.put_job, job_id, record)
-        data, chars = await routes.translated(gw, doc, model, target, progress)
+        data, chars = await routes.translated(gw, doc, model, target, progress, glossary)
         media = documents.FORMATS[documents.extension(filename)].media_type
         rec = await asyncio.to_thread(store.put, data, filename, media, record["owner"])
         record.update(status="done", result=rec.name, billed_characters=chars, done=record["total"])

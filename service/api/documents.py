@@ -300,9 +300,13 @@ async def plan(gw, doc: Document, model: Optional[str], source: Optional[str], t
 
 
 async def translated(gw, doc: Document, model: str, target: Optional[str],
-                     progress: Optional[Callable[[int, int], None]] = None) -> tuple[bytes, int]:
-    """The translated file's bytes and the characters translated."""
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     glossary: tuple = ()) -> tuple[bytes, int]:
+    """The translated file's bytes and the characters translated; ``glossary``: (source, target) terms
+    every segment's translation keeps (a stored glossary's entries, DeepL's ``glossary_id``)."""
     async def run(m: str, job: TranslateJob) -> TranslateResponse:
+        if glossary:
+            job.glossary, job.glossary_field = tuple(glossary), "glossary_id"
         with mapped_errors(m):
             gw.limits[m].check(job)
         return await gw._translate(m, job)
