@@ -18,8 +18,7 @@ from pydantic import BaseModel, Field
 
 # Service-wide request limits (the model-dependent ones are in ``service/engine/validation.ModelLimits``).
 MAX_TEXTS = 64                 # texts in one request (a list `text` / LibreTranslate `q`)
-MAX_TEXT_CHARS = 5_000         # characters in one text (the per-text cap; each sentence has the model's cap)
-MAX_HTML_CHARS = 50_000        # characters of one HTML text (format=html, tag_handling), tags included
+MAX_TEXT_CHARS = 5_000         # characters in one text, an HTML text's tags included (each sentence has the model's cap)
 MAX_SENTENCES = 256            # sentences of one request in the engine at once (its next go in as these end)
 MAX_BEAM_SIZE = 16             # beam_size upper bound (each hypothesis holds one KV-cache slot)
 MAX_ATTENTION_VALUES = 2_000_000   # attention weights in one response (all texts, kinds, layers, heads)

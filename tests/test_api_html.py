@@ -229,15 +229,3 @@ def test_thousands_of_tags_in_a_text_are_translated_around_and_every_tag_kept(ht
     assert re.findall(r"<[^>]*>", out) == re.findall(r"<[^>]*>", html)
     assert re.sub(r"<[^>]*>", "", out).split() == re.sub(r"<[^>]*>", "", html).upper().split()
     assert "EIN" in out and "HUND LÄUFT." in re.sub(r"<[^>]*>", "", out)
-
-
-def test_an_html_text_over_the_character_limit_is_a_413_naming_it_and_documents_have_no_such_cap():
-    from service.api.errors import ServiceError
-    from service.protocol import MAX_HTML_CHARS
-    text = "<p>" + "Ein Hund läuft. " * (MAX_HTML_CHARS // 16) + "</p>"
-    assert len(text) > MAX_HTML_CHARS
-    with pytest.raises(ServiceError) as e:
-        HtmlText(text, "text", "text[2]")
-    assert (e.value.status, e.value.field) == (413, "text")
-    assert e.value.message.startswith(f"text[2]: at most {MAX_HTML_CHARS} characters") and str(len(text)) in e.value.message
-    assert len(HtmlText(text, "file", max_chars=None).segments) == 1

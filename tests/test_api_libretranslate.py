@@ -13,7 +13,7 @@ from model.tokenizer import read_lines
 from service.api.errors import ServiceError
 from service.api.body import FormFields
 from service.api.libretranslate import MAX_IGNORED_NAMES, LibreRequest, checked_job, ignored_fields_header, parse
-from service.protocol import MAX_HTML_CHARS, MAX_TEXT_CHARS
+from service.protocol import MAX_TEXT_CHARS
 from service.engine.validation import ModelLimits
 from service.engine import EngineConfig
 from service.translator import ModelCard
@@ -163,7 +163,7 @@ def test_html_blocks_count_as_sentences_not_as_texts(service_url):
     """The 64-texts limit counts q items, not an HTML text's blocks: 300 blocks (more sentences than one
     request has in the engine at once) come back whole."""
     def html(n: int) -> str:
-        return "<ul>" + "<li>Ein Hund</li>" * n + "</ul>"
+        return "<ul>" + "<li>Hund</li>" * n + "</ul>"      # 300 of them: 3,909 characters
     r = post(service_url, {"q": html(65), "source": "de", "target": "en", "format": "html"}, path="/translate")
     assert r.status_code == 200, r.text
     out = r.json()["translatedText"]
@@ -175,12 +175,12 @@ def test_html_blocks_count_as_sentences_not_as_texts(service_url):
     r = post(service_url, {"q": ["<p>Hund</p>"] * 65, "source": "de", "target": "en", "format": "html"},
              path="/translate")
     assert r.status_code == 400 and "at most 64 texts per request, got 65" in r.json()["error"], r.text
-    # an HTML text over MAX_HTML_CHARS, tags included: refused at once, naming the item and the limit
-    big = "<ul>" + "<li><b>Ein</b> <i>Hund</i></li>" * 2_000 + "</ul>"
+    # an HTML text's characters count its tags (as LibreTranslate's char_limit): refused at once, naming the item
+    big = "<ul>" + "<li><b>Ein</b> <i>Hund</i></li>" * 200 + "</ul>"
     r = post(service_url, {"q": ["<p>Hund</p>", big], "source": "de", "target": "en", "format": "html"},
              path="/translate")
     assert r.status_code == 400 and r.json()["error"].startswith(
-        f"q[1]: at most {MAX_HTML_CHARS} characters of HTML per text (tags included), got {len(big)}"), r.text
+        f"q[1]: at most {MAX_TEXT_CHARS} characters per text, got {len(big)}"), r.text
 
 
 def test_html_text_limit_counts_q_items_in_process():

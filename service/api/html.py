@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Optional, Union
 
-from service.protocol import MAX_HTML_CHARS
 from service.translator.text import has_text
 
 from .errors import ServiceError
@@ -151,15 +150,11 @@ class HtmlText:
     input; entities in the model's output (Multi30k's text has ``&amp;``) are decoded before escaping.
     """
 
-    def __init__(self, html: str, field: str = "q", where: Optional[str] = None,
-                 max_chars: Optional[int] = MAX_HTML_CHARS):
-        """Raises ServiceError 413 naming ``where`` (default ``field``: the request field) for a text of
-        more than ``max_chars`` characters, tags included (None: no cap; documents have their own
-        limits), or inline elements nested deeper than MAX_INLINE_DEPTH."""
+    def __init__(self, html: str, field: str = "q", where: Optional[str] = None):
+        """Raises ServiceError 413 naming ``where`` (default ``field``: the request field) for inline
+        elements nested deeper than MAX_INLINE_DEPTH. (A request's text, tags included, has its own
+        cap before it gets here; a document's HTML has the document's limits.)"""
         where = where or field
-        if max_chars is not None and len(html) > max_chars:
-            raise ServiceError(413, f"{where}: at most {max_chars} characters of HTML per text (tags included), "
-                                    f"got {len(html)}", field)
         self._refs: dict[str, str] = {}     # character reference kept as written -> its sentinel
         parts = _parse(html, self._refs)
         self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])

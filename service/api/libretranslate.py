@@ -280,6 +280,8 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
     except ServiceError as e:
         return libre_error_response(e)
     try:
+        if req.html:    # an HTML text's characters count its tags, as LibreTranslate's char_limit does
+            autodetect.check_sizes(req.texts, "q", req.batch)
         # parsed in a worker thread: a large fragment must not hold up the replica's event loop
         htmls = await asyncio.to_thread(lambda: [HtmlText(t, "q", f"q[{i}]" if req.batch else "q")
                                                   for i, t in enumerate(req.texts)]) if req.html else []

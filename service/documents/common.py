@@ -139,7 +139,7 @@ class RichText:
         self.base: dict[int, Optional[int]] = {}      # id(container items) -> key of its plain text
         self.html = self._html(items)
         try:
-            self.text = HtmlText(self.html, "file", max_chars=None)
+            self.text = HtmlText(self.html, "file")
         except ServiceError as e:       # the HTML route's MAX_INLINE_DEPTH, named for a document
             raise DocumentError(e.status, f"formatting runs nested more than {MAX_INLINE_DEPTH} deep in one "
                                           "paragraph (MAX_INLINE_DEPTH)") from None

@@ -12,7 +12,7 @@ from .common import DocumentError, check_size, decode_text
 class HtmlDocument:
     def __init__(self, data: bytes):
         try:
-            self.html = HtmlText(decode_text(data, "HTML"), "file", max_chars=None)
+            self.html = HtmlText(decode_text(data, "HTML"), "file")
         except ServiceError as e:       # inline elements nested too deep
             raise DocumentError(e.status, e.message.removeprefix("q: ")) from None
         self.segments = self.html.segments

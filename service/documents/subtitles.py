@@ -21,7 +21,7 @@ def _cue(text: str, segs: Segments, done) -> None:
     """Register a cue's text (lines joined by a space); ``done(new_text)`` gets its translation."""
     lines = text.split("\n")
     try:
-        h = HtmlText(" ".join(line.strip() for line in lines), "file", max_chars=None)
+        h = HtmlText(" ".join(line.strip() for line in lines), "file")
     except ServiceError as e:
         raise DocumentError(e.status, e.message.removeprefix("q: ")) from None
     segs.add(h.segments, lambda tr: done(wrap(h.rebuild(tr), len(lines))))
