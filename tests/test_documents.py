@@ -466,3 +466,19 @@ def test_a_truncated_multipart_upload_is_named_malformed_on_every_document_route
     whole = client.post("/v1/documents", content=part + b"--b--\r\n",
                         headers={**a, "Content-Type": "multipart/form-data; boundary=b"})
     assert whole.status_code == 200 and whole.content == "EIN HUND.".encode()
+
+
+@pytest.mark.parametrize("sent, named", [("../../etc/passwd.txt", "passwd.txt"), ("..\\..\\boot.docx", "boot.docx"),
+                                         ("a/b/c.srt", "c.srt"), ("...", "document"), ("Brief.TXT", "Brief.TXT")])
+def test_a_download_is_named_by_the_uploads_base_name_only(sent, named):
+    from service.api.documents import file_response
+    disposition = file_response(b"x", sent, "text/plain").headers["content-disposition"]
+    assert disposition == f"attachment; filename=\"{named}\"; filename*=UTF-8''{named}"
+
+
+def test_html_nested_too_deep_is_a_413_naming_the_file_once():
+    from service.documents import load
+    from service.documents.common import DocumentError
+    with pytest.raises(DocumentError) as e:
+        load(("<b>" * 150 + "Ein Hund." + "</b>" * 150).encode(), "page.html")
+    assert e.value.status == 413 and e.value.message.startswith("file: inline HTML elements nested more than 100")

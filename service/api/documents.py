@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import urllib.parse
 from typing import Awaitable, Callable, Optional
 
@@ -239,8 +240,10 @@ def deepl_auth_key(value: str) -> Optional[str]:
 
 
 def file_response(data: bytes, filename: str, media_type: str, headers: Optional[dict] = None) -> Response:
-    """The file as an attachment (RFC 6266 / 5987 file name)."""
-    filename = "".join(c for c in filename if c.isprintable()) or "document"     # no control characters in a header
+    """The file as an attachment (RFC 6266 / 5987 file name): the upload's base name only (RFC 6266
+    section 4.3: no directories, "../../etc/passwd.txt" -> "passwd.txt"), without control characters."""
+    filename = re.split(r"[/\\]", filename)[-1]
+    filename = "".join(c for c in filename if c.isprintable()).strip(". ") or "document"
     ascii_name = filename.encode("ascii", "replace").decode().replace('"', "'").replace("\\", "_")
     disposition = f'attachment; filename="{ascii_name}"; filename*=UTF-8\'\'{urllib.parse.quote(filename)}'
     return Response(data, media_type=media_type, headers={"Content-Disposition": disposition, **(headers or {})})

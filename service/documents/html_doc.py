@@ -14,7 +14,7 @@ class HtmlDocument:
         try:
             self.html = HtmlText(decode_text(data, "HTML"), "file")
         except ServiceError as e:       # inline elements nested too deep
-            raise DocumentError(e.status, e.message.removeprefix("q: ")) from None
+            raise DocumentError(e.status, e.message.removeprefix("file: ")) from None
         self.segments = self.html.segments
         check_size(self.segments)
 

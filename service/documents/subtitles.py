@@ -23,7 +23,7 @@ def _cue(text: str, segs: Segments, done) -> None:
     try:
         h = HtmlText(" ".join(line.strip() for line in lines), "file")
     except ServiceError as e:
-        raise DocumentError(e.status, e.message.removeprefix("q: ")) from None
+        raise DocumentError(e.status, e.message.removeprefix("file: ")) from None
     segs.add(h.segments, lambda tr: done(wrap(h.rebuild(tr), len(lines))))
 
 
