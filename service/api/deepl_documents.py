@@ -133,7 +133,7 @@ async def upload(gw, request: Request) -> Response:
         glossary: tuple = ()
         if glossary_id is not None:     # for the model the document goes to (its language detected without
             # source_lang): 404 for an unknown name, 409 for a glossary of other languages
-            card = gw.cards.get(model) or gw.pivots[model].card
+            card = gw.resolve(model, None, target)
             glossary = await gw.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
                                                    card.target_lang)
     except ServiceError as e:
