@@ -159,10 +159,9 @@ class HtmlText:
         parts = _parse(html, self._refs)
         self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])
         parts = _void_unclosed(parts)
-        ends = _run_ends(parts)
         i = 0
         while i < len(parts):
-            end = ends[i]
+            end = _run_end(parts, i)
             if end == i:
                 self.units.append(("markup", parts[i][1]))
                 i += 1
@@ -317,48 +316,24 @@ def _void_unclosed(parts: list[Part]) -> list[Part]:
     return out
 
 
-def _run_ends(parts: list[Part]) -> list[int]:
-    """For every i, where the run of text and inline elements starting at ``parts[i]`` ends: the last
-    point from which every inline element opened in it is closed again (``i``: no run starts there).
-
-    A run from i stops at the first part that is neither text, a comment, an inline start tag nor
-    the end tag of the innermost element it opened. One pass over the parts keeps the stack of open
-    inline elements (emptied at each such part for every run), each element's closing position, and
-    the depth after each part; a run from i then ends at the last part before its stop where the
-    depth is back to the depth before i (bisection in the positions of each depth). O(n log n) for
-    n parts: scanning from every i was O(n^2), minutes for 40,000 unclosed ``<i>``.
-    """
-    n = len(parts)
-    depth = [0] * n             # open inline elements after part j
-    before = [0] * n            # ... before part j
-    enclosing = [-1] * n        # the innermost element open before part j (its index), -1: none
-    close = [n] * n             # the end tag closing the element opened at j (n: none)
-    stop = [n] * n              # the next part that ends every run (other markup, a stray end tag)
-    stack: list[tuple[str, int]] = []
-    for j, (kind, _, tag) in enumerate(parts):
-        before[j] = len(stack)
-        enclosing[j] = stack[-1][1] if stack else -1
+def _run_end(parts: list[Part], i: int) -> int:
+    """Where the run of text and inline elements starting at ``parts[i]`` ends: the last point from
+    which every inline element opened in it is closed again (``i``: no run starts there). On parts
+    from ``_void_unclosed`` every element opened is closed before the next other part, so a run ends
+    there and the scans of a fragment's runs pass each part once."""
+    open_tags: list[str] = []
+    end = i
+    for j in range(i, len(parts)):
+        kind, _, tag = parts[j]
         if kind == "start" and tag in _INLINE_TAGS:
-            stack.append((tag, j))
-        elif kind == "end" and stack and stack[-1][0] == tag:
-            close[stack.pop()[1]] = j
+            open_tags.append(tag)
+        elif kind == "end" and open_tags and open_tags[-1] == tag:
+            open_tags.pop()
         elif kind not in ("text", "comment"):
-            stack.clear()
-            stop[j] = j
-        depth[j] = len(stack)
-    for j in range(n - 2, -1, -1):
-        stop[j] = min(stop[j], stop[j + 1])
-    at_depth: dict[int, list[int]] = {}     # depth -> the parts after which it is that, ascending
-    for j, d in enumerate(depth):
-        at_depth.setdefault(d, []).append(j)
-    ends = list(range(n))
-    for i in range(n):
-        limit = min(stop[i], close[enclosing[i]] if enclosing[i] >= 0 else n)
-        same = at_depth.get(before[i], [])
-        k = bisect.bisect_left(same, limit) - 1    # the last part before limit at the starting depth
-        if k >= 0 and same[k] >= i:
-            ends[i] = same[k] + 1
-    return ends
+            break
+        if not open_tags:
+            end = j + 1
+    return end
 
 
 def _tree(parts: list[Part], field: str = "q", where: str = "q") -> list[Node]:
