@@ -201,7 +201,8 @@ def test_compiled_kernels_release_the_gil():
     x = torch.randn(32, 1024, generator=g)
     n = 8192
     while True:   # one call of at least 50 ms
-        w, offset = kernels.vnni_weight(torch.randint(-127, 128, (n, 1024), generator=g, dtype=torch.int8))
+        top = kernels.int8_weight_levels()
+        w, offset = kernels.vnni_weight(torch.randint(-top, top + 1, (n, 1024), generator=g, dtype=torch.int8))
         scale = torch.ones(n)
         t = time.perf_counter()
         kernel(x, w, offset, scale, None, n)

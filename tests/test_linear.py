@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model.inference import kernels
+
 from model.inference.generate import generate
 from model.transformer import padding_mask
 from model.inference.linear import linear_dtype, pack_for_inference, packed_output
@@ -54,7 +56,8 @@ def test_int8_linear_quantizes_per_row_and_per_output_feature():
     out = p(x, b)
     assert out.shape == (2, 5, 40) and out.dtype == torch.float32
     # reference: the same quantization written out row by row in float64
-    wq = torch.round(w.double() / p.scale.double()[:, None]).clamp(-127, 127)
+    levels = kernels.int8_weight_levels()
+    wq = torch.round(w.double() / p.scale.double()[:, None]).clamp(-levels, levels)
     for r, batched in zip(x.reshape(-1, 24), out.reshape(-1, 40)):
         s = float(r.abs().max()) / 127 or 1.0
         ref = (torch.round(r.double() / s) @ wq.t()) * s * p.scale.double() + b.double()
@@ -69,6 +72,30 @@ def test_int8_linear_quantizes_per_row_and_per_output_feature():
     assert float(err[~(x.abs().sum(-1) == 0)].max()) < 0.03
     # a row's result does not depend on the rows batched with it, bit for bit
     assert torch.equal(p(x[0, 1:3], b), out[0, 1:3])
+
+
+def test_weights_of_fewer_levels_take_the_clip_of_least_squared_error():
+    """quantize_weight: at 127 levels each feature's absmax / 127; at 63 (AVX2 without VNNI) each
+    feature's scale is absmax x c / 63 for the c in 1.00 .. 0.70 whose rounding has the least squared
+    error, never more than absmax's, every value within -63..63; an all-zero feature keeps scale 1."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(50, 300, generator=g)
+    w[:, 0] *= 8                                       # an outlier per feature: clipping it pays
+    w[7] = 0.0
+    q, scale = kernels.quantize_weight(w, 127)
+    ref_q, ref_scale = kernels.quantize_rows_eager(w)
+    assert torch.equal(q, ref_q) and torch.equal(scale, ref_scale)
+    q, scale = kernels.quantize_weight(w, 63)
+    absmax = w.abs().amax(1) / 63
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 63 and float(scale[7]) == 1.0 and not q[7].any()
+    ratio = (scale / absmax)[torch.arange(50) != 7]
+    assert float(ratio.min()) >= 0.70 - 1e-6 and float(ratio.max()) <= 1.0 + 1e-6
+    err = (q.float() * scale[:, None] - w).square().sum(1)
+    for c in [1.0 - 0.02 * i for i in range(16)]:
+        s = torch.where(absmax > 0, absmax * c, torch.ones_like(absmax))
+        e = (torch.round(w / s[:, None]).clamp(-63, 63) * s[:, None] - w).square().sum(1)
+        assert bool((err <= e * (1 + 1e-6)).all()), c    # the least error of every clip tried
+    assert bool((ratio < 0.99).any())                    # and with these outliers some clip below absmax wins
 
 
 def test_int8_row_major_copy_only_where_int_mm_serves_many_rows(monkeypatch):

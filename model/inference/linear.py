@@ -10,7 +10,8 @@ float32 path takes over). Training, float64 and CUDA always use the plain path. 
 caller's (``EngineConfig.linear_dtype`` in the service), else ``settings.current().linear_dtype``
 (int8 unless ``MT_LINEAR_DTYPE`` says otherwise; ``settings.py``).
 
-**int8** (default): the weights are int8 with one scale per output feature (absmax / 127), and each
+**int8** (default): the weights are int8 with one scale per output feature (absmax / 127; on AVX2 CPUs
+without VNNI 63 levels a side, ``kernels.int8_weight_levels`` and ``kernels.quantize_weight``), and each
 input row is quantized to int8 with its own scale at every call (dynamic, per row, like
 CTranslate2's int8 mode): an exact int32 product (``torch._int_mm``; on AVX-512 VNNI CPUs and on AVX2
 CPUs without VNNI the whole layer is one compiled call, ``kernels.int8_linear_kernel``), then
@@ -72,7 +73,8 @@ class PackedWeight:
         self.dtype = dtype
         self.small: Optional[tuple[Tensor, Tensor]] = None
         if dtype == torch.int8:  # one scale per output feature: the rows of w, quantized like inputs
-            q, self.scale = kernels.quantize_rows_eager(w.float())                # [out, in], [out]
+            # [out, in], [out]; 63 levels a side for the AVX2 kernel (kernels.int8_weight_levels)
+            q, self.scale = kernels.quantize_weight(w.float(), kernels.int8_weight_levels())
             # Two layouts of the same int8 values, [in, out] each: torch._int_mm is 2-3x faster on one
             # row with the column-major view, and up to 1.9x faster on 2+ rows with the row-major copy
             # (d_ff -> d_model most). Integer products are exact, so both give the same bits.

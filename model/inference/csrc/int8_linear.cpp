@@ -33,7 +33,7 @@
 namespace mt {
 
 // One row: scale = max|x| / 127 (1 for an all-zero row), q = round-half-even(x / scale) + Offset, the same
-// arithmetic as the eager path in model/inference/linear.py (Offset 128 gives the unsigned form VNNI multiplies).
+// arithmetic as the eager path in model/inference/linear.py (Offset 128 gives the unsigned form that VNNI and the AVX2 kernel multiply).
 template <typename T, int Offset>
 inline float quantize_row(const float* __restrict xr, T* __restrict qr, const int64_t n) {
   float amax = 0.f;
@@ -316,68 +316,39 @@ torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor w, torch::Tensor o
 
 
 #ifdef MT_HAVE_AVX2_INT8
-// AVX2 (no VNNI): vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16, which
-// would saturate for (q + 128) x w; with |x| as the unsigned operand and w carrying x's sign
-// (vpsignb), each pair is at most 2 x 127 x 127 = 32,258 and the int16 sums are exact; vpmaddwd
-// then adds pairs of those into int32. Same weight layout as the VNNI kernel: a 64-byte vector of 16
-// features x 4 inputs is two 32-byte halves of 8 features; no offset (the inputs stay signed).
+// AVX2 (no VNNI): vpmaddubsw multiplies unsigned by signed bytes and adds each pair into int16 with
+// saturation, then vpmaddwd adds pairs of those into int32. The inputs go in unsigned, q + 128 (1..255,
+// as the VNNI kernel's, with the same per-feature offset 128 x sum(w) taken off at the end), and the
+// weights must lie in -64..64 (``kernels.int8_weight_levels()``: 63 levels a side on this path), so a
+// pair is at most 2 x 255 x 64 = 32,640 and every int16 sum is exact. Full 8-bit weights need a sign
+// step per row and weight vector instead (|x| times w with x's sign, vpsignb): 40% more vector
+// instructions per product, and the kernel is bound by their issue (python -m service.bench.int8_layers).
 struct Avx2Call {
-  const int8_t* xq;        // [M, K4] quantized rows (K4 = K rounded up to 4; padding 0)
-  const int8_t* xa;        // [M, K4] their absolute values (the unsigned operand)
+  const uint8_t* xq;       // [M, K4] quantized rows + 128 (K4 = K rounded up to 4; padding 128, i.e. 0)
   const float* row_scale;  // [M]
-  const int8_t* w;         // [NB, K4 / 4, 16, 4]
+  const int8_t* w;         // [NB, K4 / 4, 16, 4], every value in -64..64
+  const int32_t* offset;   // [NB * 16] 128 * sum of each feature's weights
   const float* col_scale;  // [N]
   const float* bias;       // [N] or nullptr
   float* out;              // [M, N]
   int64_t k4, n;
 };
 
-// a[i] = |q[i]| (q in [-127, 127]); restrict: the two rows never overlap, so the loop vectorizes
-inline void abs_row(const int8_t* __restrict q, int8_t* __restrict a, const int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] = static_cast<int8_t>(q[i] < 0 ? -q[i] : q[i]);
-}
-
-// Rows m0 .. m0 + MR - 1 (MR <= 4) x the 16 features of block nb. The accumulators are named variables
-// (an array indexed in loops made the compiler keep two of them on the stack, loaded and stored at every
-// step); |x| comes precomputed (one vpabsb per row and step fewer). With Prefetch, the next block's
-// weights are fetched into L1 during this one (the first row tile of each block does it).
-template <int MR, bool Prefetch>
-inline void avx2_tile(const Avx2Call& c, int64_t m0, int64_t nb) {
-  static_assert(MR >= 1 && MR <= 4, "1-4 rows");
-  __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const int64_t steps = c.k4 / 4;
-  const int8_t* wb = c.w + nb * steps * 64;
-  const int8_t* xs0 = c.xq + m0 * c.k4;
-  const int8_t* xa0 = c.xa + m0 * c.k4;
-  const int64_t k4 = c.k4;
-  auto row = [&](int r, int64_t k, __m256i w0, __m256i w1, __m256i& acc0, __m256i& acc1) {
-    int32_t s4, a4;
-    std::memcpy(&s4, xs0 + r * k4 + 4 * k, 4);
-    std::memcpy(&a4, xa0 + r * k4 + 4 * k, 4);
-    const __m256i xs = _mm256_set1_epi32(s4), xa = _mm256_set1_epi32(a4);
-    acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w0, xs)), ones));
-    acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w1, xs)), ones));
-  };
-  for (int64_t k = 0; k < steps; ++k) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + 32));
-    if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(wb + (steps + k) * 64), _MM_HINT_T0);
-    row(0, k, w0, w1, a00, a01);
-    if (MR > 1) row(1, k, w0, w1, a10, a11);
-    if (MR > 2) row(2, k, w0, w1, a20, a21);
-    if (MR > 3) row(3, k, w0, w1, a30, a31);
-  }
-  // as dequantize(): acc * row_scale * col_scale (+ bias), two products then the sum, no FMA
+// acc[r] - offset, then * row_scale * col_scale (+ bias), two products then the sum (no FMA), as
+// dequantize(); rows m0 .. m0 + MR - 1 of the 16 features of block nb.
+template <int MR>
+inline void avx2_store(const Avx2Call& c, int64_t m0, int64_t nb, const __m256i (&acc)[4][2]) {
   const int64_t f0 = nb * 16, left = c.n - f0;
   if (left >= 16) {
+    const __m256i off0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.offset + f0));
+    const __m256i off1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.offset + f0 + 8));
     const __m256 cs0 = _mm256_loadu_ps(c.col_scale + f0), cs1 = _mm256_loadu_ps(c.col_scale + f0 + 8);
     const __m256 b0 = c.bias ? _mm256_loadu_ps(c.bias + f0) : _mm256_setzero_ps();
     const __m256 b1 = c.bias ? _mm256_loadu_ps(c.bias + f0 + 8) : _mm256_setzero_ps();
-    auto out = [&](int r, __m256i acc0, __m256i acc1) {
+    for (int r = 0; r < MR; ++r) {
       const __m256 rs = _mm256_set1_ps(c.row_scale[m0 + r]);
-      __m256 o0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc0), rs), cs0);
-      __m256 o1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc1), rs), cs1);
+      __m256 o0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][0], off0)), rs), cs0);
+      __m256 o1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][1], off1)), rs), cs1);
       if (c.bias) {
         o0 = _mm256_add_ps(o0, b0);
         o1 = _mm256_add_ps(o1, b1);
@@ -385,63 +356,137 @@ inline void avx2_tile(const Avx2Call& c, int64_t m0, int64_t nb) {
       float* dst = c.out + (m0 + r) * c.n + f0;
       _mm256_storeu_ps(dst, o0);
       _mm256_storeu_ps(dst + 8, o1);
-    };
-    out(0, a00, a01);
-    if (MR > 1) out(1, a10, a11);
-    if (MR > 2) out(2, a20, a21);
-    if (MR > 3) out(3, a30, a31);
+    }
     return;
   }
   // the last, partial block of features
-  alignas(32) int32_t sums[4][16];
-  const __m256i accs[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+  alignas(32) int32_t sums[16];
   for (int r = 0; r < MR; ++r) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r]), accs[r][0]);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r] + 8), accs[r][1]);
-  }
-  for (int r = 0; r < MR; ++r) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums), acc[r][0]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8), acc[r][1]);
     const float rs = c.row_scale[m0 + r];
     float* dst = c.out + (m0 + r) * c.n + f0;
     for (int64_t j = 0; j < left; ++j) {
-      float v = static_cast<float>(sums[r][j]) * rs * c.col_scale[f0 + j];
+      float v = static_cast<float>(sums[j] - c.offset[f0 + j]) * rs * c.col_scale[f0 + j];
       if (c.bias) v += c.bias[f0 + j];
       dst[j] = v;
     }
   }
 }
+
+// One row x the 16 features of block nb (the rows left over by avx2_tile4).
+inline void avx2_tile1(const Avx2Call& c, int64_t m, int64_t nb) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[4][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}};
+  const int64_t steps = c.k4 / 4;
+  const int8_t* wb = c.w + nb * steps * 64;
+  const uint8_t* x = c.xq + m * c.k4;
+  for (int64_t k = 0; k < steps; ++k) {
+    int32_t four;
+    std::memcpy(&four, x + 4 * k, 4);
+    const __m256i xb = _mm256_set1_epi32(four);
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + 32));
+    acc[0][0] = _mm256_add_epi32(acc[0][0], _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w0), ones));
+    acc[0][1] = _mm256_add_epi32(acc[0][1], _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w1), ones));
+  }
+  avx2_store<1>(c, m, nb, acc);
+}
+
+#if defined(__GNUC__)
+// The loop of avx2_tile4 in AT&T syntax: ymm8/ymm9 the step's two weight vectors, ymm11 a row's four
+// inputs broadcast, ymm12/ymm13 its products; the accumulators and the int16 ones are the compiler's.
+#define MT_AVX2_LOAD "vmovdqu (%[w]), %%ymm8\n\tvmovdqu 32(%[w]), %%ymm9\n\t"
+#define MT_AVX2_ROW(ADDR, A0, A1)                                                      \
+  "vpbroadcastd " ADDR ", %%ymm11\n\t"                                                 \
+  "vpmaddubsw %%ymm8, %%ymm11, %%ymm12\n\tvpmaddubsw %%ymm9, %%ymm11, %%ymm13\n\t"     \
+  "vpmaddwd %[ones], %%ymm12, %%ymm12\n\tvpmaddwd %[ones], %%ymm13, %%ymm13\n\t"       \
+  "vpaddd %%ymm12, %[" A0 "], %[" A0 "]\n\tvpaddd %%ymm13, %[" A1 "], %[" A1 "]\n\t"
+#define MT_AVX2_ROWS                                                                   \
+  MT_AVX2_ROW("(%[x])", "a00", "a01") MT_AVX2_ROW("(%[x],%[k4])", "a10", "a11")        \
+  MT_AVX2_ROW("(%[x],%[k4],2)", "a20", "a21") MT_AVX2_ROW("(%[x],%[k4x3])", "a30", "a31") \
+  "add $64, %[w]\n\tadd $4, %[x]\n\tdec %[n]\n\tjnz 1b\n\t"
+#define MT_AVX2_OUTPUTS                                                                \
+  [a00] "+x"(a00), [a01] "+x"(a01), [a10] "+x"(a10), [a11] "+x"(a11), [a20] "+x"(a20), \
+  [a21] "+x"(a21), [a30] "+x"(a30), [a31] "+x"(a31), [w] "+r"(wb), [x] "+r"(x), [n] "+r"(steps)
+#define MT_AVX2_INPUTS [ones] "x"(ones), [k4] "r"(k4), [k4x3] "r"(k4x3)
+#define MT_AVX2_CLOBBERS "xmm8", "xmm9", "xmm11", "xmm12", "xmm13", "memory", "cc"
+#endif
+
+// Rows m0 .. m0 + 3 x the 16 features of block nb: eight int32 accumulators in registers; per step of
+// 4 inputs, two weight vectors shared by the rows, and per row one broadcast, two vpmaddubsw, two
+// vpmaddwd and two vpaddd. With Prefetch the next block's weights are fetched into L1 meanwhile.
+// The loop is written in assembly (GCC, Clang): compiled from intrinsics, GCC 12 kept one accumulator
+// on the stack, a store and reload per step that made the loop 1.4x slower.
+template <bool Prefetch>
+inline void avx2_tile4(const Avx2Call& c, int64_t m0, int64_t nb) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[4][2];
+  int64_t steps = c.k4 / 4;
+  const int64_t k4 = c.k4;
+  const int8_t* wb = c.w + nb * steps * 64;
+  const uint8_t* x = c.xq + m0 * k4;
+#if defined(__GNUC__)
+  __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+  const int64_t k4x3 = 3 * k4, ahead = steps * 64;
+  if (steps > 0) {
+    if constexpr (Prefetch) {
+      asm volatile("1:\n\t" MT_AVX2_LOAD "prefetcht0 (%[w],%[ahead])\n\t" MT_AVX2_ROWS
+                   : MT_AVX2_OUTPUTS : MT_AVX2_INPUTS, [ahead] "r"(ahead) : MT_AVX2_CLOBBERS);
+    } else {
+      asm volatile("1:\n\t" MT_AVX2_LOAD MT_AVX2_ROWS : MT_AVX2_OUTPUTS : MT_AVX2_INPUTS : MT_AVX2_CLOBBERS);
+    }
+  }
+  acc[0][0] = a00, acc[0][1] = a01, acc[1][0] = a10, acc[1][1] = a11;
+  acc[2][0] = a20, acc[2][1] = a21, acc[3][0] = a30, acc[3][1] = a31;
+#else
+  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < steps; ++k) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + 32));
+    if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(wb + (steps + k) * 64), _MM_HINT_T0);
+    for (int r = 0; r < 4; ++r) {
+      int32_t four;
+      std::memcpy(&four, x + r * k4 + 4 * k, 4);
+      const __m256i xb = _mm256_set1_epi32(four);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w0), ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w1), ones));
+    }
+  }
+#endif
+  avx2_store<4>(c, m0, nb, acc);
+}
 #endif
 
 // x [..., K] float32 (M rows, any M) @ an int8 weight -> [..., N] float32 on AVX2 CPUs without VNNI, the
 // same bits as quantize_rows, torch._int_mm and dequantize (whose oneDNN int8 product can be tens of
-// times slower than float32 there). w and offset from kernels.vnni_weight() (offset unused: the same
-// signature as int8_linear_vnni).
+// times slower than float32 there). w and offset from kernels.vnni_weight(), w's values in -64..64.
 torch::Tensor int8_linear_avx2(torch::Tensor x, torch::Tensor w, torch::Tensor offset, torch::Tensor col_scale,
                                std::optional<torch::Tensor> bias_opt, int64_t n) {
-  (void)offset;   // the VNNI kernel's; here the inputs stay signed
 #ifdef MT_HAVE_AVX2_INT8
   const LayerArgs a = layer_args("int8_linear_avx2", x, w, col_scale, bias_opt, n);
   const int64_t K = a.K, M = a.M, NB = a.NB, K4 = a.K4;
+  TORCH_CHECK(offset.scalar_type() == torch::kInt32 && offset.numel() == NB * 16 && offset.is_contiguous(),
+              "offset must be [NB * 16] int32");
   x = x.contiguous();
-  auto xq = torch::empty({2, M, K4}, x.options().dtype(torch::kInt8));   // [0]: q, [1]: |q|
+  auto xq = torch::empty({M, K4}, x.options().dtype(torch::kUInt8));
   auto row_scale = torch::empty({M}, x.options());
   const float* X = x.data_ptr<float>();
-  int8_t* XQ = xq.data_ptr<int8_t>();
-  int8_t* XA = XQ + M * K4;
+  uint8_t* XQ = xq.data_ptr<uint8_t>();
   float* RS = row_scale.data_ptr<float>();
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [=](int64_t r0, int64_t r1) {
-    const int64_t k = K, k4 = K4;
+    const int64_t k = K, k4 = K4;   // local copies: uint8 stores may alias the closure's fields
     for (int64_t r = r0; r < r1; ++r) {
-      RS[r] = quantize_row<int8_t, 0>(X + r * k, XQ + r * k4, k);
-      abs_row(XQ + r * k4, XA + r * k4, k);
-      for (int64_t i = k; i < k4; ++i) XQ[r * k4 + i] = XA[r * k4 + i] = 0;
+      RS[r] = quantize_row<uint8_t, 128>(X + r * k, XQ + r * k4, k);
+      for (int64_t i = k; i < k4; ++i) XQ[r * k4 + i] = 128;
     }
   });
   auto out = layer_output(x, n);
-  const Avx2Call c{XQ, XA, RS, w.data_ptr<int8_t>(), col_scale.data_ptr<float>(),
+  const Avx2Call c{XQ, RS, w.data_ptr<int8_t>(), offset.data_ptr<int32_t>(), col_scale.data_ptr<float>(),
                    a.bias.defined() ? a.bias.data_ptr<float>() : nullptr, out.data_ptr<float>(), K4, n};
   // Cache blocking (each thread's share of the feature blocks): 256 KB of weights at a time stay in L2
-  // while chunks of rows whose q and |q| fit in 8 KB of L1 (16 rows at K = 256) pass over them, so
-  // the weights are read from memory once and the rows from L1; a wide layer (the 8k-vocabulary
+  // while chunks of rows whose inputs fit in 4 KB of L1 (16 rows at K = 256) pass over them, so the
+  // weights are read from memory once and the rows from L1; a wide layer (the 8k-vocabulary
   // projection) was 1.3x slower without it (python -m service.bench.int8_layers).
   const int64_t row_chunk = std::max<int64_t>(4, (4096 / K4) / 4 * 4);
   const int64_t block_chunk = std::max<int64_t>(1, 262144 / (K4 * 16));
@@ -453,11 +498,11 @@ torch::Tensor int8_linear_avx2(torch::Tensor x, torch::Tensor w, torch::Tensor o
         for (int64_t nb = n0; nb < n1; ++nb) {
           int64_t m0 = r0;
           if (m0 + 4 <= r1) {
-            avx2_tile<4, true>(c, m0, nb);
+            avx2_tile4<true>(c, m0, nb);
             m0 += 4;
           }
-          for (; m0 + 4 <= r1; m0 += 4) avx2_tile<4, false>(c, m0, nb);
-          for (; m0 < r1; ++m0) avx2_tile<1, false>(c, m0, nb);
+          for (; m0 + 4 <= r1; m0 += 4) avx2_tile4<false>(c, m0, nb);
+          for (; m0 < r1; ++m0) avx2_tile1(c, m0, nb);
         }
       }
     }
