@@ -26,7 +26,7 @@ TARGETS = ("fra", "ita")
 PREFIX = "/marian"
 # No numbers or URLs: the model sees each sentence as it is. Random weights with a likely EOS: these
 # are sentences whose greedy outputs are not empty (checked against generate() below).
-SINGLE = [DE[3], DE[6]]               # opus-tiny (seed 4)
+SINGLE = [DE[3], DE[6]]               # opus-tiny (seed 4): the attention test's text
 MULTI = [DE[0], DE[2], DE[3]]         # opus-multi (seed 2), to either target
 ALL_KINDS = {"kinds": ["cross", "encoder", "decoder"]}
 
@@ -91,7 +91,10 @@ def test_models_and_languages_list_the_targets(url, dirs):
 
 @pytest.mark.slow
 def test_routing_by_model_and_by_languages(url, offline):
-    for text in SINGLE:
+    # sentences the random model does not end at once (which ones depends on the CPU's int8 weights)
+    single = [text for text in DE if expected(offline, "opus-tiny", text)[1]][:2]
+    assert single
+    for text in single:
         got = translate(url, text, model="opus-tiny", source_lang="de", beam_size=1, max_new_tokens=8)
         tr = got["translations"][0]
         assert got["model"] == "opus-tiny" and tr["tokens"]
