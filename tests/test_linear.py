@@ -79,8 +79,7 @@ def test_weights_of_fewer_levels_take_the_clip_of_least_squared_error():
     feature's scale is absmax x c / 63 for the c in 1.00 .. 0.70 whose rounding has the least squared
     error, never more than absmax's, every value within -63..63; an all-zero feature keeps scale 1."""
     g = torch.Generator().manual_seed(4)
-    w = torch.randn(50, 300, generator=g)
-    w[:, 0] *= 8                                       # an outlier per feature: clipping it pays
+    w = torch.randn(50, 4000, generator=g)             # wide features: clipping their few largest values pays
     w[7] = 0.0
     q, scale = kernels.quantize_weight(w, 127)
     ref_q, ref_scale = kernels.quantize_rows_eager(w)
@@ -89,13 +88,13 @@ def test_weights_of_fewer_levels_take_the_clip_of_least_squared_error():
     absmax = w.abs().amax(1) / 63
     assert q.dtype == torch.int8 and int(q.abs().max()) <= 63 and float(scale[7]) == 1.0 and not q[7].any()
     ratio = (scale / absmax)[torch.arange(50) != 7]
-    assert float(ratio.min()) >= 0.70 - 1e-6 and float(ratio.max()) <= 1.0 + 1e-6
+    assert all(min(abs(r - (1.0 - 0.02 * i)) for i in range(16)) < 1e-5 for r in ratio.tolist())   # a clip tried
     err = (q.float() * scale[:, None] - w).square().sum(1)
     for c in [1.0 - 0.02 * i for i in range(16)]:
         s = torch.where(absmax > 0, absmax * c, torch.ones_like(absmax))
         e = (torch.round(w / s[:, None]).clamp(-63, 63) * s[:, None] - w).square().sum(1)
         assert bool((err <= e * (1 + 1e-6)).all()), c    # the least error of every clip tried
-    assert bool((ratio < 0.99).any())                    # and with these outliers some clip below absmax wins
+    assert bool((ratio < 0.99).all())                    # and on these features a clip below absmax wins
 
 
 def test_int8_row_major_copy_only_where_int_mm_serves_many_rows(monkeypatch):

@@ -172,8 +172,9 @@ def quantize_weight(w: Tensor, levels: int) -> tuple[Tensor, Tensor]:
     if levels >= 127:
         return q, scale
     err = (q.float() * scale[:, None] - w).square().sum(1)
+    absmax = scale
     for i in range(1, 16):
-        s = scale * (1.0 - 0.02 * i)
+        s = absmax * (1.0 - 0.02 * i)
         qi = torch.round(w / s[:, None]).clamp_(-levels, levels)
         e = (qi * s[:, None] - w).square().sum(1)
         better = e < err

@@ -134,6 +134,7 @@ def _translator(spec: dict):
         for i, out in zip(ids, run.outputs):
             outputs[i] = out
         return outputs, run.tokens
+    translate.close = lambda: loop.run_until_complete(engine.stop())     # its step loop ends before the process
     return translate
 
 
@@ -146,6 +147,7 @@ def _f_worker(spec: dict, barrier, queue) -> None:
         outputs, tokens = translate(spec["srcs"])
         queue.put({"ok": True, "start": t_start, "end": time.time(), "tokens": tokens, "outputs": outputs,
                    "index": spec["index"]})
+        getattr(translate, "close", lambda: None)()
     except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
         queue.put({"ok": False, "error": f"{spec['system']}: {e!r}"})
         try:
