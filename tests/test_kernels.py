@@ -135,8 +135,9 @@ def test_int8_compiled_and_eager_halves_agree(monkeypatch):
 def test_int8_one_call_kernel_gives_the_three_call_bits(monkeypatch, n_in, n_out):
     """The whole-layer int8 kernel of this CPU (``int8_linear_vnni`` on AVX-512 VNNI, ``int8_linear_avx2``
     on AVX2; any rows) against quantize_rows -> torch._int_mm -> dequantize:
-    the same bits for every row count, with and without bias, with inputs and weights at +-127, on
-    shapes that pad the weight on both sides, and for a [B, T, in] input; and the layer switching
+    the same bits for every row count, with and without bias, with inputs at +-127 and weights at their
+    levels' ends (``kernels.int8_weight_levels``), on shapes that pad the weight on both sides, and
+    for a [B, T, in] input; and the layer switching
     between the two paths without a row's result changing."""
     from model.inference import kernels
     from model.inference.linear import PackedWeight, onednn_available

@@ -167,14 +167,14 @@ def quantize_weight(w: Tensor, levels: int) -> tuple[Tensor, Tensor]:
     clip saturate) has the least squared error: at 63 levels, absmax alone leaves most values on a few
     levels. This is the mean-squared-error scale search of weight-only quantizers (e.g. torch.ao's
     per-channel observers with an MSE criterion), chosen on Multi30k's validation set: BLEU of the
-    shipped de-en model 39.77 against 39.69 with absmax (greedy; 39.83 at 127 levels)."""
+    shipped de-en model 39.75 against 39.69 with absmax (greedy; 39.83 at 127 levels, docs/model.md)."""
     q, scale = quantize_rows_eager(w, levels)
     if levels >= 127:
         return q, scale
     err = (q.float() * scale[:, None] - w).square().sum(1)
-    absmax = scale
+    full = scale                                  # absmax / levels: the clip c = 1
     for i in range(1, 16):
-        s = absmax * (1.0 - 0.02 * i)
+        s = full * (1.0 - 0.02 * i)
         qi = torch.round(w / s[:, None]).clamp_(-levels, levels)
         e = (qi * s[:, None] - w).square().sum(1)
         better = e < err
@@ -329,7 +329,7 @@ def int8_weight_levels() -> int:
     """The int8 weights' levels on each side of zero (scale = absmax / levels) on this CPU: 63 on x86
     CPUs with AVX2 and without AVX-512 VNNI, where the compiled ``int8_linear_avx2`` multiplies unsigned
     inputs by weights exactly only for |w| <= 64 (half the levels roughly doubles the weights'
-    rounding error; the shipped de-en model's BLEU moved by under 0.3, docs/performance.md); else 127.
+    rounding error; the shipped models' BLEU moved by under 0.3, docs/model.md); else 127.
     It depends on the CPU alone, not on whether the kernels are built or switched on, so that they
     change speed and never results: the torch._int_mm path multiplies the same values. ``PackedWeight``
     asks when it quantizes a weight."""

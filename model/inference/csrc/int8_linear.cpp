@@ -321,8 +321,8 @@ torch::Tensor int8_linear_vnni(torch::Tensor x, torch::Tensor w, torch::Tensor o
 // as the VNNI kernel's, with the same per-feature offset 128 x sum(w) taken off at the end), and the
 // weights must lie in -64..64 (``kernels.int8_weight_levels()``: 63 levels a side on this path), so a
 // pair is at most 2 x 255 x 64 = 32,640 and every int16 sum is exact. Full 8-bit weights need a sign
-// step per row and weight vector instead (|x| times w with x's sign, vpsignb): 40% more vector
-// instructions per product, and the kernel is bound by their issue (python -m service.bench.int8_layers).
+// step per row and weight vector instead (|x| times w with x's sign, vpsignb) and a second broadcast:
+// 40 vector instructions per step of the 4-row tile against 28, and the kernel is bound by their issue.
 struct Avx2Call {
   const uint8_t* xq;       // [M, K4] quantized rows + 128 (K4 = K rounded up to 4; padding 128, i.e. 0)
   const float* row_scale;  // [M]
@@ -417,7 +417,7 @@ inline void avx2_tile1(const Avx2Call& c, int64_t m, int64_t nb) {
 // 4 inputs, two weight vectors shared by the rows, and per row one broadcast, two vpmaddubsw, two
 // vpmaddwd and two vpaddd. With Prefetch the next block's weights are fetched into L1 meanwhile.
 // The loop is written in assembly (GCC, Clang): compiled from intrinsics, GCC 12 kept one accumulator
-// on the stack, a store and reload per step that made the loop 1.4x slower.
+// on the stack, a store and a reload at every step.
 template <bool Prefetch>
 inline void avx2_tile4(const Avx2Call& c, int64_t m0, int64_t nb) {
   const __m256i ones = _mm256_set1_epi16(1);
