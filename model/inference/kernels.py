@@ -333,12 +333,7 @@ def int8_weight_levels() -> int:
     It depends on the CPU alone, not on whether the kernels are built or switched on, so that they
     change speed and never results: the torch._int_mm path multiplies the same values. ``PackedWeight``
     asks when it quantizes a weight."""
-    flags: set[str] = set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    flags = {f for line in _cpu_id().splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
     if not flags:    # no /proc/cpuinfo (macOS): what torch dispatches to
         capability = torch.backends.cpu.get_cpu_capability()
         flags = {"avx2"} if capability == "AVX2" else {"avx512f", "avx512_vnni"} if "AVX512" in capability else set()

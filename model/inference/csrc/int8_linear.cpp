@@ -393,8 +393,7 @@ inline void avx2_tile1(const Avx2Call& c, int64_t m, int64_t nb) {
   avx2_store<1>(c, m, nb, acc);
 }
 
-#if defined(__GNUC__)
-// The loop of avx2_tile4 in AT&T syntax: ymm8/ymm9 the step's two weight vectors, ymm11 a row's four
+// The loop of avx2_tile4 in AT&T syntax (GCC and Clang, the compilers kernels.py's flags are for): ymm8/ymm9 the step's two weight vectors, ymm11 a row's four
 // inputs broadcast, ymm12/ymm13 its products; the accumulators and the int16 ones are the compiler's.
 #define MT_AVX2_LOAD "vmovdqu (%[w]), %%ymm8\n\tvmovdqu 32(%[w]), %%ymm9\n\t"
 #define MT_AVX2_ROW(ADDR, A0, A1)                                                      \
@@ -411,12 +410,11 @@ inline void avx2_tile1(const Avx2Call& c, int64_t m, int64_t nb) {
   [a21] "+x"(a21), [a30] "+x"(a30), [a31] "+x"(a31), [w] "+r"(wb), [x] "+r"(x), [n] "+r"(steps)
 #define MT_AVX2_INPUTS [ones] "x"(ones), [k4] "r"(k4), [k4x3] "r"(k4x3)
 #define MT_AVX2_CLOBBERS "xmm8", "xmm9", "xmm11", "xmm12", "xmm13", "memory", "cc"
-#endif
 
 // Rows m0 .. m0 + 3 x the 16 features of block nb: eight int32 accumulators in registers; per step of
 // 4 inputs, two weight vectors shared by the rows, and per row one broadcast, two vpmaddubsw, two
 // vpmaddwd and two vpaddd. With Prefetch the next block's weights are fetched into L1 meanwhile.
-// The loop is written in assembly (GCC, Clang): compiled from intrinsics, GCC 12 kept one accumulator
+// The loop is written in assembly: compiled from intrinsics, GCC 12 kept one accumulator
 // on the stack, a store and a reload at every step.
 template <bool Prefetch>
 inline void avx2_tile4(const Avx2Call& c, int64_t m0, int64_t nb) {
@@ -426,7 +424,6 @@ inline void avx2_tile4(const Avx2Call& c, int64_t m0, int64_t nb) {
   const int64_t k4 = c.k4;
   const int8_t* wb = c.w + nb * steps * 64;
   const uint8_t* x = c.xq + m0 * k4;
-#if defined(__GNUC__)
   __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
   const int64_t k4x3 = 3 * k4, ahead = steps * 64;
   if (steps > 0) {
@@ -439,21 +436,6 @@ inline void avx2_tile4(const Avx2Call& c, int64_t m0, int64_t nb) {
   }
   acc[0][0] = a00, acc[0][1] = a01, acc[1][0] = a10, acc[1][1] = a11;
   acc[2][0] = a20, acc[2][1] = a21, acc[3][0] = a30, acc[3][1] = a31;
-#else
-  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < steps; ++k) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k * 64 + 32));
-    if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(wb + (steps + k) * 64), _MM_HINT_T0);
-    for (int r = 0; r < 4; ++r) {
-      int32_t four;
-      std::memcpy(&four, x + r * k4 + 4 * k, 4);
-      const __m256i xb = _mm256_set1_epi32(four);
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w0), ones));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w1), ones));
-    }
-  }
-#endif
   avx2_store<4>(c, m0, nb, acc);
 }
 #endif
