@@ -36,12 +36,12 @@ from model.checkpoint import DEFAULT_CHECKPOINT
 from service.protocol import StreamItem, TranslateJob, TranslateResponse
 
 from .api.access_log import flush_serve_log
-from .api.deadline import run_within, stream_within
-from .api.errors import RETRY_AFTER_S, ErrorRecord, to_service_error
 from .api.document_store import DocumentSettings
 from .api.gateway import Gateway
 from .api.guard import GuardSettings, RateLimit
 from .engine import EngineConfig
+from .protocol import RETRY_AFTER_S, ErrorRecord
+from .replica import error_record, run_within, stream_within
 from .translator import Translator, TranslatorInfo, model_card
 
 logger = logging.getLogger("ray.serve")
@@ -327,20 +327,14 @@ class TranslatorReplica:
         try:
             return await run_within(self.translator.translate(job), job.deadline, job.timeout_s)
         except Exception as e:  # noqa: BLE001 - an answer if it maps to one, else a failure
-            return self._record(e)
+            return error_record(e, self.translator.name)
 
     async def stream(self, job: TranslateJob) -> AsyncIterator[Union[StreamItem, ErrorRecord]]:
         try:
             async for item in stream_within(self.translator.stream(job), job.deadline, job.timeout_s):
                 yield item
         except Exception as e:  # noqa: BLE001
-            yield self._record(e)
-
-    def _record(self, e: Exception) -> ErrorRecord:
-        err = to_service_error(e, self.translator.name)
-        if err is None:
-            raise e
-        return err.record
+            yield error_record(e, self.translator.name)
 
     def ready(self) -> bool:
         return self.translator.ready()

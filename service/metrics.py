@@ -17,7 +17,7 @@ import httpx
 import ray
 from ray.serve.metrics import Counter, Gauge, Histogram
 
-from .api.errors import RETRY_AFTER_S, ServiceError
+from .protocol import RETRY_AFTER_S, ServiceError
 
 PREFIX = "ray_"   # added by Ray's metrics agent
 

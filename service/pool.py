@@ -34,13 +34,19 @@ import ray
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
-from service.protocol import RETRY_AFTER_S, StreamItem, TranslateJob, TranslateResponse
+from service.protocol import (
+    RETRY_AFTER_S,
+    ErrorRecord,
+    ServiceError,
+    StreamItem,
+    TranslateJob,
+    TranslateResponse,
+)
 from service.translator import ModelCard, Translator, TranslatorInfo
 
 from .api.access_log import flush_serve_log
-from .api.deadline import run_within, stream_within
-from .api.errors import ErrorRecord, ServiceError, to_service_error
 from .metrics import PoolMetrics
+from .replica import error_record, run_within, stream_within
 
 logger = logging.getLogger("ray.serve")
 MULTIPLEX_WRAPPER = "__serve_multiplex_wrapper"   # where serve.multiplexed keeps its LRU cache on the function
@@ -332,7 +338,7 @@ class PoolReplica:
             with rm.use() as translator:    # no await between the lookup and the count: never evicted unseen
                 return await run_within(translator.translate(job), job.deadline, job.timeout_s)
         except Exception as e:  # noqa: BLE001 - an answer if it maps to one, else a failure
-            return self._record(e, model_id)
+            return error_record(e, model_id)
 
     async def stream_with(self, model_id: str, job: TranslateJob) -> AsyncIterator[Union[StreamItem, ErrorRecord]]:
         try:
@@ -343,13 +349,7 @@ class PoolReplica:
                     async for item in items:
                         yield item
         except Exception as e:  # noqa: BLE001
-            yield self._record(e, model_id)
-
-    def _record(self, e: Exception, model_id: str) -> ErrorRecord:
-        err = to_service_error(e, model_id)
-        if err is None:
-            raise e
-        return err.record
+            yield error_record(e, model_id)
 
     def ready(self) -> bool:
         """The replica runs (models load on demand: none needs to be resident)."""

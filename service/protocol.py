@@ -5,9 +5,11 @@ place (``service/api/errors.py``), a Ray replica passes the records as they are.
     gateway --TranslateJob--> translator --source ids + GenerationOptions--> engine
     gateway <--TranslateResponse | StreamStart, StreamToken..., TranslateResponse-- translator
 
-Errors: ``TranslationError`` and its kinds, each one HTTP status in the API: ``InvalidRequest`` (422),
-``TooLarge`` (413), ``Overloaded`` and ``Unavailable`` (503 with Retry-After), ``DeadlineExceeded``
-(504). The engine's own errors (``service/engine/errors.py``) are kinds of these.
+Errors, one hierarchy: ``TranslationError`` and its kinds, each with its HTTP ``status``:
+``InvalidRequest`` (422), ``TooLarge`` (413), ``Overloaded`` and ``Unavailable`` (503 with
+Retry-After), ``DeadlineExceeded`` (504), and ``ServiceError`` (any status, for the checks of the
+request path). The engine's own errors (``service/engine/errors.py``) are kinds of these.
+``ErrorRecord`` is a ``ServiceError`` as a value: what a translator replica returns instead of raising.
 """
 from __future__ import annotations
 
@@ -48,9 +50,16 @@ RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload
 
 
 # ---- errors ------------------------------------------------------------------------------------------
+ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+               413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid_request",
+               429: "overloaded", 499: "cancelled", 500: "internal_error", 503: "overloaded"}
+
+
 class TranslationError(Exception):
     """An error raised on purpose: ``message`` names the field and the limit; ``field`` is the dotted
-    request field (or None); ``retry_after`` seconds for the kinds a client should retry."""
+    request field (or None); ``retry_after`` seconds for the kinds a client should retry; ``status``
+    its HTTP status (``service/replica.to_service_error`` is the one mapping)."""
+    status = 500
 
     def __init__(self, message: str, field: Optional[str] = None, retry_after: Optional[float] = None):
         super().__init__(message)
@@ -62,22 +71,57 @@ class TranslationError(Exception):
 
 class InvalidRequest(TranslationError, ValueError):
     """A field's value is out of range for this model or service (HTTP 422)."""
+    status = 422
 
 
 class TooLarge(TranslationError):
     """The request holds more than a limit allows: texts, characters, sentences, attention (HTTP 413)."""
+    status = 413
 
 
 class Overloaded(TranslationError):
     """Too much work is waiting; retry after ``retry_after`` seconds (HTTP 503)."""
+    status = 503
 
 
 class Unavailable(TranslationError):
     """The model is loading or restarting; retry after ``retry_after`` seconds (HTTP 503)."""
+    status = 503
 
 
 class DeadlineExceeded(TranslationError):
     """The request ran past its deadline; its sentences were cancelled (HTTP 504)."""
+    status = 504
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A ServiceError as a value: what a translator replica returns (or yields) instead of raising it."""
+    status: int                          # HTTP status
+    message: str                         # names the field and the limit
+    field: Optional[str] = None          # dotted request field, e.g. "attention.layers"
+    retry_after: Optional[float] = None  # seconds (Retry-After header), for 503s
+    type: Optional[str] = None           # None: from the status (ERROR_TYPES)
+
+
+class ServiceError(TranslationError):
+    """An error with its HTTP status, raised anywhere on the request path and rendered in the error
+    shape of the route's API (``service/api/errors.py``); ``type`` names its kind in the body."""
+
+    def __init__(self, status: int, message: str, field: Optional[str] = None,
+                 retry_after: Optional[float] = None, type: Optional[str] = None):
+        super().__init__(message, field, retry_after)
+        self.args = (status, message, field, retry_after, type)
+        self.status = status
+        self.type = type or ERROR_TYPES.get(status, "error")
+
+    @property
+    def record(self) -> ErrorRecord:
+        return ErrorRecord(self.status, self.message, self.field, self.retry_after, self.type)
+
+    @classmethod
+    def from_record(cls, r: ErrorRecord) -> "ServiceError":
+        return cls(r.status, r.message, r.field, r.retry_after, r.type)
 
 
 # ---- what a caller asks of one sentence --------------------------------------------------------------

@@ -15,8 +15,16 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from service.api import libretranslate
-from service.api.body import MAX_BODY_BYTES, BodyMiddleware, HeadMiddleware, check_json_keys, decode_body, inflate
-from service.api.errors import ServiceError, add_exception_handlers
+from service.api.body import (
+    MAX_BODY_BYTES,
+    BodyMiddleware,
+    HeadMiddleware,
+    check_json_keys,
+    decode_body,
+    inflate,
+)
+from service.api.errors import add_exception_handlers
+from service.protocol import ServiceError
 
 TEXT = "Ein Mann fährt Fahrrad. Zwei Hunde spielen im Schnee – „schön“ 🐶"
 CAP = 64 * 1024
@@ -387,6 +395,7 @@ def test_the_access_log_records_a_client_that_left_as_499_not_500(caplog):
     """No response started and the client went away (Serve cancels the request, or the body read
     saw the disconnect): 499 in the metrics and the log; an app that fails with no response: 500."""
     import asyncio
+
     from service.api.access_log import AccessLogMiddleware
 
     class Metrics:

@@ -6,21 +6,21 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from conftest import build_tiny_checkpoint
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from conftest import build_tiny_checkpoint
 from service.api import deepl
 from service.api.body import BodyMiddleware, read_fields
 from service.api.cors import CorsMiddleware
-from service.api.errors import LIBRE_PATHS, ServiceError, add_exception_handlers
+from service.api.errors import LIBRE_PATHS, add_exception_handlers
 from service.api.guard import Guard, GuardMiddleware, GuardSettings, memory_scope
 from service.api.html import HtmlText
 from service.api.libretranslate import read_admitted
 from service.api.suggest import frontend_settings
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
-from service.protocol import MAX_TEXT_CHARS
+from service.protocol import MAX_TEXT_CHARS, ServiceError
 from service.translator import ModelCard, Translator, model_card
 
 

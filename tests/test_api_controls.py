@@ -4,7 +4,6 @@ confidence / min_confidence, repetition controls, return_alignment and their 422
 LibreTranslate route."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -15,11 +14,12 @@ from fastapi.testclient import TestClient
 
 from model.checkpoint import DEFAULT_CHECKPOINT
 from service.api import libretranslate
-from service.api.errors import add_exception_handlers, mapped_errors
+from service.api.errors import add_exception_handlers
 from service.api.schemas import TranslateRequest
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
 from service.protocol import StreamToken, TranslateResponse, Translation, Usage
+from service.replica import mapped_errors
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "config.json").exists(),
                                 reason="the shipped model is not in this checkout")

@@ -8,11 +8,23 @@ import pytest
 import ray
 from ray.serve.exceptions import BackPressureError
 
-from service.api.errors import (MAX_DETAILS, MAX_NAME_CHARS, RETRY_AFTER_S, ErrorRecord, ServiceError,
-                                add_exception_handlers, error_response, libre_error_response, mapped_errors, shown,
-                                to_service_error)
+from service.api.errors import (
+    MAX_DETAILS,
+    MAX_NAME_CHARS,
+    add_exception_handlers,
+    error_response,
+    libre_error_response,
+    shown,
+)
 from service.api.schemas import TranslateRequest
-from service.engine import EngineError, EngineStoppedError, EngineValidationError, QueueFullError
+from service.engine import (
+    EngineError,
+    EngineStoppedError,
+    EngineValidationError,
+    QueueFullError,
+)
+from service.protocol import RETRY_AFTER_S, ErrorRecord, ServiceError
+from service.replica import mapped_errors, to_service_error
 
 
 @pytest.mark.parametrize("exc, status, words, retry", [
@@ -71,8 +83,8 @@ def test_body_errors_say_what_is_wrong():
     from pydantic import ValidationError
     from test_api_body import make_app
 
-    from service.api.errors import JSON_TOO_DEEP, format_validation_error
     from service.api.body import FormFields
+    from service.api.errors import JSON_TOO_DEEP, format_validation_error
     from service.api.libretranslate import parse
     from service.api.schemas import TranslateRequest
     client = TestClient(make_app())

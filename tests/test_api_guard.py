@@ -13,9 +13,17 @@ from fastapi.testclient import TestClient
 
 from service.api import guard as guard_mod
 from service.api.body import BodyMiddleware
-from service.api.errors import LIBRE_PATHS, ServiceError, add_exception_handlers, libre_error_response
-from service.api.guard import Guard, GuardMiddleware, GuardSettings, RateLimit, key_id, parse_keys
+from service.api.errors import LIBRE_PATHS, add_exception_handlers, libre_error_response
+from service.api.guard import (
+    Guard,
+    GuardMiddleware,
+    GuardSettings,
+    RateLimit,
+    key_id,
+    parse_keys,
+)
 from service.api.libretranslate import read_admitted
+from service.protocol import ServiceError
 
 KEY, OTHER = "k-3f9a1c7e5d", "k-other-77b2"
 CAP = 16 * 1024

@@ -164,8 +164,8 @@ def test_an_element_without_text_stays_next_to_its_word():
 
 
 def test_inline_nesting_deeper_than_the_limit_is_a_413_not_a_recursion_error():
-    from service.api.errors import ServiceError
     from service.api.html import MAX_INLINE_DEPTH
+    from service.protocol import ServiceError
     n = MAX_INLINE_DEPTH
     h = HtmlText("<b>" * n + "Ein Hund läuft." + "</b>" * n)
     assert h.segments == ["Ein Hund läuft."]
@@ -191,6 +191,7 @@ def test_after_voiding_the_unclosed_every_run_ends_at_the_next_other_part():
     the next part that is not text, a comment or an inline tag it closes (or at the end), never earlier;
     and only inline start tags change."""
     import random
+
     from service.api.html import _run_end, _void_unclosed
     rng = random.Random(7)
     kinds = [("start", "<b>", "b"), ("start", "<i>", "i"), ("end", "</b>", "b"), ("end", "</i>", "i"),

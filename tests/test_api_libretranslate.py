@@ -6,16 +6,21 @@ import re
 
 import httpx
 import pytest
-
 from conftest import DATA, post, translate
+
 from model.config import ModelConfig
 from model.tokenizer import read_lines
-from service.api.errors import ServiceError
 from service.api.body import FormFields
-from service.api.libretranslate import MAX_IGNORED_NAMES, LibreRequest, checked_job, ignored_fields_header, parse
-from service.protocol import MAX_TEXT_CHARS
-from service.engine.validation import ModelLimits
+from service.api.libretranslate import (
+    MAX_IGNORED_NAMES,
+    LibreRequest,
+    checked_job,
+    ignored_fields_header,
+    parse,
+)
 from service.engine import EngineConfig
+from service.engine.validation import ModelLimits
+from service.protocol import MAX_TEXT_CHARS, ServiceError
 from service.translator import ModelCard
 
 SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[:12]

@@ -2,16 +2,15 @@
 (service/engine/validation.py), mapped to HTTP errors as the gateway maps them, in-process."""
 from __future__ import annotations
 
-
 import pytest
 from pydantic import ValidationError
 
 from model.config import ModelConfig
-from service.api.errors import ServiceError, mapped_errors
 from service.api.schemas import TranslateRequest
-from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS
-from service.engine.validation import ModelLimits
 from service.engine import EngineConfig, EngineValidationError
+from service.engine.validation import ModelLimits
+from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, ServiceError
+from service.replica import mapped_errors
 
 TINY = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)   # 2 layers, 4 heads
 LIMITS = ModelLimits.of("tiny", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))

@@ -26,9 +26,10 @@ from service.api import deepl_documents
 from service.api import documents as routes
 from service.api.body import BodyMiddleware
 from service.api.document_store import DocumentSettings, DocumentStore, owner_of
-from service.api.errors import LIBRE_PATHS, ServiceError, add_exception_handlers
+from service.api.errors import LIBRE_PATHS, add_exception_handlers
 from service.api.guard import Guard, GuardMiddleware, GuardSettings
 from service.documents import DocumentError, safety
+from service.protocol import ServiceError
 
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 
@@ -292,7 +293,7 @@ async def test_segments_go_in_small_jobs_with_few_in_flight_and_big_ones_split()
         jobs.append(list(job.texts))
         await asyncio.sleep(0.01)
         in_flight -= 1
-        from service.protocol import Translation, TranslateResponse, Usage
+        from service.protocol import TranslateResponse, Translation, Usage
         return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
             Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
     segments = [f"satz {i}" for i in range(17)] + ["", "wort " * 20]
@@ -327,7 +328,7 @@ class _Gateway:
         return _Card()
 
     async def _translate(self, model, job):
-        from service.protocol import Translation, TranslateResponse, Usage
+        from service.protocol import TranslateResponse, Translation, Usage
         return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
             Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
 

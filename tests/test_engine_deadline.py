@@ -9,12 +9,12 @@ import time
 
 import pytest
 import torch
-
-from service.api.deadline import run_within, stream_within
-from service.api.errors import ServiceError
-from service.engine import Engine, EngineConfig, GenerationOptions
 from tiny_model import make_engine_model, one_thread  # noqa: F401 (one_thread: autouse fixture)
 from tiny_model import rand_source as source
+
+from service.engine import Engine, EngineConfig, GenerationOptions
+from service.protocol import ServiceError
+from service.replica import run_within, stream_within
 
 STEP_S = 0.01        # added to every engine step
 LONG = GenerationOptions(beam_size=2, max_new_tokens=60, min_new_tokens=60)   # >= 60 steps = 0.6 s

@@ -9,13 +9,27 @@ import types
 
 import pydantic
 import pytest
-
 from conftest import build_tiny_checkpoint
-from service.api.errors import ServiceError, to_service_error
-from service.api.glossaries import GlossaryClient, GlossaryCreate, GlossaryStore, read_file, resolve, scope_of
+
+from service.api.glossaries import (
+    GlossaryClient,
+    GlossaryCreate,
+    GlossaryStore,
+    read_file,
+    resolve,
+    scope_of,
+)
 from service.api.schemas import TranslateRequest
-from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, GenerationOptions, InvalidRequest,
-                              StreamToken, TranslateJob)
+from service.protocol import (
+    MAX_GLOSSARY_ENTRIES,
+    MAX_GLOSSARY_TERM_CHARS,
+    GenerationOptions,
+    InvalidRequest,
+    ServiceError,
+    StreamToken,
+    TranslateJob,
+)
+from service.replica import to_service_error
 from service.translator import Translator, model_card
 from service.translator.glossary import Glossary
 
@@ -221,6 +235,7 @@ def test_libretranslate_glossary_fields():
 
 def test_405_allow_names_every_route_of_the_path():
     from fastapi.testclient import TestClient
+
     from service.api.gateway import api
     client = TestClient(api)
     for method, path, allow in (("OPTIONS", "/v1/glossaries", "GET, POST, HEAD"),

@@ -10,11 +10,18 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from starlette.requests import ClientDisconnect
 
 from service.api.backends import RemoteBackend, replica_lost
-from service.api.errors import ErrorRecord, ServiceError
 from service.api.guard import Guard, GuardSettings
-from service.protocol import StreamStart, StreamToken, TranslateJob, TranslateResponse, Usage
 from service.api.sse import ClosingStreamingResponse
 from service.engine import EngineStats, GenerationOptions
+from service.protocol import (
+    ErrorRecord,
+    ServiceError,
+    StreamStart,
+    StreamToken,
+    TranslateJob,
+    TranslateResponse,
+    Usage,
+)
 from service.translator import Translator
 
 

@@ -8,20 +8,26 @@ import json
 
 import httpx
 import pytest
+from conftest import DATA, post, translate
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from conftest import DATA, post, translate
 from model.config import ModelConfig
 from model.tokenizer import read_lines
 from service.api import autodetect, libretranslate
 from service.api.body import BodyMiddleware
-from service.api.errors import ServiceError, add_exception_handlers
+from service.api.errors import add_exception_handlers
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
-from service.protocol import TranslateResponse, Translation, Usage
+from service.protocol import ServiceError, TranslateResponse, Translation, Usage
 from service.translator import ModelCard
-from service.translator.langid import COMMON_LANGUAGES, MAX_DETECT_CHARS, NO_LANGUAGE, LanguageDetector, detect
+from service.translator.langid import (
+    COMMON_LANGUAGES,
+    MAX_DETECT_CHARS,
+    NO_LANGUAGE,
+    LanguageDetector,
+    detect,
+)
 
 DE = read_lines(DATA / "val.de.gz")[:20] + read_lines(DATA / "test_2016_flickr.de.gz")[:20]
 EN = read_lines(DATA / "val.en.gz")[:20] + read_lines(DATA / "test_2016_flickr.en.gz")[:20]

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from conftest import build_tiny_checkpoint
-from service.api.errors import ServiceError
+from service.protocol import ServiceError
 from service.api.memory import check_entries, parse_tmx, parse_tsv, read_import, write_tmx, write_tsv
 from service.api.schemas import TranslateRequest
 from service.protocol import MAX_MEMORY_IMPORT
@@ -171,7 +171,7 @@ def test_split_sentences_modes_keep_the_text_around_the_pieces(mode, pieces, glu
 
 
 def test_an_unusable_memory_file_never_stops_translation(tmp_path):
-    from service.api.errors import to_service_error
+    from service.replica import to_service_error
     from service.protocol import Unavailable
     (tmp_path / "file").write_text("not a directory")
     store = MemoryStore(tmp_path / "file" / "m.sqlite3")       # its directory cannot be made

@@ -13,16 +13,22 @@ import types
 
 import httpx
 import pytest
+from conftest import DATA, build_tiny_checkpoint, shipped_model_available, sse_events
 from fastapi.testclient import TestClient
 
-from conftest import DATA, build_tiny_checkpoint, shipped_model_available, sse_events
 from model.config import ModelConfig
 from model.tokenizer import read_lines
 from service.api import pivot
-from service.api.errors import ServiceError
 from service.engine import EngineConfig, GenerationOptions
 from service.engine.validation import ModelLimits
-from service.protocol import MAX_ATTENTION_VALUES, TranslateJob, TranslateResponse, Translation, Usage
+from service.protocol import (
+    MAX_ATTENTION_VALUES,
+    ServiceError,
+    TranslateJob,
+    TranslateResponse,
+    Translation,
+    Usage,
+)
 from service.translator import ModelCard, model_card
 
 DE = read_lines(DATA / "test_2016_flickr.de.gz")[:6]
@@ -163,6 +169,7 @@ def gateway_client(cards, pivot_lang="en", engine=None):
     FastAPI's TestClient: Serve's class-based view finds its instance through
     ``serve.get_replica_context()``, which is pointed at this one. ``engine``: EngineConfig fields."""
     import ray.serve
+
     from service.api import gateway
     gw = object.__new__(gateway.Gateway)
     gateway.Gateway.__mro__[1].__init__(gw, cards, None, {}, 1, None, 60.0, pivot_lang=pivot_lang)
@@ -380,6 +387,7 @@ def test_libretranslate_client_gets_a_pivoted_translation(pivot_service_url):
 def test_the_pivot_bleu_benchmark_scores_both_legs(checkpoints, tmp_path, capsys):
     """python -m service.bench.pivot_bleu on the tiny models (the figures are random; the lines are checked)."""
     import gzip
+
     from service.bench.pivot_bleu import main
     for lang, data in (("de", "de"), ("en", "en"), ("fr", "en")):       # "fr" references: English lines
         with gzip.open(tmp_path / f"test_2016_flickr.{lang}.gz", "wt", encoding="utf-8") as f:

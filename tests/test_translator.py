@@ -8,7 +8,8 @@ import pytest
 
 from conftest import build_tiny_checkpoint
 from service.engine import EngineValidationError
-from service.api.errors import ServiceError, to_service_error
+from service.protocol import ServiceError
+from service.replica import to_service_error
 from service.api.schemas import TranslateRequest
 from service.protocol import StreamToken, TooLarge, Unavailable
 from service.translator import Translator, model_card

@@ -18,10 +18,15 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, TranslateResponse, Translation, Usage
+from service.protocol import (
+    MAX_TEXT_CHARS,
+    MAX_TEXTS,
+    ServiceError,
+    TranslateResponse,
+    Translation,
+    Usage,
+)
 from service.translator.langid import NO_LANGUAGE, LanguageDetector
-
-from .errors import ServiceError
 
 AUTO = "auto"
 NOT_SERVED = "language_not_served"     # the ServiceError type of both 404s (errors.py keeps them 404)

@@ -23,12 +23,19 @@ from typing import AsyncIterator, Callable, Optional, Protocol, Union
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from service.protocol import (
+    ErrorRecord,
+    ServiceError,
+    StreamItem,
+    StreamStart,
+    StreamToken,
+    TranslateJob,
+    TranslateResponse,
+)
 from service.ray_env import handle_transport
+from service.replica import mapped_errors, run_within, stream_within, timeout_error
 from service.translator import ModelCard, TranslatorInfo
-from service.protocol import StreamItem, StreamStart, StreamToken, TranslateJob, TranslateResponse
 
-from .deadline import run_within, stream_within, timeout_error
-from .errors import ErrorRecord, ServiceError, mapped_errors
 logger = logging.getLogger("ray.serve")
 LOST = (ActorDiedError, ActorUnavailableError)   # the replica died or cannot be reached: no answer came
 

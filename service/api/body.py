@@ -47,8 +47,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from .errors import (DEEPL_PREFIX, JSON_TOO_DEEP, LIBRE_PATHS, ServiceError, deepl_error_response, error_response,
-                     format_validation_error, route_path, shown)
+from service.protocol import ServiceError
+
+from .errors import (
+    DEEPL_PREFIX,
+    JSON_TOO_DEEP,
+    LIBRE_PATHS,
+    deepl_error_response,
+    error_response,
+    format_validation_error,
+    route_path,
+    shown,
+)
 from .guard import BODY_KEY_PATHS, check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of

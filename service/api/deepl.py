@@ -17,7 +17,6 @@ path), ``error_response`` (DeepL's error shape and statuses), ``DEEPL_PREFIX`` (
 from __future__ import annotations
 
 import asyncio
-
 import dataclasses
 import json
 from typing import Awaitable, Callable, Iterable, Literal, Optional
@@ -26,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from service.engine import GenerationOptions
 from service.engine.validation import ModelLimits
-from service.protocol import TranslateJob, TranslateResponse
+from service.protocol import ServiceError, TranslateJob, TranslateResponse
+from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.langid import LanguageDetector
 
 from . import autodetect
 from .autodetect import NAMES
-from .errors import ServiceError, deepl_error_response, format_validation_error, mapped_errors, short_name, shown
+from .errors import deepl_error_response, format_validation_error, short_name, shown
 
 DEEPL_PREFIX = "/v2/"             # paths answered in DeepL's error shape
 AUTH_SCHEME = "deepl-auth-key"    # Authorization: DeepL-Auth-Key KEY (compared ignoring case)

@@ -35,12 +35,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from service import documents
+from service.protocol import ServiceError
 
 from . import documents as routes
 from . import glossaries
 from .document_store import owner_of
-from .errors import ServiceError
 from .schemas import ErrorResponse
+
 
 class DocumentHandle(BaseModel):
     document_id: str

@@ -26,7 +26,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ServiceError
+from service.protocol import ServiceError
 
 ENV_DIR = "MT_DOCUMENTS_DIR"
 _NAME = re.compile(r"[A-Za-z0-9_-]{16,64}(\.[a-z0-9]{1,10})?")      # what a stored name looks like

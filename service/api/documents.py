@@ -31,13 +31,19 @@ from pydantic import BaseModel, Field
 
 from service import documents
 from service.documents import Document
-from service.protocol import GenerationOptions, TranslateJob, TranslateResponse
+from service.protocol import (
+    GenerationOptions,
+    ServiceError,
+    TranslateJob,
+    TranslateResponse,
+)
+from service.replica import mapped_errors
 from service.translator.card import match_language
 
 from . import autodetect, sse
 from .body import check_multipart
 from .document_store import DocumentSettings, owner_of
-from .errors import ServiceError, error_response, libre_error_response, mapped_errors, shown
+from .errors import error_response, libre_error_response, shown
 from .guard import bearer, check_body_key
 
 RETRIES_503 = 5                 # attempts of one job while the engine answers 503 (overloaded, loading)

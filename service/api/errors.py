@@ -1,32 +1,25 @@
-"""Errors of the HTTP API: ``ServiceError`` (an error with its HTTP status), the one mapping of the
-service's domain errors (``service/protocol.py``, the engine's among them) and Ray handle errors to
-it, and their rendering as responses.
+"""Errors of the HTTP API: a ``ServiceError`` (``service/protocol.py``; every other error is mapped to
+one by ``service/replica.to_service_error``) rendered in the error shape of the route's API.
 
-    raised in the API              -> ServiceError(status, message, field, retry_after)
-    domain / Ray handle exception  -> to_service_error() -> ServiceError   (the one mapping)
+    raised on the request path     -> ServiceError(status, message, field, retry_after)
+    domain / Ray handle exception  -> replica.to_service_error() -> ServiceError   (the one mapping)
     translator replica             -> returns ErrorRecord (a value: no replica failure in Ray's logs)
     FastAPI handlers               -> {"error": {"type", "message", "field"}}   (native API)
                                       {"error": message}, 4xx as 400          (LibreTranslate routes)
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import sys
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
-import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.engine.errors import EngineError, EngineStoppedError, EngineValidationError, QueueFullError
-from service.protocol import (RETRY_AFTER_S, DeadlineExceeded, InvalidRequest, Overloaded, TooLarge, TranslationError,
-                              Unavailable)
+from service.protocol import ServiceError
 
 LIBRE_PATHS = ("/translate", "/languages", "/detect", "/translate_file", "/suggest",
                "/frontend/settings")    # routes that answer in LibreTranslate's error shape
@@ -36,97 +29,6 @@ MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not
 # Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
 JSON_TOO_DEEP = (f"JSON nested too deep (arrays and objects inside each other beyond about "
                  f"{sys.getrecursionlimit()} levels; a request needs at most 3)")
-
-ERROR_TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
-               413: "payload_too_large",
-               415: "unsupported_media_type", 422: "invalid_request",
-               429: "overloaded", 499: "cancelled", 500: "internal_error", 503: "overloaded"}
-
-
-@dataclass(frozen=True)
-class ErrorRecord:
-    """A ServiceError as a value: what a translator replica returns (or yields) instead of raising it."""
-    status: int                          # HTTP status
-    message: str                         # names the field and the limit
-    field: Optional[str] = None          # dotted request field, e.g. "attention.layers"
-    retry_after: Optional[float] = None  # seconds (Retry-After header), for 503s
-    type: Optional[str] = None           # None: from the status (ERROR_TYPES)
-
-
-class ServiceError(Exception):
-    """An error with its HTTP status, raised anywhere in the service and rendered as ErrorResponse."""
-
-    def __init__(self, status: int, message: str, field: Optional[str] = None,
-                 retry_after: Optional[float] = None, type: Optional[str] = None):
-        super().__init__(status, message, field, retry_after, type)
-        self.status, self.message, self.field, self.retry_after = status, message, field, retry_after
-        self.type = type or ERROR_TYPES.get(status, "error")
-
-    def __str__(self) -> str:
-        return self.message
-
-    @property
-    def record(self) -> ErrorRecord:
-        return ErrorRecord(self.status, self.message, self.field, self.retry_after, self.type)
-
-    @classmethod
-    def from_record(cls, r: ErrorRecord) -> "ServiceError":
-        return cls(r.status, r.message, r.field, r.retry_after, r.type)
-
-
-# ---- the one mapping -------------------------------------------------------------------------------
-# Each kind of domain error and its status, the most specific first (TranslationError itself: 500).
-DOMAIN_STATUS = ((InvalidRequest, 422), (TooLarge, 413), (Overloaded, 503), (Unavailable, 503),
-                 (DeadlineExceeded, 504), (TranslationError, 500))
-
-
-def engine_message(e: EngineValidationError) -> str:
-    """``field: message`` (the engine's message, prefixed with its field once)."""
-    msg = e.message or str(e)
-    return msg if not e.field or msg.startswith(e.field) else f"{e.field}: {msg}"
-
-
-def to_service_error(e: BaseException, model: str) -> Optional[ServiceError]:
-    """The ServiceError that an exception from the engine or from a Ray handle call means; None for
-    anything else (a bug: let it propagate as a 500)."""
-    cause = getattr(e, "cause", None)   # Ray's RayTaskError carries the replica's exception
-    if isinstance(cause, BaseException) and cause is not e:
-        mapped = to_service_error(cause, model)
-        if mapped is not None:
-            return mapped
-    if isinstance(e, ServiceError):
-        return e
-    if isinstance(e, QueueFullError):
-        return ServiceError(503, f"engine queue is full: {e}; retry later", retry_after=RETRY_AFTER_S)
-    if isinstance(e, EngineValidationError):
-        return ServiceError(422, engine_message(e), e.field)
-    if isinstance(e, EngineStoppedError):
-        return ServiceError(503, f"engine is restarting: {e}; retry later", retry_after=RETRY_AFTER_S)
-    if isinstance(e, EngineError):
-        return ServiceError(500, f"engine error: {e}")
-    if isinstance(e, TranslationError):
-        status = next(code for kind, code in DOMAIN_STATUS if isinstance(e, kind))
-        retry = (e.retry_after or RETRY_AFTER_S) if status == 503 else None
-        return ServiceError(status, e.message, e.field, retry)
-    if isinstance(e, BackPressureError):
-        return ServiceError(503, f"model {model} is overloaded ({e}); retry later", retry_after=RETRY_AFTER_S)
-    if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                      DeploymentUnavailableError)):
-        return ServiceError(503, f"model {model} is unavailable ({type(e).__name__}); retry later",
-                            retry_after=RETRY_AFTER_S)
-    return None
-
-
-@contextlib.contextmanager
-def mapped_errors(model: str) -> Iterator[None]:
-    """Inside the block, an engine or Ray handle error is raised as the ServiceError it means."""
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001 - mapped, or re-raised as it is
-        mapped = to_service_error(e, model)
-        if mapped is None or mapped is e:
-            raise
-        raise mapped from None
 
 
 # ---- rendering ---------------------------------------------------------------------------------------

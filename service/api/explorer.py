@@ -19,7 +19,7 @@ from urllib.parse import unquote
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from .errors import ServiceError
+from service.protocol import ServiceError
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_FILES = {"explorer.js": "text/javascript; charset=utf-8", "explorer.css": "text/css; charset=utf-8"}

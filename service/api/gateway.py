@@ -44,11 +44,11 @@ from ray.serve.handle import DeploymentHandle
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
 from service.metrics import GuardMetrics, RetryMetrics, scrape_metrics
-from service.protocol import TranslateResponse
+from service.protocol import RETRY_AFTER_S, ServiceError, TranslateResponse
+from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
-
 from service.translator.memory import MemoryStore
 
 from . import autodetect, explorer, glossaries, libretranslate, openapi, pivot, sse
@@ -56,15 +56,16 @@ from . import body as body_module
 from .access_log import flush_serve_log
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .document_store import DocumentSettings, DocumentStore
-from .errors import RETRY_AFTER_S, ServiceError, mapped_errors, short_name, shown
+from .errors import short_name, shown
 from .guard import Guard, GuardSettings
 from .routes_common import NATIVE_ERRORS, RETRY_HEADERS, api
+from .routes_deepl import DeepLRoutes
+from .routes_documents import DocumentRoutes
+from .routes_libre import LibreRoutes
+
 # The route groups register on ``api`` as these modules are imported, in this order (the OpenAPI
 # document lists them so), and before Gateway's own routes.
 from .routes_stores import StoreRoutes
-from .routes_libre import LibreRoutes
-from .routes_deepl import DeepLRoutes
-from .routes_documents import DocumentRoutes
 from .schemas import ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading

@@ -30,11 +30,18 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.protocol import (NOT_BLANK, MAX_GLOSSARIES, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS,
-                              MAX_STORED_GLOSSARY_ENTRIES, InvalidRequest)
+from service.protocol import (
+    MAX_GLOSSARIES,
+    MAX_GLOSSARY_ENTRIES,
+    MAX_GLOSSARY_TERM_CHARS,
+    MAX_STORED_GLOSSARY_ENTRIES,
+    NOT_BLANK,
+    InvalidRequest,
+    ServiceError,
+)
 from service.translator.glossary import Glossary, check_entries
 
-from .errors import ServiceError, shown
+from .errors import shown
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what the document states of a term (GlossaryEntry's own validators give the messages)

@@ -35,8 +35,10 @@ from typing import Callable, Optional
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
+from service.protocol import ServiceError
+
 from . import deepl
-from .errors import ServiceError, error_response, libre_error_response, route_path
+from .errors import error_response, libre_error_response, route_path
 from .explorer import cookie_key, is_explorer_path, key_page
 
 ENV_KEYS = "MT_API_KEYS"

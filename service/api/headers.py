@@ -116,7 +116,9 @@ class HeaderCheck:
     async def _reject(printable: str, message: str, scope, receive, send) -> None:
         import uuid
 
-        from service.api.errors import LIBRE_PATHS, ServiceError, error_response, libre_error_response
+        from service.protocol import ServiceError
+
+        from .errors import LIBRE_PATHS, error_response, libre_error_response
         err = ServiceError(400, message, field=f"header.{printable.lower()}")
         headers = {"x-request-id": uuid.uuid4().hex} if _key(printable.encode("latin-1")) == _REQUEST_ID else None
         response = (libre_error_response(err, headers) if scope.get("path") in LIBRE_PATHS

@@ -4,14 +4,13 @@ from __future__ import annotations
 import bisect
 import re
 import unicodedata
-from html import escape, unescape
 from dataclasses import dataclass
+from html import escape, unescape
 from html.parser import HTMLParser
 from typing import Optional, Union
 
+from service.protocol import ServiceError
 from service.translator.text import has_text
-
-from .errors import ServiceError
 
 MAX_INLINE_DEPTH = 100     # inline elements inside one another around a sentence (deeper: 413)
 _LOOKAHEAD = 100           # characters of the text after an empty element read to place it (its next word)

@@ -10,31 +10,48 @@ with LibreTranslate's statuses (``errors.libre_error_response``).
 from __future__ import annotations
 
 import asyncio
-
 import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
 
+import pydantic
 from fastapi import Request
 from fastapi.responses import JSONResponse
-import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.engine import GenerationOptions
+from service.engine.validation import ModelLimits
+from service.protocol import (
+    MAX_BEAM_SIZE,
+    MAX_GLOSSARY_ENTRIES,
+    MAX_KEEP_TERMS,
+    MAX_TEXT_CHARS,
+    MAX_TEXTS,
+    ServiceError,
+    TranslateJob,
+    TranslateResponse,
+    Usage,
+)
+from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
-from service.protocol import MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_KEEP_TERMS, MAX_TEXT_CHARS, MAX_TEXTS, TranslateJob, TranslateResponse, Usage
-from service.engine.validation import ModelLimits
 
 from . import autodetect, glossaries
 from . import body as body_module
 from .autodetect import NAMES as LANGUAGE_NAMES
 from .body import Fields
-from .errors import ServiceError, format_validation_error, libre_error_response, mapped_errors, short_name, shown
+from .errors import format_validation_error, libre_error_response, short_name
 from .guard import check_body_key
 from .html import HtmlText
-from .schemas import KeepTerm, LibreLanguage, TranslateRequest, check_keep, check_unicode
+from .schemas import (
+    KeepTerm,
+    LibreLanguage,
+    TranslateRequest,
+    check_keep,
+    check_unicode,
+)
+
 LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key", "keep",
                 "glossary", "glossary_id")     # the fields this route reads (the last three: this service's own)
 DETECT_FIELDS = ("q", "api_key")                                                # the fields /detect reads

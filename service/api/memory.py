@@ -24,11 +24,16 @@ import defusedxml.ElementTree as DET
 from defusedxml import DefusedXmlException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.protocol import MAX_MEMORY_ENTRIES, MAX_MEMORY_IMPORT, MAX_TEXT_CHARS
+from service.protocol import (
+    MAX_MEMORY_ENTRIES,
+    MAX_MEMORY_IMPORT,
+    MAX_TEXT_CHARS,
+    ServiceError,
+)
 from service.translator.memory import MemoryStore
 
 from .body import load_json
-from .errors import ServiceError, format_validation_error, shown
+from .errors import format_validation_error, shown
 
 TSV = "text/tab-separated-values"
 TMX = "application/x-tmx+xml"

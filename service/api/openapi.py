@@ -18,12 +18,17 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from service.documents import EXTENSIONS
-from service.protocol import MAX_BEAM_SIZE, MAX_MEMORY_IMPORT, MAX_TEXT_CHARS, MAX_TEXTS
 from model.inference.search import max_beam_size
+from service.documents import EXTENSIONS
+from service.protocol import (
+    MAX_BEAM_SIZE,
+    MAX_MEMORY_IMPORT,
+    MAX_TEXT_CHARS,
+    MAX_TEXTS,
+    ServiceError,
+)
 
 from . import deepl, libretranslate, suggest
-from .errors import ServiceError
 
 UPLOAD_NAME = "document.txt"    # the file part's name the document declares (encoding: Content-Disposition)
 # a file name whose extension is a supported format (any case)
@@ -188,7 +193,6 @@ def upload_schema(schema: dict, gateway, source: Optional[str], target: Optional
                 {"properties": {source: {"const": ""}}}]       # (absent: the same branch)
             schema["allOf"] = [{"anyOf": languages}, {"anyOf": _output_format_branches()}]
         else:
-            libre = source == "source"
             props[source] = {**props[source], "enum": sorted({s for s, _ in pairs}) + ["auto"]}
             props[target] = {**props[target], "enum": sorted({t for _, t in pairs})}
             schema["anyOf"] = [{"properties": {source: {"const": s}, target: {"enum": sorted({t for s2, t in pairs if s2 == s})}}}

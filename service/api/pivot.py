@@ -23,10 +23,15 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable, Optional
 
 from service.engine.validation import ModelLimits
-from service.protocol import MAX_ATTENTION_VALUES, PivotLeg, TranslateJob, TranslateResponse, Usage
+from service.protocol import (
+    MAX_ATTENTION_VALUES,
+    PivotLeg,
+    ServiceError,
+    TranslateJob,
+    TranslateResponse,
+    Usage,
+)
 from service.translator import ModelCard
-
-from .errors import ServiceError
 
 DEFAULT_PIVOT_LANG = "en"
 ROUTE_SEP = "+"     # a route's id: its models' ids joined ("de-en+en-fr"); a request may name it as `model`

@@ -9,9 +9,11 @@ Errors are DeepL's ``{"message": ...}``; its document routes are in routes_docum
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from service.protocol import ServiceError
+from service.replica import mapped_errors
+
 from . import body as body_module
 from . import deepl, glossaries, libretranslate
-from .errors import ServiceError, mapped_errors
 from .routes_common import RETRY_HEADERS, api
 
 

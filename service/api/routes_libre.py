@@ -11,11 +11,12 @@ other document routes (routes_documents.py).
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from service.protocol import ServiceError
 from service.translator import ModelCard
 
 from . import body as body_module
 from . import libretranslate, suggest
-from .errors import ServiceError, libre_error_response
+from .errors import libre_error_response
 from .routes_common import LIBRE_ERRORS, api, error_responses
 from .schemas import LibreLanguage
 

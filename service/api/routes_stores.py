@@ -10,12 +10,14 @@ Both are kept per API key (with keys off, one for every caller).
 from fastapi import Request
 from fastapi.responses import Response
 
+from service.protocol import ServiceError
+from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.memory import memory_model
 
 from . import glossaries, memory
-from .errors import ServiceError, mapped_errors, shown
+from .errors import shown
 from .routes_common import NATIVE_ERRORS, api, error_responses
 from .schemas import ErrorResponse
 

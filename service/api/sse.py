@@ -10,9 +10,10 @@ import json
 from typing import AsyncIterator, Callable
 
 from starlette.responses import StreamingResponse
-from service.protocol import StreamItem, TranslateResponse, Usage
 
-from .errors import ServiceError
+from service.protocol import ServiceError, StreamItem, TranslateResponse, Usage
+
+
 def format_event(event: str, data: dict) -> str:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 

@@ -14,10 +14,17 @@ from html import escape
 from html.parser import HTMLParser
 from typing import Callable, Optional, Protocol, Union
 
-from service.api.errors import ServiceError
 from service.api.html import MAX_INLINE_DEPTH, HtmlText
-from service.protocol import (MAX_ARCHIVE_MEMBERS, MAX_COMPRESSION_RATIO, MAX_DOCUMENT_BYTES,  # noqa: F401 - the limits
-                              MAX_DOCUMENT_CHARS, MAX_DOCUMENT_SEGMENTS, MAX_UNCOMPRESSED_BYTES, MAX_XML_DEPTH)
+from service.protocol import (  # noqa: F401 - the limits
+    MAX_ARCHIVE_MEMBERS,
+    MAX_COMPRESSION_RATIO,
+    MAX_DOCUMENT_BYTES,
+    MAX_DOCUMENT_CHARS,
+    MAX_DOCUMENT_SEGMENTS,
+    MAX_UNCOMPRESSED_BYTES,
+    MAX_XML_DEPTH,
+    ServiceError,
+)
 
 
 class DocumentError(ServiceError):

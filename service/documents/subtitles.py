@@ -11,8 +11,8 @@ import srt
 import webvtt
 from webvtt.errors import MalformedCaptionError, MalformedFileError
 
-from service.api.errors import ServiceError
 from service.api.html import HtmlText
+from service.protocol import ServiceError
 
 from .common import DocumentError, Segments, decode_text
 
