@@ -141,7 +141,7 @@ class AppArgs(BaseModel):
     # may finish what it accepted; None = max_timeout_s + 5 s, so every accepted request's deadline fits
     drain_timeout_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     # a pair no model serves is translated through this language when source -> it -> target models
-    # exist (service/api/pivot.py, docs/controls.md#pivoting); None: pivoting off
+    # exist (service/pipeline/pivot.py, docs/controls.md#pivoting); None: pivoting off
     pivot_lang: Optional[str] = Field("en", min_length=1)
     # document translation (docs/documents.md): DocumentSettings fields (store_dir shared by every
     # ingress replica, ttl_s, max_store_bytes, chunk_segments, parallel_chunks)

@@ -182,7 +182,7 @@ class Alternative(BaseModel):
 
 
 class PivotLeg(BaseModel):
-    """The first leg of a pivoted translation (service/api/pivot.py): source -> ``language``."""
+    """The first leg of a pivoted translation (service/pipeline/pivot.py): source -> ``language``."""
     language: str = Field(..., description="the pivot language the first leg translated into")
     model: str = Field(..., description="the first leg's model")
     text: str = Field(..., description="the first leg's translation: the second leg's input")
@@ -209,14 +209,14 @@ class Translation(BaseModel):
     attention: Optional[dict[str, list]] = Field(
         None, description="kind -> [layer][head][rows][cols]: cross [len(tokens)][len(source_tokens)], "
                           "encoder [len(source_tokens)]^2, decoder [len(tokens)]^2; block-diagonal over sentences")
-    # source_lang "auto" only (service/api/autodetect.py):
+    # source_lang "auto" only (service/pipeline/autodetect.py):
     detected_language: Optional[str] = Field(None, description='source_lang "auto": the language detected in this '
                                                                'text ("und": no letters)')
     detected_confidence: Optional[float] = Field(None, description='source_lang "auto": confidence 0-100 (< 100)')
     passthrough: Optional[bool] = Field(None, description='source_lang "auto": true when the text comes back '
                                                           "unchanged (detected == target_lang, or no letters)")
     model: Optional[str] = Field(None, description='source_lang "auto": the model that translated this text')
-    # pivoted translations only (service/api/pivot.py; absent: one model translated the text directly):
+    # pivoted translations only (service/pipeline/pivot.py; absent: one model translated the text directly):
     path: Optional[list[str]] = Field(None, description='pivoted: the language pair of each leg, e.g. ["de-en", '
                                                         '"en-fr"]; the other fields are the last leg\'s')
     pivot: Optional[PivotLeg] = Field(None, description="pivoted: the first leg (its text is the last leg's source)")

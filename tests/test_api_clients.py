@@ -15,7 +15,7 @@ from service.api.body import BodyMiddleware, read_fields
 from service.api.cors import CorsMiddleware
 from service.api.errors import LIBRE_PATHS, add_exception_handlers
 from service.api.guard import Guard, GuardMiddleware, GuardSettings, memory_scope
-from service.api.html import HtmlText
+from service.pipeline.markup import HtmlText
 from service.api.libretranslate import read_admitted
 from service.api.suggest import frontend_settings
 from service.engine import EngineConfig

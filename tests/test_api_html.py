@@ -1,4 +1,4 @@
-"""format=html (service/api/html.py): which text is translated, and the markup rebuilt around the
+"""format=html (service/pipeline/markup.py): which text is translated, and the markup rebuilt around the
 translations; no model (the "translations" here are upper-cased segments)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from service.api.html import HtmlText
+from service.pipeline.markup import HtmlText
 
 
 def roundtrip(html: str, translate=str.upper) -> tuple[list[str], str]:
@@ -164,7 +164,7 @@ def test_an_element_without_text_stays_next_to_its_word():
 
 
 def test_inline_nesting_deeper_than_the_limit_is_a_413_not_a_recursion_error():
-    from service.api.html import MAX_INLINE_DEPTH
+    from service.pipeline.markup import MAX_INLINE_DEPTH
     from service.protocol import ServiceError
     n = MAX_INLINE_DEPTH
     h = HtmlText("<b>" * n + "Ein Hund läuft." + "</b>" * n)
@@ -192,7 +192,7 @@ def test_after_voiding_the_unclosed_every_run_ends_at_the_next_other_part():
     and only inline start tags change."""
     import random
 
-    from service.api.html import _run_end, _void_unclosed
+    from service.pipeline.markup import _run_end, _void_unclosed
     rng = random.Random(7)
     kinds = [("start", "<b>", "b"), ("start", "<i>", "i"), ("end", "</b>", "b"), ("end", "</i>", "i"),
              ("text", "x", ""), ("comment", "<!---->", ""), ("start", "<p>", "p"), ("end", "</p>", "p"),

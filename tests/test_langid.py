@@ -1,5 +1,5 @@
 """Language identification (service/translator/langid.py; its benchmark service/bench/langid.py),
-source "auto" and POST /detect (service/api/autodetect.py, libretranslate.py, gateway.py,
+source "auto" and POST /detect (service/pipeline/autodetect.py, libretranslate.py, gateway.py,
 routes_libre.py): the detector and the routing in-process without Ray, then the running service
 over HTTP (slow), LibreTranslate's own client among them."""
 from __future__ import annotations
@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 
 from model.config import ModelConfig
 from model.tokenizer import read_lines
-from service.api import autodetect, libretranslate
+from service.api import libretranslate
+from service.pipeline import autodetect
 from service.api.body import BodyMiddleware
 from service.api.errors import add_exception_handlers
 from service.engine import EngineConfig

@@ -1,4 +1,4 @@
-"""Pivoting (service/api/pivot.py, docs/controls.md#pivoting): a pair no model serves, translated through a third
+"""Pivoting (service/pipeline/pivot.py, docs/controls.md#pivoting): a pair no model serves, translated through a third
 language by two models one after the other. The route table and the leg jobs without a model; then
 the real gateway in-process over HTTP (FastAPI's TestClient, its translators in this process, no
 Ray) with three tiny random models, de-en, en-fr and fr-en ("fr" is a label: its tokenizer reads
@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from model.config import ModelConfig
 from model.tokenizer import read_lines
-from service.api import pivot
+from service.pipeline import pivot
 from service.engine import EngineConfig, GenerationOptions
 from service.engine.validation import ModelLimits
 from service.protocol import (

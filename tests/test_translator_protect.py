@@ -21,7 +21,7 @@ from conftest import DATA
 from model.checkpoint import DEFAULT_CHECKPOINT
 from model.tokenizer import read_lines
 from service.api.errors import add_exception_handlers
-from service.api.html import HtmlText
+from service.pipeline.markup import HtmlText
 from service.api.schemas import TranslateRequest
 from service.protocol import MAX_KEEP_CHARS, MAX_KEEP_TERMS
 from service.translator.protect import MAX_STORED_TERMS, Protected, Protector, Terms

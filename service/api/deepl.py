@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from service.engine import GenerationOptions
 from service.engine.validation import ModelLimits
+from service.pipeline import autodetect
+from service.pipeline.autodetect import NAMES
+from service.pipeline.markup import HtmlText
 from service.protocol import ServiceError, TranslateJob, TranslateResponse
 from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.langid import LanguageDetector
 
-from . import autodetect
-from .autodetect import NAMES
 from .errors import deepl_error_response, format_validation_error, short_name, shown
 
 DEEPL_PREFIX = "/v2/"             # paths answered in DeepL's error shape
@@ -189,7 +190,6 @@ def _job(texts: list[str], target: str, body: DeepLTranslateBody, n_texts: int, 
 
 async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict], int]:
     """The ``translations`` of the answer and the characters billed. Raises ServiceError."""
-    from .html import HtmlText
     from .schemas import check_unicode
     texts = body.text
     try:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from service import documents
 from service.documents import Document
+from service.pipeline import autodetect
 from service.protocol import (
     GenerationOptions,
     ServiceError,
@@ -40,7 +41,7 @@ from service.protocol import (
 from service.replica import mapped_errors
 from service.translator.card import match_language
 
-from . import autodetect, sse
+from . import sse
 from .body import check_multipart
 from .document_store import DocumentSettings, owner_of
 from .errors import error_response, libre_error_response, shown

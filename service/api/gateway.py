@@ -44,6 +44,7 @@ from ray.serve.handle import DeploymentHandle
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
 from service.metrics import GuardMetrics, RetryMetrics, scrape_metrics
+from service.pipeline import autodetect, pivot
 from service.protocol import RETRY_AFTER_S, ServiceError, TranslateResponse
 from service.replica import mapped_errors
 from service.translator import ModelCard
@@ -51,8 +52,8 @@ from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 from service.translator.memory import MemoryStore
 
-from . import autodetect, explorer, glossaries, libretranslate, openapi, pivot, sse
 from . import body as body_module
+from . import explorer, glossaries, libretranslate, openapi, sse
 from .access_log import flush_serve_log
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .document_store import DocumentSettings, DocumentStore

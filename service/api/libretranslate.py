@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.engine import GenerationOptions
 from service.engine.validation import ModelLimits
+from service.pipeline import autodetect
+from service.pipeline.autodetect import NAMES as LANGUAGE_NAMES
+from service.pipeline.markup import HtmlText
 from service.protocol import (
     MAX_BEAM_SIZE,
     MAX_GLOSSARY_ENTRIES,
@@ -37,13 +40,11 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
-from . import autodetect, glossaries
 from . import body as body_module
-from .autodetect import NAMES as LANGUAGE_NAMES
+from . import glossaries
 from .body import Fields
 from .errors import format_validation_error, libre_error_response, short_name
 from .guard import check_body_key
-from .html import HtmlText
 from .schemas import (
     KeepTerm,
     LibreLanguage,

@@ -266,7 +266,7 @@ class ModelInfo(BaseModel):
 
 
 class PivotInfo(BaseModel):
-    """A pair served through a pivot language (service/api/pivot.py): two models, one after the other."""
+    """A pair served through a pivot language (service/pipeline/pivot.py): two models, one after the other."""
     id: str = Field(..., description='the route\'s id, its models joined by "+" (a request may name it as model)')
     source_lang: str
     target_lang: str

@@ -18,13 +18,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from service.documents import EXTENSIONS
+from service.pipeline.autodetect import NAMES
 from service.protocol import MAX_TEXT_CHARS, ServiceError
 from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.memory import MemoryStore, memory_model
 
-from .autodetect import NAMES
 from .errors import libre_error_response
 from .libretranslate import ignored_fields_header, pick, read_admitted
 from .schemas import check_unicode

@@ -1,4 +1,4 @@
-"""BLEU of a pair translated through a pivot language, as the service pivots (``service/api/pivot.py``).
+"""BLEU of a pair translated through a pivot language, as the service pivots (``service/pipeline/pivot.py``).
 
     python -m service.bench.pivot_bleu --first model/checkpoints/de-en --second model/checkpoints/en-fr \\
         --data ../shared/data/multi30k [--split test_2016_flickr] [--beam-sizes 1 4] [--limit N]
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from service.api import pivot
+from service.pipeline import pivot
 from service.api.schemas import TranslateRequest
 
 BATCH = 64      # texts per request (MAX_TEXTS)

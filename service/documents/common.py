@@ -1,6 +1,6 @@
 """What every document format shares: the ``Document`` interface (segments out, translations in, the
 file's bytes back), the limits on untrusted files, and ``RichText``, a paragraph of formatting runs
-carried through the HTML route's inline-element placement (``service/api/html.HtmlText``).
+carried through the HTML route's inline-element placement (``service/pipeline/markup.HtmlText``).
 
     load(data) -> Document          a format module parses (and checks) the file
     document.segments               the texts to translate, in document order
@@ -14,7 +14,7 @@ from html import escape
 from html.parser import HTMLParser
 from typing import Callable, Optional, Protocol, Union
 
-from service.api.html import MAX_INLINE_DEPTH, HtmlText
+from service.pipeline.markup import MAX_INLINE_DEPTH, HtmlText
 from service.protocol import (  # noqa: F401 - the limits
     MAX_ARCHIVE_MEMBERS,
     MAX_COMPRESSION_RATIO,

@@ -3,7 +3,7 @@ runs of inline elements translated, each inline element put back around its word
 styles, code and entities byte for byte). UTF-8 only."""
 from __future__ import annotations
 
-from service.api.html import HtmlText
+from service.pipeline.markup import HtmlText
 from service.protocol import ServiceError
 
 from .common import DocumentError, check_size, decode_text

@@ -11,7 +11,7 @@ import srt
 import webvtt
 from webvtt.errors import MalformedCaptionError, MalformedFileError
 
-from service.api.html import HtmlText
+from service.pipeline.markup import HtmlText
 from service.protocol import ServiceError
 
 from .common import DocumentError, Segments, decode_text
