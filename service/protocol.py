@@ -46,6 +46,7 @@ MAX_GLOSSARIES = 100           # stored glossaries per API key (or in all, with 
 MAX_PREFIX_CHARS = 1_000      # characters in a `target_prefix` (one that fills the model's window is the answer)
 MAX_REPETITION_PENALTY = 10.0  # `repetition_penalty` in (0, 10]
 MAX_NO_REPEAT_NGRAM_SIZE = 32  # `no_repeat_ngram_size` in 0..32 (0 = off)
+MAX_NAME_CHARS = 64            # a client-sent name (field, path part, code) longer than this is shortened in messages
 RETRY_AFTER_S = 1              # seconds, the Retry-After of every 503 (overload, full queue, loading, restarting)
 
 
@@ -122,6 +123,20 @@ class ServiceError(TranslationError):
     @classmethod
     def from_record(cls, r: ErrorRecord) -> "ServiceError":
         return cls(r.status, r.message, r.field, r.retry_after, r.type)
+
+
+def short_name(name: str) -> str:
+    """A client-sent name as an error message repeats it: whole up to MAX_NAME_CHARS characters, else
+    its start and its length (an unknown field named by 100,000 characters is not echoed back whole)."""
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    return f"{name[:MAX_NAME_CHARS // 2]}...({len(name)} characters)"
+
+
+def shown(value) -> str:
+    """A client-sent value quoted for an error message (``repr``), shortened as ``short_name``."""
+    return repr(short_name(str(value)))
+
 
 
 # ---- what a caller asks of one sentence --------------------------------------------------------------

@@ -4,6 +4,7 @@ in front of the guard, /frontend/settings."""
 from __future__ import annotations
 
 import asyncio
+import types
 
 import pytest
 from conftest import build_tiny_checkpoint
@@ -18,10 +19,12 @@ from service.api.guard import Guard, GuardMiddleware, GuardSettings, memory_scop
 from service.pipeline.markup import HtmlText
 from service.api.libretranslate import read_admitted
 from service.api.suggest import frontend_settings
-from service.engine import EngineConfig
-from service.engine.validation import ModelLimits
 from service.protocol import MAX_TEXT_CHARS, ServiceError
 from service.translator import ModelCard, Translator, model_card
+
+from local_services import local_services
+
+REQUEST = types.SimpleNamespace(scope={})     # what deepl.translate reads of a request: no key, no memory
 
 
 @pytest.fixture(scope="module")
@@ -76,34 +79,27 @@ def test_deepl_translate_on_a_translator_text_html_and_errors(card):
     async def main():
         t = Translator(card)
         await t.reconfigure({"max_num_seqs": 4})
-        limits = {card.id: ModelLimits.of(card.id, card.config, EngineConfig())}
-
-        def resolve(source, target):
-            if (source, target) != ("de", "en"):
-                raise ServiceError(404, f"source_lang: no model for {source}->{target}", "source_lang")
-            return card
         seen = []
 
         async def run(model, job):
             seen.append(job)
             return await t.translate(job)
-        ctx = deepl.Context([card], limits, resolve, run, None, {"memory_scope": None})
+        svc = local_services([card], run)
+        ctx = svc
         texts = ["Ein Hund läuft.", "Zwei Männer spielen."]
-        out, chars = await deepl.translate(deepl.parse({"text": texts, "source_lang": "DE", "target_lang": "EN-US"}),
-                                           ctx)
+        out, chars = await deepl.translate(deepl.parse({"text": texts, "source_lang": "DE", "target_lang": "EN-US"}), REQUEST, ctx)
         want = [tr.text for tr in (await t.translate(seen[0])).translations]
         assert [o["text"] for o in out] == want and chars == sum(map(len, texts))
         assert [o["detected_source_language"] for o in out] == ["DE", "DE"]
         assert [o["billed_characters"] for o in out] == [len(x) for x in texts]
         html = "<p>Ein <b>Hund</b> läuft.</p>"
         out, _ = await deepl.translate(deepl.parse({"text": html, "source_lang": "de", "target_lang": "en-gb",
-                                                    "tag_handling": "html"}), ctx)
+                                                    "tag_handling": "html"}), REQUEST, ctx)
         h = HtmlText(html)
         segs = (await t.translate(seen[-1])).translations
         assert out[0]["text"] == h.rebuild([s.text for s in segs]) and out[0]["text"].startswith("<p>")
         assert seen[-1].split_sentences == "nonewlines"       # DeepL's default with tag handling
-        same, _ = await deepl.translate(deepl.parse({"text": "Hallo", "source_lang": "EN", "target_lang": "EN-GB"}),
-                                        ctx)                    # English into English: unchanged
+        same, _ = await deepl.translate(deepl.parse({"text": "Hallo", "source_lang": "EN", "target_lang": "EN-GB"}), REQUEST, ctx)                    # English into English: unchanged
         assert same == [{"detected_source_language": "EN", "text": "Hallo", "billed_characters": 5}]
         for fields, status, field in (({"text": "a", "target_lang": "FR"}, 400, "target_lang"),
                                       ({"text": "a", "source_lang": "JA", "target_lang": "EN-GB"}, 400, "source_lang"),
@@ -112,7 +108,7 @@ def test_deepl_translate_on_a_translator_text_html_and_errors(card):
                                       ({"text": "a", "source_lang": "DE", "target_lang": "EN-GB",
                                         "glossary_id": "g1"}, 404, "glossary_id")):
             with pytest.raises(ServiceError) as e:
-                await deepl.translate(deepl.parse(fields), ctx)
+                await deepl.translate(deepl.parse(fields), REQUEST, ctx)
             resp = deepl.error_response(e.value)
             assert (resp.status_code, e.value.field) == (status, field), e.value.message
             assert resp.body.startswith(b'{"message":')
@@ -219,7 +215,6 @@ def test_deepl_glossary_id_puts_the_stored_glossary_on_every_job_and_its_term_in
     async def main():
         t = Translator(card)
         await t.reconfigure({"max_num_seqs": 8})
-        limits = {card.id: ModelLimits.of(card.id, card.config, EngineConfig())}
         client = glossaries.GlossaryClient(store)
         await client.create(glossaries.SHARED, glossaries.GlossaryCreate.model_validate(
             {"name": "terms", "source_lang": "de", "target_lang": "en", "entries": [{"source": "Hund", "target": "canine"}]}))
@@ -228,18 +223,17 @@ def test_deepl_glossary_id_puts_the_stored_glossary_on_every_job_and_its_term_in
         async def run(model, job):
             seen.append(job)
             return await t.translate(job)
-        ctx = deepl.Context([card], limits, lambda s, tg: card, run, None, {"memory_scope": None},
-                            glossary=lambda name, s, tg: client.resolve(glossaries.SHARED, name, s, tg))
+        ctx = local_services([card], run, glossaries=client)
         out, _ = await deepl.translate(deepl.parse({"text": ["Ein Hund läuft.", "Zwei Männer spielen."],
                                                     "source_lang": "DE", "target_lang": "EN-GB",
-                                                    "glossary_id": "terms"}), ctx)
+                                                    "glossary_id": "terms"}), REQUEST, ctx)
         assert seen[-1].glossary == (("Hund", "canine"),) and seen[-1].glossary_field == "glossary_id"
         assert "canine" in out[0]["text"]
         for fields, status, field in (({"text": "a", "target_lang": "EN-GB", "glossary_id": "terms"}, 400, "source_lang"),
                                       ({"text": "a", "source_lang": "DE", "target_lang": "EN-GB", "glossary_id": "nope"},
                                        404, "glossary_id")):
             with pytest.raises(ServiceError) as e:
-                await deepl.translate(deepl.parse(fields), ctx)
+                await deepl.translate(deepl.parse(fields), REQUEST, ctx)
             assert (e.value.status, e.value.field) == (status, field), e.value.message
         await t.stop()
     asyncio.run(main())

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from model.checkpoint import DEFAULT_CHECKPOINT
 from service.api import libretranslate
 from service.api.errors import add_exception_handlers
+from local_services import local_services
 from service.api.schemas import TranslateRequest
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
@@ -207,7 +208,6 @@ def libre():
     from service.translator import ModelCard
     cfg = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)
     cards = [ModelCard("de-en", "", "de", "en", cfg)]
-    limits = {"de-en": ModelLimits.of("de-en", cfg, EngineConfig(max_num_seqs=4))}
     jobs = []
 
     async def run(model, job):
@@ -219,7 +219,7 @@ def libre():
 
     @app.post("/translate")
     async def route(request: Request):
-        return await libretranslate.translate(request, cards, limits, run)
+        return await libretranslate.translate(request, local_services(cards, run, {"max_num_seqs": 4}))
     c = TestClient(app)
     c.jobs = jobs
     return c

@@ -8,14 +8,8 @@ import pytest
 import ray
 from ray.serve.exceptions import BackPressureError
 
-from service.api.errors import (
-    MAX_DETAILS,
-    MAX_NAME_CHARS,
-    add_exception_handlers,
-    error_response,
-    libre_error_response,
-    shown,
-)
+from service.api.errors import MAX_DETAILS, add_exception_handlers, error_response, libre_error_response
+from service.protocol import MAX_NAME_CHARS, shown
 from service.api.schemas import TranslateRequest
 from service.engine import (
     EngineError,
@@ -107,7 +101,7 @@ def test_body_errors_say_what_is_wrong():
         r = client.post("/translate", content=body, headers={"Content-Type": ctype} if ctype else {})
         assert r.status_code == 415 and "missing q" not in r.json()["error"], r.text
         assert "application/json" in r.json()["error"] and "application/x-www-form-urlencoded" in r.json()["error"]
-    from test_api_libretranslate import CARDS as cards
+    from test_api_libretranslate import GRAPH as cards
     for bad in (1.5, True, "1.5", "zwei", [1]):
         with pytest.raises(ServiceError) as e:
             parse(FormFields({"q": "Hallo", "source": "de", "target": "en", "alternatives": bad}), cards)

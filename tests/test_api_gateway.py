@@ -11,6 +11,8 @@ import pytest
 from conftest import DATA, SECOND_ENGINE, SECOND_MODEL, post, sse_events, translate
 from model.tokenizer import read_lines
 from service.protocol import MAX_BEAM_SIZE, MAX_TEXT_CHARS, MAX_TEXTS
+
+from local_services import local_services
 SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[:12]
 
 
@@ -386,32 +388,29 @@ def test_readyz_answers_quickly_while_a_model_loads(monkeypatch):
     timeout; a model that answered once stays ready while it is merely slow."""
     import asyncio
     import time
-    from service.api import gateway
+    from model.config import ModelConfig
+    from service.api import routes_native
+    from service.translator import ModelCard
 
-    class Backend:   # what Gateway.readyz uses of its backend
+    class Backend:   # what readyz uses of the backend
         async def ready(self, name):
             if name == "de-en":
                 return True
             await asyncio.sleep(3600)    # no replica yet: the call would wait for one
 
-    class GatewayState:   # what Gateway.readyz uses of its instance
-        cards = {"de-en": None, "fr-en": None}
-        backend = Backend()
-
-        def __init__(self):
-            self._ready_seen = set()
-
-    monkeypatch.setattr(gateway, "READY_PROBE_S", 0.2)
-    state = GatewayState()
+    cfg = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)
+    state = local_services([ModelCard("de-en", "", "de", "en", cfg), ModelCard("fr-en", "", "fr", "en", cfg)], None)
+    state.backend = Backend()
+    monkeypatch.setattr(routes_native, "READY_PROBE_S", 0.2)
 
     async def probe():
         t0 = time.monotonic()
-        resp = await gateway.Gateway.readyz(state)
+        resp = await routes_native.readyz(state)
         return resp.status_code, json.loads(resp.body), time.monotonic() - t0
 
     status, body, took = asyncio.run(probe())
     assert status == 503 and body["models"] == {"de-en": "ready", "fr-en": "loading"} and took < 2.0
-    assert state._ready_seen == {"de-en"}
-    state._ready_seen.add("fr-en")       # it answered before: now busy, not loading
+    assert state.ready_seen == {"de-en"}
+    state.ready_seen.add("fr-en")       # it answered before: now busy, not loading
     status, body, _ = asyncio.run(probe())
     assert status == 200 and body["status"] == "ready"

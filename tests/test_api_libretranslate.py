@@ -20,7 +20,8 @@ from service.api.libretranslate import (
 )
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
-from service.protocol import MAX_TEXT_CHARS, ServiceError
+from service.pipeline import LanguageGraph
+from service.protocol import MAX_TEXT_CHARS, ServiceError, TooLarge
 from service.translator import ModelCard
 
 SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[:12]
@@ -128,25 +129,25 @@ def test_libretranslate_raw_utf8_form_and_negative_alternatives(service_url):
 # ---- in-process -------------------------------------------------------------------------------------
 TINY = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)
 CARDS = [ModelCard("de-en", "", "de", "en", TINY), ModelCard("en-de", "", "en", "de", TINY)]
+GRAPH = LanguageGraph(CARDS)
 
 
 def test_parse_picks_the_model_and_the_options():
-    req = parse(FormFields({"q": ["a", "b"], "source": "en", "target": "de", "alternatives": "2"}), CARDS)
+    req = parse(FormFields({"q": ["a", "b"], "source": "en", "target": "de", "alternatives": "2"}), GRAPH)
     assert (req.card.id, req.batch, req.auto, req.alternatives, req.html) == ("en-de", True, False, 2, False)
-    auto = parse({"q": ["a", "b"], "source": "auto", "target": "de"}, CARDS)     # the model: per text, once detected
+    auto = parse({"q": ["a", "b"], "source": "auto", "target": "de"}, GRAPH)     # the model: per text, once detected
     assert (auto.card, auto.auto, auto.target) == (None, True, "de")
     job = req.job(req.texts)
     assert (job.options.beam_size, job.options.n_best, job.field, job.is_list) == (4, 3, "q", True)
     with pytest.raises(ServiceError, match="not available as a target language") as e:
-        parse({"q": "a", "source": "de", "target": "de"}, CARDS)
+        parse({"q": "a", "source": "de", "target": "de"}, GRAPH)
     assert (e.value.status, e.value.field) == (400, "target")
 
 
 def test_a_lone_surrogate_in_q_is_invalid_unicode():
-    limits = ModelLimits.of("de-en", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))
     req = LibreRequest(["x", "\ud800"], True, CARDS[0], 0, False, False)
     with pytest.raises(ServiceError) as e:
-        checked_job(req, req.texts, limits)
+        checked_job(req, req.texts)
     assert (e.value.status, e.value.field) == (422, "q"), e.value.message
     assert "Unicode" in e.value.message and "q" in e.value.message
 
@@ -191,10 +192,11 @@ def test_html_blocks_count_as_sentences_not_as_texts(service_url):
 def test_html_text_limit_counts_q_items_in_process():
     limits = ModelLimits.of("de-en", TINY, EngineConfig(max_num_seqs=4, max_waiting=512))
     req = LibreRequest(["<ul>" + "<li>Ein Hund</li>" * 100 + "</ul>"], False, CARDS[0], 0, True, False)
-    job = checked_job(req, ["Ein Hund"] * 100, limits, n_texts=1)
+    job = checked_job(req, ["Ein Hund"] * 100, n_texts=1)
+    limits.check(job)
     assert len(job.texts) == 100 and job.n_texts == 1
-    with pytest.raises(ServiceError, match="at most 64 texts per request, got 65"):
-        checked_job(req, ["Ein Hund"] * 65, limits)    # without n_texts the segments are the texts
+    with pytest.raises(TooLarge, match="at most 64 texts per request, got 65"):
+        limits.check(checked_job(req, ["Ein Hund"] * 65))    # without n_texts the segments are the texts
 
 
 def test_language_codes_match_ignoring_case_and_fall_back_from_a_region():

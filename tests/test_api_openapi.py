@@ -52,7 +52,7 @@ def test_schemathesis_finds_nothing(service_url, tmp_path):
 def test_openapi_json_is_that_document(service_url):
     """The served document is the app's, with the LibreTranslate bodies' languages those served."""
     from service.api import libretranslate
-    from service.api.gateway import api, openapi_document
+    from service.api.http import build_app
     served = httpx.get(service_url + "/openapi.json", timeout=30).json()
     langs = httpx.get(service_url + "/languages", timeout=30).json()
     sources = sorted(lang["code"] for lang in langs if lang["targets"])
@@ -63,8 +63,7 @@ def test_openapi_json_is_that_document(service_url):
     # alternatives below each pair's engine beam (the tests' en-de engine runs max_num_seqs 8)
     assert {b["properties"]["source"]["const"]: b["properties"].get("alternatives", {}).get("maximum")
             for b in body["anyOf"]} == {"de": None, "en": 7, "auto": 7}
-    api.openapi_schema = None
-    local = openapi_document(api)      # outside a replica: no served models, no enums
+    local = build_app(None).openapi()      # without services: no served models, no enums
     for path in ("/translate", "/detect", "/suggest", "/v2/translate", "/translate_file", "/v2/document"):
         for doc in (served, local):
             doc["paths"][path]["post"].pop("requestBody")
@@ -105,16 +104,16 @@ def test_405_carries_allow(service_url):
 def test_the_body_routes_the_middleware_knows_are_the_app_routes_with_a_body():
     """body.BODY_ROUTES (methods that take a body, per path the middleware decodes) equals the app's."""
     from service.api.body import BODY_ROUTES, MEDIA_TYPES
-    from service.api.gateway import api
+    from service.api.http import build_app
     routes = {path: {m.upper() for m in ops} & {"POST", "PUT", "PATCH"}
-              for path, ops in api.openapi()["paths"].items() if path in MEDIA_TYPES}
+              for path, ops in build_app(None).openapi()["paths"].items() if path in MEDIA_TYPES}
     assert routes == BODY_ROUTES
 
 
 def test_head_answers_every_get_route_like_get_without_a_body(service_url):
     """Load balancers probe with HEAD: the status and headers of GET, no body (body.HeadMiddleware)."""
-    from service.api.gateway import api
-    paths = [p for p, ops in api.openapi()["paths"].items()
+    from service.api.http import build_app
+    paths = [p for p, ops in build_app(None).openapi()["paths"].items()
              if "get" in ops and "{" not in p] + ["/docs", "/openapi.json"]    # templated paths: no fixed 200
     assert {"/healthz", "/readyz", "/metrics", "/v1/models", "/languages"} <= set(paths)
     for path in paths:

@@ -12,7 +12,6 @@ import zipfile
 import docx
 import pptx
 import pytest
-from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from odf import teletype
 from odf.opendocument import OpenDocumentText
@@ -22,14 +21,13 @@ from odf.table import Table, TableCell, TableColumn, TableRow
 from odf.text import A, H, List, ListItem, P, Span
 
 from service import documents
-from service.api import deepl_documents
 from service.api import documents as routes
-from service.api.body import BodyMiddleware
 from service.api.document_store import DocumentSettings, DocumentStore, owner_of
-from service.api.errors import LIBRE_PATHS, add_exception_handlers
-from service.api.guard import Guard, GuardMiddleware, GuardSettings
+from service.api.guard import Guard, GuardSettings
 from service.documents import DocumentError, safety
 from service.protocol import ServiceError
+
+from local_services import local_services
 
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 
@@ -304,66 +302,20 @@ async def test_segments_go_in_small_jobs_with_few_in_flight_and_big_ones_split()
     assert chars == sum(len(s) for s in segments)
 
 
-# ---- the routes with API keys on (in process: the guard and body middleware, upper-casing "model") --
-class _Card:
-    id, targets = "m", ("en",)
-
-
-class _Limits:
-    def check(self, job) -> None:
-        assert all(len(t) <= 5000 for t in job.texts)
-
-
-class _Gateway:
-    """What the document routes use of the Gateway; the translation upper-cases each text."""
-
-    def __init__(self, guard, store_dir):
-        self.guard, self.detector, self.limits = guard, None, {"m": _Limits()}
-        self.doc_settings = DocumentSettings(store_dir=str(store_dir))
-        self.doc_store = DocumentStore(self.doc_settings)
-
-    def resolve(self, model, source, target):
-        if target not in (None, "en", "en-gb"):
-            raise ServiceError(404, f"target_lang: no model for {target}", "target_lang")
-        return _Card()
-
-    async def _translate(self, model, job):
-        from service.protocol import TranslateResponse, Translation, Usage
-        return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
-            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
+# ---- the routes with API keys on (in process: the service's app, translations upper-casing each text) --
+async def _upper(model, job):
+    from service.protocol import TranslateResponse, Translation, Usage
+    return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
+        Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
 
 
 def keyed_client(tmp_path) -> TestClient:
-    gw = _Gateway(Guard(GuardSettings(), env="key-a,key-b"), tmp_path)
-    app = FastAPI()
-    app.add_middleware(BodyMiddleware)
-    app.add_middleware(GuardMiddleware, get_guard=lambda: gw.guard, libre_paths=LIBRE_PATHS)
-    add_exception_handlers(app)
-
-    @app.post("/v1/documents")
-    async def native(request: Request):
-        return await routes.native(gw, request)
-
-    @app.post("/translate_file")
-    async def libre(request: Request):
-        return await routes.libre(gw, request)
-
-    @app.get("/download_file/{name}")
-    async def download(name: str, request: Request):
-        return await routes.download(gw, request, name)
-
-    @app.post("/v2/document")
-    async def deepl_upload(request: Request):
-        return await deepl_documents.upload(gw, request)
-
-    @app.post("/v2/document/{job}")
-    async def deepl_status(job: str, request: Request):
-        return await deepl_documents.status(gw, request, job)
-
-    @app.post("/v2/document/{job}/result")
-    async def deepl_result(job: str, request: Request):
-        return await deepl_documents.result(gw, request, job)
-    return TestClient(app)
+    from model.config import ModelConfig
+    from service.api.http import build_app
+    from service.translator import ModelCard
+    card = ModelCard("m", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    svc = local_services([card], _upper, guard=Guard(GuardSettings(), env="key-a,key-b"), store_dir=str(tmp_path))
+    return TestClient(build_app(svc))
 
 
 def test_files_are_downloadable_only_with_the_key_that_uploaded_them(tmp_path):

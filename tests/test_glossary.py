@@ -33,6 +33,8 @@ from service.replica import to_service_error
 from service.translator import Translator, model_card
 from service.translator.glossary import Glossary
 
+from local_services import local_services
+
 
 class Tok:
     """A stand-in tokenizer: one id per character (enough for term ids and their lengths)."""
@@ -186,27 +188,31 @@ def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
 
 
 def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
-    from service.api import gateway
+    from model.config import ModelConfig
+    from service.api import routes_stores as G
+    from service.api.glossaries import scope_of
+    from service.translator import ModelCard
 
     def req(who):
         return types.SimpleNamespace(scope={"state": {"guard_decision": types.SimpleNamespace(who=who)}})
-    me = types.SimpleNamespace(glossaries=GlossaryClient(GlossaryStore("")))
-    G = gateway.Gateway
+    card = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    me = local_services([card], None, glossaries=GlossaryClient(GlossaryStore("")))
     alice, bob = req("k:aaaa"), req("k:bbbb")
     body = GlossaryCreate(name="legal", entries=[{"source": "Vertrag", "target": "agreement"}])
-    info = asyncio.run(G.create_glossary(me, body, alice))
+    info = asyncio.run(G.create_glossary(body, alice, me))
     assert (info.name, info.entry_count, info.shared) == ("legal", 1, False)
-    assert [g.name for g in asyncio.run(G.list_glossaries(me, alice)).data] == ["legal"]
-    assert asyncio.run(G.list_glossaries(me, bob)).data == []
-    card = types.SimpleNamespace(source_lang="de", target_lang="en")
-    job = asyncio.run(G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", alice, card))
+    assert [g.name for g in asyncio.run(G.list_glossaries(alice, me)).data] == ["legal"]
+    assert asyncio.run(G.list_glossaries(bob, me)).data == []
+    job = asyncio.run(me.pipeline.with_glossary(TranslateJob(["x"], GenerationOptions()), "legal", scope_of(alice),
+                                                "de", "en"))
     assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary_id"
     with pytest.raises(ServiceError) as e:
-        asyncio.run(G._with_glossary(me, TranslateJob(["x"], GenerationOptions()), "legal", bob, card))
+        asyncio.run(me.pipeline.with_glossary(TranslateJob(["x"], GenerationOptions()), "legal", scope_of(bob),
+                                              "de", "en"))
     assert (e.value.status, e.value.field) == (404, "glossary_id")
-    assert asyncio.run(G.get_glossary(me, "legal", alice)).entries[0].target == "agreement"
-    assert asyncio.run(G.delete_glossary(me, "legal", alice)).status_code == 204
-    assert asyncio.run(G.list_glossaries(me, alice)).data == []
+    assert asyncio.run(G.get_glossary("legal", alice, me)).entries[0].target == "agreement"
+    assert asyncio.run(G.delete_glossary("legal", alice, me)).status_code == 204
+    assert asyncio.run(G.list_glossaries(alice, me)).data == []
 
 
 def test_libretranslate_glossary_fields():
@@ -236,8 +242,8 @@ def test_libretranslate_glossary_fields():
 def test_405_allow_names_every_route_of_the_path():
     from fastapi.testclient import TestClient
 
-    from service.api.gateway import api
-    client = TestClient(api)
+    from service.api.http import build_app
+    client = TestClient(build_app(None))
     for method, path, allow in (("OPTIONS", "/v1/glossaries", "GET, POST, HEAD"),
                                 ("PUT", "/v1/glossaries/x", "GET, DELETE, HEAD"), ("GET", "/v1/translate", "POST")):
         r = client.request(method, path)

@@ -15,11 +15,10 @@ from fastapi.testclient import TestClient
 from model.config import ModelConfig
 from model.tokenizer import read_lines
 from service.api import libretranslate
-from service.pipeline import autodetect
+from service.pipeline import LanguageGraph, autodetect
+from local_services import local_services
 from service.api.body import BodyMiddleware
 from service.api.errors import add_exception_handlers
-from service.engine import EngineConfig
-from service.engine.validation import ModelLimits
 from service.protocol import ServiceError, TranslateResponse, Translation, Usage
 from service.translator import ModelCard
 from service.translator.langid import (
@@ -117,7 +116,7 @@ def test_detect_answer_in_libretranslate_shape():
 # ---- LibreTranslate routes in-process (a fake translator) ------------------------------------------
 TINY = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)
 CARDS = [ModelCard("de-en", "", "de", "en", TINY), ModelCard("en-de", "", "en", "de", TINY)]
-LIMITS = {c.id: ModelLimits.of(c.id, TINY, EngineConfig(max_num_seqs=4, max_waiting=64)) for c in CARDS}
+ENGINE = {"max_num_seqs": 4, "max_waiting": 64}
 
 
 @pytest.fixture
@@ -135,7 +134,7 @@ def libre():
 
     @app.post("/translate")
     async def translate_route(request: Request):
-        return await libretranslate.translate(request, CARDS, LIMITS, run, DETECTOR)
+        return await libretranslate.translate(request, local_services(CARDS, run, ENGINE, DETECTOR))
 
     @app.post("/detect")
     async def detect_route(request: Request):
@@ -205,9 +204,9 @@ def test_libre_detect_json_form_and_errors(libre):
 
 
 def test_parse_leaves_the_model_to_detection_with_auto():
-    req = libretranslate.parse({"q": ["a", "b"], "source": "AUTO", "target": "en-US"}, CARDS)
+    req = libretranslate.parse({"q": ["a", "b"], "source": "AUTO", "target": "en-US"}, LanguageGraph(CARDS))
     assert (req.card, req.auto, req.target, req.batch) == (None, True, "en", True)
-    assert libretranslate.parse({"q": "a", "source": "de", "target": "en"}, CARDS).card.id == "de-en"
+    assert libretranslate.parse({"q": "a", "source": "de", "target": "en"}, LanguageGraph(CARDS)).card.id == "de-en"
 
 
 # ---- the running service (slow) --------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Pivoting (service/pipeline/pivot.py, docs/controls.md#pivoting): a pair no model serves, translated through a third
 language by two models one after the other. The route table and the leg jobs without a model; then
-the real gateway in-process over HTTP (FastAPI's TestClient, its translators in this process, no
+the service's HTTP app in-process over HTTP (FastAPI's TestClient, its translators in this process, no
 Ray) with three tiny random models, de-en, en-fr and fr-en ("fr" is a label: its tokenizer reads
 the repository's en/de text), so that de->fr is a real pivot through two distinct models; then a
 LibreTranslate client through the running service (slow)."""
@@ -157,7 +157,7 @@ def test_app_args_pivot_lang():
         AppArgs.model_validate({"pivot_lang": ""})
 
 
-# ---- the real gateway in-process: three tiny models, de->fr through en ----------------------------
+# ---- the service's HTTP app in-process: three tiny models, de->fr through en ----------------------------
 # A random model decodes to its length cap: this one keeps each leg short (and the tests quick).
 TARGET_TOKENS = 12
 MODELS = {"de-en": ("de", "en", ("de", "en")), "en-fr": ("en", "fr", ("en", "de")), "fr-en": ("fr", "en", ("de", "en"))}
@@ -165,25 +165,20 @@ MODELS = {"de-en": ("de", "en", ("de", "en")), "en-fr": ("en", "fr", ("en", "de"
 
 @contextlib.contextmanager
 def gateway_client(cards, pivot_lang="en", engine=None):
-    """The Gateway (the HTTP ingress of the service) with its translators in this process, behind
-    FastAPI's TestClient: Serve's class-based view finds its instance through
-    ``serve.get_replica_context()``, which is pointed at this one. ``engine``: EngineConfig fields."""
-    import ray.serve
-
-    from service.api import gateway
-    gw = object.__new__(gateway.Gateway)
-    gateway.Gateway.__mro__[1].__init__(gw, cards, None, {}, 1, None, 60.0, pivot_lang=pivot_lang)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ray.serve, "get_replica_context", lambda: types.SimpleNamespace(servable_object=gw))
-        with TestClient(gateway.api) as client:
-            client.portal.call(gw.reconfigure, {"engine": {"max_num_seqs": 8, "cpu_kernels": False, **(engine or {})}})
-            gw.detector.load()
-            client.gateway = gw
-            try:
-                yield client
-            finally:
-                for t in gw.backend.translators.values():
-                    client.portal.call(t.stop)
+    """The service's HTTP app (``http.build_app``) with its translators in this process, behind
+    FastAPI's TestClient. ``engine``: EngineConfig fields."""
+    from service.api.http import build_app
+    from service.api.services import Services
+    svc = Services.build(cards, pivot_lang=pivot_lang)
+    with TestClient(build_app(svc)) as client:
+        client.portal.call(svc.reconfigure, {"engine": {"max_num_seqs": 8, "cpu_kernels": False, **(engine or {})}})
+        svc.detector.load()
+        client.services = svc
+        try:
+            yield client
+        finally:
+            for t in svc.backend.translators.values():
+                client.portal.call(t.stop)
 
 
 @pytest.fixture(scope="module")
@@ -355,13 +350,12 @@ def test_libretranslate_bad_languages_name_the_field_and_what_is_served(client, 
 
 
 def test_pivot_off_serves_only_the_direct_pairs(checkpoints):
-    from service.api import gateway
+    from service.pipeline import LanguageGraph
     cards = [model_card(n, checkpoints / n) for n in MODELS]
-    gw = object.__new__(gateway.Gateway)
-    gateway.Gateway.__mro__[1].__init__(gw, cards, None, {}, 1, None, 60.0, pivot_lang=None)
-    assert gw.pivots == {} and gw.resolve(None, "de", "en").id == "de-en"
+    graph = LanguageGraph(cards, pivot_lang=None)
+    assert graph.pivots == {} and graph.resolve(None, "de", "en").id == "de-en"
     with pytest.raises(ServiceError) as e:
-        gw.resolve(None, "de", "fr")
+        graph.resolve(None, "de", "fr")
     assert (e.value.status, e.value.field) == (404, "target_lang") and "through" not in e.value.message
 
 

@@ -47,7 +47,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from service.protocol import ServiceError
+from service.protocol import ServiceError, shown
 
 from .errors import (
     DEEPL_PREFIX,
@@ -57,9 +57,9 @@ from .errors import (
     error_response,
     format_validation_error,
     route_path,
-    shown,
 )
 from .guard import BODY_KEY_PATHS, check_body_key
+from .schemas import TranslateRequest
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
                                    # 5,000 characters fit with room for JSON escapes)
@@ -264,7 +264,7 @@ def _long_integers(value: object, path: str = "") -> Iterator[tuple[str, LongInt
 # Routes FastAPI parses itself (from the JSON text) -> their request model: a JSON integer too long for
 # Python's int() (sys.get_int_max_str_digits()) would fail FastAPI's parse without naming the field,
 # so the middleware validates such a body with the model, whose error names the field and its limit.
-ROUTE_MODELS: dict[str, type[BaseModel]] = {}
+ROUTE_MODELS: dict[str, type[BaseModel]] = {"/v1/translate": TranslateRequest}
 
 
 def check_long_integers(path: str, decoded: object) -> None:

@@ -17,23 +17,29 @@ path), ``error_response`` (DeepL's error shape and statuses), ``DEEPL_PREFIX`` (
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-from typing import Awaitable, Callable, Iterable, Literal, Optional
+from typing import TYPE_CHECKING, Iterable, Literal, Optional
 
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from service.engine import GenerationOptions
-from service.engine.validation import ModelLimits
 from service.pipeline import autodetect
 from service.pipeline.autodetect import NAMES
 from service.pipeline.markup import HtmlText
-from service.protocol import ServiceError, TranslateJob, TranslateResponse
-from service.replica import mapped_errors
+from service.protocol import (
+    ServiceError,
+    TranslateJob,
+    short_name,
+    shown,
+)
 from service.translator import ModelCard
-from service.translator.langid import LanguageDetector
 
-from .errors import deepl_error_response, format_validation_error, short_name, shown
+from . import glossaries
+from .errors import deepl_error_response, format_validation_error
+
+if TYPE_CHECKING:
+    from .services import Services
 
 DEEPL_PREFIX = "/v2/"             # paths answered in DeepL's error shape
 AUTH_SCHEME = "deepl-auth-key"    # Authorization: DeepL-Auth-Key KEY (compared ignoring case)
@@ -166,29 +172,12 @@ def ignored(body: DeepLTranslateBody, fields: dict) -> Optional[dict[str, str]]:
             } if names else None
 
 
-@dataclasses.dataclass
-class Context:
-    """What the route needs of the gateway."""
-    cards: list[ModelCard]
-    limits: dict[str, ModelLimits]
-    resolve: Callable[[Optional[str], Optional[str]], ModelCard]   # (source, target) -> card, or ServiceError
-    run: Callable[[str, TranslateJob], Awaitable[TranslateResponse]]
-    detector: Optional[LanguageDetector]
-    job_fields: dict = dataclasses.field(default_factory=dict)     # TranslateJob fields of every job (memory scope)
-    # (glossary_id, source, target) -> the stored glossary's entries (glossaries.GlossaryClient.resolve
-    # with the caller's scope); raises ServiceError 404 (unknown) or 422 (another language pair)
-    glossary: Optional[Callable[[str, str, str], Awaitable[tuple]]] = None
-
-
 def _job(texts: list[str], target: str, body: DeepLTranslateBody, n_texts: int, extra: dict) -> TranslateJob:
-    job = TranslateJob(list(texts), GenerationOptions(), field="text", is_list=True, target_lang=target, **extra)
-    job.n_texts = n_texts
-    if body.split_sentences != "1" and hasattr(job, "split_sentences"):
-        job.split_sentences = body.split_sentences
-    return job
+    return TranslateJob(list(texts), GenerationOptions(), field="text", is_list=True, target_lang=target,
+                        n_texts=n_texts, split_sentences=body.split_sentences, **extra)
 
 
-async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict], int]:
+async def translate(body: DeepLTranslateBody, request: Request, svc: "Services") -> tuple[list[dict], int]:
     """The ``translations`` of the answer and the characters billed. Raises ServiceError."""
     from .schemas import check_unicode
     texts = body.text
@@ -203,8 +192,8 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
     if body.glossary_id and not (body.source_lang or "").strip():
         raise ServiceError(400, "source_lang: required with glossary_id (a glossary is for one language pair)",
                            "source_lang")
-    targets = {t for c in ctx.cards for t in c.targets}
-    sources = {c.source_lang for c in ctx.cards}
+    targets = {t for c in svc.graph.cards.values() for t in c.targets}
+    sources = set(svc.graph.sources)
     target = service_language(body.target_lang)
     if target not in targets:
         raise ServiceError(400, f"Value for 'target_lang' not supported: {shown(body.target_lang)}; target languages "
@@ -215,8 +204,8 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         if body.tag_handling else []
     if body.source_lang is None or not body.source_lang.strip():
         plain = [" ".join(h.segments) for h in htmls] if htmls else texts
-        detections = await autodetect.detect_texts(ctx.detector or LanguageDetector(), plain)
-        routed = autodetect.route(texts, detections, target, lambda lang: ctx.resolve(lang, target).id,
+        detections = await autodetect.detect_texts(svc.detector, plain)
+        routed = autodetect.route(texts, detections, target, lambda lang: svc.graph.resolve(None, lang, target).id,
                                   "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
     else:
         source = service_language(body.source_lang)
@@ -226,26 +215,21 @@ async def translate(body: DeepLTranslateBody, ctx: Context) -> tuple[list[dict],
         if source == target:
             routed = [autodetect.Routed(None, source, 100.0, True)] * len(texts)
         else:
-            card = ctx.resolve(source, target)
+            card = svc.graph.resolve(None, source, target)
             routed = [autodetect.Routed(card.id, source, 100.0)] * len(texts)
-    extra = dict(ctx.job_fields)
+    extra = {"memory_scope": svc.memory_scope(request)}
     if body.glossary_id:            # stored glossaries (glossaries.py): enforced in decoding by every job
-        if ctx.glossary is None:
-            raise unknown_glossary(body.glossary_id)
         try:
-            extra.update(glossary=await ctx.glossary(body.glossary_id, service_language(body.source_lang), target),
+            extra.update(glossary=await svc.glossaries.resolve(glossaries.scope_of(request), body.glossary_id,
+                                                               service_language(body.source_lang), target),
                          glossary_field="glossary_id")
         except ServiceError as e:     # unknown: DeepL's 404 (glossary_not_found); another pair: 400
             raise ServiceError(e.status, e.message, e.field,
                                type="glossary_not_found" if e.status == 404 else None) from None
     by_model = autodetect.groups(routed)
-    jobs = {}
-    for model, idx in by_model.items():
-        units = [s for i in idx for s in htmls[i].segments] if htmls else [texts[i] for i in idx]
-        jobs[model] = _job(units, target, body, len(idx), extra)
-        with mapped_errors(model):
-            ctx.limits[model].check(jobs[model])
-    results = await autodetect.gather_all([ctx.run(m, j) for m, j in jobs.items()])
+    jobs = svc.pipeline.jobs(routed, lambda model, idx: svc.pipeline.deadline(_job(
+        [s for i in idx for s in htmls[i].segments] if htmls else [texts[i] for i in idx], target, body, len(idx), extra)))
+    results = (await svc.pipeline.run_all(jobs)).values()
     out = list(texts)
     for idx, result in zip(by_model.values(), results):
         k = 0

@@ -28,7 +28,7 @@ import hmac
 import json
 import secrets
 import time
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -41,6 +41,9 @@ from . import documents as routes
 from . import glossaries
 from .document_store import owner_of
 from .schemas import ErrorResponse
+
+if TYPE_CHECKING:
+    from .services import Services
 
 
 class DocumentHandle(BaseModel):
@@ -116,7 +119,7 @@ def _hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-async def upload(gw, request: Request) -> Response:
+async def upload(svc: "Services", request: Request) -> Response:
     try:
         up = await routes.read_upload(request, FIELDS)
         target = deepl_language(up.fields.get("target_lang"))
@@ -130,30 +133,30 @@ async def upload(gw, request: Request) -> Response:
         doc = await routes.parsed(up)
         source = deepl_language(up.fields.get("source_lang")) or "auto"
         glossary_id = up.fields.get("glossary_id") or None
-        model, target = await routes.plan(gw, doc, None, source, target, "source_lang")
+        model, target = await routes.plan(svc, doc, None, source, target, "source_lang")
         glossary: tuple = ()
         if glossary_id is not None:     # for the model the document goes to (its language detected without
             # source_lang): 404 for an unknown name, 409 for a glossary of other languages
-            card = gw.resolve(model, None, target)
-            glossary = await gw.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
+            card = svc.graph.resolve(model, None, target)
+            glossary = await svc.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
                                                    card.target_lang)
     except ServiceError as e:
         return message(e)
     job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
-    owner = owner_of(routes.request_key(request, up.fields)) if gw.guard.keys_on else None
+    owner = owner_of(routes.request_key(request, up.fields)) if svc.guard.keys_on else None
     record = {"status": "queued", "key": _hash(key), "owner": owner, "filename": up.filename, "total": len(doc.segments),
               "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
-    await asyncio.to_thread(gw.doc_store.put_job, job_id, record)
-    task = asyncio.ensure_future(_run(gw, job_id, record, doc, model, target, up.filename, glossary))
+    await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
+    task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary))
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
 
 
-async def _run(gw, job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
+async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
                glossary: tuple = ()) -> None:
-    store = gw.doc_store
+    store = svc.doc_store
     last = [0.0]
 
     def progress(done: int, total: int) -> None:
@@ -164,7 +167,7 @@ async def _run(gw, job_id: str, record: dict, doc, model: str, target: Optional[
     try:
         record["status"] = "translating"
         await asyncio.to_thread(store.put_job, job_id, record)
-        data, chars = await routes.translated(gw, doc, model, target, progress, glossary)
+        data, chars = await routes.translated(svc, doc, model, target, progress, glossary)
         media = documents.FORMATS[documents.extension(filename)].media_type
         rec = await asyncio.to_thread(store.put, data, filename, media, record["owner"])
         record.update(status="done", result=rec.name, billed_characters=chars, done=record["total"])
@@ -175,7 +178,7 @@ async def _run(gw, job_id: str, record: dict, doc, model: str, target: Optional[
     await asyncio.to_thread(store.put_job, job_id, record)
 
 
-async def _job(gw, request: Request, job_id: str) -> dict:
+async def _job(svc: "Services", request: Request, job_id: str) -> dict:
     """The job record once ``document_key`` (and, with keys on, the API key) match. Raises ServiceError 404/400."""
     try:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -188,20 +191,20 @@ async def _job(gw, request: Request, job_id: str) -> dict:
         raise ServiceError(400, "body: cannot be read; send document_key as JSON or a form field", "document_key") from None
     if not isinstance(key, str) or not key:
         raise ServiceError(400, "Parameter 'document_key' not specified", "document_key")
-    job = await asyncio.to_thread(gw.doc_store.get_job, job_id)
+    job = await asyncio.to_thread(svc.doc_store.get_job, job_id)
     if (job is None or not hmac.compare_digest(job["key"], _hash(key))
-            or (gw.guard.keys_on and job["owner"] != owner_of(routes.request_key(request)))):
+            or (svc.guard.keys_on and job["owner"] != owner_of(routes.request_key(request)))):
         raise ServiceError(404, "Document not found: unknown document_id, wrong document_key, another API key, "
-                                f"or expired (kept {gw.doc_settings.ttl_s:g} s)", "document_id")
+                                f"or expired (kept {svc.doc_settings.ttl_s:g} s)", "document_id")
     if job["status"] in ("queued", "translating") and time.time() - job["updated"] > JOB_STALE_S:
         job.update(status="error", error_message=f"the replica translating it stopped (no progress for "
                                                  f"{JOB_STALE_S} s); upload the document again")
     return job
 
 
-async def status(gw, request: Request, job_id: str) -> Response:
+async def status(svc: "Services", request: Request, job_id: str) -> Response:
     try:
-        job = await _job(gw, request, job_id)
+        job = await _job(svc, request, job_id)
     except ServiceError as e:
         return message(e)
     body = {"document_id": job_id, "status": job["status"]}
@@ -215,14 +218,14 @@ async def status(gw, request: Request, job_id: str) -> Response:
     return JSONResponse(body)
 
 
-async def result(gw, request: Request, job_id: str) -> Response:
+async def result(svc: "Services", request: Request, job_id: str) -> Response:
     try:
-        job = await _job(gw, request, job_id)
+        job = await _job(svc, request, job_id)
         if job["status"] != "done":
             raise ServiceError(503, f"Document not ready: its status is {job['status']}"
                                     f"{': ' + job['error_message'] if job['error_message'] else ''}",
                                "document_id", retry_after=1)
-        rec, data = await asyncio.to_thread(gw.doc_store.get, job["result"], job["owner"], False)
+        rec, data = await asyncio.to_thread(svc.doc_store.get, job["result"], job["owner"], False)
     except ServiceError as e:
         return message(e)
     return routes.file_response(data, rec.filename, rec.media_type)

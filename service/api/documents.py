@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import re
 import urllib.parse
-from typing import Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -37,15 +37,18 @@ from service.protocol import (
     ServiceError,
     TranslateJob,
     TranslateResponse,
+    shown,
 )
-from service.replica import mapped_errors
 from service.translator.card import match_language
 
 from . import sse
 from .body import check_multipart
 from .document_store import DocumentSettings, owner_of
-from .errors import error_response, libre_error_response, shown
+from .errors import error_response, libre_error_response
 from .guard import bearer, check_body_key
+
+if TYPE_CHECKING:
+    from .services import Services
 
 RETRIES_503 = 5                 # attempts of one job while the engine answers 503 (overloaded, loading)
 DETECT_SAMPLE_CHARS = 2_000     # characters of a document read to detect its language (source auto)
@@ -293,23 +296,23 @@ def truthy(value: Optional[str], field: str) -> bool:
 
 
 # ---- the routes' bodies (the Gateway's methods call these with itself) --------------------------------
-async def plan(gw, doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
+async def plan(svc: "Services", doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
                source_field: str) -> tuple[str, Optional[str]]:
     """(model id, target language) for a document, ``source`` "auto" detected from its text (None:
     the model's). Raises ServiceError 404/422 (the gateway's ``resolve``)."""
     if autodetect.is_auto(source):
-        source = await detected_source(gw.detector, doc, source_field)
+        source = await detected_source(svc.detector, doc, source_field)
         try:
-            card = gw.resolve(model, source, target)
+            card = svc.graph.resolve(model, source, target)
         except ServiceError as e:      # the detected language: the 404 of autodetect.route
             raise ServiceError(e.status, f"{source_field}: auto detected {source} in the document: {e.message}",
                                source_field, type=autodetect.NOT_SERVED if e.status == 404 else None) from None
     else:
-        card = gw.resolve(model, source, target)
+        card = svc.graph.resolve(model, source, target)
     return card.id, match_language(target, set(card.targets)) if target else None
 
 
-async def translated(gw, doc: Document, model: str, target: Optional[str],
+async def translated(svc: "Services", doc: Document, model: str, target: Optional[str],
                      progress: Optional[Callable[[int, int], None]] = None,
                      glossary: tuple = ()) -> tuple[bytes, int]:
     """The translated file's bytes and the characters translated; ``glossary``: (source, target) terms
@@ -317,39 +320,38 @@ async def translated(gw, doc: Document, model: str, target: Optional[str],
     async def run(m: str, job: TranslateJob) -> TranslateResponse:
         if glossary:
             job.glossary, job.glossary_field = tuple(glossary), "glossary_id"
-        with mapped_errors(m):
-            gw.limits[m].check(job)
-        return await gw._translate(m, job)
-    out, chars = await translate_segments(doc.segments, model, target, run, gw.doc_settings, progress)
+        svc.pipeline.check(m, job)
+        return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s))
+    out, chars = await translate_segments(doc.segments, model, target, run, svc.doc_settings, progress)
     return await asyncio.to_thread(doc.rebuild, out), chars
 
 
-async def native(gw, request: Request) -> Response:
+async def native(svc: "Services", request: Request) -> Response:
     """POST /v1/documents (module docstring). Errors: ServiceError (the native error shape)."""
     up = await read_upload(request, ("source_lang", "target_lang", "model", "stream", "filename"))
     stream = truthy(up.fields.get("stream"), "stream")
     doc = await parsed(up)
-    model, target = await plan(gw, doc, up.fields.get("model"), up.fields.get("source_lang"),
+    model, target = await plan(svc, doc, up.fields.get("model"), up.fields.get("source_lang"),
                                up.fields.get("target_lang"), "source_lang")
     request.state.model = model
     media = documents.FORMATS[documents.extension(up.filename)].media_type
     if not stream:
-        data, _ = await translated(gw, doc, model, target)
+        data, _ = await translated(svc, doc, model, target)
         return file_response(data, up.filename, media)
-    owner = owner_of(request_key(request)) if gw.guard.keys_on else None
+    owner = owner_of(request_key(request)) if svc.guard.keys_on else None
 
     async def work(progress) -> dict:
-        data, _ = await translated(gw, doc, model, target, progress)
-        rec = await asyncio.to_thread(gw.doc_store.put, data, up.filename, media, owner)
+        data, _ = await translated(svc, doc, model, target, progress)
+        rec = await asyncio.to_thread(svc.doc_store.put, data, up.filename, media, owner)
         return {"url": stored_url(request, rec.name), "filename": up.filename, "bytes": rec.size}
     decision = request.scope.get("state", {}).get("guard_decision")      # counted like any stream (or 429)
-    release = gw.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)
+    release = svc.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)
     request.state.stream = True
     return sse.ClosingStreamingResponse(progress_events(work), release, media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def libre(gw, request: Request) -> Response:
+async def libre(svc: "Services", request: Request) -> Response:
     """POST /translate_file: LibreTranslate's shape ({"translatedFileUrl"}; errors {"error"}, 4xx as 400)."""
     try:
         try:
@@ -365,26 +367,26 @@ async def libre(gw, request: Request) -> Response:
             if not up.fields.get(name):
                 raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
         doc = await parsed(up)
-        model, target = await plan(gw, doc, None, up.fields["source"], up.fields["target"], "source")
+        model, target = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
         request.state.model = model
-        data, _ = await translated(gw, doc, model, target)
-        owner = owner_of(request_key(request, up.fields)) if gw.guard.keys_on else None
+        data, _ = await translated(svc, doc, model, target)
+        owner = owner_of(request_key(request, up.fields)) if svc.guard.keys_on else None
         media = documents.FORMATS[documents.extension(up.filename)].media_type
-        rec = await asyncio.to_thread(gw.doc_store.put, data, up.filename, media, owner)
+        rec = await asyncio.to_thread(svc.doc_store.put, data, up.filename, media, owner)
     except ServiceError as e:
         return libre_error_response(e)
     return JSONResponse({"translatedFileUrl": stored_url(request, rec.name)})
 
 
-async def download(gw, request: Request, name: str) -> Response:
+async def download(svc: "Services", request: Request, name: str) -> Response:
     """GET /download_file/{name}: the kept file (404 once expired or for another key)."""
     state = request.scope.setdefault("state", {})
     denied = check_body_key(state, request.query_params.get("api_key"))
     if denied is not None:
         return error_response(denied.error, headers=denied.headers)
-    owner = owner_of(request_key(request)) if gw.guard.keys_on else None
+    owner = owner_of(request_key(request)) if svc.guard.keys_on else None
     try:
-        rec, data = await asyncio.to_thread(gw.doc_store.get, name, owner, gw.guard.keys_on)
+        rec, data = await asyncio.to_thread(svc.doc_store.get, name, owner, svc.guard.keys_on)
     except ServiceError as e:
         return error_response(e)
     return file_response(data, rec.filename, rec.media_type)

@@ -19,12 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.protocol import ServiceError
+from service.protocol import ServiceError, short_name
 
 LIBRE_PATHS = ("/translate", "/languages", "/detect", "/translate_file", "/suggest",
                "/frontend/settings")    # routes that answer in LibreTranslate's error shape
 DEEPL_PREFIX = "/v2/"     # DeepL-compatible routes: DeepL's error shape (deepl.error_response)
-MAX_NAME_CHARS = 64   # a field name (or any path part) longer than this is shortened in error messages
 MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
 # Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
 JSON_TOO_DEEP = (f"JSON nested too deep (arrays and objects inside each other beyond about "
@@ -66,19 +65,6 @@ def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
     hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
     hdrs.pop("WWW-Authenticate", None)
     return JSONResponse({"message": err.message}, status_code=status, headers=hdrs or None)
-
-
-def short_name(name: str) -> str:
-    """A client-sent name as an error message repeats it: whole up to MAX_NAME_CHARS characters, else
-    its start and its length (an unknown field named by 100,000 characters is not echoed back whole)."""
-    if len(name) <= MAX_NAME_CHARS:
-        return name
-    return f"{name[:MAX_NAME_CHARS // 2]}...({len(name)} characters)"
-
-
-def shown(value) -> str:
-    """A client-sent value quoted for an error message (``repr``), shortened as ``short_name``."""
-    return repr(short_name(str(value)))
 
 
 def format_validation_error(err: dict) -> tuple[str, str]:

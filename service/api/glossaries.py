@@ -38,10 +38,9 @@ from service.protocol import (
     NOT_BLANK,
     InvalidRequest,
     ServiceError,
+    shown,
 )
 from service.translator.glossary import Glossary, check_entries
-
-from .errors import shown
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what the document states of a term (GlossaryEntry's own validators give the messages)

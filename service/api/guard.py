@@ -113,7 +113,7 @@ class Guard:
     """API keys and token buckets of one ingress replica (see the module docstring)."""
 
     def __init__(self, settings: Optional[GuardSettings] = None, env: Optional[str] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, metrics=None):
         self.settings = settings or GuardSettings()
         self.env = os.environ.get(ENV_KEYS, "") if env is None else env
         self.clock = clock
@@ -122,7 +122,7 @@ class Guard:
         self._checked = -math.inf
         self._buckets: collections.OrderedDict[str, Bucket] = collections.OrderedDict()
         self.streams: collections.Counter[str] = collections.Counter()   # open streams by Decision.who
-        self.metrics = None        # service.metrics.GuardMetrics, set inside the replica
+        self.metrics = metrics     # service.metrics.GuardMetrics inside a replica; None: not counted
         self.reload()
 
     # ---- keys ------------------------------------------------------------------------------------

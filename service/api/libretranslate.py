@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal, Optional, Union
 
 import pydantic
 from fastapi import Request
@@ -20,8 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.engine import GenerationOptions
-from service.engine.validation import ModelLimits
-from service.pipeline import autodetect
+from service.pipeline import LanguageGraph, autodetect
 from service.pipeline.autodetect import NAMES as LANGUAGE_NAMES
 from service.pipeline.markup import HtmlText
 from service.protocol import (
@@ -34,8 +33,8 @@ from service.protocol import (
     TranslateJob,
     TranslateResponse,
     Usage,
+    short_name,
 )
-from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
@@ -43,7 +42,7 @@ from service.translator.langid import LanguageDetector
 from . import body as body_module
 from . import glossaries
 from .body import Fields
-from .errors import format_validation_error, libre_error_response, short_name
+from .errors import format_validation_error, libre_error_response
 from .guard import check_body_key
 from .schemas import (
     KeepTerm,
@@ -52,6 +51,9 @@ from .schemas import (
     check_keep,
     check_unicode,
 )
+
+if TYPE_CHECKING:
+    from .services import Services
 
 LIBRE_FIELDS = ("q", "source", "target", "format", "alternatives", "api_key", "keep",
                 "glossary", "glossary_id")     # the fields this route reads (the last three: this service's own)
@@ -283,18 +285,16 @@ def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLa
             for code, t in codes.items()]
 
 
-async def translate(request: Request, cards: list[ModelCard], limits: dict[str, ModelLimits],
-                    run: Callable, detector: Optional[LanguageDetector] = None,
-                    glossary_store: Optional[glossaries.GlossaryClient] = None) -> JSONResponse:
-    """POST /translate. ``run(model, job)`` awaits the model's TranslateResponse (``Backend.translate``);
-    ``detector`` finds each text's language with ``source: auto`` (one job per model, run together);
-    ``glossary_store``: where ``glossary_id`` is looked up."""
+async def translate(request: Request, svc: "Services") -> JSONResponse:
+    """POST /translate: ``source: auto`` finds each text's language (one job per model, run together);
+    ``glossary_id`` is looked up in the caller's stored glossaries."""
+    cards = svc.graph.all_cards()
     try:
         fields, denied = await read_admitted(request)
         if denied is not None:
             return denied
-        req = parse(fields, cards)
-        await read_glossary(req, fields, request, glossary_store)
+        req = parse(fields, svc.graph)
+        await read_glossary(req, fields, request, svc.glossaries)
     except ServiceError as e:
         return libre_error_response(e)
     try:
@@ -306,18 +306,19 @@ async def translate(request: Request, cards: list[ModelCard], limits: dict[str, 
         if req.auto:
             autodetect.check_sizes(req.texts, "q", req.batch)
             plain = [" ".join(h.segments) for h in htmls] if req.html else req.texts
-            detections = await autodetect.detect_texts(detector or LanguageDetector(), plain)
-            routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(cards, lang, req.target).id,
+            detections = await autodetect.detect_texts(svc.detector, plain)
+            routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(svc.graph, lang, req.target).id,
                                       "q", "source", req.batch,
                                       "source languages " + ", ".join(sorted({c.source_lang for c in cards})))
         else:
             routed = [autodetect.Routed(req.card.id, req.card.source_lang, 0.0)] * len(req.texts)
         by_model = autodetect.groups(routed)
         request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
-        jobs = {model: checked_job(req, [s for i in idx for s in htmls[i].segments] if req.html else
-                                   [req.texts[i] for i in idx], limits[model], n_texts=len(idx))
-                for model, idx in by_model.items()}
-        results = await autodetect.gather_all([run(model, job) for model, job in jobs.items()])
+        scope = svc.memory_scope(request)
+        jobs = svc.pipeline.jobs(routed, lambda model, idx: checked_job(
+            req, [s for i in idx for s in htmls[i].segments] if req.html else [req.texts[i] for i in idx],
+            n_texts=len(idx), memory_scope=scope))
+        results = list((await svc.pipeline.run_all({m: svc.pipeline.deadline(j) for m, j in jobs.items()})).values())
     except ServiceError as e:
         return libre_error_response(e)
     request.state.usage = Usage(source_tokens=sum(r.usage.source_tokens for r in results),
@@ -404,19 +405,17 @@ async def read_admitted(request: Request) -> tuple[Fields, Optional[JSONResponse
     return fields, None
 
 
-def checked_job(req: LibreRequest, texts: list[str], limits: ModelLimits,
-                n_texts: Optional[int] = None) -> TranslateJob:
-    """The job for these texts (``q``, or the segments of format=html), checked against the model's
-    limits; ``n_texts``: the client's texts (q items) the texts-per-request limit counts (segments
-    count as sentences, by the translator). Raises ServiceError 413 or 422 (answered as 400)."""
+def checked_job(req: LibreRequest, texts: list[str], n_texts: Optional[int] = None,
+                memory_scope: Optional[str] = None) -> TranslateJob:
+    """The job for these texts (``q``, or the segments of format=html); ``n_texts``: the client's
+    texts (q items) the texts-per-request limit counts (segments count as sentences, by the
+    translator). Raises ServiceError 422 (answered as 400) for text that is not Unicode."""
     job = req.job(texts)
-    job.n_texts = n_texts
+    job.n_texts, job.memory_scope = n_texts, memory_scope
     try:
         check_unicode(job.texts, job.field)
     except ValueError as e:
         raise ServiceError(422, str(e), job.field) from None
-    with mapped_errors(limits.model):
-        limits.check(job)
     return job
 
 
@@ -452,15 +451,14 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
     req.glossary, req.glossary_field = stored + tuple((g.source, g.target) for g in parsed), "glossary"
 
 
-def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
+def parse(f: Fields, graph: LanguageGraph) -> LibreRequest:
     """Validate the fields and pick the model (with ``source: auto``, only the target: the models are
     picked per text once detected). Raises ServiceError 400 naming the field."""
     body = body_module.validate(LibreTranslateBody, f, 400)
     source, target, batch = body.source, body.target, isinstance(body.q, list)
     n_alt, fmt = body.alternatives or 0, body.format or "text"
     keep = tuple(body.keep or ())
-    sources = {c.source_lang for c in cards}
-    targets = {t for c in cards for t in c.targets}
+    sources, targets = graph.sources, graph.targets
     if autodetect.is_auto(target):
         raise ServiceError(400, "Invalid request: target auto is not supported: auto detects the source language "
                                 f"only; give the target language (one of {', '.join(sorted(targets))})", "target")
@@ -472,28 +470,25 @@ def parse(f: Fields, cards: list[ModelCard]) -> LibreRequest:
                                "target")
         return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target, keep)
     source, target = match_language(source, sources), match_language(target, targets | sources)
-    return LibreRequest(texts, batch, pick(cards, source, target), n_alt, fmt == "html", False, target, keep)
+    return LibreRequest(texts, batch, pick(graph, source, target), n_alt, fmt == "html", False, target, keep)
 
 
-def pick(cards: list[ModelCard], source: str, target: str) -> ModelCard:
-    """The model for source -> target: models of one target before multilingual ones (GET /v1/models:
-    target_langs). Raises ServiceError 400 naming the field and what is served."""
-    sources = {c.source_lang for c in cards}
-    targets = {t for c in cards for t in c.targets}
-    if source not in sources:
-        raise ServiceError(400, f"{short_name(source)} is not supported (source languages: {', '.join(sorted(sources))})",
-                           "source")
-    choices = sorted({t for c in cards if c.source_lang == source for t in c.targets})
-    if target not in targets and target not in sources:
+def pick(graph: LanguageGraph, source: str, target: str) -> ModelCard:
+    """The model for source -> target (``LanguageGraph.resolve``), with LibreTranslate's messages for
+    a language or pair not served. Raises ServiceError 400 naming the field and what is served."""
+    choices = sorted({t for c in graph.all_cards() if c.source_lang == source for t in c.targets})
+    if source not in graph.sources:
+        raise ServiceError(400, f"{short_name(source)} is not supported (source languages: "
+                                f"{', '.join(sorted(graph.sources))})", "source")
+    if target not in graph.targets and target not in graph.sources:
         raise ServiceError(400, f"{short_name(target)} is not supported (targets from {source}: {', '.join(choices)})",
                            "target")
-    card = min((c for c in cards if c.source_lang == source and target in c.targets),
-               key=lambda c: bool(c.target_languages), default=None)
-    if card is None:
+    try:
+        return graph.resolve(None, source, target)
+    except ServiceError:
         raise ServiceError(400, f"{LANGUAGE_NAMES.get(target, target)} ({target}) is not available as a target "
                                 f"language from {LANGUAGE_NAMES.get(source, source)} ({source}); choose from "
-                                f"{', '.join(choices)}", "target")
-    return card
+                                f"{', '.join(choices)}", "target") from None
 
 
 async def read_fields(request: Request) -> Fields:

@@ -29,11 +29,12 @@ from service.protocol import (
     MAX_MEMORY_IMPORT,
     MAX_TEXT_CHARS,
     ServiceError,
+    shown,
 )
 from service.translator.memory import MemoryStore
 
 from .body import load_json
-from .errors import format_validation_error, shown
+from .errors import format_validation_error
 
 TSV = "text/tab-separated-values"
 TMX = "application/x-tmx+xml"

@@ -11,7 +11,7 @@ the pydantic models, plus every rule that depends on what is served (``complete`
                         format: ``encoding``), ``filename`` one of the supported extensions
 
 Rules that depend on stored state are declared as responses instead (an unknown ``glossary_id`` or
-``document_key``: 404). Outside a replica (no gateway) the document has no served enums or limits.
+``document_key``: 404). Without services (a bare app) the document has no served enums or limits.
 """
 from __future__ import annotations
 
@@ -69,18 +69,18 @@ def _code(value: Optional[str]) -> dict:
     return {"type": "null"} if value is None else {"const": value}
 
 
-def native_rules(gateway) -> dict:
+def native_rules(svc) -> dict:
     """The allOf member of TranslateRequest: an anyOf of one branch per way a model is chosen (its
     id; its languages; the default), each with that model's limits, and a branch for any other
     request with the smallest limits of all (what every model accepts)."""
-    limits = {m: _limits_of(l) for m, l in gateway.limits.items()}
+    limits = {m: _limits_of(l) for m, l in svc.pipeline.limits.items()}
     branches = [{"properties": {"model": {"const": m}, **_model_rules(lim)}} for m, lim in limits.items()]
-    sources = sorted({c.source_lang for c in gateway.cards.values()})
-    targets = sorted({t for c in gateway.cards.values() for t in c.targets} | {t for _, t in gateway.routes})
+    sources = sorted({c.source_lang for c in svc.graph.cards.values()})
+    targets = sorted({t for c in svc.graph.cards.values() for t in c.targets} | {t for _, t in svc.graph.routes})
     for s in [None, *sources]:
         for t in [None, *targets]:
             try:
-                card = gateway.resolve(None, s, t)
+                card = svc.graph.resolve(None, s, t)
             except ServiceError:
                 continue
             branches.append({"properties": {"model": {"type": "null"}, "source_lang": _code(s), "target_lang": _code(t),
@@ -89,26 +89,26 @@ def native_rules(gateway) -> dict:
     return {"anyOf": branches}
 
 
-def _pairs(gateway, deepl_codes: bool) -> list[tuple[str, str]]:
-    """(source, target) pairs the gateway translates (a model or a pivot route)."""
+def _pairs(svc, deepl_codes: bool) -> list[tuple[str, str]]:
+    """(source, target) pairs the service translates (a model or a pivot route)."""
     out = []
-    sources = sorted({c.source_lang for c in gateway.cards.values()})
-    targets = sorted({t for c in gateway.cards.values() for t in c.targets} | {t for _, t in gateway.routes})
+    sources = sorted({c.source_lang for c in svc.graph.cards.values()})
+    targets = sorted({t for c in svc.graph.cards.values() for t in c.targets} | {t for _, t in svc.graph.routes})
     for s in sources:
         for t in targets:
             try:
-                gateway.resolve(None, s, t)
+                svc.graph.resolve(None, s, t)
             except ServiceError:
                 continue
             out.append((s, t))
     return out
 
 
-def deepl_translate_schema(gateway) -> dict:
+def deepl_translate_schema(svc) -> dict:
     """POST /v2/translate's body: DeepL's codes of the served languages; source_lang -> target_lang a
     served pair (or the same language: the text comes back as it is); source_lang absent or empty:
     detected; glossary_id needs source_lang."""
-    cards = list(gateway.cards.values()) if gateway else []
+    cards = list(svc.graph.cards.values()) if svc else []
     text = {"type": "string", "maxLength": MAX_TEXT_CHARS}
     props = {
         "text": {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": MAX_TEXTS}],
@@ -130,7 +130,7 @@ def deepl_translate_schema(gateway) -> dict:
               "then": {"required": ["source_lang"], "properties": {"source_lang": {"type": "string", "minLength": 1}}}}
     if not cards:
         return schema
-    pairs = _pairs(gateway, True)
+    pairs = _pairs(svc, True)
     targets = sorted({t for _, t in pairs})
     tcodes = {t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in targets}
     sources = sorted({s for s, _ in pairs})
@@ -165,14 +165,14 @@ def _media(schema: dict, form: Optional[dict] = None) -> dict:
                                           "multipart/form-data": {"schema": form or schema}}}
 
 
-def _lang_enums(props: dict, gateway, source: str, target: str, auto: bool) -> None:
+def _lang_enums(props: dict, svc, source: str, target: str, auto: bool) -> None:
     """source/target of a LibreTranslate-shaped form: the served codes (the pairs: libretranslate.request_schema)."""
-    cards = list(gateway.cards.values())
+    cards = list(svc.graph.cards.values())
     props[source] = {**props[source], "enum": sorted({c.source_lang for c in cards}) + (["auto"] if auto else [])}
     props[target] = {**props[target], "enum": sorted({t for c in cards for t in c.targets})}
 
 
-def upload_schema(schema: dict, gateway, source: Optional[str], target: Optional[str], deepl_shape: bool = False) -> dict:
+def upload_schema(schema: dict, svc, source: Optional[str], target: Optional[str], deepl_shape: bool = False) -> dict:
     """A document upload's multipart schema: ``filename`` a supported extension, the file part's name
     declared (``encoding``), the languages served (a DeepL upload: DeepL's codes; source empty: detected)."""
     schema = {**schema, "properties": dict(schema["properties"])}
@@ -181,8 +181,8 @@ def upload_schema(schema: dict, gateway, source: Optional[str], target: Optional
         props["filename"] = {**props["filename"], "pattern": FILENAME_PATTERN,
                              "description": "overrides the file part's name; its extension picks the format ("
                                             + ", ".join(EXTENSIONS) + ")"}
-    if gateway is not None and source and target:
-        pairs = _pairs(gateway, deepl_shape)
+    if svc is not None and source and target:
+        pairs = _pairs(svc, deepl_shape)
         if deepl_shape:
             targets = sorted({t for _, t in pairs})
             codes = {t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in targets}
@@ -252,7 +252,7 @@ TMX_SCHEMA = {"type": "string", "format": "binary", "description": (
     "(an XML writer working from one could not carry what the service checks: no DTD, the xml:lang of units)")}
 
 
-def memory_bodies(doc: dict, gateway=None) -> None:
+def memory_bodies(doc: dict, svc=None) -> None:
     """PUT /v1/memory's JSON body and GET's answer with their entries inlined; TSV lines as a pattern;
     TMX a document (``TMX_SCHEMA``)."""
     from . import memory
@@ -264,17 +264,17 @@ def memory_bodies(doc: dict, gateway=None) -> None:
     get["application/json"]["schema"] = inlined(memory.MemoryAnswer.model_json_schema())
 
 
-def complete(doc: dict, gateway) -> dict:
-    """The document with the request bodies of the served replica (``gateway``: None outside one)."""
+def complete(doc: dict, svc) -> dict:
+    """The document with the request bodies of the served replica (``svc``: its ``Services``; None outside one)."""
     from . import deepl_documents, documents
     paths = doc["paths"]
-    cards = list(gateway.cards.values()) if gateway is not None else []
-    seqs = {m: l.max_num_seqs for m, l in gateway.limits.items() if hasattr(l, "max_num_seqs")} if gateway else {}
+    cards = list(svc.graph.cards.values()) if svc is not None else []
+    seqs = {m: l.max_num_seqs for m, l in svc.pipeline.limits.items() if hasattr(l, "max_num_seqs")} if svc else {}
     for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
         paths[path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards, seqs)
     paths["/suggest"]["post"]["requestBody"] = libretranslate.openapi_request_body(suggest.SuggestBody, cards, seqs,
                                                                                   auto=False)
-    dl = deepl_translate_schema(gateway)
+    dl = deepl_translate_schema(svc)
     paths["/v2/translate"]["post"]["requestBody"] = _media(dl, form_of(dl))
     for path, body, source, target, deepl_shape in (
             ("/v1/documents", documents.OPENAPI_NATIVE, "source_lang", "target_lang", False),
@@ -283,15 +283,15 @@ def complete(doc: dict, gateway) -> dict:
         schema = body["content"]["multipart/form-data"]["schema"]
         # the native route's model field picks the model itself: its languages stay free (404 when unserved)
         langs = (source, target) if path != "/v1/documents" else (None, None)
-        body = {**body, "content": {"multipart/form-data": {"schema": upload_schema(schema, gateway, *langs,
+        body = {**body, "content": {"multipart/form-data": {"schema": upload_schema(schema, svc, *langs,
                                                                                      deepl_shape=deepl_shape)}}}
         paths[path]["post"]["requestBody"] = with_upload_encoding(body)
-    memory_bodies(doc, gateway)
-    if gateway is not None:
+    memory_bodies(doc, svc)
+    if svc is not None:
         schemas = doc["components"]["schemas"]
         request = schemas["TranslateRequest"]
-        request["allOf"] = [native_rules(gateway)]     # (beside if/then: JSON Schema generators give up on more)
-        most = [_limits_of(l) for l in gateway.limits.values()]
+        request["allOf"] = [native_rules(svc)]     # (beside if/then: JSON Schema generators give up on more)
+        most = [_limits_of(l) for l in svc.pipeline.limits.values()]
         attention = schemas["AttentionOptions"]["properties"]
         for name, count in (("layers", max(m["layers"] for m in most)), ("heads", max(m["heads"] for m in most))):
             items = attention[name]["anyOf"][0]["items"]
@@ -300,5 +300,5 @@ def complete(doc: dict, gateway) -> dict:
         request["properties"]["timeout_s"] = {**request["properties"]["timeout_s"],
                                               "description": request["properties"]["timeout_s"].get("description", ""),
                                               "anyOf": [{"type": "number", "exclusiveMinimum": 0,
-                                                         "maximum": gateway.max_timeout_s}, {"type": "null"}]}
+                                                         "maximum": svc.pipeline.max_timeout_s}, {"type": "null"}]}
     return doc

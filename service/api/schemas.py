@@ -8,20 +8,38 @@ model's window) is the translator's: it cuts such a sentence, and no count of to
 from __future__ import annotations
 
 import re
-
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from model.inference.search import ATTENTION_KINDS
-from service.protocol import (NOT_BLANK, MAX_BEAM_SIZE, MAX_GLOSSARY_ENTRIES, MAX_GLOSSARY_TERM_CHARS, MAX_KEEP_CHARS,
-                              MAX_KEEP_TERMS, MAX_NO_REPEAT_NGRAM_SIZE, MAX_PREFIX_CHARS, MAX_REPETITION_PENALTY,
-                              MAX_TEXT_CHARS, MAX_TEXTS,
-                              AttentionSelection, GenerationOptions, TranslateJob)
+from service.protocol import (
+    MAX_BEAM_SIZE,
+    MAX_GLOSSARY_ENTRIES,
+    MAX_GLOSSARY_TERM_CHARS,
+    MAX_KEEP_CHARS,
+    MAX_KEEP_TERMS,
+    MAX_NO_REPEAT_NGRAM_SIZE,
+    MAX_PREFIX_CHARS,
+    MAX_REPETITION_PENALTY,
+    MAX_TEXT_CHARS,
+    MAX_TEXTS,
+    NOT_BLANK,
+    AttentionSelection,
+    GenerationOptions,
+    TranslateJob,
+    shown,
+)
 
-from .errors import shown
 from .glossaries import GlossaryEntry
-
 
 
 class _Strict(BaseModel):

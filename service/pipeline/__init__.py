@@ -7,3 +7,7 @@ documents) does between parsing its wire format and writing its answer.
     markup.py      HTML/XML text: the segments to translate and the markup rebuilt around them
     pipeline.py    Pipeline: deadlines, glossaries, limits, running jobs (direct or pivot legs) by model, merging
 """
+from .languages import LanguageGraph
+from .pipeline import Backend, Pipeline
+
+__all__ = ["Backend", "LanguageGraph", "Pipeline"]

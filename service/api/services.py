@@ -1,0 +1,84 @@
+"""``Services``: what the routers share, built once per ingress replica and handed to each route by
+FastAPI's ``Depends(services)`` (a test builds its own and serves ``http.build_app(its_services)``,
+or swaps the dependency with ``app.dependency_overrides[services]``)."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fastapi import Request
+from ray.serve.handle import DeploymentHandle
+
+from service.metrics import GuardMetrics, RetryMetrics
+from service.pipeline import LanguageGraph, Pipeline, pivot
+from service.translator import ModelCard
+from service.translator.langid import LanguageDetector
+from service.translator.memory import MemoryStore
+
+from . import glossaries
+from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
+from .document_store import DocumentSettings, DocumentStore
+from .guard import Guard, GuardSettings
+
+
+@dataclass
+class Services:
+    """Every shared service a route may use; nothing else is reachable from a route."""
+    graph: LanguageGraph                    # served models, pivot routes, the one model resolution
+    pipeline: Pipeline                      # deadlines, glossaries, limits, running jobs (service/pipeline)
+    backend: Backend                        # where the translators run (also: readiness, engine info)
+    detector: LanguageDetector              # source "auto" and /detect
+    glossaries: glossaries.GlossaryClient   # stored glossaries (the cluster's store)
+    guard: Guard                            # API keys, rate limits, stream caps
+    doc_settings: DocumentSettings          # where translated files are kept, chunking
+    doc_store: DocumentStore
+    memory: Optional[MemoryStore] = None    # the translation memory and /v2/usage counts; None: off
+    cors_origins: list[str] = field(default_factory=lambda: ["*"])
+    ready_seen: set[str] = field(default_factory=set)   # models that have answered /readyz's probe once
+    usage_chars: int = 0                    # /v2/usage's count when there is no memory store
+
+    @classmethod
+    def build(cls, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
+              engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
+              max_timeout_s: float = 60.0, clients: Optional[dict] = None,
+              pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG, documents: Optional[dict] = None,
+              pool: Optional[dict] = None) -> "Services":
+        """The services of an ingress replica (``gateway.Gateway``'s arguments: its docstring)."""
+        graph = LanguageGraph(cards, pivot_lang)
+        clients = clients or {}
+        if pool is not None:    # pinned models through their deployments, the pool's through Serve's multiplexing
+            backend = PoolBackend(handles or {}, pool, RetryMetrics(list(graph.cards)).record)
+        elif handles is not None:
+            backend = RemoteBackend(handles, RetryMetrics(list(graph.cards)).record)
+        else:
+            backend = LocalBackend(cards, num_threads, memory_file=clients.get("memory_file"),
+                                   cache_entries=clients.get("cache_entries", 0))
+        # source "auto": detects among common languages and the served ones; loads in the background (~2 s)
+        detector = LanguageDetector(sorted(graph.sources | graph.targets))
+        threading.Thread(target=detector.load, name="langid-load", daemon=True).start()
+        store = glossaries.GlossaryClient.cluster()
+        doc_settings = DocumentSettings.model_validate(documents or {})
+        return cls(graph=graph, pipeline=Pipeline(graph, backend, store, max_timeout_s, engine),
+                   backend=backend, detector=detector, glossaries=store,
+                   guard=Guard(GuardSettings.model_validate(guard or {}), metrics=GuardMetrics()),
+                   doc_settings=doc_settings, doc_store=DocumentStore(doc_settings),
+                   memory=MemoryStore(clients["memory_file"]) if clients.get("memory_file") else None,
+                   cors_origins=clients.get("cors_origins", ["*"]))
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """The engine settings of the in-process translators ({"engine": fields for every model,
+        "per_model": {model: overrides}}) and the limits they imply; the API keys read again."""
+        await self.backend.reconfigure(user_config)
+        self.pipeline.configure(user_config.get("engine", {}))
+        self.guard.reload()
+
+    def memory_scope(self, request: Request) -> Optional[str]:
+        """The request's translation memory (``TranslateJob.memory_scope``): its key's, "" with keys
+        off; None when the memory is off."""
+        return request.scope.get("state", {}).get("memory_scope", "") if self.memory is not None else None
+
+
+def services(request: Request) -> Services:
+    """The dependency every route takes: the services of the app serving the request."""
+    return request.app.state.services

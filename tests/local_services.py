@@ -1,0 +1,48 @@
+"""``local_services``: the routers' ``Services`` over a translate function in this process (no Ray,
+no model unless ``run`` uses one), for tests that call an API's functions or serve
+``http.build_app(services)``."""
+from __future__ import annotations
+
+from typing import Awaitable, Callable, Optional
+
+from service.api.document_store import DocumentSettings, DocumentStore
+from service.api.glossaries import GlossaryClient, GlossaryStore
+from service.api.guard import Guard, GuardSettings
+from service.api.services import Services
+from service.pipeline import LanguageGraph, Pipeline
+from service.protocol import TranslateJob, TranslateResponse
+from service.translator.langid import LanguageDetector
+
+
+class FunctionBackend:
+    """A backend whose every model is ``run(model, job)``."""
+
+    def __init__(self, run: Callable[[str, TranslateJob], Awaitable[TranslateResponse]]):
+        self.run = run
+
+    async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
+        return await self.run(model, job)
+
+    def stream(self, model: str, job: TranslateJob):
+        raise NotImplementedError("FunctionBackend does not stream")
+
+    async def ready(self, model: str) -> bool:
+        return True
+
+    async def reconfigure(self, user_config: dict) -> None:
+        pass
+
+
+def local_services(cards, run, engine: Optional[dict] = None, detector: Optional[LanguageDetector] = None,
+                   glossaries: Optional[GlossaryClient] = None, guard: Optional[Guard] = None,
+                   store_dir: Optional[str] = None, pivot_lang: Optional[str] = "en") -> Services:
+    """Services over ``cards`` whose translations are ``run(model, job)``; ``engine``: EngineConfig
+    fields of the limits; ``store_dir``: where documents are kept."""
+    graph = LanguageGraph(list(cards), pivot_lang)
+    backend = FunctionBackend(run)
+    store = glossaries or GlossaryClient(GlossaryStore(""))
+    doc_settings = DocumentSettings(store_dir=store_dir) if store_dir else DocumentSettings()
+    return Services(graph=graph, pipeline=Pipeline(graph, backend, store, engine=engine), backend=backend,
+                    detector=detector or LanguageDetector(), glossaries=store,
+                    guard=guard or Guard(GuardSettings(), env=""), doc_settings=doc_settings,
+                    doc_store=DocumentStore(doc_settings))
