@@ -35,10 +35,10 @@ from ray.serve.schema import DeploymentSchema
 from model.checkpoint import DEFAULT_CHECKPOINT
 from service.protocol import StreamItem, TranslateJob, TranslateResponse
 
-from .api.access_log import flush_serve_log
+from .api.middleware.access_log import flush_serve_log
 from .api.document_store import DocumentSettings
 from .api.gateway import Gateway
-from .api.guard import GuardSettings, RateLimit
+from .api.middleware.guard import GuardSettings, RateLimit
 from .engine import EngineConfig
 from .protocol import RETRY_AFTER_S, ErrorRecord
 from .replica import error_record, run_within, stream_within
@@ -47,7 +47,7 @@ from .translator import Translator, TranslatorInfo, model_card
 logger = logging.getLogger("ray.serve")
 
 # Serve's own access log repeats, for every HTTP request and again for every handle call to a
-# translator, what the gateway's access log writes (service/api/access_log.py: request id, status,
+# translator, what the gateway's access log writes (service/api/middleware/access_log.py: request id, status,
 # latency, tokens). Off: about 3% more single-sentence requests/s at 32 clients (docs/performance.md
 # "Serving path"). Pass as ``serve.run(..., logging_config=LOGGING_CONFIG)``; the deploy/ configs say the same.
 LOGGING_CONFIG = {"enable_access_log": False}

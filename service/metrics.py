@@ -123,7 +123,7 @@ class HttpMetrics:
 
 
 class GuardMetrics:
-    """The access guard's decisions (``service.api.guard``); one per ingress replica."""
+    """The access guard's decisions (``service.api.middleware.guard``); one per ingress replica."""
 
     def __init__(self):
         self.requests = _make("mt_guard_requests_total")

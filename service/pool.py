@@ -44,7 +44,7 @@ from service.protocol import (
 )
 from service.translator import ModelCard, Translator, TranslatorInfo
 
-from .api.access_log import flush_serve_log
+from .api.middleware.access_log import flush_serve_log
 from .metrics import PoolMetrics
 from .replica import error_record, run_within, stream_within
 

@@ -32,7 +32,7 @@ THROUGHPUT = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY"
 #    up to 0.4 s later, against autoscaling delays of seconds.
 LEAN = {"RAY_SERVE_HAPROXY_METRICS_ENABLED": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
 # Serve's proxy callback, in both data planes: a header check ahead of Serve's own request handling.
-HEADER_CHECK_VAR, HEADER_CHECK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "service.api.headers:ingress_middlewares"
+HEADER_CHECK_VAR, HEADER_CHECK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "service.api.middleware.headers:ingress_middlewares"
 # Deployment handles call over gRPC in that mode, and a replica accepts messages of at most 4 MiB by
 # default: a response with attention weights (up to schemas.MAX_ATTENTION_VALUES, ~10 bytes each when
 # pickled) needs more.
@@ -53,7 +53,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     so two instances on one machine never share /tmp/haproxy-serve).
     """
     # A loaded small machine can take more than Serve's default 5 s to start the HTTP proxy. The proxy
-    # callback answers 400 for header values Serve itself cannot decode (service/api/headers.py).
+    # callback answers 400 for header values Serve itself cannot decode (service/api/middleware/headers.py).
     env = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", HEADER_CHECK_VAR: HEADER_CHECK}
     if proxy == "ray":
         return env

@@ -7,7 +7,7 @@ from typing import Awaitable, Callable, Optional
 
 from service.api.document_store import DocumentSettings, DocumentStore
 from service.api.glossaries import GlossaryClient, GlossaryStore
-from service.api.guard import Guard, GuardSettings
+from service.api.middleware.guard import Guard, GuardSettings
 from service.api.services import Services
 from service.pipeline import LanguageGraph, Pipeline
 from service.protocol import TranslateJob, TranslateResponse

@@ -1,4 +1,4 @@
-"""Request bodies (service/api/body.py): Content-Encoding gzip/deflate with a cap on the inflated
+"""Request bodies (service/api/middleware/body.py): Content-Encoding gzip/deflate with a cap on the inflated
 size, 415 for other codings and media types, charset honoured or refused; and a 405's Allow header.
 Through BodyMiddleware on a small FastAPI app with the service's error handlers and LibreTranslate
 body parsing; no Ray."""
@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from service.api import libretranslate
-from service.api.body import (
+from service.api.middleware.body import (
     MAX_BODY_BYTES,
     BodyMiddleware,
     HeadMiddleware,
@@ -396,7 +396,7 @@ def test_the_access_log_records_a_client_that_left_as_499_not_500(caplog):
     saw the disconnect): 499 in the metrics and the log; an app that fails with no response: 500."""
     import asyncio
 
-    from service.api.access_log import AccessLogMiddleware
+    from service.api.middleware.access_log import AccessLogMiddleware
 
     class Metrics:
         def __init__(self):
@@ -446,7 +446,7 @@ def test_the_access_log_reaches_a_buffered_handler_s_file_within_a_second_or_so(
     import logging
     import logging.handlers
 
-    from service.api.access_log import AccessLogMiddleware, logger
+    from service.api.middleware.access_log import AccessLogMiddleware, logger
 
     class Metrics:
         def record(self, model, endpoint, code, seconds):

@@ -1,5 +1,5 @@
 """The client-compatibility layer without Ray: DeepL's route logic (service/api/deepl.py) on a tiny
-in-process Translator, DeepL-Auth-Key in the guard, DeepL's error shape, CORS (service/api/cors.py)
+in-process Translator, DeepL-Auth-Key in the guard, DeepL's error shape, CORS (service/api/middleware/cors.py)
 in front of the guard, /frontend/settings."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from service.api import deepl
-from service.api.body import BodyMiddleware, read_fields
-from service.api.cors import CorsMiddleware
+from service.api.middleware.body import BodyMiddleware, read_fields
+from service.api.middleware.cors import CorsMiddleware
 from service.api.errors import LIBRE_PATHS, add_exception_handlers
-from service.api.guard import Guard, GuardMiddleware, GuardSettings, memory_scope
+from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings, memory_scope
 from service.pipeline.markup import HtmlText
 from service.api.libretranslate import read_admitted
 from service.api.suggest import frontend_settings

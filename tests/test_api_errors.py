@@ -77,7 +77,7 @@ def test_body_errors_say_what_is_wrong():
     from pydantic import ValidationError
     from test_api_body import make_app
 
-    from service.api.body import FormFields
+    from service.api.middleware.body import FormFields
     from service.api.errors import JSON_TOO_DEEP, format_validation_error
     from service.api.libretranslate import parse
     from service.api.schemas import TranslateRequest

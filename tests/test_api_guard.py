@@ -1,4 +1,4 @@
-"""API keys and rate limits (service/api/guard.py), without Ray: the Guard itself with a fake clock,
+"""API keys and rate limits (service/api/middleware/guard.py), without Ray: the Guard itself with a fake clock,
 and its middleware in front of a small FastAPI app with the service's error handlers and the
 LibreTranslate route's body-key check."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from service.api import guard as guard_mod
-from service.api.body import BodyMiddleware
+from service.api.middleware.body import BodyMiddleware
 from service.api.errors import LIBRE_PATHS, add_exception_handlers, libre_error_response
-from service.api.guard import (
+from service.api.middleware.guard import (
     Guard,
     GuardMiddleware,
     GuardSettings,

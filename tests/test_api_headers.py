@@ -1,4 +1,4 @@
-"""HeaderCheck (service/api/headers.py): header values that Ray Serve's ingress decodes as UTF-8 get the
+"""HeaderCheck (service/api/middleware/headers.py): header values that Ray Serve's ingress decodes as UTF-8 get the
 API's 400 naming the header; everything else reaches the app unchanged. Here as a plain ASGI app in
 front of a recording app; through Serve (HAProxy and the Python proxy) in test_ingress_mode."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from service.api.headers import (MAX_REQUEST_ID_CHARS, HeaderCheck, bad_header, ingress_middlewares,
+from service.api.middleware.headers import (MAX_REQUEST_ID_CHARS, HeaderCheck, bad_header, ingress_middlewares,
                                  repeated_request_id, serve_read_headers, too_long_request_id)
 
 

@@ -10,7 +10,7 @@ from conftest import DATA, post, translate
 
 from model.config import ModelConfig
 from model.tokenizer import read_lines
-from service.api.body import FormFields
+from service.api.middleware.body import FormFields
 from service.api.libretranslate import (
     MAX_IGNORED_NAMES,
     LibreRequest,

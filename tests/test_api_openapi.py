@@ -103,7 +103,7 @@ def test_405_carries_allow(service_url):
 
 def test_the_body_routes_the_middleware_knows_are_the_app_routes_with_a_body():
     """body.BODY_ROUTES (methods that take a body, per path the middleware decodes) equals the app's."""
-    from service.api.body import BODY_ROUTES, MEDIA_TYPES
+    from service.api.middleware.body import BODY_ROUTES, MEDIA_TYPES
     from service.api.http import build_app
     routes = {path: {m.upper() for m in ops} & {"POST", "PUT", "PATCH"}
               for path, ops in build_app(None).openapi()["paths"].items() if path in MEDIA_TYPES}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from conftest import metric_sum, scrape, sse_events, wait_for_metric
-from service.api.body import MAX_BODY_BYTES
+from service.api.middleware.body import MAX_BODY_BYTES
 
 BREAKS_PYSBD = "Sie hat einen B.A. in Sport. Dazu eine Trainer B(asic) Lizenz."
 

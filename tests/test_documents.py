@@ -23,7 +23,7 @@ from odf.text import A, H, List, ListItem, P, Span
 from service import documents
 from service.api import documents as routes
 from service.api.document_store import DocumentSettings, DocumentStore, owner_of
-from service.api.guard import Guard, GuardSettings
+from service.api.middleware.guard import Guard, GuardSettings
 from service.documents import DocumentError, safety
 from service.protocol import ServiceError
 

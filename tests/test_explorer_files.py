@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from service.api import explorer
 from service.api.errors import add_exception_handlers
-from service.api.guard import Guard, GuardMiddleware, GuardSettings
+from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings
 from service.app import AppArgs, guard_settings
 
 KEY = "s3cret;key=1"     # characters a cookie value must escape

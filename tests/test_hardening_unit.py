@@ -10,7 +10,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from starlette.requests import ClientDisconnect
 
 from service.api.backends import RemoteBackend, replica_lost
-from service.api.guard import Guard, GuardSettings
+from service.api.middleware.guard import Guard, GuardSettings
 from service.api.sse import ClosingStreamingResponse
 from service.engine import EngineStats, GenerationOptions
 from service.protocol import (

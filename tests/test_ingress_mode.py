@@ -97,7 +97,7 @@ def _running(app, deployment: str) -> int:
 @pytest.mark.slow
 def test_a_request_id_serve_cannot_decode_is_a_400_and_harms_no_other_request(service_url):
     """Serve's ingress decodes X-Request-ID as UTF-8 before the app runs (a Latin-1 one was a plain-text
-    500); its proxy callback (service/api/headers.py) answers 400 naming the header, in either data plane,
+    500); its proxy callback (service/api/middleware/headers.py) answers 400 naming the header, in either data plane,
     also for an id over MAX_REQUEST_ID_CHARS or two different ids, with one fresh id in the response instead
     of the refused one."""
     for path, body in (("/v1/translate", {"text": "Ein Hund läuft."}), ("/translate", {"q": "Ein Hund.", "source": "de",

@@ -17,7 +17,7 @@ from model.tokenizer import read_lines
 from service.api import libretranslate
 from service.pipeline import LanguageGraph, autodetect
 from local_services import local_services
-from service.api.body import BodyMiddleware
+from service.api.middleware.body import BodyMiddleware
 from service.api.errors import add_exception_handlers
 from service.protocol import ServiceError, TranslateResponse, Translation, Usage
 from service.translator import ModelCard

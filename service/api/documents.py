@@ -42,10 +42,10 @@ from service.protocol import (
 from service.translator.card import match_language
 
 from . import sse
-from .body import check_multipart
 from .document_store import DocumentSettings, owner_of
 from .errors import error_response, libre_error_response
-from .guard import bearer, check_body_key
+from .middleware.body import check_multipart
+from .middleware.guard import bearer, check_body_key
 
 if TYPE_CHECKING:
     from .services import Services

@@ -14,8 +14,8 @@ from ray.serve.handle import DeploymentHandle
 from service.pipeline import pivot
 from service.translator import ModelCard
 
-from .access_log import flush_serve_log
 from .http import build_app
+from .middleware.access_log import flush_serve_log
 from .services import Services
 
 
@@ -28,7 +28,7 @@ class Gateway:
         handles: model id -> its translator deployment; None: run the translators in this process.
         engine: EngineConfig fields for every model (a card's ``engine`` overrides them).
         num_threads: torch threads of the in-process translators.
-        guard: ``GuardSettings`` fields (API keys, rate limits; service/api/guard.py).
+        guard: ``GuardSettings`` fields (API keys, rate limits; service/api/middleware/guard.py).
         max_timeout_s: the longest ``timeout_s`` a request may ask for, and every request's deadline.
         clients: ``app.client_settings``: cors_origins, memory_file (None: suggestions and the memory
             off), cache_entries (the in-process translators' result cache).

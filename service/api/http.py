@@ -9,8 +9,8 @@ Middleware, outermost first (each answers what is its own, in the route's error 
     BodyMiddleware        reads and decodes bodies before the routes do (body.py)
     HeadMiddleware        HEAD on every GET route, answered without a body (body.py)
 
-Routers, in the OpenAPI document's order: native (routes_native.py), stores (routes_stores.py),
-LibreTranslate (routes_libre.py), DeepL (routes_deepl.py), documents (routes_documents.py).
+Routers (routes/), in the OpenAPI document's order: native.py, stores.py, libre.py (LibreTranslate),
+deepl.py, documents.py.
 """
 from __future__ import annotations
 
@@ -18,19 +18,17 @@ from typing import Optional
 
 from fastapi import FastAPI
 
-from . import (
-    openapi,
-    routes_deepl,
-    routes_documents,
-    routes_libre,
-    routes_native,
-    routes_stores,
-)
-from .access_log import AccessLogMiddleware
-from .body import BodyMiddleware, HeadMiddleware
-from .cors import CorsMiddleware
+from . import openapi
 from .errors import LIBRE_PATHS, add_exception_handlers
-from .guard import GuardMiddleware
+from .middleware.access_log import AccessLogMiddleware
+from .middleware.body import BodyMiddleware, HeadMiddleware
+from .middleware.cors import CorsMiddleware
+from .middleware.guard import GuardMiddleware
+from .routes import deepl as routes_deepl
+from .routes import documents as routes_documents
+from .routes import libre as routes_libre
+from .routes import native as routes_native
+from .routes import stores as routes_stores
 from .services import Services
 
 ROUTERS = (routes_native.router, routes_stores.router, routes_libre.router, routes_deepl.router,

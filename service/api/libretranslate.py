@@ -39,11 +39,11 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.langid import LanguageDetector
 
-from . import body as body_module
 from . import glossaries
-from .body import Fields
 from .errors import format_validation_error, libre_error_response
-from .guard import check_body_key
+from .middleware import body as body_module
+from .middleware.body import Fields
+from .middleware.guard import check_body_key
 from .schemas import (
     KeepTerm,
     LibreLanguage,
@@ -473,22 +473,28 @@ def parse(f: Fields, graph: LanguageGraph) -> LibreRequest:
     return LibreRequest(texts, batch, pick(graph, source, target), n_alt, fmt == "html", False, target, keep)
 
 
-def pick(graph: LanguageGraph, source: str, target: str) -> ModelCard:
-    """The model for source -> target (``LanguageGraph.resolve``), with LibreTranslate's messages for
-    a language or pair not served. Raises ServiceError 400 naming the field and what is served."""
-    choices = sorted({t for c in graph.all_cards() if c.source_lang == source for t in c.targets})
+def pick(graph: LanguageGraph, source: str, target: str, direct: bool = False) -> ModelCard:
+    """The model for source -> target (``LanguageGraph.resolve``; ``direct``: a model, never a pivot
+    route), with LibreTranslate's messages for a language or pair not served. Raises ServiceError 400
+    naming the field and what is served."""
+    cards = list(graph.cards.values()) if direct else graph.all_cards()
+    targets = {t for c in cards for t in c.targets}
+    choices = sorted({t for c in cards if c.source_lang == source for t in c.targets})
     if source not in graph.sources:
         raise ServiceError(400, f"{short_name(source)} is not supported (source languages: "
                                 f"{', '.join(sorted(graph.sources))})", "source")
-    if target not in graph.targets and target not in graph.sources:
+    if target not in targets and target not in graph.sources:
         raise ServiceError(400, f"{short_name(target)} is not supported (targets from {source}: {', '.join(choices)})",
                            "target")
     try:
-        return graph.resolve(None, source, target)
+        card = graph.resolve(None, source, target)
     except ServiceError:
+        card = None
+    if card is None or (direct and card.id in graph.pivots):
         raise ServiceError(400, f"{LANGUAGE_NAMES.get(target, target)} ({target}) is not available as a target "
                                 f"language from {LANGUAGE_NAMES.get(source, source)} ({source}); choose from "
-                                f"{', '.join(choices)}", "target") from None
+                                f"{', '.join(choices)}", "target")
+    return card
 
 
 async def read_fields(request: Request) -> Fields:

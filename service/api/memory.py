@@ -33,8 +33,8 @@ from service.protocol import (
 )
 from service.translator.memory import MemoryStore
 
-from .body import load_json
 from .errors import format_validation_error
+from .middleware.body import load_json
 
 TSV = "text/tab-separated-values"
 TMX = "application/x-tmx+xml"

@@ -19,7 +19,7 @@ from service.translator.memory import MemoryStore
 from . import glossaries
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .document_store import DocumentSettings, DocumentStore
-from .guard import Guard, GuardSettings
+from .middleware.guard import Guard, GuardSettings
 
 
 @dataclass

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from service.documents import EXTENSIONS
+from service.pipeline import LanguageGraph
 from service.pipeline.autodetect import NAMES
 from service.protocol import MAX_TEXT_CHARS, ServiceError
 from service.replica import mapped_errors
@@ -96,7 +97,7 @@ def _text_field(fields: dict, name: str) -> str:
     return value
 
 
-async def suggest(request: Request, cards: list[ModelCard], store: Optional[MemoryStore], scope: str) -> JSONResponse:
+async def suggest(request: Request, graph: LanguageGraph, store: Optional[MemoryStore], scope: str) -> JSONResponse:
     """POST /suggest (see the module docstring)."""
     try:
         fields, denied = await read_admitted(request)
@@ -107,12 +108,12 @@ async def suggest(request: Request, cards: list[ModelCard], store: Optional[Memo
         q, s, source, target = (_text_field(fields, n) for n in ("q", "s", "source", "target"))
         if fields.get("api_key") is not None and not isinstance(fields["api_key"], str):
             raise ServiceError(400, "Invalid request: api_key must be a string", "api_key")
-        sources = {c.source_lang for c in cards}
-        targets = {t for c in cards for t in c.targets}
+        sources = set(graph.sources)
+        targets = {t for c in graph.cards.values() for t in c.targets}
         if source.strip().lower() == "auto":
             raise ServiceError(400, "Invalid request: source auto is not supported here: a suggestion names the "
                                     f"language of q (one of {', '.join(sorted(sources))})", "source")
-        card = pick(cards, match_language(source, sources), match_language(target, targets | sources))
+        card = pick(graph, match_language(source, sources), match_language(target, targets | sources), direct=True)
         request.state.model = card.id
         with mapped_errors("memory"):     # a file that cannot be written: 503 naming it
             store.put(memory_model(card.id, match_language(target, targets) if card.target_languages else None),

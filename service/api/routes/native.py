@@ -25,11 +25,11 @@ from service.protocol import (
 from service.translator import ModelCard
 from service.translator.card import match_language
 
-from . import explorer, glossaries, libretranslate, sse
-from .backends import PoolBackend
-from .routes_common import NATIVE_ERRORS, RETRY_HEADERS
-from .schemas import ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
-from .services import Services, services
+from .. import explorer, glossaries, libretranslate, sse
+from ..backends import PoolBackend
+from ..schemas import ModelInfo, ModelsResponse, PivotInfo, TranslateRequest
+from ..services import Services, services
+from .common import NATIVE_ERRORS, RETRY_HEADERS
 
 READY_PROBE_S = 1.0     # /readyz: how long a model may take to say it is ready before it counts as loading
 

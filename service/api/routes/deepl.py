@@ -10,10 +10,10 @@ from fastapi.responses import JSONResponse
 from service.protocol import ServiceError
 from service.replica import mapped_errors
 
-from . import body as body_module
-from . import deepl, libretranslate
-from .routes_common import RETRY_HEADERS
-from .services import Services, services
+from .. import deepl, libretranslate
+from ..middleware import body as body_module
+from ..services import Services, services
+from .common import RETRY_HEADERS
 
 router = APIRouter()
 

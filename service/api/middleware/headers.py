@@ -9,7 +9,7 @@ a request with the API's 400 naming the header instead, and likewise an ``X-Requ
 ``MAX_REQUEST_ID_CHARS`` characters or two different ``X-Request-ID`` values in one request.
 
 Serve runs it through its proxy-callback hook: ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` =
-``service.api.headers:ingress_middlewares`` (set by ``service.ray_env.serve_env``, the Dockerfile and
+``service.api.middleware.headers:ingress_middlewares`` (set by ``service.ray_env.serve_env``, the Dockerfile and
 ``deploy/rayservice.yaml``); Serve applies the middlewares it returns inside its request-id middleware
 and ahead of its own request handling, in the proxy and in every ingress replica.
 """

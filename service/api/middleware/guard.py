@@ -37,9 +37,9 @@ from starlette.responses import JSONResponse
 
 from service.protocol import ServiceError
 
-from . import deepl
-from .errors import error_response, libre_error_response, route_path
-from .explorer import cookie_key, is_explorer_path, key_page
+from .. import deepl
+from ..errors import error_response, libre_error_response, route_path
+from ..explorer import cookie_key, is_explorer_path, key_page
 
 ENV_KEYS = "MT_API_KEYS"
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds

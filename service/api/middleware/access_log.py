@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect
 
 from service.metrics import HttpMetrics
 
-from .errors import route_path
+from ..errors import route_path
 
 logger = logging.getLogger("ray.serve")
 

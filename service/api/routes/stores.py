@@ -14,10 +14,10 @@ from service.translator import ModelCard
 from service.translator.card import match_language
 from service.translator.memory import memory_model
 
-from . import glossaries, memory
-from .routes_common import NATIVE_ERRORS, error_responses
-from .schemas import ErrorResponse
-from .services import Services, services
+from .. import glossaries, memory
+from ..schemas import ErrorResponse
+from ..services import Services, services
+from .common import NATIVE_ERRORS, error_responses
 
 GLOSSARY_ERRORS = error_responses(ErrorResponse, {
     401: "API keys are on and the request has no valid Authorization: Bearer key",

@@ -1,6 +1,6 @@
 """The OpenAPI ``responses`` tables that the routers of several modules share."""
-from .libretranslate import LibreError
-from .schemas import ErrorResponse
+from ..libretranslate import LibreError
+from ..schemas import ErrorResponse
 
 # The OpenAPI responses of each route: every status it answers, with its body schema.
 RETRY_HEADERS = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
@@ -28,7 +28,7 @@ NATIVE_ERRORS = error_responses(ErrorResponse, {
 LIBRE_ERRORS = error_responses(LibreError, {
     400: "invalid request: a field missing or invalid, an unsupported language pair (with source auto: a detected "
          "language no model translates), a text over its limit",
-    413: "a body over MAX_BODY_BYTES (service/api/body.py)",
+    413: "a body over MAX_BODY_BYTES (service/api/middleware/body.py)",
     401: "API keys are on and neither Authorization: Bearer nor api_key holds a valid key",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
     429: "over the rate limit of this key or client",

@@ -11,12 +11,12 @@ from fastapi.responses import JSONResponse
 
 from service.protocol import ServiceError
 
-from . import body as body_module
-from . import libretranslate, suggest
-from .errors import libre_error_response
-from .routes_common import LIBRE_ERRORS, error_responses
-from .schemas import LibreLanguage
-from .services import Services, services
+from .. import libretranslate, suggest
+from ..errors import libre_error_response
+from ..middleware import body as body_module
+from ..schemas import LibreLanguage
+from ..services import Services, services
+from .common import LIBRE_ERRORS, error_responses
 
 router = APIRouter()
 
@@ -69,4 +69,4 @@ async def libre_suggest(request: Request, svc: Services = Depends(services)):
     """LibreTranslate: store ``s`` as the translation of ``q`` (``source`` -> ``target``) in the
     translation memory of that model (and of the caller's key): the next request holding ``q`` as
     a text or a sentence gets ``s`` on every route. ``{"success": true}``."""
-    return await suggest.suggest(request, list(svc.graph.cards.values()), svc.memory, svc.memory_scope(request) or "")
+    return await suggest.suggest(request, svc.graph, svc.memory, svc.memory_scope(request) or "")

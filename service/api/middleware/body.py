@@ -49,7 +49,7 @@ from pydantic import BaseModel, ValidationError
 
 from service.protocol import ServiceError, shown
 
-from .errors import (
+from ..errors import (
     DEEPL_PREFIX,
     JSON_TOO_DEEP,
     LIBRE_PATHS,
@@ -58,8 +58,8 @@ from .errors import (
     format_validation_error,
     route_path,
 )
+from ..schemas import TranslateRequest
 from .guard import BODY_KEY_PATHS, check_body_key
-from .schemas import TranslateRequest
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
                                    # 5,000 characters fit with room for JSON escapes)

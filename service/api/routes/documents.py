@@ -5,10 +5,10 @@
 """
 from fastapi import APIRouter, Depends, Request
 
-from . import deepl_documents, documents, libretranslate
-from .routes_common import LIBRE_ERRORS, NATIVE_ERRORS, error_responses
-from .schemas import ErrorResponse
-from .services import Services, services
+from .. import deepl_documents, documents, libretranslate
+from ..schemas import ErrorResponse
+from ..services import Services, services
+from .common import LIBRE_ERRORS, NATIVE_ERRORS, error_responses
 
 router = APIRouter()
 
