@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -28,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Hashable, Iterable, Optional, Sequence
 
+from model.inference.search import Hypothesis
+from service.engine import GenerationOptions, RequestStats, TranslationResult
 from service.protocol import RETRY_AFTER_S, Unavailable
 
-from .text import trim
+from .text import Piece, trim
 
 logger = logging.getLogger("ray.serve")
 
@@ -199,3 +202,16 @@ class ResultCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def memory_hit() -> TranslationResult:
+    """The result of a sentence the translation memory answered: one hypothesis without tokens
+    (the model generated none), score 0 (log-probability 0: certain); its text is the stored one."""
+    return TranslationResult([Hypothesis(tokens=[], log_prob=0.0, score=0.0, finish_reason="eos")],
+                             RequestStats(request_id=-1, status="ok", finish_reason="eos", src_tokens=0, beam_size=0))
+
+
+def cache_key(piece: Piece, options: GenerationOptions) -> tuple:
+    """The result cache's key of a sentence: its source ids (target-language token included) and
+    every decoding option (``GenerationOptions`` fields), so a hit is the result the engine would give."""
+    return tuple(piece.src_ids), dataclasses.astuple(options)

@@ -14,10 +14,9 @@ once, the next going in as one ends.
 
 The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); what
 needs tokenization is the translator's: a sentence over the model's source window is cut into parts
-that fit (``text.cut_long``). A
-multilingual MarianMT model's sources start with the job's target-language token
-(``target_prefix``). Its errors and the engine's are the domain errors of ``service/protocol.py``; the API maps them
-to HTTP statuses (``service.api.errors.to_service_error``).
+that fit (``text.cut_long``). A multilingual MarianMT model's sources start with the job's
+target-language token (``target_prefix``). Its errors and the engine's are the domain errors of
+``service/protocol.py``; the API maps them to HTTP statuses (``service.api.errors.to_service_error``).
 """
 from __future__ import annotations
 
@@ -34,18 +33,18 @@ import torch
 from model.load import load_model
 from model.tokenizer import check_target_lang, encode_target
 from model.inference.linear import linear_dtype
-from model.inference.search import Hypothesis
 from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_SENTENCES, MAX_STORED_GLOSSARY_ENTRIES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
-from service.engine import (Engine, EngineConfig, GenerationOptions, RequestStats, TranslationResult, torch_threads,
+from service.engine import (Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads,
                             tune_process)
 from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
 
 from .card import ModelCard
 from .config import TextConfig
-from .memory import MemoryStore, Recalled, ResultCache, memory_model
 from .glossary import Glossary
+from .memory import MemoryStore, Recalled, ResultCache, cache_key, memory_hit, memory_model
+from .options import sentence_options
 from .output import TextOf, build_response
 from .protect import Protected, Protector
 from .sources import Sources
@@ -194,22 +193,23 @@ class Translator:
             if not has_text(text):   # whitespace or other invisible characters only
                 out.splits.append(None)
                 continue
-            split = self.split(text, job.split_sentences, sources)                      # split
-            memory = self.recall(job, text, split)                                      # memory
+            split = self.split(text, job.split_sentences, sources)                  # split
+            protected = [sources.protected(s) for s in split.pieces]                # protect -> case
+            memory = self.recall(job, text, split)                                  # memory
             if memory.whole is not None:    # one piece, the whole text's stored translation
                 out.splits.append(one_piece(text))
                 out.pieces.append(Piece(i, 0, [], memory.whole))
                 out.protected.append(None)
                 continue
             out.splits.append(split)
-            for j, sentence in enumerate(split.pieces):
+            for j, (sentence, p) in enumerate(zip(split.pieces, protected)):
                 stored = memory.of(sentence)
                 if stored is not None:
                     out.pieces.append(Piece(i, j, [], stored))
                     out.protected.append(None)
                 else:
-                    out.pieces.append(Piece(i, j, self.encode(job, i, j, sentence, sources)))  # encode
-                    out.protected.append(sources.protected(sentence))                        # protect -> case
+                    out.pieces.append(Piece(i, j, self.encode(job, i, j, sentence, sources)))   # encode
+                    out.protected.append(p)
         return out
 
     def split(self, text: str, mode: str, sources: Sources) -> Split:
@@ -241,6 +241,7 @@ class Translator:
                            f"accepts at most {max_src} per sentence: split it", job.field)
         return ids
 
+    # ---- the engine's inputs: the target-language token, target_prefix, the glossary --------------
     def in_flight(self) -> int:
         """Sentences of one request in the engine at once (its next ones go in as these finish):
         ``MAX_SENTENCES``, at most the engine's queue (``max_waiting``), so a request of any size fits."""
@@ -258,29 +259,6 @@ class Translator:
         except ValueError as e:
             raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
         return self.tok.encode(f">>{target_lang}<<")
-
-    def _options(self, prepared: Protected, options: GenerationOptions, alignment: bool = False,
-                 prefix: tuple[int, ...] = (), glossary: Optional[Glossary] = None) -> GenerationOptions:
-        """A sentence with inner protected spans also tracks cross-attention (to place them), as does
-        every sentence when the job returns alignments; ``prefix``: its forced target ids; one with
-        glossary terms gets their target ids as decoding constraints (``glossary.py``)."""
-        if (prepared.spans or alignment) and "cross" not in options.attention_kinds:
-            options = dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
-        if prefix:
-            options = dataclasses.replace(options, target_prefix=prefix)
-        constraints = glossary.constraints(prepared.source) if glossary else ()
-        return dataclasses.replace(options, constraints=constraints) if constraints else options
-
-    def _all_options(self, job: TranslateJob, pieces: list[Piece], prepared: list[Optional[Protected]],
-                     glossary: Optional[Glossary] = None) -> list[GenerationOptions]:
-        """Each piece's options: the job's, the target prefix on the first sentence of each text,
-        the glossary's constraints where its terms occur (a memory hit's, None: no engine run)."""
-        prefix = self.encode_prefix(job.target_prefix)
-        firsts = {p.text_index: k for k, p in reversed(list(enumerate(pieces)))}
-        return [None if prot is None else
-                self._options(prot, job.options, job.return_alignment, prefix if firsts[p.text_index] == k else (),
-                              glossary)
-                for k, (p, prot) in enumerate(zip(pieces, prepared))]
 
     def encode_prefix(self, prefix: Optional[str]) -> tuple[int, ...]:
         """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None. Any length:
@@ -332,7 +310,8 @@ class Translator:
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
         splits, pieces, protected = self.prepare(job)      # split -> protect -> case -> memory -> encode
-        options = self._all_options(job, pieces, protected, self.glossary(job))
+        options = sentence_options(job, pieces, protected, glossary=self.glossary(job),
+                                   prefix=self.encode_prefix(job.target_prefix))
         results = await self._results(pieces, options)     # engine
         return build_response(self.name, self.tok, job, splits, pieces, results,       # place spans -> assemble
                               self._text_of(protected, pieces), self.card.config)
@@ -398,7 +377,8 @@ class Translator:
         streamed. Closing the generator cancels every sentence.
         """
         splits, pieces, protected = self.prepare(job)
-        options = self._all_options(job, pieces, protected, self.glossary(job))
+        options = sentence_options(job, pieces, protected, glossary=self.glossary(job),
+                                   prefix=self.encode_prefix(job.target_prefix))
         streams, group = [], object()   # group: as in _run_all
         run = [k for k, p in enumerate(pieces) if p.stored is None]    # memory hits are answered without the engine
         first = self.in_flight()        # the rest start as these finish (merge_streams)
@@ -436,15 +416,3 @@ class Translator:
                         yield ev
         yield build_response(self.name, self.tok, job, splits, pieces, results, text_of, self.card.config)
 
-
-def memory_hit() -> TranslationResult:
-    """The result of a sentence the translation memory answered: one hypothesis without tokens
-    (the model generated none), score 0 (log-probability 0: certain); its text is the stored one."""
-    return TranslationResult([Hypothesis(tokens=[], log_prob=0.0, score=0.0, finish_reason="eos")],
-                             RequestStats(request_id=-1, status="ok", finish_reason="eos", src_tokens=0, beam_size=0))
-
-
-def cache_key(piece: Piece, options: GenerationOptions) -> tuple:
-    """The result cache's key of a sentence: its source ids (target-language token included) and
-    every decoding option (``GenerationOptions`` fields), so a hit is the result the engine would give."""
-    return tuple(piece.src_ids), dataclasses.astuple(options)
