@@ -24,7 +24,8 @@ from service.api.errors import add_exception_handlers
 from service.api.html import HtmlText
 from service.api.schemas import TranslateRequest
 from service.protocol import MAX_KEEP_CHARS, MAX_KEEP_TERMS
-from service.translator.protect import MAX_STORED_TERMS, Protected, Protector, Terms
+from service.translator.protect import Protected, Protector
+from service.translator.spans import MAX_STORED_TERMS, Terms
 from service.translator.text import Split
 from service.translator.truecase import Truecaser
 
