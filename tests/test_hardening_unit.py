@@ -9,6 +9,7 @@ import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from starlette.requests import ClientDisconnect
 
+from conftest import build_tiny_checkpoint
 from service.api.backends import RemoteBackend, replica_lost
 from service.api.middleware.guard import Guard, GuardSettings
 from service.api.sse import ClosingStreamingResponse
@@ -22,7 +23,7 @@ from service.protocol import (
     TranslateResponse,
     Usage,
 )
-from service.translator import Translator
+from service.translator import Translator, model_card
 
 
 class Recorder:
@@ -222,8 +223,8 @@ class FakeEngine:
                            slot_usage=0.0, steps=0, preemptions=0)
 
 
-def test_translator_drain_waits_for_running_and_waiting_to_reach_zero():
-    t = Translator.__new__(Translator)
+def test_translator_drain_waits_for_running_and_waiting_to_reach_zero(tmp_path):
+    t = Translator(model_card("tiny", build_tiny_checkpoint(tmp_path, "de", "en", max_len=64)))
     t.engine = FakeEngine(2, 1)
 
     async def main():

@@ -24,7 +24,8 @@ from service.api.errors import add_exception_handlers
 from service.pipeline.markup import HtmlText
 from service.api.schemas import TranslateRequest
 from service.protocol import MAX_KEEP_CHARS, MAX_KEEP_TERMS
-from service.translator.protect import MAX_STORED_TERMS, Protected, Protector, Terms
+from service.translator.protect import Protected, Protector
+from service.translator.spans import MAX_STORED_TERMS, Terms
 from service.translator.text import Split
 from service.translator.truecase import Truecaser
 
@@ -133,7 +134,7 @@ def test_restore_puts_every_span_back_once_whatever_the_model_does(tok, protecto
         sentence = "Ein Hund " + " und ".join(f"{s} rennt" for s in spans) + "."
         p = protector.prepare(sentence)
         src = protector.encode(p)
-        ph = sorted(protector._ph)
+        ph = sorted(frozenset().union(*protector.word_ids.values()))
         tokens = [rng.choice(words + ph) for _ in range(rng.randint(0, 12))]
         cross = torch.rand(3, 4, len(tokens), len(src)).softmax(-1) if rng.random() < 0.8 else None
         out = protector.restore(p, src, tokens, cross)
@@ -143,7 +144,7 @@ def test_restore_puts_every_span_back_once_whatever_the_model_does(tok, protecto
         for s in p.spans:
             rest = rest.replace(s, " ")
         # the words: not a placeholder of a kind the sentence's spans have, nor a piece glued to one
-        used = frozenset().union(*(protector.placeholder_ids[k] for k in p.kinds))
+        used = frozenset().union(*(protector.word_ids[protector.candidates[k][0]] for k in p.kinds))
         plain, after = [], False
         for t, piece in zip(tokens, tok.pieces(tokens)):
             if t in used or (after and not piece.startswith("\u2581") and any(c.isalnum() for c in piece)):
@@ -157,9 +158,9 @@ def test_restore_puts_every_span_back_once_whatever_the_model_does(tok, protecto
 def test_restore_uses_copies_then_neighbours_then_the_end(tok, protector):
     p = protector.prepare("Ein Hund 😆 rennt.")
     src = protector.encode(p)                                       # ▁Ein ▁Hund ▁Seattle ▁rennt . </s>
-    ph = src.index(next(iter(protector.placeholder_ids["other"])))
+    ph = src.index(next(iter(protector.word_ids[protector.candidates["other"][0]])))
     a, dog, runs, dot = tok.encode("A dog runs.")
-    copy = next(iter(protector.placeholder_ids["other"]))
+    copy = next(iter(protector.word_ids[protector.candidates["other"][0]]))
     # copied: the span replaces the copy
     assert protector.restore(p, src, [a, dog, copy, runs, dot], None) == "A dog 😆 runs."
     # dropped: after the target word that attends most to the source word before the placeholder
@@ -204,11 +205,11 @@ STORED = ["# the server's do-not-translate list", "", "Kölner Dom", "  Multi30k
 def translate(tok, tmp_path_factory):
     """translate(texts, **options) -> list of Translation, through one Translator on the shipped model
     (with a stored do-not-translate list, STORED)."""
-    from service.translator import Translator, model_card
+    from service.translator import TextConfig, Translator, model_card
     loop = asyncio.new_event_loop()
     stored = tmp_path_factory.mktemp("keep") / "keep.txt"
     stored.write_text("\n".join(STORED) + "\n", encoding="utf-8")
-    t = Translator(model_card("de-en", DEFAULT_CHECKPOINT), keep_file=str(stored))
+    t = Translator(model_card("de-en", DEFAULT_CHECKPOINT), text=TextConfig(keep_file=str(stored)))
     loop.run_until_complete(t.reconfigure({"max_num_seqs": 64}))
 
     def run(texts, **kw):
@@ -374,7 +375,7 @@ def test_a_span_glued_to_a_word_stays_glued(tok, protector):
     p = protector.prepare("Der Wert <schnell> ist gut.")
     assert p.spans == ["<", ">"] and p.glued == [(False, True), (True, False)]
     seattle = tok.encode("Seattle")
-    assert len(seattle) == 1 and seattle[0] in protector.placeholder_ids["other"]
+    assert len(seattle) == 1 and seattle[0] in protector.word_ids[protector.candidates["other"][0]]
     tokens = tok.encode("The value") + seattle + tok.encode("quick") + seattle + tok.encode("is good.")
     assert protector.restore(p, protector.encode(p), tokens, None) == "The value <quick> is good."
     p = protector.prepare("Der Wert < schnell > ist gut.")
@@ -465,7 +466,7 @@ def test_a_sentence_with_every_candidate_still_gets_each_span_once(tok, protecto
     p = protector.prepare(f"Wir sehen {names} und 😆 und 🐶 heute.")
     assert p.spans == ["😆", "🐶"] and p.placeholders == [protector.candidates["other"][0]] * 2
     src = protector.encode(p)
-    pool = tok.encode("We see the dogs today and") + sorted(protector._ph)
+    pool = tok.encode("We see the dogs today and") + sorted(frozenset().union(*protector.word_ids.values()))
     for _ in range(100):
         tokens = [rng.choice(pool) for _ in range(rng.randint(0, 14))]
         cross = torch.rand(3, 4, len(tokens), len(src)).softmax(-1) if rng.random() < 0.5 else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -144,33 +143,26 @@ def test_german_rules_for_german(text, german):
     assert split_text(text, "en").pieces != german     # English rules cut these differently
 
 
-def test_translator_splits_with_its_source_language(monkeypatch):
+def test_translator_splits_with_its_source_language(monkeypatch, tmp_path):
     """Translator.prepare passes the model card's source language to split_text."""
-    from service.translator import translator as translator_module
+    import asyncio
+    from conftest import build_tiny_checkpoint
+    from service.translator import Translator, model_card
     seen = []
 
     def spy(text, language="en"):
         seen.append(language)
         return split_text(text, language)
-    monkeypatch.setattr(translator_module, "split_text", spy)
+    monkeypatch.setattr(text_module, "split_text", spy)
+    t = Translator(model_card("tiny", build_tiny_checkpoint(tmp_path, "de", "en", max_len=64)))
 
-    class Tok:
-        eos_id = 2
-
-        def encode(self, s):
-            return [5] * len(s.split())
-
-    class Fake:   # just what prepare() reads
-        card, name, tok = SimpleNamespace(source_lang="de"), "fake", Tok()
-        engine = SimpleNamespace(max_src_len=64)
-        engine_config = SimpleNamespace(max_waiting=100)
-        metrics = SimpleNamespace(split_fallbacks=lambda reasons: None)
-        protector = translator_module.Protector(Tok(), None, protect=False, recase=False)
-
-        def target_prefix(self, target_lang):   # a model with one target language: no >>xx<< token
-            return []
-    job = TranslateRequest(text=["Am 3. Oktober ist Feiertag. Dann gehen wir."]).job()
-    splits, pieces, _ = translator_module.Translator.prepare(Fake(), job)
+    async def prepare():
+        await t.reconfigure({"max_num_seqs": 4})
+        try:
+            return t.prepare(TranslateRequest(text=["Am 3. Oktober ist Feiertag. Dann gehen wir."]).job())
+        finally:
+            await t.stop()
+    splits, pieces, _ = asyncio.run(prepare())
     assert seen == ["de"] and splits[0].pieces == ["Am 3. Oktober ist Feiertag.", "Dann gehen wir."]
     assert len(pieces) == 2
 

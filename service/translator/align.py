@@ -72,3 +72,13 @@ def sentence_alignment(src_pieces: Sequence[str], tgt_pieces: Sequence[str], cro
         return [], len(src_words), len(tgt_words)
     W = word_attention(mean_attention(cross, len(tgt_pieces))[:, : len(src_pieces)], src_words, tgt_words, skip)
     return [(int(s), t) for t, s in enumerate(W.argmax(1).tolist())], len(src_words), len(tgt_words)
+
+
+def continues(piece: str) -> bool:
+    """Whether a target piece continues the word before it (no word-boundary mark, letters or digits)."""
+    return not piece.startswith("▁") and any(c.isalnum() for c in piece)
+
+
+def wordlike(piece: str) -> bool:
+    """Whether a piece has a letter or digit."""
+    return any(c.isalnum() for c in piece)

@@ -44,18 +44,9 @@ def _full_model():
         return _model
 
 
-def known_languages() -> frozenset[str]:
-    """The language codes the model can detect (ISO 639-1 where there is one)."""
-    return frozenset(_full_model().labels) - {"zxx"}
-
-
 def first_letter(text: str) -> int:
     """Index of the first letter (Unicode category L*) of ``text``, or -1 when it has none."""
     return next((i for i, c in enumerate(text) if unicodedata.category(c).startswith("L")), -1)
-
-
-def has_letters(text: str) -> bool:
-    return first_letter(text) >= 0
 
 
 class LanguageDetector:

@@ -9,8 +9,8 @@ sentences, and a bounded cache of the translations the model made.
     ResultCache (per process)   the engine's results by (source ids, options), least recently used
                                 evicted past ``max_entries``; 0 = off (the default)
 
-Lookup order per sentence (``Translator.prepare``): the memory for the whole text, then for each of
-its sentences; a hit is never sent to the model. Then the cache; then the engine. A key is the text
+Lookup order per sentence (``Translator.prepare``, ``MemoryStore.recall``): the memory for the whole
+text, then for each of its sentences; a hit is never sent to the model. Then the cache; then the engine. A key is the text
 after ``normalize`` (the normalisation SentencePiece applies before the model: NFKC, whitespace runs
 as one space, trimmed), so "Hallo  Welt. " and "Hallo Welt." are one entry.
 """
@@ -18,18 +18,22 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import sqlite3
 import threading
 import time
 import unicodedata
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Hashable, Iterable, Optional
+from typing import Hashable, Iterable, Optional, Sequence
 
+from model.inference.search import Hypothesis
+from service.engine import GenerationOptions, RequestStats, TranslationResult
 from service.protocol import RETRY_AFTER_S, Unavailable
 
-from .text import trim
+from .text import Piece, trim
 
 logger = logging.getLogger("ray.serve")
 
@@ -53,6 +57,17 @@ def memory_model(model: str, target_lang: Optional[str] = None) -> str:
     """The store's model key: the model id, with the target language for a multilingual model
     (``target_lang`` None for a model of one target)."""
     return model if not target_lang else f"{model}>>{target_lang}"
+
+
+@dataclass
+class Recalled:
+    """What the translation memory holds for one text (``MemoryStore.recall``)."""
+    whole: Optional[str] = None     # the whole text's stored translation, when its sentences are not just it
+    stored: dict[str, str] = field(default_factory=dict)    # normalized source -> stored translation
+
+    def of(self, sentence: str) -> Optional[str]:
+        """The stored translation of one sentence of the text, or None."""
+        return self.stored.get(normalize(sentence))
 
 
 class MemoryStore:
@@ -108,6 +123,16 @@ class MemoryStore:
                 logger.warning("%s; translating without it", e)
             return {}
         return out
+
+    def recall(self, model: str, scope: str, text: str, sentences: Sequence[str]) -> Recalled:
+        """What is stored for ``text`` and its ``sentences``, in one query. The whole text's
+        translation answers it only when the text is more than its one sentence (that one is a
+        sentence's)."""
+        whole = normalize(text)
+        stored = self.lookup(model, scope, [whole, *(normalize(s) for s in sentences)])
+        if whole in stored and sentences and [normalize(s) for s in sentences] != [whole]:
+            return Recalled(stored[whole], stored)
+        return Recalled(None, stored)
 
     def put(self, model: str, scope: str, pairs: Iterable[tuple[str, str]], origin: str = "suggestion") -> int:
         """Store (source, target) pairs (sources normalized here; a stored source is replaced); returns
@@ -177,3 +202,16 @@ class ResultCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def memory_hit() -> TranslationResult:
+    """The result of a sentence the translation memory answered: one hypothesis without tokens
+    (the model generated none), score 0 (log-probability 0: certain); its text is the stored one."""
+    return TranslationResult([Hypothesis(tokens=[], log_prob=0.0, score=0.0, finish_reason="eos")],
+                             RequestStats(request_id=-1, status="ok", finish_reason="eos", src_tokens=0, beam_size=0))
+
+
+def cache_key(piece: Piece, options: GenerationOptions) -> tuple:
+    """The result cache's key of a sentence: its source ids (target-language token included) and
+    every decoding option (``GenerationOptions`` fields), so a hit is the result the engine would give."""
+    return tuple(piece.src_ids), dataclasses.astuple(options)

@@ -92,10 +92,11 @@ class Split:
 
 @dataclass
 class Piece:
-    """One sentence of one text of a request, as sent to the engine."""
+    """One sentence of one text of a request, as sent to the engine (or answered by the translation memory)."""
     text_index: int     # which text of the request
     piece_index: int    # which sentence of that text's Split
-    src_ids: list[int]  # its token ids, EOS included
+    src_ids: list[int]  # its token ids, EOS included ([] for a memory hit)
+    stored: Optional[str] = None    # the translation memory's text for it: not sent to the engine
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,10 +244,9 @@ def split_sentences_of(text: str, language: str = "en", mode: str = "1") -> Spli
     space; the text between sentences keeps its line breaks); "0" the whole text as one sentence."""
     if mode == "1":
         return split_text(text, language)
-    core = trim(text)
-    at = text.find(core)
     if mode == "0":
-        return Split([" ".join(core.split())], [text[:at], text[at + len(core):]])
+        whole = one_piece(text)
+        return Split([" ".join(whole.pieces[0].split())], whole.glue)
     flat = _LINE_BREAK.sub(lambda m: " " * len(m.group()), text)     # same length: positions map back
     split = split_text(flat, language)
     glue, pos = [], 0
@@ -255,6 +255,13 @@ def split_sentences_of(text: str, language: str = "en", mode: str = "1") -> Spli
         pos += len(g) + len(piece)
     glue.append(text[pos:])
     return Split([" ".join(p.split()) for p in split.pieces], glue, split.fallbacks)
+
+
+def one_piece(text: str) -> Split:
+    """The whole text as one piece, the glue at its ends (``trim``) around it."""
+    core = trim(text)
+    at = text.find(core)
+    return Split([core], [text[:at], text[at + len(core):]])
 
 
 # Where an over-long sentence is cut, best first: after clause punctuation, at whitespace.

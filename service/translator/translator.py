@@ -1,18 +1,22 @@
 """The translator: one model, its tokenizer and its continuous-batching engine, behind typed async methods.
 
 A Ray Serve replica wraps one ``Translator`` (``service/app.py``); it is plain Python so that it can
-also run inside the ingress process and in unit tests. A job's texts are split into lines and
-sentences (``text.split_text``), every sentence becomes one engine call, all calls are awaited
-together (so they join the engine's prefill and decode batches with everyone else's), and the
-translated sentences are rejoined with the original whitespace (``output.build_response``); at
-most ``in_flight()`` sentences of a request are in the engine at once, the next going in as one ends.
+also run inside the ingress process and in unit tests. A job's texts go through the text pipeline:
+
+    split (text.py) -> protect (protect.py, spans.py) -> case (truecase.py) -> memory (memory.py)
+    -> encode -> engine -> place spans (placement.py) -> assemble (assemble.py, output.py)
+
+``prepare`` runs the stages up to encode; every sentence the memory does not answer becomes one
+engine call, all calls are awaited together (so they join the engine's prefill and decode batches
+with everyone else's), and the translated sentences are rejoined with the original whitespace
+(``output.build_response``); at most ``in_flight()`` sentences of a request are in the engine at
+once, the next going in as one ends.
 
 The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); what
 needs tokenization is the translator's: a sentence over the model's source window is cut into parts
-that fit (``text.cut_long``). A
-multilingual MarianMT model's sources start with the job's target-language token
-(``target_prefix``). Its errors and the engine's are the domain errors of ``service/protocol.py``; the API maps them
-to HTTP statuses (``service.api.errors.to_service_error``).
+that fit (``text.cut_long``). A multilingual MarianMT model's sources start with the job's
+target-language token (``target_prefix``). Its errors and the engine's are the domain errors of
+``service/protocol.py``; the API maps them to HTTP statuses (``service.api.errors.to_service_error``).
 """
 from __future__ import annotations
 
@@ -21,30 +25,32 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, NamedTuple, Optional
 
 import torch
 
 from model.load import load_model
 from model.tokenizer import check_target_lang, encode_target
 from model.inference.linear import linear_dtype
-from model.inference.search import Hypothesis
 from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_SENTENCES, MAX_STORED_GLOSSARY_ENTRIES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
-from service.engine import (Engine, EngineConfig, GenerationOptions, RequestStats, TranslationResult, torch_threads,
+from service.engine import (Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads,
                             tune_process)
 from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
 
 from .card import ModelCard
-from .memory import MemoryStore, ResultCache, memory_model, normalize
+from .config import TextConfig
 from .glossary import Glossary
-from .output import build_response
-from .protect import Protected, Protector, Terms
+from .memory import MemoryStore, Recalled, ResultCache, cache_key, memory_hit, memory_model
+from .options import sentence_options
+from .output import TextOf, build_response
+from .protect import Protected, Protector
+from .sources import Sources
+from .spans import Terms
 from .streaming import StreamState, merge_streams
-from .text import Piece, Split, cut_long, has_text, split_sentences_of, split_text, trim
+from .text import Piece, Split, cut_long, has_text, one_piece, split_sentences_of
 from .truecase import Truecaser
 
 logger = logging.getLogger("ray.serve")
@@ -58,22 +64,26 @@ class TranslatorInfo:
     engine: dict                  # the EngineConfig it runs with, and the model's linear_dtype
 
 
+class Prepared(NamedTuple):
+    """A job's texts up to the engine (``Translator.prepare``)."""
+    splits: list[Optional[Split]]       # per text its sentences (None: no visible character)
+    pieces: list[Piece]                 # every sentence to translate, in text order
+    protected: list[Optional[Protected]]    # each piece's model input (None: a memory hit)
+
+
 class Translator:
     """Model + tokenizer + Engine for one checkpoint.
 
     Call ``await reconfigure(engine_config)`` once before use (Ray Serve does so with user_config).
-    ``protect_spans`` / ``truecase`` (default on; env ``MT_PROTECT_SPANS=0`` / ``MT_TRUECASE=0``
-    turn them off): protected spans and recasing (``protect.py``, ``truecase.py``). ``keep_file``
-    (default: env ``MT_KEEP_FILE``): the stored list of do-not-translate terms, one a line
-    (``protect.Terms.load``), kept verbatim in every request besides the request's ``keep``.
-    ``memory_file``: the translation memory's SQLite file (``memory.MemoryStore``), read for every
-    job with a ``memory_scope``; None: no memory. ``cache_entries``: the LRU cache of the engine's
-    results (``memory.ResultCache``; 0 = off).
+    ``text``: the text pipeline's settings (``config.TextConfig``: protected spans, recasing, the
+    stored do-not-translate list kept verbatim in every request besides the request's ``keep``);
+    None: ``TextConfig.from_env()``. ``memory_file``: the translation memory's SQLite file
+    (``memory.MemoryStore``), read for every job with a ``memory_scope``; None: no memory.
+    ``cache_entries``: the LRU cache of the engine's results (``memory.ResultCache``; 0 = off).
     """
 
     def __init__(self, card: ModelCard, device: Optional[str] = None, num_threads: Optional[int] = None,
-                 protect_spans: Optional[bool] = None, truecase: Optional[bool] = None,
-                 keep_file: Optional[str] = None, memory_file: Optional[str] = None, cache_entries: int = 0):
+                 text: Optional[TextConfig] = None, memory_file: Optional[str] = None, cache_entries: int = 0):
         self.card = card
         self.name = card.id
         if num_threads:
@@ -82,17 +92,14 @@ class Translator:
         with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
             self.model, self.tok, _ = load_model(card.checkpoint, device=self.device, pack=False)  # prepare_model packs
         tune_process()
-        if protect_spans is None:
-            protect_spans = os.environ.get("MT_PROTECT_SPANS", "1") != "0"
-        if truecase is None:
-            truecase = os.environ.get("MT_TRUECASE", "1") != "0"
+        text = text or TextConfig.from_env()
         self.protector = Protector(self.tok, Truecaser.load(card.checkpoint, card.source_lang, self.tok),
-                                   protect=protect_spans, recase=truecase)
-        keep_file = keep_file if keep_file is not None else os.environ.get("MT_KEEP_FILE", "")
-        self.keep = Terms.load(keep_file) if keep_file else Terms()   # the stored do-not-translate list
+                                   protect=text.protect_spans, recase=text.truecase)
+        self.keep = Terms.load(text.keep_file) if text.keep_file else Terms()   # the stored do-not-translate list
         self.metrics = EngineMetrics(self.name)
         self.memory = MemoryStore(memory_file) if memory_file else None
         self.cache = ResultCache(cache_entries)
+        self._glossaries: dict[tuple, Glossary] = {}    # (entries, field) -> compiled, the 32 latest
         self.engine: Optional[Engine] = None
         self.engine_config: Optional[EngineConfig] = None
         self._gauges: Optional[asyncio.Task] = None
@@ -164,82 +171,77 @@ class Translator:
         return TranslatorInfo(self.name, self.device, {**engine, "linear_dtype": linear_dtype(self.model),
                                                        "kv_cache": kv})
 
-    # ---- request preparation ------------------------------------------------------------------
-    def prepare(self, job: TranslateJob, hits: Optional[dict[int, str]] = None
-                ) -> tuple[list[Optional[Split]], list[Piece], list[Protected]]:
-        """Split the job's texts into sentences, protect their spans (and the occurrences of the job's
-        ``keep`` terms and the stored list's), recase and encode them.
+    # ---- request preparation: split -> protect -> case -> memory -> encode ------------------------
+    def prepare(self, job: TranslateJob) -> Prepared:
+        """The job's texts up to the engine: each text ``split`` into sentences, each sentence
+        protected and recased (``Sources.protected``), answered by the translation memory when the
+        job has a ``memory_scope`` (``MemoryStore.recall``: the whole text's, or the sentence's), else
+        encoded (``encode``).
 
-        Returns per text its Split (None for empty or whitespace-only text; no pieces for a text
-        without letters, which comes back verbatim), the flat list of pieces to translate and each
-        piece's ``Protected`` (what the model sees of it; a sentence of protected spans only, such as
-        a lone URL, needs no model and stays in the glue like a sentence without letters).
-        ``hits`` (filled when given and the job has a ``memory_scope``): piece index -> the translation
-        memory's text for it (the whole text's, or the sentence's; ``memory.py``); such a piece has no
-        source ids and no ``Protected`` (None) and is not sent to the engine.
-        A sentence longer than the model reads (its source window, ``max_src_len``) is cut into
-        chunks that fit (``text.cut_long``), each translated as a sentence.
-        Raises Unavailable while the engine is not built yet, TooLarge for a sentence ``cut_long``
-        found no cut for.
+        A text without visible characters has no Split (None); one without letters (for the model)
+        has no pieces and comes back verbatim, as does a sentence of protected spans only (a lone
+        URL): both stay in the glue. A memory hit is a piece without source ids that carries the
+        stored text (``Piece.stored``) and has no Protected (None); a text the memory holds whole is
+        one such piece. Raises Unavailable while the engine is not built yet, TooLarge for a
+        sentence ``text.cut_long`` found no cut for.
         """
         if self.engine is None:
             raise Unavailable(f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
-        field, max_src = job.field, self.engine.max_src_len
-        prefix = self.target_prefix(job.target_lang)
-        keep = getattr(self, "keep", Terms()) + Terms(job.keep)    # the stored list and the job's terms
-        splits: list[Optional[Split]] = []
-        pieces: list[Piece] = []
-        prepared: list[Protected] = []
-        memory = getattr(self, "memory", None) if hits is not None and job.memory_scope is not None else None
-        memory_key = (memory_model(self.name, job.target_lang if self.tok.target_languages else None)
-                      if memory is not None else "")
+        sources = Sources(self.protector, self.keep + Terms(job.keep), self.target_prefix(job.target_lang))
+        out = Prepared([], [], [])
         for i, text in enumerate(job.texts):
             if not has_text(text):   # whitespace or other invisible characters only
-                splits.append(None)
+                out.splits.append(None)
                 continue
-            mode = getattr(job, "split_sentences", "1")     # DeepL's split_sentences (text.split_sentences_of)
-            split = (split_text(text, self.card.source_lang) if mode == "1" else
-                     split_sentences_of(text, self.card.source_lang, mode))
-            seen: dict[str, Protected] = {}     # sentence -> what the model sees of it
-            encoded: dict[str, list[int]] = {}  # sentence -> its source ids (with EOS), each encoded once
+            split = self.split(text, job.split_sentences, sources)                  # split
+            protected = [sources.protected(s) for s in split.pieces]                # protect -> case
+            memory = self.recall(job, text, split)                                  # memory
+            if memory.whole is not None:    # one piece, the whole text's stored translation
+                out.splits.append(one_piece(text))
+                out.pieces.append(Piece(i, 0, [], memory.whole))
+                out.protected.append(None)
+                continue
+            out.splits.append(split)
+            for j, (sentence, p) in enumerate(zip(split.pieces, protected)):
+                stored = memory.of(sentence)
+                if stored is not None:
+                    out.pieces.append(Piece(i, j, [], stored))
+                    out.protected.append(None)
+                else:
+                    out.pieces.append(Piece(i, j, self.encode(job, i, j, sentence, sources)))   # encode
+                    out.protected.append(p)
+        return out
 
-            def ids_of(s: str) -> list[int]:
-                if s not in encoded:
-                    encoded[s] = self.protector.encode(seen.setdefault(s, self.protector.prepare(s, keep)))
-                return encoded[s]
-            split = self.protector.rejoin(split, keep)    # a URL the splitter cut at its "?" is one sentence again
-            split = cut_long(split, lambda s: len(prefix) + len(ids_of(s)) <= max_src,
-                             lambda s: [(sp.start, sp.end) for sp in self.protector.find_spans(s, keep=keep)])
-            self.metrics.split_fallbacks(split.fallbacks)
-            split = split.translatable(lambda s: seen.setdefault(s, self.protector.prepare(s, keep)).needs_model)
-            stored: dict[str, str] = {}
-            if memory is not None:      # one query per text: the whole text and each sentence
-                whole = normalize(text)
-                stored = memory.lookup(memory_key, job.memory_scope, [whole, *(normalize(s) for s in split.pieces)])
-                if whole in stored and split.pieces and [normalize(s) for s in split.pieces] != [whole]:
-                    core = trim(text)   # the whole text is in the memory: one piece, its stored translation
-                    at = text.find(core)
-                    splits.append(Split([core], [text[:at], text[at + len(core):]]))
-                    hits[len(pieces)] = stored[whole]
-                    pieces.append(Piece(i, 0, []))
-                    prepared.append(None)
-                    continue
-            splits.append(split)    # pieces without letters (for the model) pass through verbatim, in the glue
-            for j, sentence in enumerate(split.pieces):
-                if stored and normalize(sentence) in stored:
-                    hits[len(pieces)] = stored[normalize(sentence)]
-                    pieces.append(Piece(i, j, []))
-                    prepared.append(None)
-                    continue
-                prepared.append(seen[sentence])   # translatable() prepared every piece it kept
-                ids = prefix + ids_of(sentence)
-                if len(ids) > max_src:      # cut_long found no cut that fits
-                    where = f"{field}[{i}]" if job.is_list else field
-                    raise TooLarge(f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
-                                   f"accepts at most {max_src} per sentence: split it", field)
-                pieces.append(Piece(i, j, ids))
-        return splits, pieces, prepared
+    def split(self, text: str, mode: str, sources: Sources) -> Split:
+        """A text's sentences (``text.split_sentences_of``; ``mode``: DeepL's split_sentences), those a
+        protected span runs across joined again (a URL the splitter cut at its "?"), each longer than
+        the model reads (its source window, ``max_src_len``) cut into parts that fit (``text.cut_long``),
+        and those without letters for the model moved into the glue (they come back verbatim)."""
+        split = split_sentences_of(text, self.card.source_lang, mode)
+        split = self.protector.rejoin(split, sources.keep)
+        split = cut_long(split, lambda s: len(sources.ids(s)) <= self.engine.max_src_len, sources.spans)
+        self.metrics.split_fallbacks(split.fallbacks)
+        return split.translatable(sources.needs_model)
 
+    def recall(self, job: TranslateJob, text: str, split: Split) -> Recalled:
+        """What the translation memory holds for the text and its sentences (nothing without a
+        memory or without the job's ``memory_scope``)."""
+        if self.memory is None or job.memory_scope is None:
+            return Recalled()
+        key = memory_model(self.name, job.target_lang if self.tok.target_languages else None)
+        return self.memory.recall(key, job.memory_scope, text, split.pieces)
+
+    def encode(self, job: TranslateJob, i: int, j: int, sentence: str, sources: Sources) -> list[int]:
+        """Sentence j of text i as source ids (``Sources.ids``). Raises TooLarge when they are more
+        than the model reads (``split`` found no cut that fits)."""
+        ids, max_src = sources.ids(sentence), self.engine.max_src_len
+        if len(ids) > max_src:
+            where = f"{job.field}[{i}]" if job.is_list else job.field
+            raise TooLarge(f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
+                           f"accepts at most {max_src} per sentence: split it", job.field)
+        return ids
+
+    # ---- the engine's inputs: the target-language token, target_prefix, the glossary --------------
     def in_flight(self) -> int:
         """Sentences of one request in the engine at once (its next ones go in as these finish):
         ``MAX_SENTENCES``, at most the engine's queue (``max_waiting``), so a request of any size fits."""
@@ -257,29 +259,6 @@ class Translator:
         except ValueError as e:
             raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
         return self.tok.encode(f">>{target_lang}<<")
-
-    def _options(self, prepared: Protected, options: GenerationOptions, alignment: bool = False,
-                 prefix: tuple[int, ...] = (), glossary: Optional[Glossary] = None) -> GenerationOptions:
-        """A sentence with inner protected spans also tracks cross-attention (to place them), as does
-        every sentence when the job returns alignments; ``prefix``: its forced target ids; one with
-        glossary terms gets their target ids as decoding constraints (``glossary.py``)."""
-        if (prepared.spans or alignment) and "cross" not in options.attention_kinds:
-            options = dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
-        if prefix:
-            options = dataclasses.replace(options, target_prefix=prefix)
-        constraints = glossary.constraints(prepared.source) if glossary else ()
-        return dataclasses.replace(options, constraints=constraints) if constraints else options
-
-    def _all_options(self, job: TranslateJob, pieces: list[Piece], prepared: list[Optional[Protected]],
-                     glossary: Optional[Glossary] = None) -> list[GenerationOptions]:
-        """Each piece's options: the job's, the target prefix on the first sentence of each text,
-        the glossary's constraints where its terms occur (a memory hit's, None: no engine run)."""
-        prefix = self.encode_prefix(job.target_prefix)
-        firsts = {p.text_index: k for k, p in reversed(list(enumerate(pieces)))}
-        return [None if prot is None else
-                self._options(prot, job.options, job.return_alignment, prefix if firsts[p.text_index] == k else (),
-                              glossary)
-                for k, (p, prot) in enumerate(zip(pieces, prepared))]
 
     def encode_prefix(self, prefix: Optional[str]) -> tuple[int, ...]:
         """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None. Any length:
@@ -304,7 +283,7 @@ class Translator:
         if not job.glossary:
             return None
         key = (job.glossary, job.glossary_field)
-        cache = self.__dict__.setdefault("_glossaries", {})
+        cache = self._glossaries
         if key not in cache:
             limit = MAX_GLOSSARY_ENTRIES if job.glossary_field == "glossary" else MAX_STORED_GLOSSARY_ENTRIES
             max_tokens = min(self.engine.max_tgt_len, self.model.cfg.max_len - 1) - 1 if self.engine else \
@@ -314,36 +293,37 @@ class Translator:
             cache[key] = Glossary(job.glossary, self.card.source_lang, self.tok, max_tokens, job.glossary_field, limit)
         return cache[key]
 
-    def _text_of(self, prepared: list[Protected], pieces: list[Piece], hits: Optional[dict[int, str]] = None):
-        """``text_of`` for build_response: a hypothesis's text with spans and case restored (a memory
-        hit's: the stored text)."""
+    # ---- after the engine: place spans -> assemble -------------------------------------------
+    def _text_of(self, protected: list[Optional[Protected]], pieces: list[Piece]) -> TextOf:
+        """``text_of`` for build_response: a hypothesis's text with its spans placed and the sentence
+        assembled (``Protector.restore``); a memory hit's: the stored text."""
         index = {(p.text_index, p.piece_index): k for k, p in enumerate(pieces)}
 
         def text_of(piece: Piece, hyp) -> str:
+            if piece.stored is not None:
+                return piece.stored
             k = index[piece.text_index, piece.piece_index]
-            if hits and k in hits:
-                return hits[k]
-            return self.protector.restore(prepared[k], piece.src_ids, hyp.tokens, (hyp.attention or {}).get("cross"))
+            return self.protector.restore(protected[k], piece.src_ids, hyp.tokens, (hyp.attention or {}).get("cross"))
         return text_of
 
     # ---- translate ----------------------------------------------------------------------------
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
-        hits: dict[int, str] = {}
-        splits, pieces, prepared = self.prepare(job, hits)
-        options = self._all_options(job, pieces, prepared, self.glossary(job))
-        results = await self._results(pieces, options, hits)
-        return build_response(self.name, self.tok, job, splits, pieces, results,
-                              self._text_of(prepared, pieces, hits), self.card.config)
+        splits, pieces, protected = self.prepare(job)      # split -> protect -> case -> memory -> encode
+        options = sentence_options(job, pieces, protected, glossary=self.glossary(job),
+                                   prefix=self.encode_prefix(job.target_prefix))
+        results = await self._results(pieces, options)     # engine
+        return build_response(self.name, self.tok, job, splits, pieces, results,       # place spans -> assemble
+                              self._text_of(protected, pieces), self.card.config)
 
-    async def _results(self, pieces: list[Piece], options: list[Optional[GenerationOptions]],
-                       hits: dict[int, str]) -> list[TranslationResult]:
+    async def _results(self, pieces: list[Piece], options: list[Optional[GenerationOptions]]
+                       ) -> list[TranslationResult]:
         """Each piece's result: a memory hit's (no tokens; ``memory_hit``), the cache's, else the
         engine's (then cached). Counted in ``mt_memory_lookups_total``."""
         out: list[Optional[TranslationResult]] = [None] * len(pieces)
         todo: list[int] = []
         for k, p in enumerate(pieces):
-            if k in hits:
+            if p.stored is not None:
                 out[k] = memory_hit()
                 self.metrics.memory_lookup("memory")
                 continue
@@ -396,11 +376,11 @@ class Translator:
         Errors before ``StreamStart`` (validation, a full queue) are raised before anything is
         streamed. Closing the generator cancels every sentence.
         """
-        hits: dict[int, str] = {}
-        splits, pieces, prepared = self.prepare(job, hits)
-        options = self._all_options(job, pieces, prepared, self.glossary(job))
+        splits, pieces, protected = self.prepare(job)
+        options = sentence_options(job, pieces, protected, glossary=self.glossary(job),
+                                   prefix=self.encode_prefix(job.target_prefix))
         streams, group = [], object()   # group: as in _run_all
-        run = [k for k in range(len(pieces)) if k not in hits]    # memory hits are answered without the engine
+        run = [k for k, p in enumerate(pieces) if p.stored is None]    # memory hits are answered without the engine
         first = self.in_flight()        # the rest start as these finish (merge_streams)
         later = [functools.partial(self.engine.stream, pieces[k].src_ids, options[k], group) for k in run[first:]]
         try:
@@ -411,13 +391,13 @@ class Translator:
                 st.cancel()
             raise
         yield StreamStart()
-        text_of = self._text_of(prepared, pieces, hits)
+        text_of = self._text_of(protected, pieces)
         state = StreamState(self.tok, splits, pieces, lambda k, tokens, hyp: (
-            self.protector.partial(prepared[k], tokens) if hyp is None else text_of(pieces[k], hyp)))
+            self.protector.partial(protected[k], tokens) if hyp is None else text_of(pieces[k], hyp)))
         for ev in state.verbatim():     # texts without letters: whole, before any token
             yield ev
         results: list[Optional[TranslationResult]] = [None] * len(pieces)
-        for k in hits:
+        for k in (k for k, p in enumerate(pieces) if p.stored is not None):
             results[k] = memory_hit()
             self.metrics.memory_lookup("memory")
             for ev in state.finish(k, [], results[k].hypotheses[0]):
@@ -436,15 +416,3 @@ class Translator:
                         yield ev
         yield build_response(self.name, self.tok, job, splits, pieces, results, text_of, self.card.config)
 
-
-def memory_hit() -> TranslationResult:
-    """The result of a sentence the translation memory answered: one hypothesis without tokens
-    (the model generated none), score 0 (log-probability 0: certain); its text is the stored one."""
-    return TranslationResult([Hypothesis(tokens=[], log_prob=0.0, score=0.0, finish_reason="eos")],
-                             RequestStats(request_id=-1, status="ok", finish_reason="eos", src_tokens=0, beam_size=0))
-
-
-def cache_key(piece: Piece, options: GenerationOptions) -> tuple:
-    """The result cache's key of a sentence: its source ids (target-language token included) and
-    every decoding option (``GenerationOptions`` fields), so a hit is the result the engine would give."""
-    return tuple(piece.src_ids), dataclasses.astuple(options)

@@ -1,5 +1,6 @@
-"""Case: a sentence in capitals or in title case is recased to its usual form before translation,
-and the translation gets the input's style back.
+"""Case, the one place of it: a sentence in capitals or in title case is recased to its usual form
+before translation (``recase_sentence``, after ``protect.py``), and the translation gets the input's
+style back (``apply_style``, in ``assemble.py``).
 
 The model has seen caption German in its usual casing: German capitalizes nouns, so neither
 lowercasing nor sentence case turns "EIN HUND LÄUFT." into what it knows ("Ein Hund läuft.").
@@ -27,10 +28,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import gzip
 import re
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+
+if TYPE_CHECKING:
+    from .protect import Protected
 
 WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")   # letters, hyphenated compounds ("T-Shirt") as one word
 
@@ -127,6 +132,13 @@ class Truecaser:
             pos = m.end()
         out.append(text[pos:])
         return "".join(out)
+
+
+def recase_sentence(p: Protected, truecaser: Truecaser) -> Protected:
+    """A protected sentence as the model gets it: its case style (judged on the text around its spans)
+    noted for the translation, its words recased, its placeholders left as they are."""
+    style = truecaser.style(p.bare)
+    return dataclasses.replace(p, model_text=truecaser.recase(p.model_text, style, p.fixed), style=style)
 
 
 def apply_style(style: Optional[str], text: str) -> str:
