@@ -16,7 +16,7 @@ The gateway has checked the job's fields against the model's limits (``ModelLimi
 needs tokenization is the translator's: a sentence over the model's source window is cut into parts
 that fit (``text.cut_long``). A multilingual MarianMT model's sources start with the job's
 target-language token (``target_prefix``). Its errors and the engine's are the domain errors of
-``service/protocol.py``; the API maps them to HTTP statuses (``service.api.errors.to_service_error``).
+``service/protocol.py``; the API maps them to HTTP statuses (``service.replica.to_service_error``).
 """
 from __future__ import annotations
 
