@@ -389,7 +389,7 @@ def test_readyz_answers_quickly_while_a_model_loads(monkeypatch):
     import asyncio
     import time
     from model.config import ModelConfig
-    from service.api import routes_native
+    from service.api.routes import native as routes_native
     from service.translator import ModelCard
 
     class Backend:   # what readyz uses of the backend

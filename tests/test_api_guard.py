@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from service.api import guard as guard_mod
+from service.api.middleware import guard as guard_mod
 from service.api.middleware.body import BodyMiddleware
 from service.api.errors import LIBRE_PATHS, add_exception_handlers, libre_error_response
 from service.api.middleware.guard import (

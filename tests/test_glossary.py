@@ -189,7 +189,7 @@ def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
 
 def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
     from model.config import ModelConfig
-    from service.api import routes_stores as G
+    from service.api.routes import stores as G
     from service.api.glossaries import scope_of
     from service.translator import ModelCard
 

@@ -1,17 +1,22 @@
-"""The HTTP API: a FastAPI ingress in front of the translators.
+"""The HTTP API: each API's wire format read into the request pipeline (``service/pipeline``) and
+its result written back. Nothing below imports this package.
 
-    gateway.py         the Gateway ingress: the native API and health routes, model resolution, limits, SSE
-    routes_*.py        the Gateway's other route groups, a mixin each: LibreTranslate (routes_libre),
-                       DeepL (routes_deepl), documents (routes_documents), glossaries and memory (routes_stores)
-    routes_common.py   the FastAPI app they all register on, its middleware, shared OpenAPI responses
-    backends.py        how the gateway reaches translators: Ray handles, or in-process
-    schemas.py         request/response models, service-wide limits, ModelLimits, TranslateJob
-    errors.py          ServiceError, the one mapping of engine/Ray errors, error responses
-    libretranslate.py  the LibreTranslate-compatible /translate and /languages
-    html.py            format=html: translating an HTML fragment's text, keeping its markup
-    sse.py             Server-Sent Events formatting
-    access_log.py      the access-log and HTTP-metrics middleware
-
-Nothing is imported here: ``service.translator`` imports ``schemas`` and ``errors`` while
-``gateway`` imports ``service.translator``.
+    gateway.py          Gateway: the Ray Serve ingress replica; builds its Services, serves build_app(them)
+    http.py             build_app(services): the FastAPI app, middleware and routers in the order they apply
+    services.py         Services: what the routes share (handed in by Depends(services)); built once per replica
+    routes/             one APIRouter per API: native.py (/v1/translate, /v1/models, health, /metrics,
+                        explorer), stores.py (glossaries, memory), libre.py (LibreTranslate), deepl.py
+                        (DeepL), documents.py (every document route); common.py: shared OpenAPI responses
+    middleware/         body.py (the one body reader, HEAD), guard.py (API keys, rate limits), cors.py,
+                        access_log.py (log lines, HTTP metrics), headers.py (the proxy's header check)
+    libretranslate.py   LibreTranslate's fields and answers (/translate, /detect, /languages)
+    deepl.py            DeepL's fields, codes and answers (/v2/translate, /v2/languages, /v2/usage)
+    documents.py        document uploads and downloads; deepl_documents.py: DeepL's document jobs
+    suggest.py          LibreTranslate's /suggest and /frontend/settings
+    glossaries.py       stored glossaries (the cluster's store); memory.py: memory import and export
+    document_store.py   translated files and DeepL jobs kept for download
+    schemas.py          the native request and response models; openapi.py: the served OpenAPI document
+    errors.py           each API's error shape (the one mapping to ServiceError: service/replica.py)
+    backends.py         how the pipeline reaches a translator: in-process, Ray handles, the model pool
+    sse.py, explorer.py Server-Sent Events; the attention explorer's page
 """

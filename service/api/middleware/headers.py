@@ -118,7 +118,7 @@ class HeaderCheck:
 
         from service.protocol import ServiceError
 
-        from .errors import LIBRE_PATHS, error_response, libre_error_response
+        from ..errors import LIBRE_PATHS, error_response, libre_error_response
         err = ServiceError(400, message, field=f"header.{printable.lower()}")
         headers = {"x-request-id": uuid.uuid4().hex} if _key(printable.encode("latin-1")) == _REQUEST_ID else None
         response = (libre_error_response(err, headers) if scope.get("path") in LIBRE_PATHS
