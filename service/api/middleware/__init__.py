@@ -1,0 +1,1 @@
+"""The ASGI middleware of the ingress app (http.build_app lists their order)."""
