@@ -35,13 +35,14 @@ from ray.serve.schema import DeploymentSchema
 from model.checkpoint import DEFAULT_CHECKPOINT
 from service.protocol import StreamItem, TranslateJob, TranslateResponse
 
-from .api.middleware.access_log import flush_serve_log
 from .api.document_store import DocumentSettings
 from .api.gateway import Gateway
+from .api.middleware.access_log import flush_serve_log
 from .api.middleware.guard import GuardSettings, RateLimit
 from .engine import EngineConfig
 from .protocol import RETRY_AFTER_S, ErrorRecord
 from .replica import error_record, run_within, stream_within
+from .state import state_dir
 from .translator import Translator, TranslatorInfo, model_card
 
 logger = logging.getLogger("ray.serve")
@@ -52,7 +53,6 @@ logger = logging.getLogger("ray.serve")
 # "Serving path"). Pass as ``serve.run(..., logging_config=LOGGING_CONFIG)``; the deploy/ configs say the same.
 LOGGING_CONFIG = {"enable_access_log": False}
 # The translation memory's file when AppArgs.memory_file is not set: one per user and node, kept across runs
-DEFAULT_MEMORY_FILE = "~/.cache/transformer-mt/memory.sqlite3"
 
 
 class ModelSpec(BaseModel):
@@ -149,7 +149,7 @@ class AppArgs(BaseModel):
     # clients (docs/clients.md): CORS, LibreTranslate's suggestions and the translation memory
     cors_origins: list[str] = Field(default_factory=lambda: ["*"])   # origins browsers may call from; [] = no CORS
     suggestions: bool = True                              # POST /suggest and /v1/memory; false: 403, memory unused
-    memory_file: Optional[str] = None                     # the memory's SQLite file; None = DEFAULT_MEMORY_FILE
+    memory_file: Optional[str] = None                     # the memory's SQLite file; None = {state dir}/memory.sqlite3
     memory_cache_entries: int = Field(0, ge=0)            # LRU cache of the model's translations per replica; 0 = off
 
     # models loaded on demand across a replica pool (ingress: separate; None = no pool)
@@ -289,6 +289,7 @@ def guard_settings(args: AppArgs, ingress: dict) -> dict:
                          protect_docs=args.protect_docs, protect_explorer=args.protect_explorer,
                          rate_limit=args.rate_limit,
                          max_streams_per_key=args.max_streams_per_key,
+                         key_secret_file=str((state_dir() / "key-secret").expanduser().resolve()),
                          gateway_replicas=n if isinstance(n, int) and n > 0 else 1).model_dump()
 
 
@@ -297,7 +298,7 @@ def client_settings(args: AppArgs) -> dict:
     an absolute path every replica of the node opens (created with its directory on first use)."""
     memory_file = None
     if args.suggestions:
-        memory_file = str(Path(args.memory_file or DEFAULT_MEMORY_FILE).expanduser().resolve())
+        memory_file = str(Path(args.memory_file or state_dir() / "memory.sqlite3").expanduser().resolve())
     return {"cors_origins": list(args.cors_origins), "memory_file": memory_file,
             "cache_entries": args.memory_cache_entries}
 

@@ -12,6 +12,7 @@ from service.api.services import Services
 from service.pipeline import LanguageGraph, Pipeline
 from service.protocol import TranslateJob, TranslateResponse
 from service.translator.langid import LanguageDetector
+from service.translator.memory import MemoryStore
 
 
 class FunctionBackend:
@@ -35,9 +36,11 @@ class FunctionBackend:
 
 def local_services(cards, run, engine: Optional[dict] = None, detector: Optional[LanguageDetector] = None,
                    glossaries: Optional[GlossaryClient] = None, guard: Optional[Guard] = None,
-                   store_dir: Optional[str] = None, pivot_lang: Optional[str] = "en") -> Services:
+                   store_dir: Optional[str] = None, pivot_lang: Optional[str] = "en",
+                   memory_file: Optional[str] = None) -> Services:
     """Services over ``cards`` whose translations are ``run(model, job)``; ``engine``: EngineConfig
-    fields of the limits; ``store_dir``: where documents are kept."""
+    fields of the limits; ``store_dir``: where documents are kept; ``memory_file``: the translation
+    memory's file (None: the memory is off)."""
     graph = LanguageGraph(list(cards), pivot_lang)
     backend = FunctionBackend(run)
     store = glossaries or GlossaryClient(GlossaryStore(""))
@@ -45,4 +48,5 @@ def local_services(cards, run, engine: Optional[dict] = None, detector: Optional
     return Services(graph=graph, pipeline=Pipeline(graph, backend, store, engine=engine), backend=backend,
                     detector=detector or LanguageDetector(), glossaries=store,
                     guard=guard or Guard(GuardSettings(), env=""), doc_settings=doc_settings,
-                    doc_store=DocumentStore(doc_settings))
+                    doc_store=DocumentStore(doc_settings),
+                    memory=MemoryStore(memory_file) if memory_file else None)

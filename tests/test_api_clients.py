@@ -15,7 +15,8 @@ from service.api import deepl
 from service.api.middleware.body import BodyMiddleware, read_fields
 from service.api.middleware.cors import CorsMiddleware
 from service.api.errors import LIBRE_PATHS, add_exception_handlers
-from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings, memory_scope
+from service.api.middleware.caller import caller_of
+from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings
 from service.pipeline.markup import HtmlText
 from service.api.libretranslate import read_admitted
 from service.api.suggest import frontend_settings
@@ -128,7 +129,7 @@ def make_client(guard: Guard, origins=("*",)) -> TestClient:
     async def translate(request: Request):
         fields = await read_fields(request, deepl.LIST_FIELDS, 400)
         body = deepl.parse(fields)
-        return {"texts": body.text, "scope": request.scope["state"].get("memory_scope")}
+        return {"texts": body.text, "scope": caller_of(request).scope}
 
     @app.post("/translate")
     async def libre(request: Request):
@@ -146,7 +147,8 @@ def make_client(guard: Guard, origins=("*",)) -> TestClient:
 
 
 def test_deepl_auth_key_is_a_service_key_and_403s_in_deepls_shape():
-    client = make_client(Guard(GuardSettings(), env="k1,k2"))
+    guard = Guard(GuardSettings(), env="k1,k2")
+    client, memory_scope = make_client(guard), guard.hasher.scope
     ok = client.post("/v2/translate", data={"text": ["a", "b"], "target_lang": "DE"},
                      headers={"Authorization": "DeepL-Auth-Key k1"})
     assert ok.status_code == 200 and ok.json() == {"texts": ["a", "b"], "scope": memory_scope("k1")}

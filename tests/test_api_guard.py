@@ -19,7 +19,6 @@ from service.api.middleware.guard import (
     GuardMiddleware,
     GuardSettings,
     RateLimit,
-    key_id,
     parse_keys,
 )
 from service.api.libretranslate import read_admitted
@@ -76,7 +75,7 @@ def make_client(guard: Guard) -> TestClient:
 def test_keys_401_without_or_with_a_wrong_key_200_with_a_right_one_on_both_routes():
     g = Guard(GuardSettings(), env=f" {KEY} ,{OTHER},")
     g.metrics = rec = Recorder()
-    c = make_client(g)
+    c, key_id = make_client(g), g.hasher.label
     r = c.post("/v1/translate", json={})
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert r.json()["error"]["type"] == "unauthorized" and r.json()["error"]["field"] == "Authorization"

@@ -10,6 +10,7 @@ import types
 import pydantic
 import pytest
 from conftest import build_tiny_checkpoint
+from local_services import local_services
 
 from service.api.glossaries import (
     GlossaryClient,
@@ -19,6 +20,7 @@ from service.api.glossaries import (
     resolve,
     scope_of,
 )
+from service.api.middleware.caller import Caller
 from service.api.schemas import TranslateRequest
 from service.protocol import (
     MAX_GLOSSARY_ENTRIES,
@@ -32,8 +34,6 @@ from service.protocol import (
 from service.replica import to_service_error
 from service.translator import Translator, model_card
 from service.translator.glossary import Glossary
-
-from local_services import local_services
 
 
 class Tok:
@@ -142,7 +142,7 @@ def test_store_loads_files_and_scopes_created_glossaries_by_key(tmp_path):
 
 def test_scope_is_the_key_id_or_shared():
     def req(who):
-        return types.SimpleNamespace(scope={"state": {"guard_decision": types.SimpleNamespace(who=who)}})
+        return types.SimpleNamespace(scope={"state": {"caller": Caller(who if who.startswith("k:") else "", who, who)}})
     assert scope_of(req("k:1a2b3c4d")) == "k:1a2b3c4d"
     assert scope_of(req("c:127.0.0.1")) == "" and scope_of(types.SimpleNamespace(scope={})) == ""
 
@@ -189,12 +189,12 @@ def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
 
 def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
     from model.config import ModelConfig
-    from service.api.routes import stores as G
     from service.api.glossaries import scope_of
+    from service.api.routes import stores as G
     from service.translator import ModelCard
 
     def req(who):
-        return types.SimpleNamespace(scope={"state": {"guard_decision": types.SimpleNamespace(who=who)}})
+        return types.SimpleNamespace(scope={"state": {"caller": Caller(who if who.startswith("k:") else "", who, who)}})
     card = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
     me = local_services([card], None, glossaries=GlossaryClient(GlossaryStore("")))
     alice, bob = req("k:aaaa"), req("k:bbbb")

@@ -39,7 +39,7 @@ from service.protocol import ServiceError
 
 from . import documents as routes
 from . import glossaries
-from .document_store import owner_of
+from .middleware.caller import caller_of
 from .schemas import ErrorResponse
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ async def upload(svc: "Services", request: Request) -> Response:
     except ServiceError as e:
         return message(e)
     job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
-    owner = owner_of(routes.request_key(request, up.fields)) if svc.guard.keys_on else None
+    owner = caller_of(request).owner
     record = {"status": "queued", "key": _hash(key), "owner": owner, "filename": up.filename, "total": len(doc.segments),
               "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
     await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
@@ -193,7 +193,7 @@ async def _job(svc: "Services", request: Request, job_id: str) -> dict:
         raise ServiceError(400, "Parameter 'document_key' not specified", "document_key")
     job = await asyncio.to_thread(svc.doc_store.get_job, job_id)
     if (job is None or not hmac.compare_digest(job["key"], _hash(key))
-            or (svc.guard.keys_on and job["owner"] != owner_of(routes.request_key(request)))):
+            or (svc.guard.keys_on and job["owner"] != caller_of(request).owner)):
         raise ServiceError(404, "Document not found: unknown document_id, wrong document_key, another API key, "
                                 f"or expired (kept {svc.doc_settings.ttl_s:g} s)", "document_id")
     if job["status"] in ("queued", "translating") and time.time() - job["updated"] > JOB_STALE_S:

@@ -13,12 +13,10 @@ does not exist: the answer says nothing about other keys' files).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import secrets
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.protocol import ServiceError
+from service.state import private_dir, private_file, state_dir
 
 ENV_DIR = "MT_DOCUMENTS_DIR"
 _NAME = re.compile(r"[A-Za-z0-9_-]{16,64}(\.[a-z0-9]{1,10})?")      # what a stored name looks like
@@ -35,19 +34,14 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{16,64}(\.[a-z0-9]{1,10})?")      # what a sto
 class DocumentSettings(BaseModel):
     """AppArgs.documents: where translated files are kept and for how long."""
     model_config = ConfigDict(extra="forbid")
-    store_dir: Optional[str] = None       # None: $MT_DOCUMENTS_DIR, else {tmp}/mt-documents (one node)
+    store_dir: Optional[str] = None       # None: $MT_DOCUMENTS_DIR, else {state dir}/documents (service/state.py)
     ttl_s: float = Field(3600.0, gt=0, allow_inf_nan=False)          # seconds a translated file is kept
     max_store_bytes: int = Field(1024 ** 3, ge=1)                    # all kept files together; oldest evicted
     chunk_segments: int = Field(16, ge=1, le=64)                     # segments per engine job (one turn)
     parallel_chunks: int = Field(2, ge=1, le=16)                     # a document's jobs in flight at once
 
     def directory(self) -> Path:
-        return Path(self.store_dir or os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / "mt-documents")
-
-
-def owner_of(key: Optional[str]) -> Optional[str]:
-    """The owner id of an API key (its SHA-256), or None without a key."""
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest() if key else None
+        return Path(self.store_dir or os.environ.get(ENV_DIR) or state_dir() / "documents")
 
 
 @dataclass
@@ -55,7 +49,7 @@ class StoredFile:
     name: str                  # the download name
     filename: str              # the uploaded file's name (Content-Disposition)
     media_type: str
-    owner: Optional[str]       # owner_of(the uploader's key), None when keys are off
+    owner: Optional[str]       # the uploader's scope (caller.Caller.owner), None when keys are off
     created: float             # time.time()
     expires: float
     size: int                  # bytes
@@ -68,13 +62,15 @@ class DocumentStore:
         self.files, self.jobs = self.root / "files", self.root / "jobs"
 
     def _ready(self) -> None:
-        self.files.mkdir(parents=True, exist_ok=True)
-        self.jobs.mkdir(parents=True, exist_ok=True)
+        for d in (self.root, self.files, self.jobs):
+            private_dir(d)
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
+        """``data`` as ``path``, whole or not at all, readable by the service's user only."""
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        tmp.write_bytes(data)
+        with open(private_file(tmp), "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
 
     # ---- files ----------------------------------------------------------------------------------

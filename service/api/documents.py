@@ -42,10 +42,11 @@ from service.protocol import (
 from service.translator.card import match_language
 
 from . import sse
-from .document_store import DocumentSettings, owner_of
+from .document_store import DocumentSettings
 from .errors import error_response, libre_error_response
 from .middleware.body import check_multipart
-from .middleware.guard import bearer, check_body_key
+from .middleware.caller import caller_of
+from .middleware.guard import check_body_key
 
 if TYPE_CHECKING:
     from .services import Services
@@ -235,20 +236,6 @@ async def detected_source(detector, doc: Document, field: str) -> str:
     return cands[0][0]
 
 
-def request_key(request: Request, fields: Optional[dict] = None) -> Optional[str]:
-    """The API key a request carries: Authorization Bearer or DeepL-Auth-Key, else an ``api_key``
-    field or query parameter (the guard has admitted it when keys are on)."""
-    auth = request.headers.get("authorization", "")
-    key = bearer({"authorization": auth}) or deepl_auth_key(auth)
-    return key or (fields or {}).get("api_key") or request.query_params.get("api_key") or None
-
-
-def deepl_auth_key(value: str) -> Optional[str]:
-    """The key of an ``Authorization: DeepL-Auth-Key <key>`` header value, else None."""
-    scheme, _, key = value.strip().partition(" ")
-    return key.strip() or None if scheme.lower() == "deepl-auth-key" else None
-
-
 def file_response(data: bytes, filename: str, media_type: str, headers: Optional[dict] = None) -> Response:
     """The file as an attachment (RFC 6266 / 5987 file name): the upload's base name only (RFC 6266
     section 4.3: no directories, "../../etc/passwd.txt" -> "passwd.txt"), without control characters."""
@@ -338,7 +325,7 @@ async def native(svc: "Services", request: Request) -> Response:
     if not stream:
         data, _ = await translated(svc, doc, model, target)
         return file_response(data, up.filename, media)
-    owner = owner_of(request_key(request)) if svc.guard.keys_on else None
+    owner = caller_of(request).owner
 
     async def work(progress) -> dict:
         data, _ = await translated(svc, doc, model, target, progress)
@@ -370,7 +357,7 @@ async def libre(svc: "Services", request: Request) -> Response:
         model, target = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
         request.state.model = model
         data, _ = await translated(svc, doc, model, target)
-        owner = owner_of(request_key(request, up.fields)) if svc.guard.keys_on else None
+        owner = caller_of(request).owner
         media = documents.FORMATS[documents.extension(up.filename)].media_type
         rec = await asyncio.to_thread(svc.doc_store.put, data, up.filename, media, owner)
     except ServiceError as e:
@@ -384,7 +371,7 @@ async def download(svc: "Services", request: Request, name: str) -> Response:
     denied = check_body_key(state, request.query_params.get("api_key"))
     if denied is not None:
         return error_response(denied.error, headers=denied.headers)
-    owner = owner_of(request_key(request)) if svc.guard.keys_on else None
+    owner = caller_of(request).owner
     try:
         rec, data = await asyncio.to_thread(svc.doc_store.get, name, owner, svc.guard.keys_on)
     except ServiceError as e:

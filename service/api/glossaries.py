@@ -42,6 +42,8 @@ from service.protocol import (
 )
 from service.translator.glossary import Glossary, check_entries
 
+from .middleware.caller import caller_of
+
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # what the document states of a term (GlossaryEntry's own validators give the messages)
 TERM_SCHEMA = {"minLength": 1, "maxLength": MAX_GLOSSARY_TERM_CHARS, "pattern": NOT_BLANK}
@@ -202,10 +204,8 @@ class GlossaryStore:
 
 
 def scope_of(request) -> str:
-    """The caller's scope: its API key's id when keys are on, else SHARED."""
-    decision = request.scope.get("state", {}).get("guard_decision")
-    who = getattr(decision, "who", "") or ""
-    return who if who.startswith("k:") else SHARED
+    """The caller's glossaries: its scope (``caller.Caller``) when keys are on, else SHARED."""
+    return caller_of(request).scope
 
 
 class GlossaryClient:

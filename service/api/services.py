@@ -19,6 +19,7 @@ from service.translator.memory import MemoryStore
 from . import glossaries
 from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .document_store import DocumentSettings, DocumentStore
+from .middleware.caller import caller_of
 from .middleware.guard import Guard, GuardSettings
 
 
@@ -76,7 +77,7 @@ class Services:
     def memory_scope(self, request: Request) -> Optional[str]:
         """The request's translation memory (``TranslateJob.memory_scope``): its key's, "" with keys
         off; None when the memory is off."""
-        return request.scope.get("state", {}).get("memory_scope", "") if self.memory is not None else None
+        return caller_of(request).scope if self.memory is not None else None
 
 
 def services(request: Request) -> Services:

@@ -24,10 +24,12 @@ from service.protocol import MAX_TEXT_CHARS, ServiceError
 from service.replica import mapped_errors
 from service.translator import ModelCard
 from service.translator.card import match_language
-from service.translator.memory import MemoryStore, memory_model
+from service.translator.memory import MemoryStore, memory_model, normalize
 
 from .errors import libre_error_response
 from .libretranslate import ignored_fields_header, pick, read_admitted
+from .memory import check_entries
+from .middleware.caller import caller_of
 from .schemas import check_unicode
 
 FRONTEND_TIMEOUT_MS = 500        # LibreTranslate's default: the page waits this long after typing
@@ -97,12 +99,15 @@ def _text_field(fields: dict, name: str) -> str:
     return value
 
 
-async def suggest(request: Request, graph: LanguageGraph, store: Optional[MemoryStore], scope: str) -> JSONResponse:
-    """POST /suggest (see the module docstring)."""
+async def suggest(request: Request, graph: LanguageGraph, store: Optional[MemoryStore]) -> JSONResponse:
+    """POST /suggest (see the module docstring): stored in the memory of the caller, which is known
+    once its key is checked (in the body, LibreTranslate's ``api_key``, or a header). Raises nothing:
+    errors are LibreTranslate's answers; 413 (as 400) past MAX_MEMORY_ENTRIES for the model and key."""
     try:
         fields, denied = await read_admitted(request)
         if denied is not None:
             return denied
+        scope = caller_of(request).scope
         if store is None:
             raise ServiceError(403, "Suggestions are disabled on this server.")
         q, s, source, target = (_text_field(fields, n) for n in ("q", "s", "source", "target"))
@@ -115,9 +120,11 @@ async def suggest(request: Request, graph: LanguageGraph, store: Optional[Memory
                                     f"language of q (one of {', '.join(sorted(sources))})", "source")
         card = pick(graph, match_language(source, sources), match_language(target, targets | sources), direct=True)
         request.state.model = card.id
+        model = memory_model(card.id, match_language(target, targets) if card.target_languages else None)
         with mapped_errors("memory"):     # a file that cannot be written: 503 naming it
-            store.put(memory_model(card.id, match_language(target, targets) if card.target_languages else None),
-                      scope, [(q, s)])
+            new = [] if store.lookup(model, scope, [normalize(q)]) else [(q, s)]
+            check_entries(new, store.count(model, scope))
+            store.put(model, scope, [(q, s)])
     except ServiceError as e:
         return libre_error_response(e)
     return JSONResponse({"success": True}, headers=ignored_fields_header(fields, SUGGEST_FIELDS))

@@ -32,6 +32,7 @@ from typing import Hashable, Iterable, Optional, Sequence
 from model.inference.search import Hypothesis
 from service.engine import GenerationOptions, RequestStats, TranslationResult
 from service.protocol import RETRY_AFTER_S, Unavailable
+from service.state import private_dir, private_file
 
 from .text import Piece, trim
 
@@ -97,7 +98,7 @@ class MemoryStore:
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_file(private_dir(self.path.parent) / self.path.name)   # SQLite's -wal and -shm take its mode
             conn = sqlite3.connect(self.path, timeout=SQLITE_TIMEOUT_S, check_same_thread=False,
                                    isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")

@@ -12,24 +12,27 @@ address when keys are off). Both are off by default (``GuardSettings()``).
     body that cannot be read (415, 413, unparsable) is a 401 there, before any other error.
     An Authorization header of another scheme than Bearer or DeepL-Auth-Key (Basic, ...) is a 401 on
     every keyed path; DeepL's paths (/v2/*, deepl.py) answer it, and a missing or wrong key, as 403
-    ``{"message": ...}``. ``Decision.scope`` (stored as ``scope["state"]["memory_scope"]``) names the
-    key's translation memory: a hash of the key, "" with keys off.
+    ``{"message": ...}``. The admitted request's ``Caller`` (caller.py: who is asking, the scope of
+    everything kept for it) is stored as ``scope["state"]["caller"]``.
+    Failed key checks draw from a bucket per client address (``failed_key_limit``): past it, 429 with
+    Retry-After instead of 401, so keys cannot be guessed at speed. /metrics, when it needs no key,
+    draws from a bucket per client address (``metrics_rate_limit``).
 
 Keys come from ``MT_API_KEYS`` (comma-separated) and ``api_keys_file`` (one per line, ``#`` comments,
 optional per-key limits ``KEY rate=2 burst=5``); the file is re-read when its mtime changes (checked at
 most every ``RELOAD_CHECK_S``) and on ``Guard.reload()``. Keys are compared with
-``hmac.compare_digest`` and never logged, counted or echoed: metrics and logs see a key id (``key_id``:
-the first 8 hex digits of its SHA-256).
+``hmac.compare_digest`` and never logged, counted or echoed: metrics and logs see a label, stores a
+scope, both keyed hashes of the key under the installation's secret (``caller.KeyHasher``).
 """
 from __future__ import annotations
 
 import collections
-import hashlib
 import hmac
 import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,6 +43,7 @@ from service.protocol import ServiceError
 from .. import deepl
 from ..errors import error_response, libre_error_response, route_path
 from ..explorer import cookie_key, is_explorer_path, key_page
+from .caller import ANONYMOUS, Caller, KeyHasher, anonymous, load_secret
 
 ENV_KEYS = "MT_API_KEYS"
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
@@ -49,7 +53,6 @@ BODY_KEY_PATHS = ("/translate", "/detect", "/translate_file", "/suggest")   # Li
 QUERY_KEY_PREFIXES = ("/download_file/",)    # routes that check the key themselves (Bearer or ?api_key=)
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
 METRICS_PATHS = frozenset({"/metrics"})
-ANONYMOUS = "anonymous"            # the metrics' key label when keys are off
 
 
 class RateLimit(BaseModel):
@@ -68,12 +71,12 @@ class GuardSettings(BaseModel):
     protect_explorer: bool = False            # the explorer page / and its files need a key too (when keys are on)
     rate_limit: Optional[RateLimit] = None    # per key (or client address); None = no limit
     max_streams_per_key: Optional[int] = Field(None, ge=1)   # open SSE streams per key (or client); None = no limit
+    # failed key checks per client address: past the bucket, 429 instead of 401; None = no limit
+    failed_key_limit: Optional[RateLimit] = RateLimit(rate_per_s=0.5, burst=20)
+    # GET /metrics per client address when it needs no key (a scrape every few seconds fits); None = no limit
+    metrics_rate_limit: Optional[RateLimit] = RateLimit(rate_per_s=5.0, burst=60)
+    key_secret_file: Optional[str] = None     # the secret of the keyed hashes (caller.load_secret); None: this process's
     gateway_replicas: int = Field(1, ge=1)    # set by build_app: each replica enforces 1/n of the limits
-
-
-def key_id(key: str) -> str:
-    """A short, stable, non-reversible id of a key for metrics and logs."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:8]
 
 
 def parse_keys(text: str, source: str) -> dict[str, Optional[RateLimit]]:
@@ -104,9 +107,13 @@ class Decision:
     """What the guard says about one request."""
     error: Optional[ServiceError]             # 401 / 429, or None: let it through
     headers: dict[str, str]                   # RateLimit-* (and Retry-After, WWW-Authenticate) to send
-    key: str                                  # the metrics label: a key id, ANONYMOUS, or missing/invalid
-    who: str = ""                             # whose streams it counts: "k:<key id>" or "c:<client address>"
-    scope: str = ""                           # the key's translation memory (memory_scope), "" with keys off
+    key: str                                  # the metrics label: a key's label, ANONYMOUS, or missing/invalid
+    caller: Optional[Caller] = None           # who is asking, once admitted
+
+    @property
+    def who(self) -> str:
+        """Whose streams it counts: "k:<label>" or "c:<client address>"."""
+        return self.caller.who if self.caller is not None else ""
 
 
 class Guard:
@@ -123,6 +130,8 @@ class Guard:
         self._buckets: collections.OrderedDict[str, Bucket] = collections.OrderedDict()
         self.streams: collections.Counter[str] = collections.Counter()   # open streams by Decision.who
         self.metrics = metrics     # service.metrics.GuardMetrics inside a replica; None: not counted
+        secret = self.settings.key_secret_file
+        self.hasher = KeyHasher(load_secret(Path(secret) if secret else None))
         self.reload()
 
     # ---- keys ------------------------------------------------------------------------------------
@@ -183,24 +192,50 @@ class Guard:
         return path not in OPEN_PATHS | DOCS_PATHS | METRICS_PATHS and not is_explorer_path(path)
 
     def admit(self, key: Optional[str], client: str, field: str = "Authorization") -> Decision:
-        """Check the key (when keys are on) and take one token. ``field`` is named in a 401's message."""
+        """Check the key (when keys are on) and take one token. ``field`` is named in a 401's message;
+        a client past ``failed_key_limit`` failed checks gets 429 instead."""
         if self.keys_on:
             stored = self.lookup(key)
             if stored is None:
+                throttled = self._failed_check(client)
+                if throttled is not None:
+                    return throttled
                 what = "no API key" if not key else "the API key is not valid"
                 return self.unauthorized(f"{field}: {what}; send 'Authorization: Bearer <key>'" +
                                          (" or the api_key field" if field == "api_key" else ""),
                                          field, "missing" if not key else "invalid")
-            label, bucket_id, limit = key_id(stored), "k:" + stored, self.keys[stored] or self.settings.rate_limit
-            who, scope = "k:" + label, memory_scope(stored)
+            caller = self.hasher.caller(stored)
+            bucket_id, limit = "k:" + caller.scope, self.keys[stored] or self.settings.rate_limit
         else:
-            label, bucket_id, limit = ANONYMOUS, "c:" + client, self.settings.rate_limit
-            who, scope = bucket_id, ""
+            caller = anonymous(client)
+            bucket_id, limit = caller.who, self.settings.rate_limit
         if limit is None:
-            return self._count(Decision(None, {}, label, who, scope), "allowed")
-        d = self._take(bucket_id, limit, label, who)
-        d.scope = scope
+            return self._count(Decision(None, {}, caller.label, caller), "allowed")
+        d = self._take(bucket_id, limit, caller.label, "key" if caller.scope else "client")
+        d.caller = caller
         return d
+
+    def _failed_check(self, client: str) -> Optional[Decision]:
+        """One failed key check of ``client``; a counted 429 once its ``failed_key_limit`` is spent."""
+        limit = self.settings.failed_key_limit
+        if limit is None:
+            return None
+        d = self._take("f:" + client, limit, "invalid", "failed key checks")
+        if d.error is None:
+            return None
+        d.error = ServiceError(429, f"API key: too many failed key checks from this address (at most "
+                                    f"{limit.burst}, then {limit.rate_per_s:g}/s); retry after "
+                                    f"{math.ceil(d.error.retry_after)} s", "Authorization",
+                               retry_after=d.error.retry_after, type="rate_limited")
+        return d
+
+    def metrics_scrape(self, client: str) -> Optional[Decision]:
+        """GET /metrics without a key: a counted 429 past ``metrics_rate_limit`` for ``client``, else None."""
+        limit = self.settings.metrics_rate_limit
+        if limit is None:
+            return None
+        d = self._take("m:" + client, limit, ANONYMOUS, "/metrics scrapes")
+        return d if d.error is not None else None
 
     # ---- concurrent streams ------------------------------------------------------------------------
     def open_stream(self, who: str, label: str = ANONYMOUS) -> Callable[[], None]:
@@ -235,7 +270,8 @@ class Guard:
         return self._count(Decision(ServiceError(401, message, field, type="unauthorized"),
                                     {"WWW-Authenticate": "Bearer"}, label), "unauthorized")
 
-    def _take(self, bucket_id: str, limit: RateLimit, label: str, who: str) -> Decision:
+    def _take(self, bucket_id: str, limit: RateLimit, label: str, what: str) -> Decision:
+        """One token from ``bucket_id``'s bucket; a 429 naming ``what`` is limited when it is empty."""
         n = self.settings.gateway_replicas
         rate, burst = limit.rate_per_s / n, max(1.0, limit.burst / n)
         now = self.clock()
@@ -251,22 +287,17 @@ class Guard:
         headers = {"RateLimit-Limit": str(int(burst)), "RateLimit-Remaining": str(int(b.tokens)),
                    "RateLimit-Reset": str(math.ceil((burst - b.tokens) / rate))}
         if ok:
-            return self._count(Decision(None, headers, label, who), "allowed")
+            return self._count(Decision(None, headers, label), "allowed")
         wait = (1 - b.tokens) / rate
         return self._count(Decision(ServiceError(
-            429, f"rate limit: at most {limit.rate_per_s:g} requests/s (bursts of {limit.burst}) for this "
-                 f"{'key' if label != ANONYMOUS else 'client'}; retry after {math.ceil(wait)} s",
-            retry_after=wait, type="rate_limited"), headers, label), "rate_limited")
+            429, f"rate limit: at most {limit.rate_per_s:g} requests/s (bursts of {limit.burst}) for this {what}; "
+                 f"retry after {math.ceil(wait)} s", retry_after=wait, type="rate_limited"), headers, label),
+            "rate_limited")
 
     def _count(self, d: Decision, decision: str) -> Decision:
         if self.metrics is not None:
             self.metrics.record(d.key, decision)
         return d
-
-
-def memory_scope(key: str) -> str:
-    """The translation memory's scope of a key: a hash no shorter than needed to keep keys apart."""
-    return hashlib.sha256(b"memory:" + key.encode("utf-8")).hexdigest()[:32]
 
 
 def bearer(headers: dict[str, str]) -> Optional[str]:
@@ -300,8 +331,14 @@ class GuardMiddleware:
             key = cookie_key(headers)      # a browser opening the page sends its key as a cookie
         client = (scope.get("client") or ("unknown",))[0]
         state["guard"], state["guard_client"] = guard, client
+        if not guard.keys_on:
+            state["caller"] = anonymous(client)
+        scrape = path in METRICS_PATHS and not (guard.keys_on and guard.needs_key(path))
+        d = guard.metrics_scrape(client) if scrape else None
+        if d is not None:
+            return await error_response(d.error, headers=d.headers)(scope, receive, send)
         if not auth and (path in BODY_KEY_PATHS or path.startswith(QUERY_KEY_PREFIXES)) and guard.keys_on:
-            pass        # LibreTranslate's api_key body field: the route checks it (libretranslate.py)
+            pass        # LibreTranslate's api_key body field: the route checks it first (check_body_key)
         elif (guard.needs_key(path) and guard.keys_on) or guard.limited(path):
             scheme = auth.split()[0] if auth else ""
             if guard.keys_on and guard.needs_key(path) and scheme and scheme.lower() not in ("bearer",
@@ -316,8 +353,7 @@ class GuardMiddleware:
                           key_page if is_explorer_path(path) else error_response)
                 resp: JSONResponse = render(d.error, headers=d.headers)
                 return await resp(scope, receive, send)
-            state["guard_headers"], state["guard_decision"] = d.headers, d
-            state["memory_scope"] = d.scope
+            state["guard_headers"], state["guard_decision"], state["caller"] = d.headers, d, d.caller
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start" and state.get("guard_headers"):
@@ -328,13 +364,14 @@ class GuardMiddleware:
 
 
 def check_body_key(state: dict, api_key: object) -> Optional[Decision]:
-    """For POST /translate without an Authorization header while keys are on: admit by the body's
-    ``api_key`` field. Returns the rejection, or None (headers stored for the middleware)."""
+    """For a route that reads its key from the body or the query (LibreTranslate's ``api_key``)
+    without an Authorization header while keys are on: admit by that key, deciding the request's
+    Caller. Returns the rejection, or None (headers stored for the middleware)."""
     guard: Optional[Guard] = state.get("guard")
     if guard is None or "guard_headers" in state or not guard.keys_on:
         return None
     d = guard.admit(api_key if isinstance(api_key, str) else None, state.get("guard_client", "unknown"), "api_key")
     if d.error is not None:
         return d
-    state["guard_headers"], state["memory_scope"] = d.headers, d.scope
+    state["guard_headers"], state["guard_decision"], state["caller"] = d.headers, d, d.caller
     return None

@@ -69,4 +69,4 @@ async def libre_suggest(request: Request, svc: Services = Depends(services)):
     """LibreTranslate: store ``s`` as the translation of ``q`` (``source`` -> ``target``) in the
     translation memory of that model (and of the caller's key): the next request holding ``q`` as
     a text or a sentence gets ``s`` on every route. ``{"success": true}``."""
-    return await suggest.suggest(request, svc.graph, svc.memory, svc.memory_scope(request) or "")
+    return await suggest.suggest(request, svc.graph, svc.memory)
