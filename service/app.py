@@ -137,6 +137,9 @@ class AppArgs(BaseModel):
     rate_limit: Optional[RateLimit] = None                # token bucket per key (or client address); None = off
     max_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)   # every request's deadline; the largest timeout_s
     max_streams_per_key: Optional[int] = Field(None, ge=1)  # open SSE streams per key (or client address); None = off
+    # failed key checks per client address before 429s; GET /metrics without a key per client (docs/deploy.md#security)
+    failed_key_limit: Optional[RateLimit] = GuardSettings.model_fields["failed_key_limit"].default
+    metrics_rate_limit: Optional[RateLimit] = GuardSettings.model_fields["metrics_rate_limit"].default
     # graceful shutdown (docs/deploy.md#graceful-shutdown-and-redeploys): how long a stopping replica
     # may finish what it accepted; None = max_timeout_s + 5 s, so every accepted request's deadline fits
     drain_timeout_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
@@ -155,7 +158,8 @@ class AppArgs(BaseModel):
     # models loaded on demand across a replica pool (ingress: separate; None = no pool)
     pool: Optional[PoolSpec] = None
 
-    @field_validator("models", "engine", "translator", "gateway", "rate_limit", "documents", "cors_origins", "pool",
+    @field_validator("models", "engine", "translator", "gateway", "rate_limit", "failed_key_limit",
+                     "metrics_rate_limit", "documents", "cors_origins", "pool",
                      mode="before")
     @classmethod
     def _json_text(cls, v: Any) -> Any:
@@ -288,7 +292,8 @@ def guard_settings(args: AppArgs, ingress: dict) -> dict:
     return GuardSettings(api_keys_file=keys_file, protect_metrics=args.protect_metrics,
                          protect_docs=args.protect_docs, protect_explorer=args.protect_explorer,
                          rate_limit=args.rate_limit,
-                         max_streams_per_key=args.max_streams_per_key,
+                         max_streams_per_key=args.max_streams_per_key, failed_key_limit=args.failed_key_limit,
+                         metrics_rate_limit=args.metrics_rate_limit,
                          key_secret_file=str((state_dir() / "key-secret").expanduser().resolve()),
                          gateway_replicas=n if isinstance(n, int) and n > 0 else 1).model_dump()
 
