@@ -203,3 +203,19 @@ def test_keyed_ids_need_the_installations_secret(tmp_path):
     assert mine.scope(A) == KeyHasher(secret).scope(A) != other.scope(A)       # stable here, unrelated elsewhere
     assert mine.scope(A) != mine.scope(B) and len(mine.scope(A)) == 32 and len(mine.label(A)) == 8
     assert A not in mine.scope(A) and mine.label(A) not in mine.scope(A)
+
+
+def test_download_urls_start_with_the_configured_public_url_whatever_the_headers_say(tmp_path):
+    async def run(model, job):
+        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
+            Translation(text=t, tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
+    svc = local_services([CARD], run, store_dir=str(tmp_path))
+    svc.doc_settings = svc.doc_settings.model_copy(update={"public_url": "https://mt.example.com/api"})
+    client = TestClient(build_app(svc))
+    forged = {"Host": "evil.example", "X-Forwarded-Proto": "http", "X-Forwarded-Host": "evil.example"}
+    r = client.post("/translate_file", files={"file": ("a.txt", b"Hallo.\n")}, data={"source": "de", "target": "en"},
+                    headers=forged)
+    assert r.status_code == 200 and r.json()["translatedFileUrl"].startswith("https://mt.example.com/api/download_file/")
+    plain = TestClient(build_app(local_services([CARD], run, store_dir=str(tmp_path))))
+    r = plain.post("/translate_file", files={"file": ("a.txt", b"Hallo.\n")}, data={"source": "de", "target": "en"})
+    assert r.json()["translatedFileUrl"].startswith("http://testserver/download_file/")     # the request's own

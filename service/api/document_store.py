@@ -39,6 +39,9 @@ class DocumentSettings(BaseModel):
     max_store_bytes: int = Field(1024 ** 3, ge=1)                    # all kept files together; oldest evicted
     chunk_segments: int = Field(16, ge=1, le=64)                     # segments per engine job (one turn)
     parallel_chunks: int = Field(2, ge=1, le=16)                     # a document's jobs in flight at once
+    # the service's public base URL ("https://mt.example.com"): download URLs start with it; None: built
+    # from the request (its Host header, and the scheme a proxy trusted by the ASGI server forwarded)
+    public_url: Optional[str] = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 
     def directory(self) -> Path:
         return Path(self.store_dir or os.environ.get(ENV_DIR) or state_dir() / "documents")

@@ -270,8 +270,11 @@ def progress_events(work: Callable[[Callable[[int, int], None]], Awaitable[dict]
     return gen()
 
 
-def stored_url(request: Request, name: str) -> str:
-    return str(request.base_url).rstrip("/") + "/download_file/" + name
+def stored_url(request: Request, name: str, settings: DocumentSettings) -> str:
+    """The download URL of a kept file: under ``settings.public_url`` when configured (never from
+    what the request's headers say), else under the request's own base URL."""
+    base = settings.public_url or str(request.base_url)
+    return base.rstrip("/") + "/download_file/" + name
 
 
 def truthy(value: Optional[str], field: str) -> bool:
@@ -330,7 +333,7 @@ async def native(svc: "Services", request: Request) -> Response:
     async def work(progress) -> dict:
         data, _ = await translated(svc, doc, model, target, progress)
         rec = await asyncio.to_thread(svc.doc_store.put, data, up.filename, media, owner)
-        return {"url": stored_url(request, rec.name), "filename": up.filename, "bytes": rec.size}
+        return {"url": stored_url(request, rec.name, svc.doc_settings), "filename": up.filename, "bytes": rec.size}
     decision = request.scope.get("state", {}).get("guard_decision")      # counted like any stream (or 429)
     release = svc.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)
     request.state.stream = True
@@ -362,7 +365,7 @@ async def libre(svc: "Services", request: Request) -> Response:
         rec = await asyncio.to_thread(svc.doc_store.put, data, up.filename, media, owner)
     except ServiceError as e:
         return libre_error_response(e)
-    return JSONResponse({"translatedFileUrl": stored_url(request, rec.name)})
+    return JSONResponse({"translatedFileUrl": stored_url(request, rec.name, svc.doc_settings)})
 
 
 async def download(svc: "Services", request: Request, name: str) -> Response:
