@@ -16,7 +16,6 @@ path), ``error_response`` (DeepL's error shape and statuses), ``DEEPL_PREFIX`` (
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import TYPE_CHECKING, Iterable, Literal, Optional
 
@@ -26,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from service.engine import GenerationOptions
 from service.pipeline import autodetect
 from service.pipeline.autodetect import NAMES
-from service.pipeline.markup import HtmlText
+from service.pipeline.texts import Texts
 from service.protocol import (
     ServiceError,
     TranslateJob,
@@ -200,11 +199,9 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
                                 f"here: {', '.join(c for t in sorted(targets) for c in deepl_codes(t, True))}",
                            "target_lang")
     # parsed (and rebuilt below) in a worker thread: a large fragment must not hold up the event loop
-    htmls = await asyncio.to_thread(lambda: [HtmlText(t, "text", f"text[{i}]") for i, t in enumerate(texts)]) \
-        if body.tag_handling else []
+    units = await Texts.read(texts, bool(body.tag_handling), "text", True)
     if body.source_lang is None or not body.source_lang.strip():
-        plain = [" ".join(h.segments) for h in htmls] if htmls else texts
-        detections = await autodetect.detect_texts(svc.detector, plain)
+        detections = await autodetect.detect_texts(svc.detector, units.plain())
         routed = autodetect.route(texts, detections, target, lambda lang: svc.graph.resolve(None, lang, target).id,
                                   "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
     else:
@@ -227,20 +224,13 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
             raise ServiceError(e.status, e.message, e.field,
                                type="glossary_not_found" if e.status == 404 else None) from None
     by_model = autodetect.groups(routed)
-    jobs = svc.pipeline.jobs(routed, lambda model, idx: svc.pipeline.deadline(_job(
-        [s for i in idx for s in htmls[i].segments] if htmls else [texts[i] for i in idx], target, body, len(idx), extra)))
+    jobs = svc.pipeline.jobs(routed, lambda model, idx: svc.pipeline.deadline(
+        _job(units.units(idx), target, body, len(idx), extra)))
     results = (await svc.pipeline.run_all(jobs)).values()
     out = list(texts)
     for idx, result in zip(by_model.values(), results):
-        k = 0
-        for i in idx:
-            if htmls:
-                n = len(htmls[i].segments)
-                out[i] = await asyncio.to_thread(htmls[i].rebuild, [t.text for t in result.translations[k:k + n]])
-                k += n
-            else:
-                out[i] = result.translations[k].text
-                k += 1
+        for i, text in zip(idx, await units.rebuilt(idx, result.translations)):
+            out[i] = text
     answer = []
     for text, translated, r in zip(texts, out, routed):
         item = {"detected_source_language": r.language.upper() if r.language != "und" else "", "text": translated}

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.engine import GenerationOptions
 from service.pipeline import LanguageGraph, autodetect
 from service.pipeline.autodetect import NAMES as LANGUAGE_NAMES
-from service.pipeline.markup import HtmlText
+from service.pipeline.texts import Texts
 from service.protocol import (
     MAX_BEAM_SIZE,
     MAX_GLOSSARY_ENTRIES,
@@ -301,12 +301,10 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
         if req.html:    # an HTML text's characters count its tags, as LibreTranslate's char_limit does
             autodetect.check_sizes(req.texts, "q", req.batch)
         # parsed in a worker thread: a large fragment must not hold up the replica's event loop
-        htmls = await asyncio.to_thread(lambda: [HtmlText(t, "q", f"q[{i}]" if req.batch else "q")
-                                                  for i, t in enumerate(req.texts)]) if req.html else []
+        units = await Texts.read(req.texts, req.html, "q", req.batch)
         if req.auto:
             autodetect.check_sizes(req.texts, "q", req.batch)
-            plain = [" ".join(h.segments) for h in htmls] if req.html else req.texts
-            detections = await autodetect.detect_texts(svc.detector, plain)
+            detections = await autodetect.detect_texts(svc.detector, units.plain())
             routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(svc.graph, lang, req.target).id,
                                       "q", "source", req.batch,
                                       "source languages " + ", ".join(sorted({c.source_lang for c in cards})))
@@ -316,7 +314,7 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
         request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
         scope = svc.memory_scope(request)
         jobs = svc.pipeline.jobs(routed, lambda model, idx: checked_job(
-            req, [s for i in idx for s in htmls[i].segments] if req.html else [req.texts[i] for i in idx],
+            req, units.units(idx),
             n_texts=len(idx), memory_scope=scope))
         results = list((await svc.pipeline.run_all({m: svc.pipeline.deadline(j) for m, j in jobs.items()})).values())
     except ServiceError as e:
@@ -327,9 +325,9 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
     alts: list[list[str]] = [[] for _ in req.texts]
     for idx, result in zip(by_model.values(), results):
         if req.html:    # rebuilding a large fragment, like parsing it, in a worker thread
-            await asyncio.to_thread(_answers, req, idx, htmls, result, out, alts)
+            await asyncio.to_thread(_answers, req, idx, units, result, out, alts)
         else:
-            _answers(req, idx, htmls, result, out, alts)
+            _answers(req, idx, units, result, out, alts)
     body: dict[str, object] = {"translatedText": out if req.batch else out[0]}
     if req.auto:
         detected = [{"confidence": r.confidence, "language": r.language} for r in routed]
@@ -342,24 +340,19 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
     return JSONResponse(body, headers=ignored_fields_header(fields))
 
 
-def _answers(req: LibreRequest, idx: list[int], htmls: list[HtmlText], result: TranslateResponse,
+def _answers(req: LibreRequest, idx: list[int], units: Texts, result: TranslateResponse,
              out: list[str], alts: list[list[str]]) -> None:
     """Fill ``out[i]`` and ``alts[i]`` for the texts ``idx`` that ``result`` translated (in order; with
     format=html, each text's segments in turn)."""
-    k = 0
-    for i in idx:
+    for i, segs in zip(idx, units.split(idx, result.translations)):
         if req.html:    # alternative j: each segment's hypothesis j + 2 (its best where it has fewer)
-            h = htmls[i]
-            segs = result.translations[k:k + len(h.segments)]
-            k += len(h.segments)
+            h = units.markup[i]
             out[i] = h.rebuild([t.text for t in segs])
             alts[i] = _unique([h.rebuild([(t.alternatives[j] if j < len(t.alternatives) else t).text for t in segs])
                                for j in range(req.alternatives)], out[i])
         else:
-            t = result.translations[k]
-            k += 1
-            out[i] = t.text
-            alts[i] = _unique([a.text for a in t.alternatives], t.text)[:req.alternatives]
+            out[i] = segs[0].text
+            alts[i] = _unique([a.text for a in segs[0].alternatives], segs[0].text)[:req.alternatives]
 
 
 async def detect(request: Request, detector: LanguageDetector) -> JSONResponse:
