@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from service.api import libretranslate
+from service.api.errors import add_exception_handlers
 from service.api.middleware.body import (
     MAX_BODY_BYTES,
     BodyMiddleware,
@@ -23,7 +24,6 @@ from service.api.middleware.body import (
     decode_body,
     inflate,
 )
-from service.api.errors import add_exception_handlers
 from service.protocol import ServiceError
 
 TEXT = "Ein Mann fährt Fahrrad. Zwei Hunde spielen im Schnee – „schön“ 🐶"

@@ -10,20 +10,20 @@ import pytest
 from conftest import build_tiny_checkpoint
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
+from local_services import local_services
 
 from service.api import deepl
-from service.api.middleware.body import BodyMiddleware, read_fields
-from service.api.middleware.cors import CorsMiddleware
 from service.api.errors import LIBRE_PATHS, add_exception_handlers
-from service.api.middleware.caller import caller_of
-from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings
-from service.pipeline.markup import HtmlText
+from service.api.fields import read_fields
 from service.api.libretranslate import read_admitted
+from service.api.middleware.body import BodyMiddleware
+from service.api.middleware.caller import caller_of
+from service.api.middleware.cors import CorsMiddleware
+from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings
 from service.api.suggest import frontend_settings
+from service.pipeline.markup import HtmlText
 from service.protocol import MAX_TEXT_CHARS, ServiceError
 from service.translator import ModelCard, Translator, model_card
-
-from local_services import local_services
 
 REQUEST = types.SimpleNamespace(scope={})     # what deepl.translate reads of a request: no key, no memory
 

@@ -8,8 +8,12 @@ import pytest
 import ray
 from ray.serve.exceptions import BackPressureError
 
-from service.api.errors import MAX_DETAILS, add_exception_handlers, error_response, libre_error_response
-from service.protocol import MAX_NAME_CHARS, shown
+from service.api.errors import (
+    MAX_DETAILS,
+    add_exception_handlers,
+    error_response,
+    libre_error_response,
+)
 from service.api.schemas import TranslateRequest
 from service.engine import (
     EngineError,
@@ -17,7 +21,13 @@ from service.engine import (
     EngineValidationError,
     QueueFullError,
 )
-from service.protocol import RETRY_AFTER_S, ErrorRecord, ServiceError
+from service.protocol import (
+    MAX_NAME_CHARS,
+    RETRY_AFTER_S,
+    ErrorRecord,
+    ServiceError,
+    shown,
+)
 from service.replica import mapped_errors, to_service_error
 
 
@@ -77,10 +87,9 @@ def test_body_errors_say_what_is_wrong():
     from pydantic import ValidationError
     from test_api_body import make_app
 
-    from service.api.middleware.body import FormFields
     from service.api.errors import JSON_TOO_DEEP, format_validation_error
     from service.api.libretranslate import parse
-    from service.api.schemas import TranslateRequest
+    from service.api.schemas import FormFields, TranslateRequest
     client = TestClient(make_app())
     deep = b"[" * 20_000 + b"]" * 20_000      # beyond the recursion limit, within the test app's body cap
     for path in ("/v1/translate", "/translate"):

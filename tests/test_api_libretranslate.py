@@ -10,7 +10,6 @@ from conftest import DATA, post, translate
 
 from model.config import ModelConfig
 from model.tokenizer import read_lines
-from service.api.middleware.body import FormFields
 from service.api.libretranslate import (
     MAX_IGNORED_NAMES,
     LibreRequest,
@@ -18,6 +17,7 @@ from service.api.libretranslate import (
     ignored_fields_header,
     parse,
 )
+from service.api.schemas import FormFields
 from service.engine import EngineConfig
 from service.engine.validation import ModelLimits
 from service.pipeline import LanguageGraph

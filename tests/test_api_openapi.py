@@ -51,7 +51,7 @@ def test_schemathesis_finds_nothing(service_url, tmp_path):
 
 def test_openapi_json_is_that_document(service_url):
     """The served document is the app's, with the LibreTranslate bodies' languages those served."""
-    from service.api import libretranslate
+    from service.api import libre_schemas
     from service.api.http import build_app
     served = httpx.get(service_url + "/openapi.json", timeout=30).json()
     langs = httpx.get(service_url + "/languages", timeout=30).json()
@@ -74,7 +74,7 @@ def test_openapi_json_is_that_document(service_url):
     assert all(attention[k]["anyOf"][0]["items"]["maximum"] >= 0 for k in ("layers", "heads"))
     served["components"]["schemas"]["AttentionOptions"] = local["components"]["schemas"]["AttentionOptions"]
     assert served == local
-    assert "enum" not in libretranslate.request_schema(libretranslate.LibreTranslateBody)["properties"]["source"]
+    assert "enum" not in libre_schemas.request_schema(libre_schemas.LibreTranslateBody)["properties"]["source"]
 
 
 def test_declared_statuses_and_content(service_url):
@@ -103,8 +103,8 @@ def test_405_carries_allow(service_url):
 
 def test_the_body_routes_the_middleware_knows_are_the_app_routes_with_a_body():
     """body.BODY_ROUTES (methods that take a body, per path the middleware decodes) equals the app's."""
-    from service.api.middleware.body import BODY_ROUTES, MEDIA_TYPES
     from service.api.http import build_app
+    from service.api.middleware.body import BODY_ROUTES, MEDIA_TYPES
     routes = {path: {m.upper() for m in ops} & {"POST", "PUT", "PATCH"}
               for path, ops in build_app(None).openapi()["paths"].items() if path in MEDIA_TYPES}
     assert routes == BODY_ROUTES

@@ -44,7 +44,7 @@ from service.translator.card import match_language
 from . import sse
 from .document_store import DocumentSettings
 from .errors import error_response, libre_error_response
-from .middleware.body import check_multipart
+from .fields import check_multipart
 from .middleware.caller import caller_of
 from .middleware.guard import check_body_key
 

@@ -5,7 +5,7 @@ the pydantic models, plus every rule that depends on what is served (``complete`
                         the smallest limits of all): beam_size and n_best <= min(MAX_BEAM_SIZE,
                         max_num_seqs, half the target vocabulary), max_new_tokens <= the model's,
                         attention layer and head indices below its counts; timeout_s <= max_timeout_s
-    /translate, /detect, /suggest, /translate_file   the served codes and pairs (libretranslate.request_schema)
+    /translate, /detect, /suggest, /translate_file   the served codes and pairs (libre_schemas.request_schema)
     /v2/translate, /v2/document                       DeepL's codes of the served languages and pairs
     /v1/documents, /translate_file, /v2/document      the file part's name (its extension picks the
                         format: ``encoding``), ``filename`` one of the supported extensions
@@ -28,7 +28,7 @@ from service.protocol import (
     ServiceError,
 )
 
-from . import deepl, libretranslate, suggest
+from . import deepl, libre_schemas, suggest
 
 UPLOAD_NAME = "document.txt"    # the file part's name the document declares (encoding: Content-Disposition)
 # a file name whose extension is a supported format (any case)
@@ -166,7 +166,7 @@ def _media(schema: dict, form: Optional[dict] = None) -> dict:
 
 
 def _lang_enums(props: dict, svc, source: str, target: str, auto: bool) -> None:
-    """source/target of a LibreTranslate-shaped form: the served codes (the pairs: libretranslate.request_schema)."""
+    """source/target of a LibreTranslate-shaped form: the served codes (the pairs: libre_schemas.request_schema)."""
     cards = list(svc.graph.cards.values())
     props[source] = {**props[source], "enum": sorted({c.source_lang for c in cards}) + (["auto"] if auto else [])}
     props[target] = {**props[target], "enum": sorted({t for c in cards for t in c.targets})}
@@ -270,9 +270,9 @@ def complete(doc: dict, svc) -> dict:
     paths = doc["paths"]
     cards = list(svc.graph.cards.values()) if svc is not None else []
     seqs = {m: l.max_num_seqs for m, l in svc.pipeline.limits.items() if hasattr(l, "max_num_seqs")} if svc else {}
-    for path, model in (("/translate", libretranslate.LibreTranslateBody), ("/detect", libretranslate.LibreDetectBody)):
-        paths[path]["post"]["requestBody"] = libretranslate.openapi_request_body(model, cards, seqs)
-    paths["/suggest"]["post"]["requestBody"] = libretranslate.openapi_request_body(suggest.SuggestBody, cards, seqs,
+    for path, model in (("/translate", libre_schemas.LibreTranslateBody), ("/detect", libre_schemas.LibreDetectBody)):
+        paths[path]["post"]["requestBody"] = libre_schemas.openapi_request_body(model, cards, seqs)
+    paths["/suggest"]["post"]["requestBody"] = libre_schemas.openapi_request_body(suggest.SuggestBody, cards, seqs,
                                                                                   auto=False)
     dl = deepl_translate_schema(svc)
     paths["/v2/translate"]["post"]["requestBody"] = _media(dl, form_of(dl))

@@ -1,6 +1,7 @@
 """The HTTP API's own pydantic models: requests (strict types: a beam_size of "4" or 4.5 is a 422, not
 silently coerced; unknown fields are rejected, so nothing a client sends is ignored), errors, models
-and languages. A request becomes a ``TranslateJob`` (``service/protocol.py``), whose answer
+and languages, and ``validate``: fields checked against a model, errors naming the field and its
+limits. A request becomes a ``TranslateJob`` (``service/protocol.py``), whose answer
 ``TranslateResponse`` is the response body; the service-wide limits live there too, and what one model
 accepts in ``service.engine.validation.ModelLimits``. What needs tokenization (a sentence over the
 model's window) is the translator's: it cuts such a sentence, and no count of tokens or sentences is refused.
@@ -8,7 +9,7 @@ model's window) is the translator's: it cuts such a sentence, and no count of to
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 from pydantic import (
     BaseModel,
@@ -16,6 +17,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -35,10 +37,12 @@ from service.protocol import (
     NOT_BLANK,
     AttentionSelection,
     GenerationOptions,
+    ServiceError,
     TranslateJob,
     shown,
 )
 
+from .errors import format_validation_error
 from .glossaries import GlossaryEntry
 
 
@@ -339,3 +343,57 @@ def check_unicode(texts: list[str], field: str) -> None:
             where = f"{field}[{i}]" if len(texts) > 1 else field
             raise ValueError(f"{where}: not valid Unicode: a lone surrogate (U+{ord(t[e.start]):04X}) "
                              f"at character {e.start}") from None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# ---- validating fields against a model ------------------------------------------------------------
+class FormFields(dict):
+    """Fields that came as text (a form, or the query string alone): ``validate`` lets the model
+    read "2" as a number and an empty field as its default (validation context ``{"form": True}``)."""
+
+
+def field_limits(model: type[BaseModel], name: str) -> str:
+    """The limits of a model's field as a message states them ("0 <= alternatives <= 15", "at most
+    100 items"), or "" when it has none."""
+    info = model.model_fields.get(name)
+    if info is None:
+        return ""
+    parts, low, high = [], None, None
+    for m in info.metadata:
+        for attr, op in (("ge", "<="), ("gt", "<")):
+            if getattr(m, attr, None) is not None:
+                low = f"{getattr(m, attr)} {op} "
+        for attr, op in (("le", "<="), ("lt", "<")):
+            if getattr(m, attr, None) is not None:
+                high = f" {op} {getattr(m, attr)}"
+        if getattr(m, "min_length", None) is not None:
+            parts.append(f"length >= {m.min_length}")
+        if getattr(m, "max_length", None) is not None:
+            parts.append(f"length <= {m.max_length}")
+    if low or high:
+        parts.insert(0, f"{low or ''}{name}{high or ''}")
+    return "; ".join(parts)
+
+
+def validate(model: type[M], fields: object, status: int = 422) -> M:
+    """``fields`` (``read_fields``, or a decoded JSON body) validated by the pydantic ``model`` (with
+    FormFields, in the validation context ``{"form": True}``: a model may read text as a number).
+    Raises ServiceError ``status`` naming the first invalid field, what is wrong and the field's
+    limits (``errors.format_validation_error`` + ``field_limits``); a ValueError or OverflowError
+    raised while converting is that error too, never a 500."""
+    try:
+        return model.model_validate(fields, context={"form": isinstance(fields, FormFields)})
+    except ValidationError as e:
+        errors = e.errors()
+        field, message = format_validation_error(errors[0])
+        if errors[0].get("type") == "missing":
+            message = f"Invalid request: missing {field} parameter (required)"
+        top = field.split(".")[0].split("[")[0]
+        limits = field_limits(model, top)
+        if limits and errors[0].get("type") != "missing":
+            message += f" (allowed: {limits})"
+        raise ServiceError(status, message, field) from None
+    except (ValueError, OverflowError) as e:
+        raise ServiceError(status, f"body: {e}", "body") from None

@@ -41,11 +41,10 @@ import re
 import sys
 import urllib.parse
 import zlib
-from typing import Iterator, Optional, TypeVar
+from typing import Iterator, Optional
 
-from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from service.protocol import ServiceError, shown
 
@@ -55,10 +54,9 @@ from ..errors import (
     LIBRE_PATHS,
     deepl_error_response,
     error_response,
-    format_validation_error,
     route_path,
 )
-from ..schemas import TranslateRequest
+from ..schemas import TranslateRequest, validate
 from .guard import BODY_KEY_PATHS, check_body_key
 
 MAX_BODY_BYTES = 4 * 1024 * 1024   # bytes of a request body, as sent and once decoded (64 texts of
@@ -77,7 +75,6 @@ JSON_KEY_PATHS = frozenset(MEDIA_TYPES)     # routes whose JSON bodies are check
 # The methods that take a body on each path of MEDIA_TYPES; another method is left to the router (405).
 BODY_ROUTES = {"/v1/translate": {"POST"}, "/translate": {"POST"}, "/detect": {"POST"}, "/suggest": {"POST"},
                "/v2/translate": {"POST"}, "/v1/memory": {"PUT"}}
-M = TypeVar("M", bound=BaseModel)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # The charsets honoured, as codecs.lookup() names them: character encodings only, never Python's
 # transform codecs (unicode_escape, idna, punycode, undefined, utf-7, ...).
@@ -96,7 +93,7 @@ def parse_content_type(value: str) -> tuple[str, dict[str, str]]:
     return media.strip().lower(), out
 
 
-def _is_json(media: str) -> bool:
+def is_json(media: str) -> bool:
     return media == JSON or (media.startswith("application/") and media.endswith("+json"))
 
 
@@ -160,7 +157,7 @@ def transcode(body: bytes, media: str, charset: str) -> bytes:
 def check_media_type(path: str, media: str) -> None:
     """Raises ServiceError 415 when ``path`` takes only other media types (MEDIA_TYPES)."""
     accepted = MEDIA_TYPES.get(path)
-    if accepted is None or not media or media in accepted or (JSON in accepted and _is_json(media)):
+    if accepted is None or not media or media in accepted or (JSON in accepted and is_json(media)):
         return
     raise ServiceError(415, f"Content-Type: {path} takes {' or '.join(accepted)}, got {media}", "Content-Type")
 
@@ -279,168 +276,6 @@ def check_long_integers(path: str, decoded: object) -> None:
                             "takes one", too_long)
 
 
-# ---- the one reading of a route's fields ---------------------------------------------------------------
-Fields = dict[str, object]      # a JSON body's members, or form fields (str, or list[str] when repeated)
-FORM_TYPES = (FORM, MULTIPART)
-
-
-class FormFields(dict):
-    """Fields that came as text (a form, or the query string alone): ``validate`` lets the model
-    read "2" as a number and an empty field as its default (validation context ``{"form": True}``)."""
-
-
-async def read_fields(request: Request, repeatable: tuple[str, ...] = ("q",), status: int = 400,
-                      single: Optional[tuple[str, ...]] = None) -> Fields:
-    """A request's fields: the members of a JSON object body, or the fields of a form body
-    (application/x-www-form-urlencoded or multipart/form-data, read as UTF-8; a field in
-    ``repeatable`` given several times is a list, its line endings CR LF and CR made LF), plus the
-    query string's parameters (a FormFields unless the body is JSON). Raises ServiceError (``status``
-    for what the client sent wrong; 415 for a body of another media type): a JSON body that is not an
-    object, a field of ``single`` (None: every field but ``repeatable``) given twice (one value would
-    be dropped; other fields, which the route does not read, are kept as lists), a field in both the
-    query string and the body, an uploaded file, a multipart body without its closing boundary, a
-    JSON error of ``load_json``."""
-    media = parse_content_type(request.headers.get("content-type", ""))[0]
-    query = _grouped(request.query_params.multi_items(), "query parameter", repeatable, status, single)
-    raw = await request.body()
-    if _is_json(media):
-        try:
-            body = load_json(raw or b"null")
-        except ServiceError as e:
-            raise ServiceError(status, e.message, e.field) from None
-        if not isinstance(body, dict):
-            raise ServiceError(status, "Invalid JSON format: the body must be a JSON object of fields", "body")
-        return _merged(query, body, status)
-    if media not in FORM_TYPES:
-        if raw:
-            raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {media or 'missing'}; "
-                                    f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
-        return FormFields(query)
-    if media == MULTIPART:
-        check_multipart(request.headers.get("content-type", ""), raw, status)
-        form = await request.form()
-        pairs = form.multi_items()
-        for k, v in pairs:
-            if not isinstance(v, str):      # an uploaded file: never read as the field's text
-                raise ServiceError(status, f"Invalid request: form field {shown(k)} was sent as a file "
-                                           f"({v.filename or 'no name'}); send it as a text field", k)
-    else:
-        # Decoded as UTF-8 ourselves: clients (curl -d) send raw UTF-8 bytes unescaped, and a Latin-1
-        # reading would garble them.
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ServiceError(status, "Invalid request: the form body is not valid UTF-8", "body") from None
-        try:  # percent-escapes must decode to UTF-8 too
-            pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
-        except UnicodeDecodeError:
-            raise ServiceError(status, "Invalid request: a form field is not valid UTF-8 once percent-decoded",
-                               "body") from None
-    return FormFields(_merged(query, _grouped(pairs, "form field", repeatable, status, single), status))
-
-
-def _merged(query: Fields, body: Fields, status: int) -> Fields:
-    """The body's fields and the query string's: a field in both is refused (one would be dropped)."""
-    both = sorted(set(query) & set(body))
-    if both:
-        raise ServiceError(status, f"Invalid request: {shown(both[0])} given in both the query string and the body; "
-                                   "send it once", both[0])
-    return {**query, **body}
-
-
-def _grouped(pairs, what: str, repeatable: tuple[str, ...], status: int,
-             single: Optional[tuple[str, ...]] = None) -> Fields:
-    """Fields from (name, value) pairs (see ``read_fields``)."""
-    grouped: dict[str, list[str]] = {}
-    for k, v in pairs:
-        grouped.setdefault(k, []).append(v)
-    fields: Fields = {}
-    for key, values in grouped.items():
-        if key in repeatable:
-            values = [v.replace("\r\n", "\n").replace("\r", "\n") for v in values]
-            fields[key] = values if len(values) > 1 else values[0]
-        elif len(values) > 1 and (single is None or key in single):
-            raise ServiceError(status, f"Invalid request: {what} {shown(key)} given {len(values)} times; send it once",
-                               key)
-        elif len(values) > 1:
-            fields[key] = values
-        else:
-            fields[key] = values[0]
-    return fields
-
-
-def check_multipart(content_type: str, raw: bytes, status: int) -> None:
-    """Raises ServiceError for a multipart body without a boundary parameter or its closing delimiter
-    (``--boundary--``): a truncated body is not read as an empty form."""
-    boundary = parse_content_type(content_type)[1].get("boundary", "")
-    if not boundary:
-        raise ServiceError(status, "Invalid request: the multipart/form-data body is malformed: its Content-Type has "
-                                   "no boundary parameter", "body")
-    if b"--" + boundary.encode("latin-1", "replace") + b"--" not in raw:
-        raise ServiceError(status, f"Invalid request: the multipart/form-data body is malformed: no closing boundary "
-                                   f"'--{boundary[:70]}--' (truncated?)", "body")
-
-
-def field_limits(model: type[BaseModel], name: str) -> str:
-    """The limits of a model's field as a message states them ("0 <= alternatives <= 15", "at most
-    100 items"), or "" when it has none."""
-    info = model.model_fields.get(name)
-    if info is None:
-        return ""
-    parts, low, high = [], None, None
-    for m in info.metadata:
-        for attr, op in (("ge", "<="), ("gt", "<")):
-            if getattr(m, attr, None) is not None:
-                low = f"{getattr(m, attr)} {op} "
-        for attr, op in (("le", "<="), ("lt", "<")):
-            if getattr(m, attr, None) is not None:
-                high = f" {op} {getattr(m, attr)}"
-        if getattr(m, "min_length", None) is not None:
-            parts.append(f"length >= {m.min_length}")
-        if getattr(m, "max_length", None) is not None:
-            parts.append(f"length <= {m.max_length}")
-    if low or high:
-        parts.insert(0, f"{low or ''}{name}{high or ''}")
-    return "; ".join(parts)
-
-
-def validate(model: type[M], fields: object, status: int = 422) -> M:
-    """``fields`` (``read_fields``, or a decoded JSON body) validated by the pydantic ``model`` (with
-    FormFields, in the validation context ``{"form": True}``: a model may read text as a number).
-    Raises ServiceError ``status`` naming the first invalid field, what is wrong and the field's
-    limits (``errors.format_validation_error`` + ``field_limits``); a ValueError or OverflowError
-    raised while converting is that error too, never a 500."""
-    try:
-        return model.model_validate(fields, context={"form": isinstance(fields, FormFields)})
-    except ValidationError as e:
-        errors = e.errors()
-        field, message = format_validation_error(errors[0])
-        if errors[0].get("type") == "missing":
-            message = f"Invalid request: missing {field} parameter (required)"
-        top = field.split(".")[0].split("[")[0]
-        limits = field_limits(model, top)
-        if limits and errors[0].get("type") != "missing":
-            message += f" (allowed: {limits})"
-        raise ServiceError(status, message, field) from None
-    except (ValueError, OverflowError) as e:
-        raise ServiceError(status, f"body: {e}", "body") from None
-
-
-async def parse_body(request: Request, model: type[M], status: int = 422, repeatable: tuple[str, ...] = (),
-                     single: Optional[tuple[str, ...]] = None) -> M:
-    """The one way a route reads its request: ``read_fields`` (JSON, form or multipart, plus the query
-    string) validated by ``model`` (``validate``). Raises ServiceError ``status`` (415 for another
-    media type) naming the field and its limit. For routes that FastAPI does not parse (DeepL's
-    /v2/translate, document uploads): ``item = await parse_body(request, DeepLBody, 400)``; the
-    OpenAPI document gets it through ``openapi_request_body(model.model_json_schema())``."""
-    return validate(model, await read_fields(request, repeatable, status, single), status)
-
-
-def openapi_request_body(schema: dict, media_types: tuple[str, ...] = (JSON, FORM, MULTIPART)) -> dict:
-    """An OpenAPI requestBody: ``schema`` (a JSON Schema without $defs) under each media type."""
-    return {"required": True, "content": {m: {"schema": schema} for m in media_types}}
-
-
 def render(path: str, err: ServiceError, headers: Optional[dict] = None) -> JSONResponse:
     """The error in the route's shape (LibreTranslate: ``{"error": message}``, invalid bytes as 400)."""
     if path in LIBRE_PATHS:
@@ -477,7 +312,7 @@ class BodyMiddleware:
             if body is None:
                 return                  # the client disconnected before its body was complete
             body, ctype = decode_body(path, headers, body, self.cap)
-            if path in JSON_KEY_PATHS and _is_json(parse_content_type(ctype)[0]) and body:
+            if path in JSON_KEY_PATHS and is_json(parse_content_type(ctype)[0]) and body:
                 check_long_integers(path, load_json(body))
         except ServiceError as e:
             # API keys on, no Authorization header, /translate: no readable api_key field -> 401 first

@@ -1,5 +1,5 @@
 """The OpenAPI ``responses`` tables that the routers of several modules share."""
-from ..libretranslate import LibreError
+from ..libre_schemas import LibreError
 from ..schemas import ErrorResponse
 
 # The OpenAPI responses of each route: every status it answers, with its body schema.

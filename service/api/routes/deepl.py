@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse
 from service.protocol import ServiceError
 from service.replica import mapped_errors
 
-from .. import deepl, libretranslate
-from ..middleware import body as body_module
+from .. import deepl, libre_schemas
+from .. import fields as fields_module
 from ..services import Services, services
 from .common import RETRY_HEADERS
 
@@ -27,12 +27,12 @@ router = APIRouter()
                                         413: {"description": "a text or the body over its limit"},
                                         429: {"description": "over the rate limit"},
                                         503: {"description": "overloaded or loading", "headers": RETRY_HEADERS}},
-             openapi_extra={"requestBody": libretranslate.openapi_request_body(deepl.DeepLTranslateBody)})
+             openapi_extra={"requestBody": libre_schemas.openapi_request_body(deepl.DeepLTranslateBody)})
 async def deepl_translate(request: Request, svc: Services = Depends(services)):
     """DeepL: translate ``text`` (repeated) into ``target_lang`` (``source_lang`` absent: detected),
     ``tag_handling`` html|xml, ``split_sentences`` 0|1|nonewlines; answers ``{"translations": [...]}``."""
     try:
-        fields = await body_module.read_fields(request, deepl.LIST_FIELDS, 400, single=deepl.SINGLE_FIELDS)
+        fields = await fields_module.read_fields(request, deepl.LIST_FIELDS, 400, single=deepl.SINGLE_FIELDS)
     except ServiceError as e:
         return deepl.error_response(e)
     body = deepl.parse(fields)
@@ -54,7 +54,7 @@ def _count_usage(request: Request, svc: Services, chars: int) -> None:
 @router.post("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
 async def deepl_languages(request: Request, svc: Services = Depends(services)):
     """DeepL: ``[{"language", "name"(, "supports_formality")}]`` for ``type`` source (default) or target."""
-    fields = await body_module.read_fields(request, (), 400)     # the query, or a form body (the client sends
+    fields = await fields_module.read_fields(request, (), 400)     # the query, or a form body (the client sends
     kind = deepl.source_or_target(fields.get("type"))      # one with GET too)
     return deepl.languages(svc.graph.cards.values(), kind)
 

@@ -5,7 +5,7 @@
 """
 from fastapi import APIRouter, Depends, Request
 
-from .. import deepl_documents, documents, libretranslate
+from .. import deepl_documents, documents, libre_schemas
 from ..schemas import ErrorResponse
 from ..services import Services, services
 from .common import LIBRE_ERRORS, NATIVE_ERRORS, error_responses
@@ -25,7 +25,7 @@ async def translate_document(request: Request, svc: Services = Depends(services)
 
 
 @router.post("/translate_file", response_model=documents.TranslatedFileUrl, responses={
-              **LIBRE_ERRORS, **error_responses(libretranslate.LibreError, {
+              **LIBRE_ERRORS, **error_responses(libre_schemas.LibreError, {
                   404: "source auto: the document's language cannot be told, or no model translates it"})},
           openapi_extra={"requestBody": documents.OPENAPI_LIBRE})
 async def libre_translate_file(request: Request, svc: Services = Depends(services)):

@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse
 
 from service.protocol import ServiceError
 
-from .. import libretranslate, suggest
+from .. import fields as fields_module
+from .. import libre_schemas, libretranslate, suggest
 from ..errors import libre_error_response
-from ..middleware import body as body_module
 from ..schemas import LibreLanguage
 from ..services import Services, services
 from .common import LIBRE_ERRORS, error_responses
@@ -28,19 +28,19 @@ async def languages(request: Request, svc: Services = Depends(services)):
     a pivot language too, named in ``via``). It reads no parameter: any sent is named in the
     X-Ignored-Fields header."""
     try:
-        fields = await body_module.read_fields(request, (), 400, single=())
+        fields = await fields_module.read_fields(request, (), 400, single=())
     except ServiceError as e:
         return libre_error_response(e)
     langs = libretranslate.languages(svc.graph.cards.values(), svc.graph.pivots.values())
     return JSONResponse([lang.model_dump(exclude_none=True) for lang in langs],
                         headers=libretranslate.ignored_fields_header(fields, ()))
 
-@router.post("/translate", response_model=libretranslate.LibreTranslateAnswer, responses={
-              **LIBRE_ERRORS, **error_responses(libretranslate.LibreError, {
+@router.post("/translate", response_model=libre_schemas.LibreTranslateAnswer, responses={
+              **LIBRE_ERRORS, **error_responses(libre_schemas.LibreError, {
                   404: "glossary_id names no stored glossary, or source auto finds no model for the text's "
                        "language",
                   409: "glossary_id names a glossary of other languages than the model's"})},
-          openapi_extra={"requestBody": libretranslate.openapi_request_body()})   # languages: openapi_document
+          openapi_extra={"requestBody": libre_schemas.openapi_request_body()})   # languages: openapi_document
 async def libre_translate(request: Request, svc: Services = Depends(services)):
     """LibreTranslate: ``q`` (string or list), ``source`` (a code, or ``auto``: each text's language
     detected), ``target``, ``format`` (text|html), ``alternatives``, ``api_key`` as JSON,
@@ -49,8 +49,8 @@ async def libre_translate(request: Request, svc: Services = Depends(services)):
     """
     return await libretranslate.translate(request, svc)
 
-@router.post("/detect", response_model=list[libretranslate.LibreDetection], responses=LIBRE_ERRORS,
-          openapi_extra={"requestBody": libretranslate.openapi_request_body(libretranslate.LibreDetectBody)})
+@router.post("/detect", response_model=list[libre_schemas.LibreDetection], responses=LIBRE_ERRORS,
+          openapi_extra={"requestBody": libre_schemas.openapi_request_body(libre_schemas.LibreDetectBody)})
 async def libre_detect(request: Request, svc: Services = Depends(services)):
     """LibreTranslate: the language of ``q`` (a string; a list: each language's mean over the
     texts) as ``[{"confidence": 0-100, "language": code}]``, best first; ``[{"confidence": 0.0,
@@ -63,8 +63,8 @@ async def frontend_settings(svc: Services = Depends(services)):
     return suggest.frontend_settings(list(svc.graph.cards.values()), svc.guard.keys_on, svc.memory is not None)
 
 @router.post("/suggest", response_model=suggest.SuggestAnswer, responses={**LIBRE_ERRORS, **error_responses(
-              libretranslate.LibreError, {403: "suggestions are off on this server (suggestions: false)"})},
-          openapi_extra={"requestBody": libretranslate.openapi_request_body(suggest.SuggestBody)})
+              libre_schemas.LibreError, {403: "suggestions are off on this server (suggestions: false)"})},
+          openapi_extra={"requestBody": libre_schemas.openapi_request_body(suggest.SuggestBody)})
 async def libre_suggest(request: Request, svc: Services = Depends(services)):
     """LibreTranslate: store ``s`` as the translation of ``q`` (``source`` -> ``target``) in the
     translation memory of that model (and of the caller's key): the next request holding ``q`` as
