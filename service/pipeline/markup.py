@@ -1,7 +1,8 @@
-"""LibreTranslate's ``format=html``: translate the text of an HTML fragment and keep its markup."""
+"""Text with markup (LibreTranslate's ``format=html``, DeepL's ``tag_handling``, HTML documents):
+the text of an HTML fragment translated, its markup kept (``HtmlText``); where the elements go in a
+translation: ``placement.py``."""
 from __future__ import annotations
 
-import bisect
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from typing import Optional, Union
 
 from service.protocol import ServiceError
 from service.translator.text import has_text
+
+from .placement import WordBounds, empty_at, find, words_at
 
 MAX_INLINE_DEPTH = 100     # inline elements inside one another around a sentence (deeper: 413)
 _LOOKAHEAD = 100           # characters of the text after an empty element read to place it (its next word)
@@ -140,7 +143,7 @@ class HtmlText:
     sentence) and its children are looked for in the parent's words instead. Text is never repeated.
     An inline element without visible text (``<a id=x></a>``), or a comment inside the run, stays at
     the run's edges where it is one, next to a placed sibling it follows, else goes next to its word
-    (``_empty_at``). Other text nodes are translated one by
+    (``empty_at``). Other text nodes are translated one by
     one. Whitespace inside a text (the line breaks and tabs of indented HTML) is collapsed to single
     spaces for the translator, so a sentence broken over lines stays one sentence; the whitespace before
     and after it is kept. Tags (their attribute values included), comments, declarations and the content
@@ -264,13 +267,13 @@ class HtmlText:
                     if isinstance(prev, Element) and not following[:1].strip():
                         at = pos
                     else:
-                        words = words or _WordBounds(whole)
-                        at = _empty_at(whole, pos, following, done / total, words)
+                        words = words or WordBounds(whole)
+                        at = empty_at(whole, pos, following, done / total, words)
                     out += [escape(whole[pos:at], quote=False), _raw([n])]
                     pos, prev = at, n
                     continue
-                span = _find(low, tr[self._seg[id(n)]], pos) if id(n) in self._seg else None
-                span = span or _words_at(whole, pos, (done - size) / total, done / total)
+                span = find(low, tr[self._seg[id(n)]], pos) if id(n) in self._seg else None
+                span = span or words_at(whole, pos, (done - size) / total, done / total)
                 if span is None:     # no words for it: its tags stay, empty, here; its children looked for here
                     out.append(n.start + n.end)
                     push(n.children)
@@ -386,67 +389,3 @@ def _space_around(raw: str) -> tuple[str, str]:
     lead = space.index(False)
     trail = space[::-1].index(False)
     return "".join(pieces[:lead]), "".join(pieces[len(pieces) - trail:])
-
-
-class _WordBounds:
-    """Where the words of a text start and end (character offsets, ascending), for ``_empty_at``."""
-
-    def __init__(self, text: str):
-        n = len(text)
-        self.starts = [i for i in range(n) if text[i].isalnum() and (i == 0 or not text[i - 1].isalnum())]
-        self.ends = [i for i in range(1, n + 1) if text[i - 1].isalnum() and (i == n or not text[i].isalnum())]
-
-
-def _nearest(points: list[int], lo: int, target: float, default: int) -> int:
-    """The point of ``points`` (ascending) at or after ``lo`` nearest to ``target``, the first on a tie."""
-    first = bisect.bisect_left(points, lo)
-    k = max(first, bisect.bisect_left(points, target))
-    near = [points[j] for j in (k - 1, k) if first <= j < len(points)]
-    return min(near, key=lambda i: abs(i - target), default=default)
-
-
-def _empty_at(whole: str, pos: int, after: str, frac: float, words: _WordBounds) -> int:
-    """Where an element without text goes in ``whole`` (at or after ``pos``): before the word that
-    follows it in the source (``after``, the start of its text) where that word is there, else at the
-    word start (glued to the next word) or word end (else) nearest to ``frac`` of its length
-    (``words``: whole's word bounds)."""
-    word = re.match(r"\w+", after)
-    if word:
-        m = re.compile(rf"\b{re.escape(word.group())}\b", re.I).search(whole, pos)
-        if m:
-            return m.start()
-    glued = bool(after[:1].strip())
-    return _nearest(words.starts if glued else words.ends, pos if glued else max(pos, 1), frac * len(whole), pos)
-
-
-def _find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:
-    """Where an element's own translation ``tr`` is in ``low`` (its parent's translation, lower case)
-    at or after ``pos``: the whole of it (without final punctuation: "Dog." -> "Dog"), else from the
-    first to the last of its words (3+ letters) found there within 40 characters; None if neither."""
-    for cand in dict.fromkeys([tr, tr.rstrip(".!?")]):
-        at = low.find(cand.lower(), pos) if cand else -1
-        if at >= 0:
-            return at, at + len(cand)
-    hits = [m for w in dict.fromkeys(re.findall(r"\w{3,}", tr.lower()))
-            for m in [re.search(rf"\b{re.escape(w)}\b", low[pos:])] if m]
-    if not hits:
-        return None
-    first = min(m.start() for m in hits)
-    last = max(m.end() for m in hits if m.start() - first <= 40)
-    return pos + first, pos + last
-
-
-def _words_at(whole: str, pos: int, a: float, b: float) -> Optional[tuple[int, int]]:
-    """The whole words of ``whole`` (at or after ``pos``) at the same place, as fractions ``a``..``b``
-    of its length, as an element's text has in its parent's source text; None if there are none."""
-    start = max(pos, int(a * len(whole)))
-    while start > pos and whole[start - 1].isalnum():
-        start -= 1
-    end = max(start, round(b * len(whole)))
-    while end < len(whole) and whole[end - 1: end + 1].isalnum():
-        end += 1
-    while start < end and not whole[start].isalnum():
-        start += 1
-    while end > start and not whole[end - 1].isalnum():
-        end -= 1
-    return (start, end) if start < end else None

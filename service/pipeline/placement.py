@@ -1,0 +1,72 @@
+"""Where an element goes in a sentence's translation (``markup.HtmlText.rebuild``): an element
+around words at those words' translation, else at the same place of the sentence; an element
+without text before the word it preceded in the source, else at the word bound nearest to its place."""
+from __future__ import annotations
+
+import bisect
+import re
+from typing import Optional
+
+
+class WordBounds:
+    """Where the words of a text start and end (character offsets, ascending), for ``empty_at``."""
+
+    def __init__(self, text: str):
+        n = len(text)
+        self.starts = [i for i in range(n) if text[i].isalnum() and (i == 0 or not text[i - 1].isalnum())]
+        self.ends = [i for i in range(1, n + 1) if text[i - 1].isalnum() and (i == n or not text[i].isalnum())]
+
+
+def nearest(points: list[int], lo: int, target: float, default: int) -> int:
+    """The point of ``points`` (ascending) at or after ``lo`` nearest to ``target``, the first on a tie."""
+    first = bisect.bisect_left(points, lo)
+    k = max(first, bisect.bisect_left(points, target))
+    near = [points[j] for j in (k - 1, k) if first <= j < len(points)]
+    return min(near, key=lambda i: abs(i - target), default=default)
+
+
+def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds) -> int:
+    """Where an element without text goes in ``whole`` (at or after ``pos``): before the word that
+    follows it in the source (``after``, the start of its text) where that word is there, else at the
+    word start (glued to the next word) or word end (else) nearest to ``frac`` of its length
+    (``words``: whole's word bounds)."""
+    word = re.match(r"\w+", after)
+    if word:
+        m = re.compile(rf"\b{re.escape(word.group())}\b", re.I).search(whole, pos)
+        if m:
+            return m.start()
+    glued = bool(after[:1].strip())
+    return nearest(words.starts if glued else words.ends, pos if glued else max(pos, 1), frac * len(whole), pos)
+
+
+def find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:
+    """Where an element's own translation ``tr`` is in ``low`` (its parent's translation, lower case)
+    at or after ``pos``: the whole of it (without final punctuation: "Dog." -> "Dog"), else from the
+    first to the last of its words (3+ letters) found there within 40 characters; None if neither."""
+    for cand in dict.fromkeys([tr, tr.rstrip(".!?")]):
+        at = low.find(cand.lower(), pos) if cand else -1
+        if at >= 0:
+            return at, at + len(cand)
+    hits = [m for w in dict.fromkeys(re.findall(r"\w{3,}", tr.lower()))
+            for m in [re.search(rf"\b{re.escape(w)}\b", low[pos:])] if m]
+    if not hits:
+        return None
+    first = min(m.start() for m in hits)
+    last = max(m.end() for m in hits if m.start() - first <= 40)
+    return pos + first, pos + last
+
+
+def words_at(whole: str, pos: int, a: float, b: float) -> Optional[tuple[int, int]]:
+    """The whole words of ``whole`` (at or after ``pos``) at the same place, as fractions ``a``..``b``
+    of its length, as an element's text has in its parent's source text; None if there are none."""
+    start = max(pos, int(a * len(whole)))
+    while start > pos and whole[start - 1].isalnum():
+        start -= 1
+    end = max(start, round(b * len(whole)))
+    while end < len(whole) and whole[end - 1: end + 1].isalnum():
+        end += 1
+    while start < end and not whole[start].isalnum():
+        start += 1
+    while end > start and not whole[end - 1].isalnum():
+        end -= 1
+    return (start, end) if start < end else None
