@@ -14,6 +14,7 @@ both serve the one de-en model), waits for ``/readyz``, runs the load-test clien
 SIGINT. Runs (``--runs``):
 
     greedy32  -c 32 --beam-size 1 --texts 1 --warmup 4   requests/s (single-sentence greedy, 32 clients)
+    greedy128 -c 128 --beam-size 1 --texts 1 --warmup 4  requests/s (the same at 128 clients: saturation)
     greedy1   -c 1  --beam-size 1 --texts 1 --warmup 2   p50 latency (one client)
     beam4     -c 32 --beam-size 4 --texts 1              requests/s
     stream8   -c 8  --beam-size 1 --texts 1 --stream     time to first token p50
@@ -46,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = {
     "greedy32": (["-c", "32", "--beam-size", "1", "--texts", "1", "--warmup", "4"], "requests_per_s",
                  "greedy, 1 sentence, 32 clients: req/s", True),
+    "greedy128": (["-c", "128", "--beam-size", "1", "--texts", "1", "--warmup", "4"], "requests_per_s",
+                  "greedy, 1 sentence, 128 clients: req/s", True),
     "greedy1": (["-c", "1", "--beam-size", "1", "--texts", "1", "--warmup", "2"], "latency_p50_s",
                 "greedy, 1 sentence, 1 client: p50 latency s", False),
     "beam4": (["-c", "32", "--beam-size", "4", "--texts", "1"], "requests_per_s",
