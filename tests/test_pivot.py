@@ -392,3 +392,32 @@ def test_the_pivot_bleu_benchmark_scores_both_legs(checkpoints, tmp_path, capsys
     assert {"first_leg", "second_leg"} <= set(rows[0])
     out = capsys.readouterr().out
     assert out.startswith("beam 1: pivot BLEU ") and "first leg alone" in out
+
+
+def test_what_concerns_the_target_language_goes_to_the_last_leg_and_glossary_terms_survive_the_first():
+    """The one place that decides each option's leg (pivot.leg_job), through the pipeline: the first
+    leg gets no glossary, target_prefix, min_confidence or alignment and keeps the glossary's source
+    terms that occur; the last leg gets them all."""
+    import asyncio
+
+    from local_services import local_services
+    from service.protocol import GenerationOptions, TranslateJob, TranslateResponse, Translation, Usage
+    seen = {}
+
+    async def run(model, job):
+        seen[model] = job
+        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
+            Translation(text=t, tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
+    cfg = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)
+    cards = [ModelCard("de-en", "", "de", "en", cfg), ModelCard("en-fr", "", "en", "fr", cfg)]
+    svc = local_services(cards, run)
+    job = TranslateJob(["Der Hund schläft im Vertrag."], GenerationOptions(beam_size=2, n_best=2), keep=("ACME",),
+                       glossary=(("Vertrag", "contrat"), ("Katze", "chat")), target_prefix="Le",
+                       min_confidence=0.5, return_alignment=True)
+    out = asyncio.run(svc.pipeline.run("de-en+en-fr", svc.pipeline.deadline(job)))
+    first, last = seen["de-en"], seen["en-fr"]
+    assert (first.glossary, first.target_prefix, first.min_confidence, first.return_alignment) == ((), None, None, False)
+    assert first.keep == ("ACME", "Vertrag") and first.options.n_best == 1 and first.target_lang == "en"
+    assert last.glossary == job.glossary and last.target_prefix == "Le" and last.keep == ("ACME",)
+    assert (last.min_confidence, last.return_alignment, last.options.n_best) == (0.5, True, 2)
+    assert out.model == "de-en+en-fr" and out.translations[0].path == ["de-en", "en-fr"]

@@ -8,12 +8,15 @@ where a model runs. docs/controls.md#pivoting has the semantics; in short:
     run(translate, route, job)   first leg (into X, 1-best), then the second leg on its text
     combined(route, a, b)        the second leg's response, each translation with ``path`` and ``pivot``
 
-Which options apply to which leg (``leg_job``): beam_size, length_penalty, max_new_tokens,
-min_new_tokens, keep (and the server's stored list), the attention selection and the deadline
-(timeout_s: one deadline for both legs) apply to both; n_best applies to the last leg only (the
-first leg hands on its best hypothesis: ``alternatives`` are the last leg's n-best of that one
-text); target_lang is each leg's own (X, then the target). Protected spans (URLs, numbers, keep
-terms) come back verbatim from each leg (``translator/protect.py``), so they survive both.
+Which options apply to which leg (``leg_job``, the one place that decides it): beam_size,
+length_penalty, max_new_tokens, min_new_tokens, keep (and the server's stored list), the memory,
+split_sentences, the attention selection and the deadline (timeout_s: one deadline for both legs)
+apply to both; what concerns the target language applies to the last leg only: n_best (the first
+leg hands on its best hypothesis: ``alternatives`` are the last leg's n-best of that one text),
+target_prefix, min_confidence, return_alignment and the glossary, whose source terms the first leg
+keeps verbatim (as ``keep`` terms) so that the last leg finds them in its X text and writes their
+target terms; target_lang is each leg's own (X, then the target). Protected spans (URLs, numbers,
+keep terms) come back verbatim from each leg (``translator/protect.py``), so they survive both.
 """
 from __future__ import annotations
 
@@ -35,9 +38,10 @@ from service.translator import ModelCard
 
 DEFAULT_PIVOT_LANG = "en"
 ROUTE_SEP = "+"     # a route's id: its models' ids joined ("de-en+en-fr"); a request may name it as `model`
-# Fields of GenerationOptions / TranslateJob that only the last leg takes; the first leg gets their
-# defaults (a field absent from this version of the records is skipped).
+# Fields of GenerationOptions / TranslateJob that only the last leg takes (they concern the target
+# language); the first leg gets their defaults
 LAST_LEG_ONLY = ("n_best",)
+LAST_LEG_ONLY_JOB = ("target_prefix", "min_confidence", "return_alignment", "glossary")
 
 Translate = Callable[[str, TranslateJob], Awaitable[TranslateResponse]]
 
@@ -112,14 +116,19 @@ def routes(cards: Iterable[ModelCard], pivot_lang: Optional[str] = DEFAULT_PIVOT
 
 def leg_job(job: TranslateJob, route: PivotRoute, i: int, texts: Optional[list[str]] = None) -> TranslateJob:
     """The job of leg ``i`` (0 or 1): ``job`` with the leg's target_lang, and for the first leg the
-    LAST_LEG_ONLY options at their defaults; ``texts``: the leg's input (the first leg's output)."""
+    LAST_LEG_ONLY options and LAST_LEG_ONLY_JOB fields at their defaults and the glossary's source
+    terms that occur in its texts added to ``keep``; ``texts``: the leg's input (the first leg's output)."""
     leg = route.legs[i]
-    options = job.options
+    options, first = job.options, {}
     if i < len(route.legs) - 1:
         defaults = {f.name: f.default for f in dataclasses.fields(options) if f.name in LAST_LEG_ONLY}
         options = dataclasses.replace(options, **defaults)
+        first = {f.name: f.default for f in dataclasses.fields(job) if f.name in LAST_LEG_ONLY_JOB}
+        low = [t.casefold() for t in job.texts]       # a glossary's source terms that occur, kept verbatim
+        kept = (src for src, _ in job.glossary if any(src.casefold() in t for t in low))
+        first["keep"] = tuple(dict.fromkeys((*job.keep, *kept)))
     return dataclasses.replace(job, options=options, target_lang=leg.target_lang,
-                               texts=list(job.texts if texts is None else texts))
+                               texts=list(job.texts if texts is None else texts), **first)
 
 
 @dataclass(frozen=True)
