@@ -19,7 +19,7 @@ from service.api.libretranslate import read_admitted
 from service.api.middleware.body import BodyMiddleware
 from service.api.middleware.caller import caller_of
 from service.api.middleware.cors import CorsMiddleware
-from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings
+from service.api.middleware.guard import Guard, GuardMiddleware, GuardSettings, deepl_auth_key
 from service.api.suggest import frontend_settings
 from service.pipeline.markup import HtmlText
 from service.protocol import MAX_TEXT_CHARS, ServiceError
@@ -45,7 +45,7 @@ def test_language_codes_both_ways():
                                                 {"language": "EN", "name": "English"}]
     assert [x["language"] for x in deepl.languages(cards, "target")] == ["DE", "EN-GB", "EN-US"]
     assert all(x["supports_formality"] is False for x in deepl.languages(cards, "target"))
-    assert deepl.auth_key("DeepL-Auth-Key abc:fx") == "abc:fx" and deepl.auth_key("Bearer abc") is None
+    assert deepl_auth_key("DeepL-Auth-Key abc:fx") == "abc:fx" and deepl_auth_key("Bearer abc") is None
     with pytest.raises(ServiceError) as e:
         deepl.source_or_target("both")
     assert e.value.status == 400 and e.value.field == "type"

@@ -11,8 +11,8 @@
                                          limit, 503 overloaded (Retry-After); 456 (quota) never occurs
 
 Reusable by the document routes (``/v2/document``): ``service_language`` / ``deepl_codes`` (language
-codes both ways), ``auth_key`` (the key of a ``DeepL-Auth-Key`` header; the guard admits it on every
-path), ``error_response`` (DeepL's error shape and statuses), ``DEEPL_PREFIX`` (the paths that answer so).
+codes both ways), ``error_response`` (DeepL's error shape and statuses). The key of a
+``DeepL-Auth-Key`` header is read by the guard (``middleware/guard.deepl_auth_key``).
 """
 from __future__ import annotations
 
@@ -40,8 +40,6 @@ from .errors import deepl_error_response, format_validation_error
 if TYPE_CHECKING:
     from .services import Services
 
-DEEPL_PREFIX = "/v2/"             # paths answered in DeepL's error shape
-AUTH_SCHEME = "deepl-auth-key"    # Authorization: DeepL-Auth-Key KEY (compared ignoring case)
 IGNORED_HEADER = "X-Ignored-Fields"   # fields accepted but not applied (formality, context, ...), as on /translate
 # DeepL's target codes with a region: the language's variants, all served by the language's model
 REGIONAL_TARGETS = {"en": ("EN-GB", "EN-US"), "pt": ("PT-PT", "PT-BR"), "zh": ("ZH-HANS", "ZH-HANT")}
@@ -96,16 +94,6 @@ def languages(cards: Iterable[ModelCard], kind: str) -> list[dict]:
 
 
 # ---- keys and errors -----------------------------------------------------------------------------
-def auth_key(authorization: str) -> Optional[str]:
-    """The key of an ``Authorization: DeepL-Auth-Key KEY`` header value, else None."""
-    scheme, _, value = authorization.strip().partition(" ")
-    return (value.strip() or None) if scheme.lower() == AUTH_SCHEME else None
-
-
-def is_deepl_path(path: str) -> bool:
-    return path.startswith(DEEPL_PREFIX)
-
-
 error_response = deepl_error_response     # DeepL's error shape and statuses (errors.deepl_error_response)
 
 

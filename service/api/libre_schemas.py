@@ -18,7 +18,6 @@ from service.protocol import (
 )
 from service.translator import ModelCard
 
-from . import fields as fields_module
 from . import glossaries
 from .middleware import body as body_module
 from .schemas import KeepTerm, check_keep, check_unicode
@@ -174,7 +173,7 @@ def openapi_request_body(model: type[BaseModel] = LibreTranslateBody, cards: Ite
         form["description"] = ("Form fields. glossary: the JSON list of entries as one field's text (not stated "
                                "here: JSON Schema cannot describe a JSON text inside a string)")
     return {"required": True, "content": {body_module.JSON: {"schema": schema},
-                                          **{m: {"schema": form} for m in fields_module.FORM_TYPES}}}
+                                          **{m: {"schema": form} for m in (body_module.FORM, body_module.MULTIPART)}}}
 
 
 def _form_field(prop: dict) -> dict:

@@ -40,12 +40,12 @@ from starlette.responses import JSONResponse
 
 from service.protocol import ServiceError
 
-from .. import deepl
-from ..errors import error_response, libre_error_response, route_path
+from ..errors import DEEPL_PREFIX, deepl_error_response, error_response, libre_error_response, route_path
 from ..explorer import cookie_key, is_explorer_path, key_page
 from .caller import ANONYMOUS, Caller, KeyHasher, anonymous, load_secret
 
 ENV_KEYS = "MT_API_KEYS"
+DEEPL_AUTH_SCHEME = "deepl-auth-key"   # Authorization: DeepL-Auth-Key KEY (compared ignoring case)
 RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per this many seconds
 MAX_BUCKETS = 65_536               # token buckets kept (least recently used evicted): bounded memory
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/frontend/settings"})   # the last: a page reads it to learn keyRequired
@@ -300,11 +300,17 @@ class Guard:
         return d
 
 
+def deepl_auth_key(authorization: str) -> Optional[str]:
+    """The key of an ``Authorization: DeepL-Auth-Key KEY`` header value, else None."""
+    scheme, _, value = authorization.strip().partition(" ")
+    return (value.strip() or None) if scheme.lower() == DEEPL_AUTH_SCHEME else None
+
+
 def bearer(headers: dict[str, str]) -> Optional[str]:
     """The key of an ``Authorization: Bearer <key>`` (or DeepL's ``DeepL-Auth-Key <key>``) header, else None."""
     scheme, _, value = headers.get("authorization", "").strip().partition(" ")
-    if scheme.lower() == deepl.AUTH_SCHEME:
-        return deepl.auth_key(headers["authorization"])
+    if scheme.lower() == DEEPL_AUTH_SCHEME:
+        return deepl_auth_key(headers["authorization"])
     return value.strip() or None if scheme.lower() == "bearer" else None
 
 
@@ -342,14 +348,14 @@ class GuardMiddleware:
         elif (guard.needs_key(path) and guard.keys_on) or guard.limited(path):
             scheme = auth.split()[0] if auth else ""
             if guard.keys_on and guard.needs_key(path) and scheme and scheme.lower() not in ("bearer",
-                                                                                              deepl.AUTH_SCHEME):
+                                                                                              DEEPL_AUTH_SCHEME):
                 d = guard.unauthorized(f"Authorization: the {scheme[:20]!r} scheme is not accepted; send "
                                        "'Authorization: Bearer <key>'", "Authorization", "invalid")
             else:
                 d = guard.admit(key, client)
             if d.error is not None:
                 render = (libre_error_response if path in self.libre_paths else
-                          deepl.error_response if deepl.is_deepl_path(path) else
+                          deepl_error_response if path.startswith(DEEPL_PREFIX) else
                           key_page if is_explorer_path(path) else error_response)
                 resp: JSONResponse = render(d.error, headers=d.headers)
                 return await resp(scope, receive, send)
