@@ -228,12 +228,6 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
     return answer, sum(len(t) for t in texts)
 
 
-def unknown_glossary(glossary_id: str) -> ServiceError:
-    """The 404 of a glossary_id no stored glossary has."""
-    return ServiceError(404, f"glossary_id: no glossary {shown(glossary_id)} is stored on this server", "glossary_id",
-                        type="glossary_not_found")
-
-
 def usage(characters: int) -> dict:
     """``GET /v2/usage``: the characters this key (or, with keys off, everyone) sent to /v2/translate."""
     return {"character_count": characters, "character_limit": NO_CHARACTER_LIMIT}

@@ -165,13 +165,6 @@ def _media(schema: dict, form: Optional[dict] = None) -> dict:
                                           "multipart/form-data": {"schema": form or schema}}}
 
 
-def _lang_enums(props: dict, svc, source: str, target: str, auto: bool) -> None:
-    """source/target of a LibreTranslate-shaped form: the served codes (the pairs: libre_schemas.request_schema)."""
-    cards = list(svc.graph.cards.values())
-    props[source] = {**props[source], "enum": sorted({c.source_lang for c in cards}) + (["auto"] if auto else [])}
-    props[target] = {**props[target], "enum": sorted({t for c in cards for t in c.targets})}
-
-
 def upload_schema(schema: dict, svc, source: Optional[str], target: Optional[str], deepl_shape: bool = False) -> dict:
     """A document upload's multipart schema: ``filename`` a supported extension, the file part's name
     declared (``encoding``), the languages served (a DeepL upload: DeepL's codes; source empty: detected)."""
