@@ -54,7 +54,6 @@ logger = logging.getLogger("ray.serve")
 # latency, tokens). Off: about 3% more single-sentence requests/s at 32 clients (docs/performance.md
 # "Serving path"). Pass as ``serve.run(..., logging_config=LOGGING_CONFIG)``; the deploy/ configs say the same.
 LOGGING_CONFIG = {"enable_access_log": False}
-# The translation memory's file when AppArgs.memory_file is not set: one per user and node, kept across runs
 
 
 class ModelSpec(BaseModel):
@@ -180,7 +179,9 @@ class AppArgs(BaseModel):
     @classmethod
     def _keep_file(cls, v: TextConfig) -> TextConfig:
         # replicas may run in another working directory: an absolute path, checked now
-        return dataclasses.replace(v, keep_file=_existing(v.keep_file, "file", "text.keep_file")) if v.keep_file else v
+        if not v.keep_file:
+            return v
+        return dataclasses.replace(v, keep_file=_existing(v.keep_file, "file", "text.keep_file"))
 
     @field_validator("glossary_dir")
     @classmethod
@@ -327,7 +328,8 @@ def translator_settings(args: AppArgs) -> TranslatorSettings:
     replica of the node opens (created with its directory on first use; None: suggestions off)."""
     memory_file = None
     if args.suggestions:
-        memory_file = str(Path(args.memory_file or state_dir(args.state_dir) / "memory.sqlite3").expanduser().resolve())
+        memory_file = str(Path(args.memory_file or state_dir(args.state_dir) / "memory.sqlite3").expanduser()
+                          .resolve())
     return TranslatorSettings(text=args.text, memory_file=memory_file, cache_entries=args.memory_cache_entries)
 
 
@@ -439,4 +441,5 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
         pool = {"handle": serve.deployment(PoolReplica, **o).bind(pool_cards, args.pool.max_models_per_replica, budget,
                                                                   o["graceful_shutdown_timeout_s"], directory, settings),
                 "directory": directory, "models": [c.id for c in pool_cards]}
-    return serve.deployment(Gateway, **gateway).bind(cards + pool_cards, handles, ingress_config(args, gateway), pool)
+    config = ingress_config(args, gateway)
+    return serve.deployment(Gateway, **gateway).bind(cards + pool_cards, handles, config, pool)
