@@ -39,11 +39,13 @@ from .api.document_store import DocumentSettings
 from .api.gateway import Gateway
 from .api.middleware.access_log import flush_serve_log
 from .api.middleware.guard import GuardSettings, RateLimit
+from .api.services import IngressConfig
+from .config import with_environment
 from .engine import EngineConfig
 from .protocol import RETRY_AFTER_S, ErrorRecord
 from .replica import error_record, run_within, stream_within
 from .state import state_dir
-from .translator import Translator, TranslatorInfo, model_card
+from .translator import TextConfig, Translator, TranslatorInfo, TranslatorSettings, model_card
 
 logger = logging.getLogger("ray.serve")
 
@@ -52,7 +54,6 @@ logger = logging.getLogger("ray.serve")
 # latency, tokens). Off: about 3% more single-sentence requests/s at 32 clients (docs/performance.md
 # "Serving path"). Pass as ``serve.run(..., logging_config=LOGGING_CONFIG)``; the deploy/ configs say the same.
 LOGGING_CONFIG = {"enable_access_log": False}
-# The translation memory's file when AppArgs.memory_file is not set: one per user and node, kept across runs
 
 
 class ModelSpec(BaseModel):
@@ -146,9 +147,12 @@ class AppArgs(BaseModel):
     # a pair no model serves is translated through this language when source -> it -> target models
     # exist (service/pipeline/pivot.py, docs/controls.md#pivoting); None: pivoting off
     pivot_lang: Optional[str] = Field("en", min_length=1)
-    # document translation (docs/documents.md): DocumentSettings fields (store_dir shared by every
-    # ingress replica, ttl_s, max_store_bytes, chunk_segments, parallel_chunks)
-    documents: dict = Field(default_factory=dict)
+    # document translation (docs/documents.md): store_dir shared by every ingress replica, ttl_s,
+    # max_store_bytes, chunk_segments, parallel_chunks, public_url
+    documents: DocumentSettings = Field(default_factory=DocumentSettings)
+    text: TextConfig = Field(default_factory=TextConfig)  # the translators' text stages and stored keep list
+    glossary_dir: Optional[str] = None                    # shared stored glossaries (*.tsv, *.csv); None: none
+    state_dir: Optional[str] = None                       # memory, documents, key secret; None: the XDG one
     # clients (docs/clients.md): CORS, LibreTranslate's suggestions and the translation memory
     cors_origins: list[str] = Field(default_factory=lambda: ["*"])   # origins browsers may call from; [] = no CORS
     suggestions: bool = True                              # POST /suggest and /v1/memory; false: 403, memory unused
@@ -158,19 +162,31 @@ class AppArgs(BaseModel):
     # models loaded on demand across a replica pool (ingress: separate; None = no pool)
     pool: Optional[PoolSpec] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _environment(cls, data: Any) -> Any:
+        return with_environment(data)     # MT_* variables under the config's own values (service/config.py)
+
     @field_validator("models", "engine", "translator", "gateway", "rate_limit", "failed_key_limit",
-                     "metrics_rate_limit", "documents", "cors_origins", "pool",
+                     "metrics_rate_limit", "documents", "text", "cors_origins", "pool",
                      mode="before")
     @classmethod
     def _json_text(cls, v: Any) -> Any:
         # `serve run service.app:build_app engine='{"max_num_seqs": 32}'` passes strings
         return json.loads(v) if isinstance(v, str) else v
 
-    @field_validator("documents")
+    @field_validator("text")
     @classmethod
-    def _documents(cls, v: dict) -> dict:
-        DocumentSettings.model_validate(v)      # refused at start, naming the field, not in a replica
-        return v
+    def _keep_file(cls, v: TextConfig) -> TextConfig:
+        # replicas may run in another working directory: an absolute path, checked now
+        if not v.keep_file:
+            return v
+        return dataclasses.replace(v, keep_file=_existing(v.keep_file, "file", "text.keep_file"))
+
+    @field_validator("glossary_dir")
+    @classmethod
+    def _glossary_dir(cls, v: Optional[str]) -> Optional[str]:
+        return _existing(v, "directory", "glossary_dir") if v else None
 
     @field_validator("translator", "gateway")
     @classmethod
@@ -213,6 +229,15 @@ class AppArgs(BaseModel):
     def pinned(self) -> frozenset:
         """Names of the models with their own deployments (a pool's models_dir skips them)."""
         return frozenset(m.name for m in self.models)
+
+
+def _existing(path: str, kind: str, name: str) -> str:
+    """``path`` made absolute; ValueError naming the field ``name`` unless it is an existing ``kind``
+    ("file" or "directory")."""
+    p = Path(path).expanduser().resolve()
+    if not (p.is_file() if kind == "file" else p.is_dir()):
+        raise ValueError(f"{name}: {path} is not an existing {kind}")
+    return str(p)
 
 
 def _cluster_has_gpu() -> bool:
@@ -281,8 +306,8 @@ def gateway_options(args: AppArgs) -> dict:
     return opts
 
 
-def guard_settings(args: AppArgs, ingress: dict) -> dict:
-    """GuardSettings of the ingress: each of its replicas enforces 1/n of the rate limits (n = its
+def guard_settings(args: AppArgs, ingress: dict) -> GuardSettings:
+    """The ingress's GuardSettings: each of its replicas enforces 1/n of the rate limits (n = its
     num_replicas, or max_replicas when it autoscales)."""
     auto = ingress.get("autoscaling_config")
     n = (auto.get("max_replicas", 1) if isinstance(auto, dict) else 1) if auto else ingress.get("num_replicas", 1)
@@ -294,18 +319,29 @@ def guard_settings(args: AppArgs, ingress: dict) -> dict:
                          rate_limit=args.rate_limit,
                          max_streams_per_key=args.max_streams_per_key, failed_key_limit=args.failed_key_limit,
                          metrics_rate_limit=args.metrics_rate_limit,
-                         key_secret_file=str((state_dir() / "key-secret").expanduser().resolve()),
-                         gateway_replicas=n if isinstance(n, int) and n > 0 else 1).model_dump()
+                         key_secret_file=str((state_dir(args.state_dir) / "key-secret").expanduser().resolve()),
+                         gateway_replicas=n if isinstance(n, int) and n > 0 else 1)
 
 
-def client_settings(args: AppArgs) -> dict:
-    """The Gateway's ``clients`` argument (and the translators' memory settings): the memory file as
-    an absolute path every replica of the node opens (created with its directory on first use)."""
+def translator_settings(args: AppArgs) -> TranslatorSettings:
+    """Every translator's settings: the text stages, and the memory file as an absolute path every
+    replica of the node opens (created with its directory on first use; None: suggestions off)."""
     memory_file = None
     if args.suggestions:
-        memory_file = str(Path(args.memory_file or state_dir() / "memory.sqlite3").expanduser().resolve())
-    return {"cors_origins": list(args.cors_origins), "memory_file": memory_file,
-            "cache_entries": args.memory_cache_entries}
+        memory_file = str(Path(args.memory_file or state_dir(args.state_dir) / "memory.sqlite3").expanduser()
+                          .resolve())
+    return TranslatorSettings(text=args.text, memory_file=memory_file, cache_entries=args.memory_cache_entries)
+
+
+def ingress_config(args: AppArgs, ingress: dict, num_threads: int = 1) -> IngressConfig:
+    """What the ingress replicas are built from (``ingress``: their Serve options; ``num_threads``:
+    torch threads of in-process translators). The documents' directory is an absolute path."""
+    store_dir = Path(args.documents.store_dir or state_dir(args.state_dir) / "documents").expanduser().resolve()
+    return IngressConfig(engine=dict(args.engine), num_threads=num_threads, guard=guard_settings(args, ingress),
+                         max_timeout_s=args.max_timeout_s, pivot_lang=args.pivot_lang,
+                         documents=args.documents.model_copy(update={"store_dir": str(store_dir)}),
+                         cors_origins=tuple(args.cors_origins), translator=translator_settings(args),
+                         glossary_dir=args.glossary_dir)
 
 
 class TranslatorReplica:
@@ -315,15 +351,13 @@ class TranslatorReplica:
     one) is returned (or yielded) as an ``ErrorRecord``, not raised: it is an answer, not a replica failure.
     """
 
-    async def __init__(self, card, drain_timeout_s: float = 10.0, memory_file: Optional[str] = None,
-                       cache_entries: int = 0):
+    async def __init__(self, card, drain_timeout_s: float = 10.0, settings: Optional[TranslatorSettings] = None):
         import torch
         self.drain_timeout_s = drain_timeout_s
         resources = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
         threads = max(1, round(resources.get("CPU", 1)))
         device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
-        self.translator = Translator(card, device=device, num_threads=threads, memory_file=memory_file,
-                                     cache_entries=cache_entries)
+        self.translator = Translator(card, device=device, num_threads=threads, settings=settings)
 
     async def reconfigure(self, user_config: dict) -> None:
         """user_config = EngineConfig fields (max_num_seqs, max_prefill_tokens, max_waiting, policy, ...)."""
@@ -390,14 +424,12 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
                                       engine={**args.pool.engine, **s.engine}) for s in args.pool.specs(args.pinned())] if args.pool is not None else []
     opts = deployment_options(args)
     gateway = opts["Gateway"]
-    clients = client_settings(args)
     if args.ingress == "translator":
         threads = max(1, round(gateway["ray_actor_options"].get("num_cpus", 1)))
-        return serve.deployment(Gateway, **gateway).bind(cards, None, args.engine, threads,
-                                                         guard_settings(args, gateway), args.max_timeout_s,
-                                                         clients, pivot_lang=args.pivot_lang, documents=args.documents)
+        return serve.deployment(Gateway, **gateway).bind(cards, None, ingress_config(args, gateway, threads))
+    settings = translator_settings(args)
     handles = {s.name: serve.deployment(TranslatorReplica, **(o := opts[f"Translator-{s.name}"])).bind(
-                   card, o["graceful_shutdown_timeout_s"], clients["memory_file"], clients["cache_entries"])
+                   card, o["graceful_shutdown_timeout_s"], settings)
                for s, card in zip(args.models, cards)}
     pool = None
     if args.pool is not None:
@@ -407,9 +439,7 @@ def build_app(args: dict | AppArgs | None = None) -> serve.Application:
                                      ray_actor_options={"num_cpus": 0}).bind()
         budget = int(args.pool.memory_budget_mb * 2 ** 20) if args.pool.memory_budget_mb else None
         pool = {"handle": serve.deployment(PoolReplica, **o).bind(pool_cards, args.pool.max_models_per_replica, budget,
-                                                                  o["graceful_shutdown_timeout_s"], directory,
-                                                                  clients["memory_file"], clients["cache_entries"]),
+                                                                  o["graceful_shutdown_timeout_s"], directory, settings),
                 "directory": directory, "models": [c.id for c in pool_cards]}
-    return serve.deployment(Gateway, **gateway).bind(cards + pool_cards, handles, args.engine, 1,
-                                                     guard_settings(args, gateway), args.max_timeout_s, clients,
-                                                     pivot_lang=args.pivot_lang, documents=args.documents, pool=pool)
+    config = ingress_config(args, gateway)
+    return serve.deployment(Gateway, **gateway).bind(cards + pool_cards, handles, config, pool)

@@ -42,7 +42,7 @@ from service.protocol import (
     TranslateJob,
     TranslateResponse,
 )
-from service.translator import ModelCard, Translator, TranslatorInfo
+from service.translator import ModelCard, Translator, TranslatorInfo, TranslatorSettings
 
 from .api.middleware.access_log import flush_serve_log
 from .metrics import PoolMetrics
@@ -139,16 +139,16 @@ class PoolReplica:
         drain_timeout_s: how long an evicted model may finish its in-flight requests before its
             engine stops anyway (their deadlines fit in it: max_timeout_s + 5 s).
         directory: the ``PoolDirectory`` handle this replica reports its models to (None: none).
+        settings: every loaded translator's text stages, memory file and result cache.
 
     Errors are answers (``ErrorRecord``), never replica failures: unknown model 404; a load that
     fails 503 naming the model and the cause (Retry-After).
     """
 
     async def __init__(self, cards: list[ModelCard], max_models: int, memory_budget_bytes: Optional[int] = None,
-                   drain_timeout_s: float = 65.0, directory=None, memory_file: Optional[str] = None,
-                   cache_entries: int = 0):
+                   drain_timeout_s: float = 65.0, directory=None, settings: Optional[TranslatorSettings] = None):
         import torch
-        self.memory_file, self.cache_entries = memory_file, cache_entries   # the translation memory (docs/clients.md)
+        self.settings = settings or TranslatorSettings()
         self.cards = {c.id: c for c in cards}
         self.max_models, self.budget = max_models, memory_budget_bytes
         self.drain_timeout_s = drain_timeout_s
@@ -238,7 +238,7 @@ class PoolReplica:
 
     def _construct(self, card: ModelCard) -> Translator:
         """Read and prepare the model (in a worker thread: the event loop keeps serving)."""
-        return Translator(card, device=self.device, memory_file=self.memory_file, cache_entries=self.cache_entries)
+        return Translator(card, device=self.device, settings=self.settings)
 
     def used_bytes(self) -> int:
         return sum(rm.bytes for rm in (*self.resident.values(), *self.draining.values()))

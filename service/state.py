@@ -1,7 +1,8 @@
 """The service's state directory: what it keeps on disk (the translation memory, translated files
 and DeepL jobs, the secret of its keyed hashes), readable by the service's user only.
 
-    $MT_STATE_DIR, else $XDG_STATE_HOME/transformer-mt, else ~/.local/state/transformer-mt
+    AppArgs.state_dir (or $MT_STATE_DIR, service/config.py), else $XDG_STATE_HOME/transformer-mt,
+    else ~/.local/state/transformer-mt
 
 Folders are created 0700 and files 0600 (``private_dir``, ``private_file``), whatever the umask.
 """
@@ -9,14 +10,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
-STATE_ENV = "MT_STATE_DIR"
 
-
-def state_dir() -> Path:
-    """The state directory (not created here)."""
-    if os.environ.get(STATE_ENV):
-        return Path(os.environ[STATE_ENV]).expanduser()
+def state_dir(configured: Optional[str] = None) -> Path:
+    """The state directory (not created here): ``configured`` (AppArgs.state_dir), else the XDG one."""
+    if configured:
+        return Path(configured).expanduser()
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "transformer-mt"
 

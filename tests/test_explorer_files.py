@@ -111,5 +111,5 @@ def test_cookie_key(header, key):
 
 
 def test_app_args_pass_protect_explorer_to_the_guard():
-    assert guard_settings(AppArgs(protect_explorer=True), {})["protect_explorer"] is True
-    assert guard_settings(AppArgs(), {})["protect_explorer"] is False
+    assert guard_settings(AppArgs(protect_explorer=True), {}).protect_explorer is True
+    assert guard_settings(AppArgs(), {}).protect_explorer is False

@@ -11,7 +11,7 @@ from service.protocol import ServiceError
 from service.api.memory import check_entries, parse_tmx, parse_tsv, read_import, write_tmx, write_tsv
 from service.api.schemas import TranslateRequest
 from service.protocol import MAX_MEMORY_IMPORT
-from service.translator import Translator, model_card
+from service.translator import Translator, TranslatorSettings, model_card
 from service.translator.memory import MemoryStore, ResultCache, memory_model, normalize
 from service.translator.text import split_sentences_of
 
@@ -62,7 +62,7 @@ def test_result_cache_is_lru_and_off_at_zero():
 
 def test_a_suggestion_replaces_that_sentence_only_for_that_key_and_streams(card, tmp_path):
     async def main():
-        t = Translator(card, memory_file=str(tmp_path / "m.sqlite3"))
+        t = Translator(card, settings=TranslatorSettings(memory_file=str(tmp_path / "m.sqlite3")))
         await t.reconfigure({"max_num_seqs": 4})
         text = "Ein Hund läuft. Zwei Männer spielen."
         before = (await t.translate(job([text, "Ein Hund läuft."]))).translations
@@ -90,7 +90,7 @@ def test_a_suggestion_replaces_that_sentence_only_for_that_key_and_streams(card,
 
 def test_the_result_cache_answers_repeated_sentences_with_the_engines_result(card, tmp_path):
     async def main():
-        t = Translator(card, cache_entries=16)
+        t = Translator(card, settings=TranslatorSettings(cache_entries=16))
         await t.reconfigure({"max_num_seqs": 4})
         seen = []
         real = t.metrics.memory_lookup

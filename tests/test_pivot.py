@@ -168,8 +168,8 @@ def gateway_client(cards, pivot_lang="en", engine=None):
     """The service's HTTP app (``http.build_app``) with its translators in this process, behind
     FastAPI's TestClient. ``engine``: EngineConfig fields."""
     from service.api.http import build_app
-    from service.api.services import Services
-    svc = Services.build(cards, pivot_lang=pivot_lang)
+    from service.api.services import IngressConfig, Services
+    svc = Services.build(cards, config=IngressConfig(pivot_lang=pivot_lang))
     with TestClient(build_app(svc)) as client:
         client.portal.call(svc.reconfigure, {"engine": {"max_num_seqs": 8, "cpu_kernels": False, **(engine or {})}})
         svc.detector.load()

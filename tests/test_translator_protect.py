@@ -205,11 +205,11 @@ STORED = ["# the server's do-not-translate list", "", "Kölner Dom", "  Multi30k
 def translate(tok, tmp_path_factory):
     """translate(texts, **options) -> list of Translation, through one Translator on the shipped model
     (with a stored do-not-translate list, STORED)."""
-    from service.translator import TextConfig, Translator, model_card
+    from service.translator import TextConfig, Translator, TranslatorSettings, model_card
     loop = asyncio.new_event_loop()
     stored = tmp_path_factory.mktemp("keep") / "keep.txt"
     stored.write_text("\n".join(STORED) + "\n", encoding="utf-8")
-    t = Translator(model_card("de-en", DEFAULT_CHECKPOINT), text=TextConfig(keep_file=str(stored)))
+    t = Translator(model_card("de-en", DEFAULT_CHECKPOINT), settings=TranslatorSettings(text=TextConfig(keep_file=str(stored))))
     loop.run_until_complete(t.reconfigure({"max_num_seqs": 64}))
 
     def run(texts, **kw):

@@ -34,7 +34,7 @@ from service.protocol import (
 )
 from service.ray_env import handle_transport
 from service.replica import mapped_errors, run_within, stream_within, timeout_error
-from service.translator import ModelCard, TranslatorInfo
+from service.translator import ModelCard, TranslatorInfo, TranslatorSettings
 
 logger = logging.getLogger("ray.serve")
 LOST = (ActorDiedError, ActorUnavailableError)   # the replica died or cannot be reached: no answer came
@@ -179,9 +179,9 @@ class RemoteBackend:
 class LocalBackend:
     """Every model's translator in the ingress replica itself (no extra hop)."""
 
-    def __init__(self, cards: list[ModelCard], num_threads: int, **translator_args):
+    def __init__(self, cards: list[ModelCard], num_threads: int, settings: Optional[TranslatorSettings] = None):
         from service.translator import Translator
-        self.translators = {c.id: Translator(c, num_threads=num_threads, **translator_args) for c in cards}
+        self.translators = {c.id: Translator(c, num_threads=num_threads, settings=settings) for c in cards}
 
     async def translate(self, model: str, job: TranslateJob) -> TranslateResponse:
         with mapped_errors(model):

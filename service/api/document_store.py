@@ -44,7 +44,7 @@ class DocumentSettings(BaseModel):
     public_url: Optional[str] = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 
     def directory(self) -> Path:
-        return Path(self.store_dir or os.environ.get(ENV_DIR) or state_dir() / "documents")
+        return Path(self.store_dir or state_dir() / "documents")
 
 
 @dataclass

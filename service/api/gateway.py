@@ -11,12 +11,11 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from service.pipeline import pivot
 from service.translator import ModelCard
 
 from .http import build_app
 from .middleware.access_log import flush_serve_log
-from .services import Services
+from .services import IngressConfig, Services
 
 
 @serve.ingress()
@@ -26,24 +25,14 @@ class Gateway:
     Args:
         cards: the served models; the first is the default.
         handles: model id -> its translator deployment; None: run the translators in this process.
-        engine: EngineConfig fields for every model (a card's ``engine`` overrides them).
-        num_threads: torch threads of the in-process translators.
-        guard: ``GuardSettings`` fields (API keys, rate limits; service/api/middleware/guard.py).
-        max_timeout_s: the longest ``timeout_s`` a request may ask for, and every request's deadline.
-        clients: ``app.client_settings``: cors_origins, memory_file (None: suggestions and the memory
-            off), cache_entries (the in-process translators' result cache).
-        pivot_lang: the language a pair no model serves is translated through (pivot.py); None: off.
-        documents: ``DocumentSettings`` fields (where translated files are kept; document_store.py).
+        config: everything else it is built from (``services.IngressConfig``: engine fields, threads,
+            guard, deadline, pivot language, documents, CORS, the translators' settings, glossaries).
         pool: the model pool's {"handle", "directory", "models"} (``service/pool.py``); None: no pool.
     """
 
     def __init__(self, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
-                 engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
-                 max_timeout_s: float = 60.0, clients: Optional[dict] = None,
-                 pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG, documents: Optional[dict] = None,
-                 pool: Optional[dict] = None):
-        self.services = Services.build(cards, handles, engine, num_threads, guard, max_timeout_s, clients,
-                                       pivot_lang, documents, pool)
+                 config: Optional[IngressConfig] = None, pool: Optional[dict] = None):
+        self.services = Services.build(cards, handles, config, pool)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_app(self.services)

@@ -7,8 +7,8 @@
     DELETE /v1/glossaries/{name}     delete one the caller created (204)
 
 Shared glossaries come from files at start: every ``*.tsv`` and ``*.csv`` file of the directory
-``MT_GLOSSARY_DIR``, named by the file name without its suffix; one entry a
-row, source term then target term (TSV: tab-separated; CSV: comma-separated with CSV quoting;
+``AppArgs.glossary_dir`` (or ``MT_GLOSSARY_DIR``), named by the file name without its suffix; one
+entry a row, source term then target term (TSV: tab-separated; CSV: comma-separated with CSV quoting;
 Python's ``csv`` module reads both); blank rows, rows starting with "#" and a first row
 ``source, target`` are left out. They are read-only through the API. Glossaries created through the
 API belong to the API key that created them (when keys are on; to everyone when they are off) and
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -126,7 +125,6 @@ class GlossaryStore:
     def __init__(self, directory: Optional[str] = None):
         self._lock = threading.Lock()
         self._by_scope: dict[str, dict[str, StoredGlossary]] = {SHARED: {}}
-        directory = directory if directory is not None else os.environ.get("MT_GLOSSARY_DIR", "")
         if directory:
             self.load_directory(Path(directory))
 
@@ -221,7 +219,7 @@ class GlossaryClient:
     @classmethod
     def cluster(cls, directory: Optional[str] = None) -> "GlossaryClient":
         """The store of the Ray cluster this process runs in (created by the first caller, loading
-        ``directory`` / MT_GLOSSARY_DIR), or a store in this process when Ray is not initialised.
+        ``directory``: AppArgs.glossary_dir), or a store in this process when Ray is not initialised.
         Raises ValueError for a bad glossary file."""
         import ray
         if not ray.is_initialized():

@@ -12,7 +12,7 @@ from ray.serve.handle import DeploymentHandle
 
 from service.metrics import GuardMetrics, RetryMetrics
 from service.pipeline import LanguageGraph, Pipeline, pivot
-from service.translator import ModelCard
+from service.translator import ModelCard, TranslatorSettings
 from service.translator.langid import LanguageDetector
 from service.translator.memory import MemoryStore
 
@@ -21,6 +21,23 @@ from .backends import Backend, LocalBackend, PoolBackend, RemoteBackend
 from .document_store import DocumentSettings, DocumentStore
 from .middleware.caller import caller_of
 from .middleware.guard import Guard, GuardSettings
+
+
+@dataclass(frozen=True)
+class IngressConfig:
+    """What an ingress replica is built from (``Gateway(cards, handles, config, pool)``), made once
+    from the app's config (``service.app.ingress_config``); the defaults serve with everything off."""
+    engine: dict = field(default_factory=dict)        # EngineConfig fields for every model (a card's override them)
+    num_threads: int = 1                              # torch threads of the in-process translators
+    guard: GuardSettings = field(default_factory=GuardSettings)   # API keys, rate limits (middleware/guard.py)
+    max_timeout_s: float = 60.0                       # the longest timeout_s a request may ask for, every deadline
+    pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG   # a pair no model serves goes through it; None: off
+    documents: DocumentSettings = field(default_factory=DocumentSettings)   # where translated files are kept
+    cors_origins: tuple[str, ...] = ("*",)            # origins browsers may call from; (): no CORS
+    # the in-process translators' text stages, memory file and result cache; the memory file is also
+    # the store of /suggest and /v1/memory (None: suggestions and the memory off)
+    translator: TranslatorSettings = field(default_factory=TranslatorSettings)
+    glossary_dir: Optional[str] = None                # the shared stored glossaries' files; None: none
 
 
 @dataclass
@@ -41,31 +58,27 @@ class Services:
 
     @classmethod
     def build(cls, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
-              engine: Optional[dict] = None, num_threads: int = 1, guard: Optional[dict] = None,
-              max_timeout_s: float = 60.0, clients: Optional[dict] = None,
-              pivot_lang: Optional[str] = pivot.DEFAULT_PIVOT_LANG, documents: Optional[dict] = None,
-              pool: Optional[dict] = None) -> "Services":
+              config: Optional[IngressConfig] = None, pool: Optional[dict] = None) -> "Services":
         """The services of an ingress replica (``gateway.Gateway``'s arguments: its docstring)."""
-        graph = LanguageGraph(cards, pivot_lang)
-        clients = clients or {}
+        config = config or IngressConfig()
+        graph = LanguageGraph(cards, config.pivot_lang)
         if pool is not None:    # pinned models through their deployments, the pool's through Serve's multiplexing
             backend = PoolBackend(handles or {}, pool, RetryMetrics(list(graph.cards)).record)
         elif handles is not None:
             backend = RemoteBackend(handles, RetryMetrics(list(graph.cards)).record)
         else:
-            backend = LocalBackend(cards, num_threads, memory_file=clients.get("memory_file"),
-                                   cache_entries=clients.get("cache_entries", 0))
+            backend = LocalBackend(cards, config.num_threads, config.translator)
         # source "auto": detects among common languages and the served ones; loads in the background (~2 s)
         detector = LanguageDetector(sorted(graph.sources | graph.targets))
         threading.Thread(target=detector.load, name="langid-load", daemon=True).start()
-        store = glossaries.GlossaryClient.cluster()
-        doc_settings = DocumentSettings.model_validate(documents or {})
-        return cls(graph=graph, pipeline=Pipeline(graph, backend, store, max_timeout_s, engine),
+        store = glossaries.GlossaryClient.cluster(config.glossary_dir)
+        memory_file = config.translator.memory_file
+        return cls(graph=graph, pipeline=Pipeline(graph, backend, store, config.max_timeout_s, config.engine),
                    backend=backend, detector=detector, glossaries=store,
-                   guard=Guard(GuardSettings.model_validate(guard or {}), metrics=GuardMetrics()),
-                   doc_settings=doc_settings, doc_store=DocumentStore(doc_settings),
-                   memory=MemoryStore(clients["memory_file"]) if clients.get("memory_file") else None,
-                   cors_origins=clients.get("cors_origins", ["*"]))
+                   guard=Guard(config.guard, metrics=GuardMetrics()),
+                   doc_settings=config.documents, doc_store=DocumentStore(config.documents),
+                   memory=MemoryStore(memory_file) if memory_file else None,
+                   cors_origins=list(config.cors_origins))
 
     async def reconfigure(self, user_config: dict) -> None:
         """The engine settings of the in-process translators ({"engine": fields for every model,

@@ -14,7 +14,7 @@ from pathlib import Path
 from model.checkpoint import DEFAULT_CHECKPOINT
 from model.tokenizer import read_lines
 from service.api.schemas import TranslateRequest
-from service.translator import Translator, model_card
+from service.translator import Translator, TranslatorSettings, model_card
 from service.translator.memory import MemoryStore
 
 DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k"
@@ -39,7 +39,7 @@ async def timed(t, scope, n=3):
 async def run():
     card = model_card("de-en", DEFAULT_CHECKPOINT)
     path = tempfile.mkdtemp() + "/m.sqlite3"
-    t = Translator(card, memory_file=path, cache_entries=0)
+    t = Translator(card, settings=TranslatorSettings(memory_file=path))
     await t.reconfigure({"max_num_seqs": 64})
     await timed(t, None, 1)                              # warm-up
     offs, ons = [], []

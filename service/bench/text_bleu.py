@@ -25,8 +25,9 @@ DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "multi30k"
 
 async def translate_all(checkpoint: str, lines: list[str], beam_size: int, on: bool) -> list[str]:
     """Every line through a Translator with processing ``on`` (or off), 64 texts per request."""
-    from service.translator import TextConfig, Translator, model_card
-    t = Translator(model_card("bench", checkpoint), text=TextConfig(protect_spans=on, truecase=on))
+    from service.translator import TextConfig, Translator, TranslatorSettings, model_card
+    t = Translator(model_card("bench", checkpoint),
+                   settings=TranslatorSettings(text=TextConfig(protect_spans=on, truecase=on)))
     await t.reconfigure({"max_num_seqs": 256})
     out: list[str] = []
     try:

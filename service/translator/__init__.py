@@ -1,7 +1,8 @@
 """One model behind its engine: the translator a Ray Serve replica (or the ingress itself) runs.
 
     card.py        ModelCard: what the gateway knows of a model without loading it
-    config.py      TextConfig: the text pipeline's settings (spans, casing, the stored keep list)
+    config.py      TranslatorSettings: the text pipeline's settings (TextConfig: spans, casing, the
+                   stored keep list), the memory's file and the result cache
     translator.py  Translator: model + tokenizer + Engine; prepare, translate, stream
 
 Its text pipeline, one module per stage:
@@ -19,7 +20,7 @@ Its text pipeline, one module per stage:
     streaming.py   StreamState: sentence token ids -> in-order text deltas; merge_streams
 """
 from .card import ModelCard, model_card
-from .config import TextConfig
+from .config import TextConfig, TranslatorSettings
 from .translator import Translator, TranslatorInfo
 
-__all__ = ["ModelCard", "model_card", "TextConfig", "Translator", "TranslatorInfo"]
+__all__ = ["ModelCard", "model_card", "TextConfig", "Translator", "TranslatorInfo", "TranslatorSettings"]

@@ -1,22 +1,28 @@
-"""The text pipeline's settings: which stages run, and the stored do-not-translate list."""
+"""The translator's settings: which text stages run, the stored do-not-translate list, the memory and
+the result cache. ``AppArgs`` (service/app.py) builds them once, the environment included
+(service/config.py); a ``Translator`` built directly gets these defaults."""
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pydantic import ConfigDict
 
 
 @dataclass(frozen=True)
 class TextConfig:
-    """What ``Translator(card, text=...)`` does to a sentence besides translating it (docs/text.md)."""
+    """What ``Translator(card, settings)`` does to a sentence besides translating it (docs/text.md);
+    ``AppArgs.text``."""
+    __pydantic_config__ = ConfigDict(extra="forbid")   # AppArgs refuses an unknown key of text:
     protect_spans: bool = True   # URLs, numbers, code, emoji... kept verbatim (protect.py); off: the keep terms too
     truecase: bool = True        # sentences in capitals or title case recased for the model (truecase.py)
     keep_file: str = ""          # the stored do-not-translate list, one term a line (spans.Terms.load); "": none
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TextConfig":
-        """The settings the environment gives: ``MT_PROTECT_SPANS=0`` and ``MT_TRUECASE=0`` turn those
-        stages off, ``MT_KEEP_FILE`` names the stored list; the defaults for what it leaves out."""
-        return cls(protect_spans=environ.get("MT_PROTECT_SPANS", "1") != "0",
-                   truecase=environ.get("MT_TRUECASE", "1") != "0",
-                   keep_file=environ.get("MT_KEEP_FILE", ""))
+
+@dataclass(frozen=True)
+class TranslatorSettings:
+    """Everything a ``Translator`` takes besides its model, device and threads: one object from the
+    config to every place a translator is built (in-process, a translator replica, the pool)."""
+    text: TextConfig = field(default_factory=TextConfig)   # the text pipeline's stages and stored list
+    memory_file: Optional[str] = None    # the translation memory's SQLite file (memory.MemoryStore); None: off
+    cache_entries: int = 0               # LRU cache of the engine's results (memory.ResultCache); 0: off

@@ -41,7 +41,7 @@ from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
 
 from .card import ModelCard
-from .config import TextConfig
+from .config import TranslatorSettings
 from .glossary import Glossary
 from .memory import MemoryStore, Recalled, ResultCache, cache_key, memory_hit, memory_model
 from .options import sentence_options
@@ -75,15 +75,15 @@ class Translator:
     """Model + tokenizer + Engine for one checkpoint.
 
     Call ``await reconfigure(engine_config)`` once before use (Ray Serve does so with user_config).
-    ``text``: the text pipeline's settings (``config.TextConfig``: protected spans, recasing, the
-    stored do-not-translate list kept verbatim in every request besides the request's ``keep``);
-    None: ``TextConfig.from_env()``. ``memory_file``: the translation memory's SQLite file
-    (``memory.MemoryStore``), read for every job with a ``memory_scope``; None: no memory.
-    ``cache_entries``: the LRU cache of the engine's results (``memory.ResultCache``; 0 = off).
+    ``settings`` (``config.TranslatorSettings``): the text pipeline's settings (protected spans,
+    recasing, the stored do-not-translate list kept verbatim in every request besides the request's
+    ``keep``), the translation memory's SQLite file (``memory.MemoryStore``, read for every job with a
+    ``memory_scope``; None: no memory) and the LRU cache of the engine's results
+    (``memory.ResultCache``; 0 = off); None: the defaults.
     """
 
     def __init__(self, card: ModelCard, device: Optional[str] = None, num_threads: Optional[int] = None,
-                 text: Optional[TextConfig] = None, memory_file: Optional[str] = None, cache_entries: int = 0):
+                 settings: Optional[TranslatorSettings] = None):
         self.card = card
         self.name = card.id
         if num_threads:
@@ -92,13 +92,14 @@ class Translator:
         with torch_threads(1):  # only the engine's worker thread runs multi-threaded (see torch_threads)
             self.model, self.tok, _ = load_model(card.checkpoint, device=self.device, pack=False)  # prepare_model packs
         tune_process()
-        text = text or TextConfig.from_env()
+        settings = settings or TranslatorSettings()
+        text = settings.text
         self.protector = Protector(self.tok, Truecaser.load(card.checkpoint, card.source_lang, self.tok),
                                    protect=text.protect_spans, recase=text.truecase)
         self.keep = Terms.load(text.keep_file) if text.keep_file else Terms()   # the stored do-not-translate list
         self.metrics = EngineMetrics(self.name)
-        self.memory = MemoryStore(memory_file) if memory_file else None
-        self.cache = ResultCache(cache_entries)
+        self.memory = MemoryStore(settings.memory_file) if settings.memory_file else None
+        self.cache = ResultCache(settings.cache_entries)
         self._glossaries: dict[tuple, Glossary] = {}    # (entries, field) -> compiled, the 32 latest
         self.engine: Optional[Engine] = None
         self.engine_config: Optional[EngineConfig] = None
