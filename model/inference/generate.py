@@ -2,7 +2,8 @@
 ``translate_lines`` for text, and the target-length budget both it and the serving engine use.
 
 The search itself (``BeamSearch``, the one ``search_step`` offline decoding and the engine share) is in
-``search.py``; the model math in ``prefill.py`` and ``step.py``.
+``search.py``; the model math in ``prefill.py`` and ``step.py``. The compute
+switches are the process's (``settings.current()``) unless ``cache`` brings its own ``cpu_kernels``.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import Tensor
 
 from ..tokenizer import Tokenizer, check_target_lang, encode_source
 from ..transformer import Transformer
-from . import kernels
+from . import kernels, settings
 from .kv_cache import KVCache
 from .logits import RepetitionControls
 from .paged_cache import allocate_blocks
@@ -80,9 +81,10 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
             # attention reads keys through an index anyway; eager attention would have to gather them,
             # which costs more than the copies at the small batches offline decoding often runs.
             p = next(model.parameters())
-            indirect = beam_size > 1 and kernels.applies(p.device, p.dtype)
+            cpu_kernels = settings.current().cpu_kernels
+            indirect = beam_size > 1 and cpu_kernels and kernels.applies(p.device, p.dtype)
             cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources),
-                                      indirect=indirect)
+                                      indirect=indirect, cpu_kernels=cpu_kernels)
         slots: list[list[int]] = []
         try:
             for _ in todo:
@@ -108,7 +110,7 @@ def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], s
     for i, s in enumerate(searches):
         s.keep_encoder_attention(out.encoder, i)
     while running:
-        update = search_step(cache, [(out, running)])
+        update = search_step(cache, [(out, running)], cpu_kernels=cache.cpu_kernels)
         if update.failed:
             raise next(iter(update.failed.values()))
         running = update.running
@@ -116,7 +118,8 @@ def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], s
             allocate_blocks(cache, [s.slots for s in running], [s.position for s in running])
             step_slots, tokens, positions = decode_inputs(running)
             out = decode_step(model, cache, torch.tensor(step_slots, device=device),
-                              torch.tensor(tokens, device=device), torch.tensor(positions, device=device), need)
+                              torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
+                              need_weights=need)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> Tensor:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, settings
 from .logits import process_step
 from .topk import row_topk
 
@@ -201,7 +201,7 @@ class BeamSearch:
             if cand > lp or (cand == lp and i < tok):
                 lp, tok = cand, i
         if tok == self.eos_id:
-            self.finished.append(self._final(self._extend(beam, 0, None, lp, cross, decoder), "eos"))
+            self.finished.append(self._final(self._extend(beam, 0, tok=None, lp=lp, cross=cross, decoder=decoder), "eos"))
         else:
             new = self._extend(beam, 0, tok, lp, cross, decoder)
             if len(new.tokens) < self.max_new_tokens - self.forced_eos:
@@ -234,7 +234,8 @@ class BeamSearch:
         for rank, (lp, b, tok) in enumerate(zip(log_probs, parents, tokens)):
             if tok == eos:
                 if rank < k:
-                    self.finished.append(self._final(self._extend(alive[b], b, None, lp, cross, decoder), "eos"))
+                    self.finished.append(self._final(self._extend(alive[b], b, tok=None, lp=lp, cross=cross,
+                                                                         decoder=decoder), "eos"))
                 continue
             new_alive.append(self._extend(alive[b], b, tok, lp, cross, decoder))
             new_parents.append(b)
@@ -302,13 +303,15 @@ def decode_inputs(searches: Sequence[ActiveSearch]) -> tuple[list[int], list[int
     return slots, tokens, positions
 
 
-def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[ActiveSearch]]]) -> SearchUpdate:
+def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[ActiveSearch]]], *,
+                cpu_kernels: Optional[bool] = None) -> SearchUpdate:
     """Advance every search by one token.
 
     Args:
         parts: decode outputs (log_probs [N, V], per-layer attention rows when tracked) with the
             searches whose alive hypotheses are their rows, in order (``decode_inputs``' layout).
             Usually one; the engine's runner passes several after decoding a failing batch piecewise.
+        cpu_kernels: the top-k and the ranking may run the compiled kernels (default: the process's).
     One top-k over all rows (k = the largest beam; each search reads its own 2k), with EOS masked in
     the rows of searches below their min_new_tokens (log-probs are not renormalised); the candidates
     of every beam search (k > 1) ranked at once (``rank_candidates``), then each search's
@@ -345,8 +348,9 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
             else:
                 greedy_rows.extend(range(base, base + n))
             base += n
-    top_v, top_i = _candidates([out for out, _ in parts], k_max, masked, eos)
-    ranked = iter(rank_candidates(top_v, top_i, beams))
+    cpu_kernels = settings.or_default("cpu_kernels", cpu_kernels)
+    top_v, top_i = _candidates([out for out, _ in parts], k_max, masked, eos, cpu_kernels=cpu_kernels)
+    ranked = iter(rank_candidates(top_v, top_i, beams, cpu_kernels=cpu_kernels))
     if greedy_rows:                              # python lists of the greedy rows only, in order
         if len(greedy_rows) < top_v.size(0):
             rows = torch.tensor(greedy_rows, device=top_v.device)
@@ -408,8 +412,8 @@ def _forced_log_prob(out: "StepOutput", row: int, search: BeamSearch) -> float:
     return float(out.log_probs[row, tok])
 
 
-def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, BeamSearch]]
-                    ) -> list[tuple[list, list, list]]:
+def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, BeamSearch]],
+                    cpu_kernels: Optional[bool] = None) -> list[tuple[list, list, list]]:
     """The candidates of many beam searches ranked at once, as ``BeamSearch._beam_step`` ranks
     one sentence's: candidate = (parent's log-prob + token's log-prob, in float64), best first,
     ties by parent row then token id; each sentence keeps its best min(2k, all).
@@ -420,15 +424,16 @@ def rank_candidates(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, Beam
         rows: per sentence, (its first row in top_v, its BeamSearch): its alive hypotheses are rows
             first .. first + len(alive) - 1, in order.
     Returns per sentence the three lists ``BeamSearch.advance`` takes (log-probs, parent rows,
-    token ids), the same values as ranking each sentence by itself (tests): on CPU (float32/float64)
-    in one compiled call (``kernels.rank_beams_op``), else in a few tensor ops over a [sentences, k_max * W] layout
-    (``_rank_in_tensors``); then three ``tolist`` calls instead of a python sort per sentence.
+    token ids), the same values as ranking each sentence by itself (tests): on CPU (float32/float64),
+    with ``cpu_kernels`` (default: the process's), in one compiled call (``kernels.rank_beams_op``),
+    else in a few tensor ops over a [sentences, k_max * W] layout (``_rank_in_tensors``); then three
+    ``tolist`` calls instead of a python sort per sentence.
     """
     if not rows:
         return []
     W = top_v.size(1)
     prefix = [h.log_prob for _, search in rows for h in search.alive]
-    op = kernels.rank_beams_op()
+    op = kernels.rank_beams_op() if settings.or_default("cpu_kernels", cpu_kernels) else None
     if op is not None and top_v.device.type == "cpu" and top_v.dtype in (torch.float32, torch.float64):
         first, count, beam = torch.tensor([x for f, search in rows for x in (f, len(search.alive), search.beam_size)]
                                           ).view(-1, 3).unbind(1)
@@ -482,14 +487,15 @@ def _rank_in_tensors(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, Bea
             padded_ids.view(S, K * W).gather(1, order).tolist())
 
 
-def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: list[int]) -> tuple[Tensor, Tensor]:
+def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: list[int], cpu_kernels: bool
+                ) -> tuple[Tensor, Tensor]:
     """Per row of the steps' outputs (in order), its min(2k, V) best log-probs and token ids, best
     first ([N, min(2k, V)] each, on the outputs' device); rows ``masked`` never get their ``eos``
-    token (log-probs are not renormalised). From CPU logits in one compiled pass
+    token (log-probs are not renormalised). With ``cpu_kernels``, from CPU logits in one compiled pass
     (``kernels.log_softmax_topk``: no [N, V] log-probabilities written), else log-softmax, mask,
     ``row_topk``."""
     logits = [out.pending_logits for out in outs]
-    op = kernels.log_softmax_topk_op()
+    op = kernels.log_softmax_topk_op() if cpu_kernels else None
     if op is not None and all(x is not None and x.device.type == "cpu" and x.dtype == torch.float32 for x in logits):
         x = logits[0] if len(logits) == 1 else torch.cat(logits)
         if 2 * k < x.size(1):
@@ -500,7 +506,7 @@ def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: li
     lp = outs[0].log_probs if len(outs) == 1 else torch.cat([out.log_probs for out in outs])
     if masked:
         lp[torch.tensor(masked, device=lp.device), torch.tensor(eos, device=lp.device)] = float("-inf")
-    return row_topk(lp, min(2 * k, lp.size(-1)))
+    return row_topk(lp, min(2 * k, lp.size(-1)), cpu_kernels=cpu_kernels)
 
 
 def _attention_rows(out: "StepOutput", kind: str, stacked: dict, first: int, n: int) -> list[Tensor]:
