@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
-from .search import BeamSearch, Hypothesis
+from .beam import BeamSearch, Hypothesis
 
 if TYPE_CHECKING:
     from .step import StepOutput

@@ -1,8 +1,8 @@
 """Offline decoding of a static batch: ``generate`` (greedy and beam search over an explicit KV cache),
 ``translate_lines`` for text, and the target-length budget both it and the serving engine use.
 
-The search itself (``BeamSearch``, the one ``search_step`` offline decoding and the engine share) is in
-``search.py``; the model math in ``prefill.py`` and ``step.py``. The compute
+The search itself is in ``beam.py`` (``BeamSearch``) and ``search.py`` (the one ``search_step`` offline
+decoding and the engine share); the model math in ``prefill.py`` and ``step.py``. The compute
 switches are the process's (``settings.current()``) unless ``cache`` brings its own ``cpu_kernels``.
 """
 from __future__ import annotations
@@ -15,11 +15,12 @@ from torch import Tensor
 from ..tokenizer import Tokenizer, check_target_lang, encode_source
 from ..transformer import Transformer
 from . import kernels, settings
+from .beam import ATTENTION_KINDS, BeamSearch, Hypothesis, max_beam_size
 from .kv_cache import KVCache
 from .logits import RepetitionControls
 from .paged_cache import allocate_blocks
 from .prefill import prefill
-from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, max_beam_size, search_step
+from .search import ActiveSearch, decode_inputs, search_step
 from .step import decode_step
 
 __all__ = ["beam_search", "default_max_new_tokens", "generate", "greedy_search", "length_groups", "pad_batch",

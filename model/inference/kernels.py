@@ -299,7 +299,7 @@ def rank_beams_op() -> Optional[Callable]:
     """The compiled ``rank_beams(top_v [N, W], top_i [N, W], prefix [R] float64, first [S], count [S],
     beam [S]) -> (log_probs [S, T], parents [S, T], tokens [S, T])`` (sentence s: rows first[s] ..
     first[s] + count[s] - 1, their hypotheses' log-probs the next count[s] of prefix, R = sum(count)):
-    every sentence's best min(2k, all) beam candidates ranked as ``model.inference.search.BeamSearch`` ranks one
+    every sentence's best min(2k, all) beam candidates ranked as ``model.inference.beam.BeamSearch`` ranks one
     sentence's (``csrc/row_topk.cpp``), or None (see ``_module``;
     ``_loaded["topk"] = None`` switches it off with ``row_topk``)."""
     if "topk" in _loaded and _loaded["topk"] is None:

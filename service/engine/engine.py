@@ -30,7 +30,7 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from model.inference.search import Hypothesis
+from model.inference.beam import Hypothesis
 
 from .config import EngineConfig, resolve_dtype
 from .errors import EngineError, EngineStoppedError, EngineValidationError

@@ -25,12 +25,13 @@ from typing import Optional, Sequence
 import torch
 
 from model.inference import prefill, settings, step
+from model.inference.beam import BeamSearch
 from model.inference.constraints import ConstrainedBeamSearch
 from model.inference.cuda_graphs import DecodeGraphs
 from model.inference.generate import length_groups, pad_batch
 from model.inference.logits import RepetitionControls
 from model.inference.paged_cache import PagedKVCache
-from model.inference.search import ActiveSearch, BeamSearch, decode_inputs, search_step
+from model.inference.search import ActiveSearch, decode_inputs, search_step
 from model.inference.step import StepOutput
 
 from .records import ScheduledRequest, SchedulerOutput, SequenceOutput, StepResult
