@@ -69,7 +69,7 @@ def test_padding_rows_repeat_row_zero_and_keys_pad_to_powers_of_two(model):
     allocate_blocks(cache, [[s] for s in slots], 1, [3, 6, 9])
     prefill_mod.prefill(model, cache, torch.tensor(slots), generate_mod.pad_batch([rand_source(n, n) for n in (3, 6, 9)], 0))
     x = plan_dense(cache, torch.tensor(slots), torch.tensor([5, 6, 7]), torch.tensor([1, 1, 1]), 32, 32)
-    assert x.key_shape == (32, 32)
+    assert (x.self_index.size(1), x.cross_index.size(1)) == (32, 32)
     assert x.self_mask.sum(1).tolist() == [2, 2, 2] and x.cross_mask.sum(1).tolist() == [3, 6, 9]
     p = pad_rows(x, 8)
     assert p.rows == 8 and torch.equal(p.tokens, torch.tensor([5, 6, 7, 5, 5, 5, 5, 5]))

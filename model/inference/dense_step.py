@@ -51,10 +51,6 @@ class DenseInputs:
     def rows(self) -> int:
         return self.tokens.size(0)
 
-    @property
-    def key_shape(self) -> tuple[int, int]:
-        return self.self_index.size(1), self.cross_index.size(1)
-
     def tensors(self) -> list[Tensor]:
         return [self.tokens, self.positions, self.write_at, self.self_index, self.self_mask,
                 self.cross_index, self.cross_mask]

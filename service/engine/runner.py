@@ -93,10 +93,6 @@ class ModelRunner:
         if seq is not None:
             self._emitted[request_id] = max(seq.emitted, self._emitted.get(request_id, 0))
 
-    def reset(self) -> None:
-        self.seqs.clear()
-        self._emitted.clear()
-
     # ---- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
