@@ -111,7 +111,7 @@ def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], s
     for i, s in enumerate(searches):
         s.keep_encoder_attention(out.encoder, i)
     while running:
-        update = search_step(cache, [(out, running)], cpu_kernels=cache.cpu_kernels)
+        update = search_step(cache, [(out, running)])
         if update.failed:
             raise next(iter(update.failed.values()))
         running = update.running

@@ -59,15 +59,15 @@ def decode_inputs(searches: Sequence[ActiveSearch]) -> tuple[list[int], list[int
     return slots, tokens, positions
 
 
-def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[ActiveSearch]]], *,
-                cpu_kernels: Optional[bool] = None) -> SearchUpdate:
+def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[ActiveSearch]]]) -> SearchUpdate:
     """Advance every search by one token.
 
     Args:
         parts: decode outputs (log_probs [N, V], per-layer attention rows when tracked) with the
             searches whose alive hypotheses are their rows, in order (``decode_inputs``' layout).
             Usually one; the engine's runner passes several after decoding a failing batch piecewise.
-        cpu_kernels: the top-k and the ranking may run the compiled kernels (default: the process's).
+            The top-k and the ranking run the compiled kernels where every output allows it
+            (``StepOutput.cpu_kernels``: the switch of the cache its step ran on).
     One top-k over all rows (k = the largest beam; each search reads its own 2k), with EOS masked in
     the rows of searches below their min_new_tokens (log-probs are not renormalised); the candidates
     of every beam search (k > 1) ranked at once (``rank_candidates``), then each search's
@@ -104,9 +104,8 @@ def search_step(cache: "KVCache", parts: Sequence[tuple["StepOutput", Sequence[A
             else:
                 greedy_rows.extend(range(base, base + n))
             base += n
-    cpu_kernels = settings.or_default("cpu_kernels", cpu_kernels)
-    top_v, top_i = _candidates([out for out, _ in parts], k_max, masked, eos, cpu_kernels=cpu_kernels)
-    ranked = iter(rank_candidates(top_v, top_i, beams, cpu_kernels=cpu_kernels))
+    top_v, top_i = _candidates([out for out, _ in parts], k_max, masked, eos)
+    ranked = iter(rank_candidates(top_v, top_i, beams, cpu_kernels=all(out.cpu_kernels for out, _ in parts)))
     if greedy_rows:                              # python lists of the greedy rows only, in order
         if len(greedy_rows) < top_v.size(0):
             rows = torch.tensor(greedy_rows, device=top_v.device)
@@ -243,14 +242,15 @@ def _rank_in_tensors(top_v: Tensor, top_i: Tensor, rows: Sequence[tuple[int, Bea
             padded_ids.view(S, K * W).gather(1, order).tolist())
 
 
-def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: list[int], cpu_kernels: bool
-                ) -> tuple[Tensor, Tensor]:
+def _candidates(outs: Sequence["StepOutput"], k: int, masked: list[int], eos: list[int]) -> tuple[Tensor, Tensor]:
     """Per row of the steps' outputs (in order), its min(2k, V) best log-probs and token ids, best
     first ([N, min(2k, V)] each, on the outputs' device); rows ``masked`` never get their ``eos``
-    token (log-probs are not renormalised). With ``cpu_kernels``, from CPU logits in one compiled pass
+    token (log-probs are not renormalised). Where the outputs allow the compiled kernels
+    (``StepOutput.cpu_kernels``), from CPU logits in one compiled pass
     (``kernels.log_softmax_topk``: no [N, V] log-probabilities written), else log-softmax, mask,
     ``row_topk``."""
     logits = [out.pending_logits for out in outs]
+    cpu_kernels = all(out.cpu_kernels for out in outs)
     op = kernels.log_softmax_topk_op() if cpu_kernels else None
     if op is not None and all(x is not None and x.device.type == "cpu" and x.dtype == torch.float32 for x in logits):
         x = logits[0] if len(logits) == 1 else torch.cat(logits)

@@ -6,10 +6,11 @@ nowhere else; no torch here).
     fused_step     one compiled call per decoder layer in a CPU decode step (``fused_step.py``)
 
 Each is an explicit argument where it acts: ``pack_for_inference`` (linear_dtype, cpu_kernels), the
-KV caches (cpu_kernels), ``decode_step`` and ``encode_into_cache`` (fused_step), ``search_step``
-(cpu_kernels). The service passes an engine's own ``EngineConfig`` fields (same names), so models in
-one process may differ; where a caller passes None, the process's defaults apply (``current()``: the
-environment's, read once), which is what the command-line tools and the benchmarks run with.
+KV caches (cpu_kernels, which a decode step's output carries on to ``search_step``), ``decode_step``
+and ``encode_into_cache`` (fused_step). The service passes an engine's own ``EngineConfig`` fields
+(same names), so models in one process may differ; where a caller passes None, the process's
+defaults apply (``current()``: the environment's, read once), which is what the command-line tools
+and the benchmarks run with.
 ``ENV`` names the variables: each replaces its field's default, a value in a config wins over it.
 """
 from __future__ import annotations

@@ -43,18 +43,21 @@ class StepOutput:
     ``decode_step`` returns on CPU): then ``log_probs`` is computed on first use, and ``search_step``,
     which needs only each row's top candidates, takes them from the logits in one compiled pass
     (``kernels.log_softmax_topk``) without ever writing the [N, V] log-probabilities.
+    ``cpu_kernels``: whether ``search_step`` may rank these rows with the compiled kernels (the
+    switch of the cache the step ran on; default: the process's).
     Raises ValueError unless exactly one of log_probs and logits is given.
     """
 
-    __slots__ = ("_log_probs", "logits", "cross", "decoder", "encoder")
+    __slots__ = ("_log_probs", "logits", "cross", "decoder", "encoder", "cpu_kernels")
 
     def __init__(self, log_probs: Optional[Tensor] = None, cross: Optional[list[Tensor]] = None,
                  decoder: Optional[list[Tensor]] = None, encoder: Optional[list[Tensor]] = None, *,
-                 logits: Optional[Tensor] = None):
+                 logits: Optional[Tensor] = None, cpu_kernels: Optional[bool] = None):
         if (log_probs is None) == (logits is None):
             raise ValueError("StepOutput takes either log_probs or logits")
         self._log_probs, self.logits = log_probs, logits
         self.cross, self.decoder, self.encoder = cross, decoder, encoder
+        self.cpu_kernels: bool = settings.or_default("cpu_kernels", cpu_kernels)
 
     @property
     def log_probs(self) -> Tensor:
@@ -126,7 +129,7 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
             ``max_source``, the step's longest target (position + 1) and source, host values the
             caller already has (choosing a graph then costs no synchronisation).
     Returns a ``StepOutput``: its log-probabilities [N, V] (held as logits on CPU, computed when read)
-    and the attention rows asked for.
+    and the attention rows asked for, with the cache's ``cpu_kernels`` for the search step.
     Raises ValueError when a position reaches the cache's max_tgt_len.
     """
     variant = choose_variant(device=slots.device.type, paged=isinstance(cache, PagedKVCache),
@@ -136,18 +139,20 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     if variant is Variant.GRAPH:
         log_probs = graphs.step(slots, tokens, positions, max_target=max_target, max_source=max_source)
         if log_probs is not None:
-            return StepOutput(log_probs)
+            return StepOutput(log_probs, cpu_kernels=cache.cpu_kernels)
         variant = Variant.DENSE                # no graph fits this step (cuda_graphs.use_graph)
     if variant is Variant.DENSE:
-        return StepOutput(dense_forward(model, cache, plan_dense(cache, slots, tokens, positions)))
+        return StepOutput(dense_forward(model, cache, plan_dense(cache, slots, tokens, positions)),
+                          cpu_kernels=cache.cpu_kernels)
     attend = cache.plan_step(slots, positions, packed=slots.device.type == "cpu")
     if variant is Variant.FUSED:
         fused = fused_decode_logits(model, attend, tokens, positions, cross_weights=need_weights)
         if fused is not None:                  # else the model does not qualify (fused_step.py): EAGER
-            return StepOutput(logits=step_logits(model, fused[0]), cross=fused[1])
+            return StepOutput(logits=step_logits(model, fused[0]), cross=fused[1], cpu_kernels=cache.cpu_kernels)
     states, w = model.decode(tokens[:, None], cross_kv=None, src_mask=None, positions=positions[:, None],
                              cache_attend=attend, need_weights=need_weights, project=False)
     logits = step_logits(model, output_logits(model, states[:, -1]))
     if not need_weights:
-        return StepOutput(logits=logits)
-    return StepOutput(logits=logits, cross=[x[:, :, 0] for x in w["cross"]], decoder=[x[:, :, 0] for x in w["self"]])
+        return StepOutput(logits=logits, cpu_kernels=cache.cpu_kernels)
+    return StepOutput(logits=logits, cross=[x[:, :, 0] for x in w["cross"]], decoder=[x[:, :, 0] for x in w["self"]],
+                      cpu_kernels=cache.cpu_kernels)

@@ -203,7 +203,7 @@ class ModelRunner:
     def _update(self, parts: list[_Part], outputs: dict) -> None:
         """``search_step`` over all rows, then each request's output: its hypotheses when done, its
         error when its step failed, the tokens that became final when it streams."""
-        update = search_step(self.cache, parts, cpu_kernels=self.cache.cpu_kernels)
+        update = search_step(self.cache, parts)
         for _, seqs in parts:
             for s in seqs:
                 rid = s.request_id
