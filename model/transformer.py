@@ -110,9 +110,11 @@ class Transformer(nn.Module):
         weights = {"self": [], "cross": []} if need_weights else None
         for i, layer in enumerate(self.decoder):
             if cache_attend is not None:
-                x, w_self, w_cross = layer(x, None, None, None, cache_attend[i], need_weights)
+                x, w_self, w_cross = layer(x, tgt_mask=None, cross_kv=None, src_mask=None, cache_attend=cache_attend[i],
+                                           need_weights=need_weights)
             else:
-                x, w_self, w_cross = layer(x, tgt_mask, cross_kv[i], src_mask, None, need_weights)
+                x, w_self, w_cross = layer(x, tgt_mask=tgt_mask, cross_kv=cross_kv[i], src_mask=src_mask,
+                                           need_weights=need_weights)
             if need_weights:
                 weights["self"].append(w_self)
                 weights["cross"].append(w_cross)

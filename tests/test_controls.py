@@ -12,7 +12,8 @@ import torch
 
 from model.inference.generate import generate
 from model.inference.logits import RepetitionControls, apply_repetition_controls, banned_tokens
-from model.inference.search import ActiveSearch, BeamSearch, search_step
+from model.inference.beam import BeamSearch
+from model.inference.search import ActiveSearch, search_step
 from model.inference.step import StepOutput
 from model.transformer import padding_mask
 from service.engine import Engine, EngineConfig, EngineValidationError, GenerationOptions, TranslationResult
@@ -63,7 +64,7 @@ def ref_log_probs(model, src: list[int], prefix: list[int], c: RepetitionControl
 
 
 def ref_beam(model, src, beam: int, max_new: int, c: RepetitionControls, prefix=()) -> list[tuple[list[int], float, str]]:
-    """Beam search written out (the recipe of model/inference/search.py: top 2k candidates ranked by
+    """Beam search written out (the recipe of model/inference/beam.py: top 2k candidates ranked by
     log-prob, ties by parent then id; EOS within the top k finishes; done at k finished or the budget),
     with the prefix forced first. Returns every finished (tokens, log_prob, reason), best score first."""
     eos = model.cfg.eos_id

@@ -15,7 +15,7 @@ from model.inference.generate import generate
 from model.inference.dense_step import dense_forward, plan_dense
 from model.inference.paged_cache import PagedKVCache, allocate_blocks
 from service.engine import Engine, EngineConfig, GenerationOptions
-from service.engine.cuda_graphs import DecodeGraphs
+from model.inference.cuda_graphs import DecodeGraphs
 from tiny_model import make_engine_model, rand_source
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -48,7 +48,7 @@ def test_graph_step_equals_the_eager_step():
     for pos in range(12):
         positions = torch.full((len(lengths),), pos, device="cuda")
         ref = dense_forward(model, caches[0], plan_dense(caches[0], slots, tokens, positions))
-        got = graphs.step(slots, tokens, positions, False, pos + 1, max(lengths))
+        got = graphs.step(slots, tokens, positions, max_target=pos + 1, max_source=max(lengths))
         assert got is not None and got.shape == ref.shape
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
         tokens = ref.argmax(-1)

@@ -1,10 +1,10 @@
 """The GPU path's pieces that run anywhere: the fixed-shape decode step (model/inference/dense_step.py) against
-the packed one, the CUDA-graph bucket and fallback rules (service/engine/cuda_graphs.py) and the
+the packed one, the variant choice (model/inference/step.py), the CUDA-graph bucket and fallback rules
+(model/inference/cuda_graphs.py) and the
 engine's dtype setting (a bfloat16 engine on CPU against float32 on the shipped model)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from model.inference.dense_step import dense_forward, key_capacity, pad_rows, pl
 from model.inference.paged_cache import PagedKVCache, allocate_blocks
 from service.engine import Engine, EngineConfig, EngineValidationError, GenerationOptions
 from service.engine.config import resolve_dtype
-from service.engine.cuda_graphs import DecodeGraphs, bucket_for, row_buckets, use_graph
+from model.inference.cuda_graphs import DecodeGraphs, bucket_for, row_buckets, use_graph
 from tiny_model import make_engine_model, one_thread, rand_source  # noqa: F401 (one_thread: autouse fixture)
 
 SHIPPED = ROOT / "model" / "checkpoints" / "de-en"
@@ -28,14 +28,21 @@ def model():
     return make_engine_model(torch.float64)
 
 
-def graph_like_step(model, cache, slots, tokens, positions, need_weights=False, dense=None):
+def dense_step(model, cache, slots, tokens, positions, need_weights=False):
+    """The dense variant (what ``decode_step`` runs on CUDA), here on CPU."""
+    if need_weights:
+        return EAGER_STEP(model, cache, slots, tokens, positions, need_weights=True)
+    return step_mod.StepOutput(dense_forward(model, cache, plan_dense(cache, slots, tokens, positions)))
+
+
+def graph_like_step(model, cache, slots, tokens, positions, need_weights=False):
     """What a replayed graph computes: rows padded to a bucket, keys to power-of-two capacities."""
     if need_weights:
-        return EAGER_STEP(model, cache, slots, tokens, positions, True, False)
+        return EAGER_STEP(model, cache, slots, tokens, positions, need_weights=True)
     n = slots.numel()
     t = key_capacity(int(positions.max()) + 1, cache.max_tgt_len)
     s = key_capacity(int(cache.src_len[cache.owner[slots]].max()), cache.max_src_len)
-    x = pad_rows(plan_dense(cache, slots, tokens, positions, t, s), bucket_for(n, row_buckets(64)))
+    x = pad_rows(plan_dense(cache, slots, tokens, positions, t_cap=t, s_cap=s), bucket_for(n, row_buckets(64)))
     return step_mod.StepOutput(dense_forward(model, cache, x)[:n])
 
 
@@ -46,7 +53,7 @@ def test_fixed_shape_step_equals_the_packed_step(model, monkeypatch, step, beam)
     budgets = [4, 30, 12, 45]
     ref_cache = PagedKVCache.for_model(model, 4 * beam, num_blocks=300, block_size=4)
     ref = generate(model, sources, beam, beam, budgets, cache=ref_cache)
-    fn = functools.partial(step_mod.decode_step, dense=True) if step == "dense" else graph_like_step
+    fn = dense_step if step == "dense" else graph_like_step
     monkeypatch.setattr(generate_mod, "decode_step", fn)
     cache = PagedKVCache.for_model(model, 4 * beam, num_blocks=300, block_size=4)
     got = generate(model, sources, beam, beam, budgets, cache=cache)
@@ -62,7 +69,7 @@ def test_padding_rows_repeat_row_zero_and_keys_pad_to_powers_of_two(model):
     allocate_blocks(cache, [[s] for s in slots], 1, [3, 6, 9])
     prefill_mod.prefill(model, cache, torch.tensor(slots), generate_mod.pad_batch([rand_source(n, n) for n in (3, 6, 9)], 0))
     x = plan_dense(cache, torch.tensor(slots), torch.tensor([5, 6, 7]), torch.tensor([1, 1, 1]), 32, 32)
-    assert x.key_shape == (32, 32)
+    assert (x.self_index.size(1), x.cross_index.size(1)) == (32, 32)
     assert x.self_mask.sum(1).tolist() == [2, 2, 2] and x.cross_mask.sum(1).tolist() == [3, 6, 9]
     p = pad_rows(x, 8)
     assert p.rows == 8 and torch.equal(p.tokens, torch.tensor([5, 6, 7, 5, 5, 5, 5, 5]))
@@ -85,12 +92,26 @@ def test_bucket_and_capacity_choice():
         bucket_for(0, [8])
 
 
+def test_the_variant_choice():
+    choose = step_mod.choose_variant
+    V = step_mod.Variant
+    gpu = dict(device="cuda", paged=True, kernels=False, fused_step=True, graphs=True, need_weights=False,
+               self_weights=True, need_logits=False)
+    assert choose(**gpu) is V.GRAPH and choose(**{**gpu, "graphs": False}) is V.DENSE
+    for change in ({"paged": False}, {"need_weights": True}, {"need_logits": True}):   # the packed step's
+        assert choose(**{**gpu, **change}) is V.EAGER
+    cpu = {**gpu, "device": "cpu", "kernels": True, "graphs": False}
+    assert choose(**cpu) is V.FUSED and choose(**{**cpu, "paged": False}) is V.FUSED
+    assert choose(**{**cpu, "need_weights": True, "self_weights": False}) is V.FUSED   # cross rows: fused too
+    assert choose(**{**cpu, "need_logits": True}) is V.FUSED
+    for change in ({"kernels": False}, {"fused_step": False}, {"need_weights": True}):
+        assert choose(**{**cpu, **change}) is V.EAGER
+
+
 def test_graph_fallback_rules():
-    ok = dict(device_type="cuda", need_weights=False, bucket=16, captured=False, num_graphs=3, max_graphs=4,
-              failed=False)
+    ok = dict(device_type="cuda", bucket=16, captured=False, num_graphs=3, max_graphs=4, failed=False)
     assert use_graph(**ok)
     assert not use_graph(**{**ok, "device_type": "cpu"})
-    assert not use_graph(**{**ok, "need_weights": True})        # weights: the eager packed path
     assert not use_graph(**{**ok, "bucket": None})              # more rows than the largest bucket
     assert not use_graph(**{**ok, "failed": True})              # a capture failed: eager for good
     assert not use_graph(**{**ok, "num_graphs": 4})             # budget spent, not captured yet ...
@@ -102,7 +123,7 @@ def test_graphs_on_cpu_fall_back_without_touching_the_cache(model):
     slots = cache.slots.allocate(2)
     free = cache.slots.num_free_blocks
     g = DecodeGraphs(model, cache, 4)
-    assert g.step(torch.tensor(slots), torch.tensor([1, 1]), torch.tensor([0, 0]), False, 1, 5) is None
+    assert g.step(torch.tensor(slots), torch.tensor([1, 1]), torch.tensor([0, 0]), max_target=1, max_source=5) is None
     assert cache.slots.num_free_blocks == free and g.graphs == {}
 
 

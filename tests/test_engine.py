@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from model.inference import search
+from model.inference.beam import BeamSearch
 from model.inference import prefill, step
 from model.inference.generate import generate
 from service.engine import runner as runner_mod
@@ -278,7 +278,7 @@ async def test_cancel_while_waiting_and_stream_close_free_everything(model64):
 
 
 async def test_a_failing_request_fails_alone(model64, monkeypatch):
-    class Faulty(search.BeamSearch):
+    class Faulty(BeamSearch):
         def advance(self, *a, **kw):    # the step of beams (search_step ranks them all at once)
             if self.src_len == 13 and len(self.alive[0].tokens) == 2:
                 raise RuntimeError("injected fault")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model.inference.generate import generate
-from model.inference.search import BeamSearch
+from model.inference.beam import BeamSearch
 from service.engine import runner as runner_mod
 from service.engine.records import GenerationOptions, ScheduledRequest, SchedulerOutput, StepResult
 from service.engine.runner import ModelRunner

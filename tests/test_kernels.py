@@ -14,8 +14,8 @@ def test_kernels_build_where_a_compiler_exists():
     broken kernel."""
     import platform
     import shutil
-    from model.inference import kernels
-    if not kernels.enabled() or platform.machine() != "x86_64" or shutil.which("c++") is None:
+    from model.inference import kernels, settings
+    if not settings.current().cpu_kernels or platform.machine() != "x86_64" or shutil.which("c++") is None:
         pytest.skip("no compiler here, or MT_CPU_KERNELS=0")
     assert kernels._module() is not None
 

@@ -26,7 +26,7 @@ from model.convert import main as convert  # noqa: E402
 from model.inference import settings  # noqa: E402
 from model.inference.generate import translate_lines  # noqa: E402
 from model.inference.linear import pack_for_inference  # noqa: E402
-from model.inference.search import BeamSearch  # noqa: E402
+from model.inference.beam import BeamSearch  # noqa: E402
 from model.interop.marian import MarianImportError, load_marian  # noqa: E402
 from model.load import load_model  # noqa: E402
 from tiny_marian import DE, EN, make_marian_dir  # noqa: E402

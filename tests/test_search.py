@@ -1,4 +1,4 @@
-"""Beam search and the one search step (model/inference/search.py): hand-built log-probabilities, a recording
+"""Beam search (model/inference/beam.py) and the one search step (search.py): hand-built log-probabilities, a recording
 cache, and a real tiny model stepped with mixed beam sizes in one forward."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from model.inference.prefill import encode_into_cache
 from model.inference.generate import generate, pad_batch
 from model.inference import kernels
 from model.inference.kv_cache import KVCache
-from model.inference.search import ActiveSearch, BeamSearch, decode_inputs, rank_candidates, search_step
+from model.inference.beam import BeamSearch
+from model.inference.search import ActiveSearch, decode_inputs, rank_candidates, search_step
 from model.inference.topk import row_topk
 from tiny_model import make_engine_model, rand_source
 

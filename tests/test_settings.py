@@ -1,7 +1,8 @@
 """The CPU compute choices: ``EngineConfig.linear_dtype`` / ``cpu_kernels`` / ``fused_step``, applied
-to the model and the process when an engine starts (``service/engine/process.py``), their defaults and
-the environment variables that override them (``model/inference/settings.py``, the one place that reads
-them), and the one table of environment variables in docs/deploy.md."""
+to the model and its engine when the engine starts (``service/engine/process.py``, the runner), one
+engine's never another's, their defaults and the environment variables that override them
+(``model/inference/settings.py``, the one place that reads them), and the one table of environment
+variables in docs/deploy.md."""
 from __future__ import annotations
 
 import asyncio
@@ -12,20 +13,14 @@ import pytest
 import torch
 
 from conftest import build_tiny_checkpoint
-from model.inference import fused_step, kernels, settings
-from model.inference.linear import linear_dtype, onednn_available
-from service.engine import EngineConfig, EngineValidationError
+from model.inference import settings
+from model.inference.linear import PackedLinear, linear_dtype, onednn_available
+from service.engine import Engine, EngineConfig, EngineValidationError
 from service.engine.process import prepare_model
 from model.transformer import padding_mask
 from tiny_model import make_model
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def process_settings(monkeypatch):
-    """The process's settings as they were, restored after the test (prepare_model changes them)."""
-    monkeypatch.setattr(settings, "_current", settings.current())
 
 
 def test_environment_overrides_the_defaults_and_a_config_wins(monkeypatch):
@@ -49,7 +44,7 @@ def test_environment_overrides_the_defaults_and_a_config_wins(monkeypatch):
         EngineConfig(fused_step="no")
 
 
-def test_prepare_model_applies_the_choices_and_a_running_engine_keeps_them(process_settings):
+def test_prepare_model_applies_the_choices_and_a_running_engine_keeps_them():
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")
     model = make_model(torch.float32)
@@ -63,10 +58,11 @@ def test_prepare_model_applies_the_choices_and_a_running_engine_keeps_them(proce
             logits[dtype], _ = model.decode(tgt, model.cross_kv(model.encode(src, mask)[0]), mask)
     assert not torch.equal(logits["float32"], logits["int8"])     # int8 arithmetic, close to float32
     torch.testing.assert_close(logits["int8"], logits["float32"], rtol=0.1, atol=0.1 * float(logits["float32"].abs().max()))
-    prepare_model(model, EngineConfig(cpu_kernels=False, fused_step=False))
-    assert not kernels.enabled() and kernels.decode_attention() is None and not fused_step.enabled()
-    prepare_model(model, EngineConfig(cpu_kernels=True, fused_step=True))
-    assert kernels.enabled() and fused_step.enabled()
+    defaults = settings.current()
+    for on in (False, True):
+        prepare_model(model, EngineConfig(cpu_kernels=on, fused_step=on))
+        assert all(m.packed.cpu_kernels is on for m in model.modules() if isinstance(m, PackedLinear))
+        assert settings.current() == defaults          # nothing of the process changes
     running = EngineConfig(linear_dtype="int8")
     prepare_model(model, EngineConfig(linear_dtype="int8", max_num_seqs=8), running)    # other knobs: in place
     for change in ({"linear_dtype": "float32"}, {"cpu_kernels": False}, {"fused_step": False}):
@@ -74,7 +70,18 @@ def test_prepare_model_applies_the_choices_and_a_running_engine_keeps_them(proce
             prepare_model(model, EngineConfig(**{"linear_dtype": "int8", **change}), running)
 
 
-def test_a_translator_loads_its_model_in_the_configured_linear_dtype(tmp_path, process_settings):
+def test_two_engines_of_one_process_compute_as_each_is_configured():
+    """The switches are per engine: one with the kernels and the fused step off beside one with them on."""
+    engines = [Engine(make_model(torch.float32), EngineConfig(max_num_seqs=4, cpu_kernels=on, fused_step=on))
+               for on in (False, True)]
+    off, on = (e.runner for e in engines)
+    assert not off.cache.cpu_kernels and not off.cache.kernel_ok() and not off.fused_step
+    assert on.cache.cpu_kernels and on.fused_step
+    with pytest.raises(EngineValidationError, match="another value needs a new engine"):
+        asyncio.run(engines[0].reconfigure(EngineConfig(max_num_seqs=4, cpu_kernels=True, fused_step=False)))
+
+
+def test_a_translator_loads_its_model_in_the_configured_linear_dtype(tmp_path):
     """The service's path: the translator's first reconfigure (Serve's user_config) decides."""
     if not onednn_available():
         pytest.skip("this torch build has no oneDNN prepacked linears")

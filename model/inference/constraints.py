@@ -28,11 +28,11 @@ whether constrained searches share its step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from .search import BeamSearch, Hypothesis
+from .beam import BeamSearch, Hypothesis
 
 if TYPE_CHECKING:
     from .step import StepOutput

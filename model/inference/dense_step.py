@@ -5,7 +5,7 @@ the block tables into a padded [R, T, H, Dh] block and attended with PyTorch's f
 The step is split in two: ``plan_dense`` does the host-side bookkeeping (each row's write in its
 assigned block, the beam ``home`` table, the key indices, the capacity check) and ``dense_forward`` is pure device work on
 tensors whose shapes depend only on (rows, key capacity), so it can be captured in a CUDA graph and
-replayed (``service/engine/cuda_graphs.py``). It computes the same attention over the same keys as
+replayed (``cuda_graphs.py``). It computes the same attention over the same keys as
 the packed path of ``decode_step`` (``tests/test_dense_step.py`` compares them).
 """
 from __future__ import annotations
@@ -50,10 +50,6 @@ class DenseInputs:
     @property
     def rows(self) -> int:
         return self.tokens.size(0)
-
-    @property
-    def key_shape(self) -> tuple[int, int]:
-        return self.self_index.size(1), self.cross_index.size(1)
 
     def tensors(self) -> list[Tensor]:
         return [self.tokens, self.positions, self.write_at, self.self_index, self.self_mask,
@@ -144,9 +140,11 @@ class GatherAttention:
 def dense_forward(model, cache: PagedKVCache, x: DenseInputs) -> Tensor:
     """The decoder step of ``x`` (from ``plan_dense``): log-probabilities [R, V] (float32), padding
     and BOS never generated. No host synchronisation: capturable in a CUDA graph."""
-    hooks = [(GatherAttention(cache, i, x.write_at, x.self_index, x.self_mask),
-              GatherAttention(cache, i, None, x.cross_index, x.cross_mask)) for i in range(cache.num_layers)]
-    logits, _ = model.decode(x.tokens[:, None], None, None, None, x.positions[:, None], hooks, False)
+    hooks = [(GatherAttention(cache, i, write_at=x.write_at, index=x.self_index, mask=x.self_mask),
+              GatherAttention(cache, i, write_at=None, index=x.cross_index, mask=x.cross_mask))
+             for i in range(cache.num_layers)]
+    logits, _ = model.decode(x.tokens[:, None], cross_kv=None, src_mask=None, positions=x.positions[:, None],
+                             cache_attend=hooks)
     return step_log_probs(model, logits[:, -1])
 
 

@@ -7,44 +7,41 @@ attention, residual adds, layer norms, the FFN), and each pays a Python call, a 
 dispatch of a few microseconds, more than its arithmetic at one row. The compiled layer runs the
 same operators on the same values in the same order (the same int8 or oneDNN products, the same
 attention kernel, ATen's layer norm), so it gives the same bits as the module path; it only drops
-the Python between them. ``decode_step`` (``step.py``) takes it whenever it applies:
+the Python between them. ``step.choose_variant`` picks it (``Variant.FUSED``) for a CPU cache whose
+compiled kernels are on, with ``fused_step`` switched on (the ``EngineConfig`` fields in the service;
+``MT_CPU_KERNELS`` / ``MT_FUSED_STEP`` for the tools) and no attention weights asked for but
+cross-attention's (the service asks for those to place protected spans). ``decode_logits`` then
+runs it where the model qualifies, and returns None (the eager step runs) otherwise:
 
 - CPU inference (no gradient, eval mode) on a KV cache whose plan reads keys with the compiled
-  attention kernel (``AttentionPlan.kernel``), no attention weights asked for but cross-attention's
-  (the service asks for those to place protected spans: one such sentence used to put a whole step
-  on the module path);
+  attention kernel (``AttentionPlan.kernel``);
 - every decoder linear layer prepacked int8 or float32 (``linear.pack_for_inference``) and still
   valid for its weight; bfloat16 and unpacked models take the module path;
-- the compiled kernels available and switched on, and this path too (``settings.current()``:
-  ``cpu_kernels`` and ``fused_step``, the ``EngineConfig`` fields in the service; ``MT_CPU_KERNELS`` /
-  ``MT_FUSED_STEP`` for the tools).
+- the compiled layer step built (``kernels.decoder_step_op``).
 
 ``prefill.encode_packed`` (prefill's encoder, packed sentences) likewise runs each encoder layer in
-one call (``encode_packed`` here) under the same conditions.
+one call (``encode_packed`` here) when ``fused_step`` is on, under the same conditions.
 
 ``tests/test_fused_step.py`` compares the two paths bit for bit (greedy and beam, contiguous and
 paged caches, mixed lengths, few and many rows); ``python -m service.bench.fused_step`` times them.
 """
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from . import kernels, settings
+from . import kernels
 from .attention_plan import CacheAttention
 from .linear import PackedWeight, output_logits
 
-__all__ = ["decode_logits", "enabled", "encode_packed", "layer_params"]
+__all__ = ["decode_logits", "encode_packed", "layer_params"]
 
 _ACTIVATION = {"relu": 0, "gelu": 1, "swish": 2, "silu": 2}
 _EMPTY = torch.empty(0)
-
-
-def enabled() -> bool:
-    """Whether the compiled layer step is switched on (``settings.current().fused_step``)."""
-    return settings.current().fused_step
 
 
 def _linear_params(m) -> Optional[list[Tensor]]:
@@ -85,22 +82,32 @@ def layer_params(layer) -> Optional[list[Tensor]]:
     return out
 
 
+@dataclass
+class _StackParams:
+    """The ``layer_params`` of one stack of layers, valid while ``key`` matches its linear layers."""
+    linears: list                            # the stack's linear layers, listed once (the structure is fixed)
+    key: Optional[list] = None               # per linear layer (its PackedWeight, its weight's version)
+    params: Optional[list[list[Tensor]]] = None   # per layer its layer_params; None: a layer does not qualify
+
+
+# Each model's stacks, kept beside the model (as ``linear.py`` keeps its output projection's copy), not on it.
+_PARAMS: "weakref.WeakKeyDictionary[nn.Module, dict[str, _StackParams]]" = weakref.WeakKeyDictionary()
+
+
 def _stack_params(model, stack: str) -> Optional[list[list[Tensor]]]:
-    """Per layer of ``model.decoder`` or ``model.encoder`` (``stack``) its ``layer_params``, cached on
-    the model while every prepacked copy is the same object and valid for its weight (re-packing or
-    changing a weight rebuilds or disables it; the cache key holds the prepacked objects, so none of
-    them is freed and its identity reused)."""
-    cache = model.__dict__.setdefault("_fused_cache", {})
-    layers = getattr(model, stack)
-    if stack not in cache:   # the layers' structure is fixed: their linear layers are listed once
-        cache[stack] = ([m for layer in layers for m in _linears(layer)], None, None)
-    linears, key, value = cache[stack]
-    now = [(getattr(m, "packed", None), m.weight._version) for m in linears]   # PackedWeight: compared by identity
-    if now != key:
-        params = [layer_params(layer) for layer in layers]
-        value = None if any(p is None for p in params) else params
-        cache[stack] = (linears, now, value)
-    return value
+    """Per layer of ``model.decoder`` or ``model.encoder`` (``stack``) its ``layer_params``, kept
+    while every prepacked copy is the same object and valid for its weight (re-packing or changing a
+    weight rebuilds or disables it; the key holds the prepacked objects, so none of them is freed
+    and its identity reused)."""
+    stacks = _PARAMS.setdefault(model, {})
+    if stack not in stacks:
+        stacks[stack] = _StackParams([m for layer in getattr(model, stack) for m in _linears(layer)])
+    s = stacks[stack]
+    now = [(getattr(m, "packed", None), m.weight._version) for m in s.linears]   # PackedWeight: compared by identity
+    if now != s.key:
+        params = [layer_params(layer) for layer in getattr(model, stack)]
+        s.key, s.params = now, None if any(p is None for p in params) else params
+    return s.params
 
 
 def _int8_rows() -> int:
@@ -112,8 +119,8 @@ def encode_packed(model, x: Tensor, attend) -> Optional[Tensor]:
     """The encoder layers of ``prefill.encode_packed`` with each layer in one compiled call: x [NT,
     d_model] embedded tokens of a packed batch, ``attend`` its ``PackedSelfAttention`` -> [NT, d_model]
     before the final norm, the same bits as the module path; None where the compiled step does not
-    apply (see the module docstring)."""
-    if (not enabled() or model.training or torch.is_grad_enabled() or model.cfg.activation not in _ACTIVATION
+    apply (see the module docstring). The caller has checked that ``fused_step`` is on."""
+    if (model.training or torch.is_grad_enabled() or model.cfg.activation not in _ACTIVATION
             or x.dtype != torch.float32):
         return None
     step = kernels.encoder_step_op()
@@ -149,7 +156,7 @@ def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tens
     also each layer's cross-attention weights [N, H, S] (S: the plan's longest source; zero past a
     row's own), what ``decode_step`` returns as ``StepOutput.cross``, the same bits. Writes this step's
     K/V into the cache as the module path does. Raises ValueError for a position beyond max_len."""
-    if not enabled() or len(hooks) != len(model.decoder) or not _eligible(model, hooks):
+    if len(hooks) != len(model.decoder) or not _eligible(model, hooks):
         return None
     step = kernels.decoder_step_op()
     if step is None:

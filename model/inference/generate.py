@@ -1,8 +1,9 @@
 """Offline decoding of a static batch: ``generate`` (greedy and beam search over an explicit KV cache),
 ``translate_lines`` for text, and the target-length budget both it and the serving engine use.
 
-The search itself (``BeamSearch``, the one ``search_step`` offline decoding and the engine share) is in
-``search.py``; the model math in ``prefill.py`` and ``step.py``.
+The search itself is in ``beam.py`` (``BeamSearch``) and ``search.py`` (the one ``search_step`` offline
+decoding and the engine share); the model math in ``prefill.py`` and ``step.py``. The compute
+switches are the process's (``settings.current()``) unless ``cache`` brings its own ``cpu_kernels``.
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from torch import Tensor
 
 from ..tokenizer import Tokenizer, check_target_lang, encode_source
 from ..transformer import Transformer
-from . import kernels
+from . import kernels, settings
+from .beam import ATTENTION_KINDS, BeamSearch, Hypothesis, max_beam_size
 from .kv_cache import KVCache
 from .logits import RepetitionControls
 from .paged_cache import allocate_blocks
 from .prefill import prefill
-from .search import ATTENTION_KINDS, ActiveSearch, BeamSearch, Hypothesis, decode_inputs, max_beam_size, search_step
+from .search import ActiveSearch, decode_inputs, search_step
 from .step import decode_step
 
 __all__ = ["beam_search", "default_max_new_tokens", "generate", "greedy_search", "length_groups", "pad_batch",
@@ -80,9 +82,10 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
             # attention reads keys through an index anyway; eager attention would have to gather them,
             # which costs more than the copies at the small batches offline decoding often runs.
             p = next(model.parameters())
-            indirect = beam_size > 1 and kernels.applies(p.device, p.dtype)
+            cpu_kernels = settings.current().cpu_kernels
+            indirect = beam_size > 1 and cpu_kernels and kernels.applies(p.device, p.dtype)
             cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources),
-                                      indirect=indirect)
+                                      indirect=indirect, cpu_kernels=cpu_kernels)
         slots: list[list[int]] = []
         try:
             for _ in todo:
@@ -116,7 +119,8 @@ def _run(model: Transformer, cache: KVCache, sources: Sequence[Sequence[int]], s
             allocate_blocks(cache, [s.slots for s in running], [s.position for s in running])
             step_slots, tokens, positions = decode_inputs(running)
             out = decode_step(model, cache, torch.tensor(step_slots, device=device),
-                              torch.tensor(tokens, device=device), torch.tensor(positions, device=device), need)
+                              torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
+                              need_weights=need)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> Tensor:

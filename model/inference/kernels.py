@@ -21,9 +21,10 @@ serving process's event loop keeps running during a long kernel call on the engi
 The source is compiled with ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed;
 the first build is slow and is cached under ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``, keyed by the source, its directory, torch version and CPU). When the build or a
-self-check fails, or the kernels are switched off (``settings.current().cpu_kernels``: ``EngineConfig.cpu_kernels``
-in the service, ``MT_CPU_KERNELS=0`` for the tools), ``decode_attention()`` returns None and callers use
-their eager path: results are the same up to float rounding.
+self-check fails, ``decode_attention()`` and the other accessors return None and callers use their
+eager path: results are the same up to float rounding. Whether a caller asks at all is its own switch
+(``cpu_kernels``: ``EngineConfig.cpu_kernels`` in the service, ``MT_CPU_KERNELS=0`` for the tools;
+``settings.py``), so nothing is built where they are switched off.
 """
 from __future__ import annotations
 
@@ -40,8 +41,6 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor
 
-from . import settings
-
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decode_attention.cpp", "int8_linear.cpp",
@@ -52,11 +51,6 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional[Callable]] = {}
-
-
-def enabled() -> bool:
-    """Whether the compiled kernels are switched on (``settings.current().cpu_kernels``)."""
-    return settings.current().cpu_kernels
 
 
 def _cpu_id() -> str:
@@ -250,10 +244,8 @@ def _self_check_topk(module) -> None:
 
 
 def _module():
-    """The compiled extension, or None where it is switched off (``enabled()``) or cannot be built
-    (the reason is logged once). Thread-safe; builds at most once per process, and the first answer stands."""
-    if not enabled():
-        return None
+    """The compiled extension, or None where it cannot be built (the reason is logged once).
+    Thread-safe; builds at most once per process, and the first answer stands."""
     if "module" in _loaded:
         return _loaded["module"]
     with _lock:
@@ -307,7 +299,7 @@ def rank_beams_op() -> Optional[Callable]:
     """The compiled ``rank_beams(top_v [N, W], top_i [N, W], prefix [R] float64, first [S], count [S],
     beam [S]) -> (log_probs [S, T], parents [S, T], tokens [S, T])`` (sentence s: rows first[s] ..
     first[s] + count[s] - 1, their hypotheses' log-probs the next count[s] of prefix, R = sum(count)):
-    every sentence's best min(2k, all) beam candidates ranked as ``model.inference.search.BeamSearch`` ranks one
+    every sentence's best min(2k, all) beam candidates ranked as ``model.inference.beam.BeamSearch`` ranks one
     sentence's (``csrc/row_topk.cpp``), or None (see ``_module``;
     ``_loaded["topk"] = None`` switches it off with ``row_topk``)."""
     if "topk" in _loaded and _loaded["topk"] is None:

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, settings
 from .attention_plan import AttentionPlan, CacheAttention, packed_positions, shared_sources
 from .slots import CacheFullError, SlotPool
 
@@ -32,11 +32,13 @@ class KVCache:
     each position, so that beam reorders copy slot ids instead of K/V; decode attention then always
     gathers keys (packed, see ``AttentionPlan``). Used on CPU by the engine and offline decoding.
     The slots themselves are handed out by ``slots`` (a ``SlotPool``); ``CacheFullError`` comes from there.
+    ``cpu_kernels``: decode attention may run the compiled kernels (``kernel_ok``; default: the
+    process's, ``settings.current()``).
     """
 
     def __init__(self, n_layers: int, n_heads: int, d_head: int, num_slots: int, max_tgt_len: int,
                  max_src_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 indirect: bool = False):
+                 indirect: bool = False, cpu_kernels: Optional[bool] = None):
         shape_self = (n_layers, num_slots, max_tgt_len, n_heads, d_head)
         shape_cross = (n_layers, num_slots, max_src_len, n_heads, d_head)
         self.self_k = torch.zeros(shape_self, dtype=dtype, device=device)
@@ -56,17 +58,20 @@ class KVCache:
         # step is, its keys are in its own slot and attention may read them in place (greedy never is)
         self.redirected = torch.zeros(num_slots, dtype=torch.bool, device=device) if indirect else None
         self.slots = SlotPool(num_slots)  # which slots are free: the one allocator (offline and engine)
+        self.cpu_kernels: bool = settings.or_default("cpu_kernels", cpu_kernels)
         self._kernel: Optional[bool] = None  # compiled decode attention usable (see kernel_ok)
         self.num_layers = n_layers
 
     @classmethod
     def for_model(cls, model, num_slots: int, max_tgt_len: Optional[int] = None,
-                  max_src_len: Optional[int] = None, indirect: bool = False) -> "KVCache":
+                  max_src_len: Optional[int] = None, indirect: bool = False,
+                  cpu_kernels: Optional[bool] = None) -> "KVCache":
         """A cache shaped for ``model`` (a ``Transformer``), on its device and in its dtype."""
         cfg = model.cfg
         p = next(model.parameters())
         return cls(cfg.n_decoder_layers, cfg.n_heads, cfg.d_head, num_slots, max_tgt_len or cfg.max_len,
-                   max_src_len or cfg.max_len, dtype=p.dtype, device=p.device, indirect=indirect)
+                   max_src_len or cfg.max_len, dtype=p.dtype, device=p.device, indirect=indirect,
+                   cpu_kernels=cpu_kernels)
 
     @property
     def nbytes(self) -> int:
@@ -111,9 +116,10 @@ class KVCache:
 
     def kernel_ok(self) -> bool:
         """Whether packed decode attention runs the compiled kernel (``model.inference.kernels``): a CPU cache
-        in float32/float64 where the kernel could be built (decided once, at the first step)."""
+        in float32/float64 with ``cpu_kernels`` on, where the kernel could be built (decided once, at
+        the first step)."""
         if self._kernel is None:
-            self._kernel = kernels.applies(self.self_k.device, self.self_k.dtype)
+            self._kernel = self.cpu_kernels and kernels.applies(self.self_k.device, self.self_k.dtype)
         return self._kernel
 
     def plan_step(self, slots: Tensor, positions: Tensor, packed: bool = False
@@ -136,8 +142,9 @@ class KVCache:
             if bool(self.redirected.index_select(0, slots).any()):
                 home = self.home
         plans = self._plans(slots, positions + 1, owners, packed, home, packed and self.kernel_ok())
-        return [(CacheAttention(self, layer, slots, write_at, plans[0]),
-                 CacheAttention(self, layer, slots, None, plans[1], share)) for layer in range(self.num_layers)]
+        return [(CacheAttention(self, layer, slots, write_at=write_at, plan=plans[0]),
+                 CacheAttention(self, layer, slots, write_at=None, plan=plans[1], share=share))
+                for layer in range(self.num_layers)]
 
     def _write_rows(self, slots: Tensor, positions: Tensor) -> Tensor:
         """[N] the row (in a layer's [N_slots * T_max, H, Dh] view) where each row's K/V of its position go."""

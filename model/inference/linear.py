@@ -6,9 +6,10 @@ the model becomes a ``PackedLinear`` with the same parameters and state-dict key
 output projection gets its own prepared copy (``output_logits``). ``model.load.load_model`` runs it;
 the network itself (``model/transformer.py``) knows nothing of it. The prepared copy is used only when no gradient is needed, on fp32 CPU inputs, and only while the weight is the
 one that was prepared (an optimizer step or ``load_state_dict`` changes its version, and the plain
-float32 path takes over). Training, float64 and CUDA always use the plain path. The dtype is the
-caller's (``EngineConfig.linear_dtype`` in the service), else ``settings.current().linear_dtype``
-(int8 unless ``MT_LINEAR_DTYPE`` says otherwise; ``settings.py``).
+float32 path takes over). Training, float64 and CUDA always use the plain path. The dtype and
+whether the compiled kernels serve the int8 layers are the caller's (``EngineConfig.linear_dtype`` /
+``cpu_kernels`` in the service), else the process's (``settings.current()``: int8 unless
+``MT_LINEAR_DTYPE`` says otherwise; ``settings.py``).
 
 **int8** (default): the weights are int8 with one scale per output feature (absmax / 127; on AVX2 CPUs
 without VNNI 63 levels a side, ``kernels.int8_weight_levels`` and ``kernels.quantize_weight``), and each
@@ -63,14 +64,16 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 class PackedWeight:
     """A copy of a [out, in] fp32 CPU weight prepared for inference, valid while the weight is
     unchanged: oneDNN-blocked in float32 or bfloat16, or int8 with per-output scales (``dtype``; see
-    the module docstring)."""
+    the module docstring). ``cpu_kernels``: int8 products may run the compiled kernels (default: the
+    process's)."""
 
-    def __init__(self, weight: Tensor, dtype: torch.dtype = torch.float32):
+    def __init__(self, weight: Tensor, dtype: torch.dtype = torch.float32, cpu_kernels: Optional[bool] = None):
         if dtype not in PACKED_DTYPES:
             raise ValueError(f"packed linear dtype must be float32, bfloat16 or int8, got {dtype}")
         w = weight.detach()
         self.key = (w.data_ptr(), w._version)
         self.dtype = dtype
+        self.cpu_kernels: bool = settings.or_default("cpu_kernels", cpu_kernels)
         self.small: Optional[tuple[Tensor, Tensor]] = None
         if dtype == torch.int8:  # one scale per output feature: the rows of w, quantized like inputs
             # [out, in], [out]; 63 levels a side for the AVX2 kernel (kernels.int8_weight_levels)
@@ -81,7 +84,7 @@ class PackedWeight:
             self.packed = q.t()                                                   # column-major view
             # One compiled call does the whole layer, any rows (a copy of the int8 values in its own
             # layout; the same bits as the path above), on AVX-512 VNNI and on AVX2 CPUs.
-            kernel = kernels.int8_linear_kernel()
+            kernel = kernels.int8_linear_kernel() if self.cpu_kernels else None
             self.small = kernels.vnni_weight(q) if kernel is not None else None
             # The row-major copy only where torch._int_mm serves 2+ rows, i.e. where no kernel is (the
             # column-major view stays for a fallback, e.g. kernels turned off later)
@@ -91,11 +94,11 @@ class PackedWeight:
         # Check the kernel once against the plain product on a small input; any mismatch -> not used.
         x = torch.randn(3, w.size(1), dtype=w.dtype, generator=torch.Generator().manual_seed(0))
         ref = F.linear(x, w)
-        got = self(x, None)
+        got = self(x, bias=None)
         tol = 1e-4 if dtype == torch.float32 else 5e-2 * float(ref.abs().max()) + 1e-2
         if not torch.allclose(got, ref, rtol=1e-4 if dtype == torch.float32 else 2e-2, atol=tol):
             raise RuntimeError("prepacked linear disagrees with F.linear")
-        if self.small is not None and not torch.equal(self._int8(x, None), got):   # the torch._int_mm path
+        if self.small is not None and not torch.equal(self._int8(x, bias=None), got):   # the torch._int_mm path
             raise RuntimeError("the compiled int8 layer and torch._int_mm disagree")
 
     def __call__(self, x: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -115,7 +118,7 @@ class PackedWeight:
         """Dynamic per-row int8: each row of x is scaled by its own absmax / 127 and rounded; the
         elementwise halves run compiled (``kernels.int8_ops``) where available."""
         rows = x.reshape(-1, x.size(-1))
-        ops = kernels.int8_ops()
+        ops = kernels.int8_ops() if self.cpu_kernels else None
         quantize = kernels.quantize_rows_eager if ops is None else ops.quantize_rows
         dequantize = kernels.dequantize_eager if ops is None else ops.dequantize
         q, scale = quantize(rows)
@@ -159,12 +162,13 @@ class PackedLinear(nn.Linear):
         new.train(linear.training)
         return new
 
-    def pack(self, dtype: torch.dtype = torch.float32) -> bool:
-        """Prepack the weight (in ``dtype``) for CPU inference; returns whether the packed path is active."""
+    def pack(self, dtype: torch.dtype = torch.float32, cpu_kernels: Optional[bool] = None) -> bool:
+        """Prepack the weight (in ``dtype``, see ``PackedWeight``) for CPU inference; returns whether
+        the packed path is active."""
         self.packed = None
         if PackedWeight.usable(self.weight):
             try:
-                self.packed = PackedWeight(self.weight, dtype)
+                self.packed = PackedWeight(self.weight, dtype, cpu_kernels)
             except (RuntimeError, AttributeError):  # a torch without this kernel (e.g. no CPU _int_mm)
                 self.packed = None
         return self.packed is not None
@@ -211,24 +215,27 @@ def _resolve_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-def pack_for_inference(model: nn.Module, dtype: "torch.dtype | str | None" = None, enabled: bool = True) -> bool:
+def pack_for_inference(model: nn.Module, dtype: "torch.dtype | str | None" = None, enabled: bool = True,
+                       cpu_kernels: Optional[bool] = None) -> bool:
     """Swap every linear layer of ``model`` (a ``Transformer``) for a ``PackedLinear`` and prepare
     its weight for oneDNN CPU inference, plus the shared output projection (``output_logits``).
     A no-op off CPU, off fp32 or without oneDNN. Returns whether packing is active.
     ``enabled=False`` swaps the plain layers back and drops the prepared copies. ``dtype``: int8,
-    float32 or bfloat16 (a torch dtype or its name; default ``default_dtype()``).
+    float32 or bfloat16 (a torch dtype or its name; default ``default_dtype()``). ``cpu_kernels``:
+    the int8 layers may run the compiled kernels (default: the process's).
     Raises ValueError for another dtype."""
     dtype = _resolve_dtype(dtype)
+    cpu_kernels = settings.or_default("cpu_kernels", cpu_kernels)
     _OUTPUT.pop(model, None)
     if not enabled:
         _swap_linears(model, to_packed=False)
         return False
     linears = _swap_linears(model, to_packed=True)
-    ok = all([m.pack(dtype) for m in linears])
+    ok = all([m.pack(dtype, cpu_kernels) for m in linears])
     tied = getattr(model, "out_proj", None) is None
     if ok and tied and PackedWeight.usable(model.tgt_embed.tok.weight):
         try:
-            _OUTPUT[model] = PackedWeight(model.tgt_embed.tok.weight, dtype)
+            _OUTPUT[model] = PackedWeight(model.tgt_embed.tok.weight, dtype, cpu_kernels)
         except (RuntimeError, AttributeError):
             ok = False
     elif tied:
@@ -239,7 +246,7 @@ def pack_for_inference(model: nn.Module, dtype: "torch.dtype | str | None" = Non
         _OUTPUT.pop(model, None)
         if dtype != torch.float32 and PackedWeight.usable(model.tgt_embed.tok.weight):
             # e.g. a torch build without the int8 or bf16 kernels: prepacked float32 instead
-            return pack_for_inference(model, torch.float32)
+            return pack_for_inference(model, torch.float32, cpu_kernels=cpu_kernels)
     return ok
 
 

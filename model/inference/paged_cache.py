@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from . import settings
 from .attention_plan import AttentionPlan, packed_positions
 from .kv_cache import KVCache
 from .slots import BlockPool, BlockUpdate
@@ -52,7 +53,7 @@ class PagedKVCache(KVCache):
 
     def __init__(self, n_layers: int, n_heads: int, d_head: int, num_slots: int, num_blocks: int, block_size: int,
                  max_tgt_len: int, max_src_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", cpu_kernels: Optional[bool] = None):
         if block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {block_size}")
         shape = (n_layers, num_blocks, block_size, n_heads, d_head)
@@ -68,11 +69,13 @@ class PagedKVCache(KVCache):
         self.home = torch.arange(num_slots, device=device)[:, None].repeat(1, max_tgt_len)
         self.redirected = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.slots = BlockPool(num_slots, num_blocks, block_size)   # for the one block owner; never used here
+        self.cpu_kernels: bool = settings.or_default("cpu_kernels", cpu_kernels)   # as KVCache's
         self._kernel: Optional[bool] = None
 
     @classmethod
     def for_model(cls, model, num_slots: int, max_tgt_len: Optional[int] = None, max_src_len: Optional[int] = None,
-                  num_blocks: Optional[int] = None, block_size: int = 16) -> "PagedKVCache":
+                  num_blocks: Optional[int] = None, block_size: int = 16,
+                  cpu_kernels: Optional[bool] = None) -> "PagedKVCache":
         """A paged cache shaped for ``model`` (a ``Transformer``), on its device and in its dtype;
         ``num_blocks`` defaults to ``default_num_blocks``."""
         cfg = model.cfg
@@ -81,7 +84,7 @@ class PagedKVCache(KVCache):
         if num_blocks is None:
             num_blocks = default_num_blocks(num_slots, block_size, S, T)
         return cls(cfg.n_decoder_layers, cfg.n_heads, cfg.d_head, num_slots, num_blocks, block_size, T, S,
-                   dtype=p.dtype, device=p.device)
+                   dtype=p.dtype, device=p.device, cpu_kernels=cpu_kernels)
 
     # the one block pool serves both kinds of attention (``CacheAttention`` reads these)
     self_k = cross_k = property(lambda self: self.k)

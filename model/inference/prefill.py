@@ -1,9 +1,10 @@
 """Prefill: the encoder pass of admitted sentences, their cross-attention keys/values written into the
 KV cache once per sentence, and the first decoder step (BOS).
 
-On CPU the encoder runs on a packed batch (``encode_packed``: only real tokens, one compiled
-attention call, each encoder layer in one compiled call where ``fused_step`` applies), so a sentence's
-memory does not depend on what it is batched with.
+On CPU, where the cache's compiled kernels are on, the encoder runs on a packed batch
+(``encode_packed``: only real tokens, one compiled attention call, each encoder layer in one compiled
+call where ``fused_step`` is on and applies), so a sentence's memory does not depend on what it is
+batched with.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch
 from torch import Tensor
 
 from ..transformer import Transformer, padding_mask
-from . import fused_step, kernels
+from . import kernels, settings
+from .fused_step import encode_packed as fused_encode_packed
 from .attention_plan import packed_positions
 from .kv_cache import KVCache
 from .step import StepOutput, decode_step
@@ -55,25 +57,28 @@ class PackedSelfAttention:
         return out.transpose(1, 2), None
 
 
-def encode_packed(model: Transformer, tokens: Tensor, lengths: Tensor) -> Tensor:
+def encode_packed(model: Transformer, tokens: Tensor, lengths: Tensor, *, fused: Optional[bool] = None) -> Tensor:
     """The encoder on a packed batch: tokens [NT] are B sequences of ``lengths`` [B] one after
     another (no padding) -> memory [NT, d_model]. Same result as ``model.encode`` on the padded batch
     (up to float summation order), without computing pads; needs the compiled decode-attention
-    kernel (``kernels``) and returns no attention weights."""
+    kernel (``kernels``) and returns no attention weights. ``fused``: each layer in one compiled call
+    where that applies (``fused_step.py``; default: the process's ``fused_step``)."""
     _, positions = packed_positions(lengths)
     attend = PackedSelfAttention(lengths)
     x = model.src_embed(tokens[:, None], positions[:, None])     # [NT, 1, d_model]
-    fused = fused_step.encode_packed(model, x[:, 0], attend)     # each layer one compiled call, where it applies
-    if fused is not None:
-        return model.enc_norm(fused)
+    if settings.or_default("fused_step", fused):
+        out = fused_encode_packed(model, x[:, 0], attend)        # None where the model does not qualify
+        if out is not None:
+            return model.enc_norm(out)
     for layer in model.encoder:
-        x, _ = layer(x, None, False, attend)
+        x, _ = layer(x, src_mask=None, attend=attend)
     return model.enc_norm(x)[:, 0]
 
 
 @torch.no_grad()
 def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequence[int]] | Tensor, src: Tensor,
-                      src_lengths: Optional[Tensor] = None, need_weights: bool = False) -> Optional[list[Tensor]]:
+                      src_lengths: Optional[Tensor] = None, need_weights: bool = False, *,
+                      fused_step: Optional[bool] = None) -> Optional[list[Tensor]]:
     """The encoder half of prefill: encoder pass and cross-attention K/V of every decoder layer,
     stored once per sentence (in its first slot) and shared by all of its slots (all hypotheses of a
     beam attend to one source).
@@ -82,6 +87,7 @@ def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequen
         slots: per sentence, its slots (a [B, k] tensor, or B lists of any lengths >= 1).
         src: [B, S] source ids (EOS-terminated, right-padded with pad_id).
         src_lengths: [B] real lengths (default: counted from padding).
+        fused_step: on a packed batch, each encoder layer in one compiled call (``encode_packed``).
     Returns encoder self-attention weights [B, H, S, S] per layer with need_weights, else None.
     Raises ValueError when S exceeds the cache's max_src_len.
     """
@@ -97,7 +103,7 @@ def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequen
         # packed: only the real tokens go through the encoder (no padding, one call for any mix of lengths;
         # the same computation for a sentence whatever it is batched with)
         keep = torch.arange(src.size(1), device=src.device)[None, :] < src_lengths[:, None]
-        memory = encode_packed(model, src[keep], src_lengths)                    # [NT, d_model]
+        memory = encode_packed(model, src[keep], src_lengths, fused=fused_step)  # [NT, d_model]
         cache.write_cross_packed(first, model.cross_kv(memory[:, None]), src_lengths)
     else:
         memory, enc_w = model.encode(src, src_mask, need_weights)
@@ -111,7 +117,8 @@ def encode_into_cache(model: Transformer, cache: KVCache, slots: Sequence[Sequen
 
 @torch.no_grad()
 def prefill(model: Transformer, cache: KVCache, slots: Tensor, src: Tensor,
-            need_weights: bool = False, src_lengths: Optional[Tensor] = None) -> StepOutput:
+            need_weights: bool = False, src_lengths: Optional[Tensor] = None, *,
+            fused_step: Optional[bool] = None) -> StepOutput:
     """Encoder pass, cross-attention K/V for every decoder layer, and the first decoder step (BOS).
 
     Args:
@@ -119,6 +126,7 @@ def prefill(model: Transformer, cache: KVCache, slots: Tensor, src: Tensor,
             sentence (its beam), the first step runs on ``slots[:, 0]`` only.
         src: [B, S] source ids (EOS-terminated, right-padded with pad_id).
         src_lengths: [B] real lengths (default: counted from padding).
+        fused_step: each layer in one compiled call where that applies (default: the process's).
     Returns StepOutput with log_probs [B, V] for the first target token; with need_weights also
     encoder self-attention [B, H, S, S] per layer and first-step rows.
     The serving engine calls ``encode_into_cache`` and runs the first step inside its shared decode
@@ -126,9 +134,9 @@ def prefill(model: Transformer, cache: KVCache, slots: Tensor, src: Tensor,
     """
     if slots.dim() == 1:
         slots = slots[:, None]
-    enc_w = encode_into_cache(model, cache, slots, src, src_lengths, need_weights)
+    enc_w = encode_into_cache(model, cache, slots, src, src_lengths, need_weights, fused_step=fused_step)
     first = slots[:, 0]
     bos = torch.full((slots.size(0),), model.cfg.bos_id, dtype=torch.long, device=src.device)
-    out = decode_step(model, cache, first, bos, torch.zeros_like(bos), need_weights)
+    out = decode_step(model, cache, first, bos, torch.zeros_like(bos), need_weights, fused_step=fused_step)
     out.encoder = enc_w
     return out

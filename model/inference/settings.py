@@ -1,12 +1,16 @@
-"""The inference switches of a process, and the environment variables that override their defaults
-(read here and nowhere else; no torch here).
+"""The inference switches, and the environment variables that override their defaults (read here and
+nowhere else; no torch here).
 
     linear_dtype   the arithmetic of the prepared CPU linear layers (``linear.py``): int8, float32, bfloat16
     cpu_kernels    the compiled CPU kernels (``kernels.py``); off: eager PyTorch, the same results, ~40% slower
     fused_step     one compiled call per decoder layer in a CPU decode step (``fused_step.py``)
 
-The service takes them from ``EngineConfig`` (same names; ``service/engine/process.py`` applies
-them when an engine starts); the command-line tools and the benchmarks run with ``current()``.
+Each is an explicit argument where it acts: ``pack_for_inference`` (linear_dtype, cpu_kernels), the
+KV caches (cpu_kernels, which a decode step's output carries on to ``search_step``), ``decode_step``
+and ``encode_into_cache`` (fused_step). The service passes an engine's own ``EngineConfig`` fields
+(same names), so models in one process may differ; where a caller passes None, the process's
+defaults apply (``current()``: the environment's, read once), which is what the command-line tools
+and the benchmarks run with.
 ``ENV`` names the variables: each replaces its field's default, a value in a config wins over it.
 """
 from __future__ import annotations
@@ -67,8 +71,8 @@ _current: Optional[InferenceSettings] = None
 
 
 def current() -> InferenceSettings:
-    """The settings in force in this process: the environment's (``from_env``, read on the first
-    call), as ``configure`` last changed them."""
+    """The process's defaults: the environment's (``from_env``, read on the first call), as
+    ``configure`` last changed them."""
     global _current
     if _current is None:
         _current = from_env()
@@ -76,8 +80,13 @@ def current() -> InferenceSettings:
 
 
 def configure(**changes) -> InferenceSettings:
-    """Change the process's settings (``InferenceSettings`` fields); an engine does so when it starts.
-    Returns the new settings."""
+    """Change the process's defaults (``InferenceSettings`` fields), before a command-line tool loads
+    its model (an engine never does: it passes its own). Returns the new defaults."""
     global _current
     _current = dataclasses.replace(current(), **changes)
     return _current
+
+
+def or_default(name: str, value):
+    """``value``, or where it is None the process's default of the field ``name`` (``current()``)."""
+    return getattr(current(), name) if value is None else value

@@ -1,18 +1,20 @@
 """Per-row top-k of a step's log-probabilities: the candidates beam search ranks (greedy is k = 1)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, settings
 
 TOPK_CHUNK = 64  # vocabulary entries per chunk of ``row_topk``
 
 
-def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def row_topk(x: Tensor, k: int, cpu_kernels: Optional[bool] = None) -> tuple[Tensor, Tensor]:
     """``x.topk(k, dim=-1)`` of a [N, V] matrix (values descending), cheaper for small k and large V.
 
-    On CPU (float32/float64) the compiled kernel (``model.inference.kernels.topk_op``) reads each row once,
+    On CPU (float32/float64), with ``cpu_kernels`` (default: the process's) the compiled kernel (``model.inference.kernels.topk_op``) reads each row once,
     keeping a sorted list of the k best (ties go to the lower index, as in ``torch.topk`` here).
     Otherwise: the k largest entries of a row lie in the k chunks (of TOPK_CHUNK entries) with the
     largest maxima: any other chunk's maximum is at most the k-th largest of those. So chunk maxima (a
@@ -22,7 +24,8 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     Returns (values [N, k], ids [N, k]).
     """
     N, V = x.shape
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and 1 <= k <= V:
+    if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and 1 <= k <= V
+            and settings.or_default("cpu_kernels", cpu_kernels)):
         compiled = kernels.topk_op()
         if compiled is not None:  # one pass per row (``model/inference/csrc/row_topk.cpp``)
             v, i = compiled(x, k)

@@ -7,8 +7,8 @@ are published) holds ``config.json`` (``model_type: marian``), ``model.safetenso
 sinusoidal positions); what differs from the paper maps onto ``ModelConfig`` fields: the FFN
 activation (``swish``), the sinusoid layout (sines then cosines), ``scale_embedding``,
 ``final_logits_bias``, the decoder start token (the pad token) and special ids from ``vocab.json``.
-A bad directory raises ``MarianImportError`` naming the file or field. Export: ``marian_export.py``;
-the command line: ``python -m model.convert``.
+A bad directory raises ``MarianImportError`` naming the file or field. Export: ``marian_export.py``
+(the parameter layout both use: ``marian_layout.py``); the command line: ``python -m model.convert``.
 
 ``generation_config.json`` (else the generation fields of ``config.json``, as transformers falls back
 to them) is read and applied, not assumed (``generation_rules``): ``forced_eos_token_id`` and
@@ -34,6 +34,7 @@ from ..checkpoint import WEIGHT_DTYPES, save_checkpoint, unique_state_dict
 from ..config import ACTIVATIONS, ModelConfig
 from ..tokenizer import VocabTokenizer
 from ..transformer import Transformer
+from .marian_layout import attention_blocks, layer_map, permute_residual, split_order
 
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 SPECIALS = {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"}   # VocabTokenizer argument -> default piece
@@ -60,37 +61,6 @@ def _read_json(path: Path) -> dict:
         raise MarianImportError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(out, dict):
         raise MarianImportError(f"{path}: expected a JSON object")
-    return out
-
-
-def split_order(d_model: int) -> torch.Tensor:
-    """[d_model] index from the interleaved sinusoid layout to the split one: dimension k of the split
-    layout is dimension ``order[k]`` of ours (the even dimensions, sines, then the odd, cosines)."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
-
-
-_READS_STREAM = (".tok.weight", "out_proj.weight", ".w_q.weight", ".w_kv.weight", ".w1.weight", "pos.weight")
-_WRITES_STREAM = (".w_o.weight", ".w2.weight")
-_STREAM_VECTORS = (".w_o.bias", ".w2.bias", "norm.weight", "norm.bias")
-_OTHER = (".w_q.bias", ".w_kv.bias", ".w1.bias", "logits_bias")
-
-
-def permute_residual(state: dict[str, torch.Tensor], order: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Our state dict with the residual stream's dimensions reordered (new dimension k = old
-    ``order[k]``): an exact symmetry of the model (LayerNorm does not depend on the order; logits
-    are dot products with the tied embedding). Raises KeyError for a parameter it does not know."""
-    out = {}
-    for name, t in state.items():
-        if name.endswith(_READS_STREAM):
-            out[name] = t[:, order]              # [out, d_model]: input columns
-        elif name.endswith(_WRITES_STREAM):
-            out[name] = t[order, :]              # [d_model, in]: output rows
-        elif name.endswith(_STREAM_VECTORS):
-            out[name] = t[order]
-        elif name.endswith(_OTHER):
-            out[name] = t
-        else:
-            raise KeyError(f"permute_residual: unknown parameter {name!r}")
     return out
 
 
@@ -283,34 +253,6 @@ def read_marian_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
     raise MarianImportError(f"{directory}: no model.safetensors or pytorch_model.bin")
 
 
-def attention_blocks(kind: str) -> list[tuple[str, str]]:
-    """(our attention module, transformers' Marian module) of an encoder or decoder layer."""
-    return [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if kind == "decoder" else [])
-
-
-def layer_map(kind: str, i: int) -> dict[str, str]:
-    """Our parameter names -> transformers' for layer i of the encoder or decoder (q/k/v separate
-    there, K and V fused in our ``w_kv``: handled by the caller)."""
-    src, dst = f"model.{kind}.layers.{i}.", f"{kind}.{i}."
-    attn = {"w_q": "q_proj", "w_o": "out_proj"}
-    out = {}
-    blocks = attention_blocks(kind)
-    for ours, theirs in blocks:
-        for a, b in attn.items():
-            for p in ("weight", "bias"):
-                out[f"{dst}{ours}.{a}.{p}"] = f"{src}{theirs}.{b}.{p}"
-    norms = (["self_attn_layer_norm", "final_layer_norm"] if kind == "encoder"
-             else ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"])
-    our_norms = ["res1", "res2"] if kind == "encoder" else ["res.0", "res.1", "res.2"]
-    for ours, theirs in zip(our_norms, norms):
-        for p in ("weight", "bias"):
-            out[f"{dst}{ours}.norm.{p}"] = f"{src}{theirs}.{p}"
-    for ours, theirs in (("w1", "fc1"), ("w2", "fc2")):
-        for p in ("weight", "bias"):
-            out[f"{dst}ffn.{ours}.{p}"] = f"{src}{theirs}.{p}"
-    return out
-
-
 def marian_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig, where: str,
                       source_order: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """Our unique state dict (``checkpoint.unique_state_dict`` names) from a transformers MarianMTModel
@@ -339,8 +281,7 @@ def marian_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig, where: str,
         for i in range(n):
             for ours, theirs in layer_map(kind, i).items():
                 out[ours] = get(theirs)
-            blocks = attention_blocks(kind)
-            for ours, theirs in blocks:
+            for ours, theirs in attention_blocks(kind):
                 for p in ("weight", "bias"):
                     k, v = (get(f"model.{kind}.layers.{i}.{theirs}.{x}_proj.{p}") for x in "kv")
                     out[f"{kind}.{i}.{ours}.w_kv.{p}"] = torch.cat([k, v])

@@ -41,7 +41,7 @@ from ..checkpoint import WEIGHT_DTYPES, load_checkpoint, load_metadata, unique_s
 from ..config import ModelConfig
 from ..tokenizer import Tokenizer, VocabTokenizer
 from ..transformer import Transformer
-from .marian import attention_blocks, layer_map, permute_residual, split_order
+from .marian_layout import attention_blocks, layer_map, permute_residual, split_order
 
 ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 

@@ -30,11 +30,11 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from model.inference.search import Hypothesis
+from model.inference.beam import Hypothesis
 
 from .config import EngineConfig, resolve_dtype
 from .errors import EngineError, EngineStoppedError, EngineValidationError
-from .process import torch_threads
+from .process import check_fixed, torch_threads
 from .records import (EngineStats, GenerationOptions, RequestStats, ScheduledRequest, SequenceOutput, StepResult,
                       StepStats, TranslationResult)
 from .runner import ModelRunner
@@ -84,9 +84,11 @@ class Engine:
         device = next(self.model.parameters()).device
         self.dtype = resolve_dtype(config.dtype, device.type, self.loaded_dtype)   # float16 on CPU: an error
         with torch_threads(1):  # allocation only: keep the calling thread's OpenMP team small (see torch_threads)
-            self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_src_len, self.max_tgt_len,
-                                      config.kv_blocks, config.kv_block_size, getattr(torch, self.dtype),
-                                      config.cuda_graphs)
+            self.runner = ModelRunner(self.model, config.max_num_seqs, max_src_len=self.max_src_len,
+                                      max_tgt_len=self.max_tgt_len, num_blocks=config.kv_blocks,
+                                      block_size=config.kv_block_size, dtype=getattr(torch, self.dtype),
+                                      cuda_graphs=config.cuda_graphs, cpu_kernels=config.cpu_kernels,
+                                      fused_step=config.fused_step)
         if getattr(self, "scheduler", None) is None:
             self.scheduler = Scheduler(config, self.runner.cache.slots)
         else:
@@ -132,13 +134,15 @@ class Engine:
         """Apply a new EngineConfig (e.g. from Ray Serve ``user_config``). Policy and queue knobs
         apply at the next step; a new cache shape (max_num_seqs, max_src_len, max_tgt_len) is applied
         once running requests have finished (admission pauses until then). Waiting requests whose
-        beam no longer fits fail with EngineValidationError."""
+        beam no longer fits fail with EngineValidationError; so does a new dtype, linear_dtype,
+        cpu_kernels or fused_step (they need a new engine)."""
         if not isinstance(config, EngineConfig):
             config = EngineConfig.from_dict(config)
         device = next(self.model.parameters()).device
         if resolve_dtype(config.dtype, device.type, self.loaded_dtype) != self.dtype:  # a cast back up would not restore the weights
             raise EngineValidationError("dtype", f"the engine runs in {self.dtype}; a new dtype needs a new engine "
                                                  "(restart the replica)")
+        check_fixed(config, self.config)   # the model and the runner are built with them
         shape = ("max_num_seqs", "max_src_len", "max_tgt_len", "kv_blocks", "kv_block_size", "cuda_graphs")
         if all(getattr(config, k) == getattr(self.config, k) for k in shape):
             self.config = self.scheduler.config = config

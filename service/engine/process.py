@@ -1,6 +1,6 @@
 """Process and thread settings for serving: applied once the model is loaded (by the translator and
-the benchmarks); nothing a result depends on changes, except the CPU compute choices of
-``EngineConfig`` that ``prepare_model`` applies.
+the benchmarks); nothing a result depends on changes. ``prepare_model`` prepares a model's linear
+layers as its ``EngineConfig`` says.
 """
 from __future__ import annotations
 
@@ -11,32 +11,35 @@ from typing import Iterator, Optional
 
 import torch
 
-from model.inference import settings
 from model.inference.linear import pack_for_inference
 
 from .config import EngineConfig
 from .errors import EngineValidationError
 
-# EngineConfig fields applied to the model and the process before the engine's first step, then fixed
+# EngineConfig fields the model and its engine are built with before the engine's first step, then fixed
 FIXED_AT_START = ("linear_dtype", "cpu_kernels", "fused_step")
 
 
 def prepare_model(model, config: EngineConfig, running: Optional[EngineConfig] = None) -> None:
-    """Apply ``config``'s CPU compute choices to ``model`` (loaded with ``pack=False``) before its
-    engine starts (``running`` None): the process-wide switches ``cpu_kernels`` and ``fused_step``
-    (``model.inference.settings.configure``; the models of one process must agree, ``service.app``
-    checks it) and the linear layers prepared in ``linear_dtype`` (``pack_for_inference``; the plain
-    weights off CPU float32). Once an engine runs with ``running``, a config that changes one of
+    """Prepare ``model`` (loaded with ``pack=False``) for ``config`` before its engine starts
+    (``running`` None): its linear layers in ``linear_dtype``, their int8 products through the
+    compiled kernels as ``cpu_kernels`` says (``pack_for_inference``; the plain weights off CPU
+    float32). The engine takes ``cpu_kernels`` and ``fused_step`` from the same config, so each model
+    of a process has its own. Once an engine runs with ``running``, a config that changes one of
     FIXED_AT_START raises EngineValidationError: a new value needs a new engine (a new replica)."""
     if running is not None:
-        for name in FIXED_AT_START:
-            if getattr(config, name) != getattr(running, name):
-                raise EngineValidationError(name, f"the engine runs with {getattr(running, name)!r}; another value "
-                                                  "needs a new engine (restart the replica)")
+        check_fixed(config, running)
         return
-    settings.configure(cpu_kernels=config.cpu_kernels, fused_step=config.fused_step)
     with torch_threads(1):    # set-up work (see torch_threads)
-        pack_for_inference(model, config.linear_dtype)
+        pack_for_inference(model, config.linear_dtype, cpu_kernels=config.cpu_kernels)
+
+
+def check_fixed(config: EngineConfig, running: EngineConfig) -> None:
+    """Raise EngineValidationError when ``config`` changes one of FIXED_AT_START from ``running``'s."""
+    for name in FIXED_AT_START:
+        if getattr(config, name) != getattr(running, name):
+            raise EngineValidationError(name, f"the engine runs with {getattr(running, name)!r}; another value "
+                                              "needs a new engine (restart the replica)")
 
 
 def tune_process() -> None:

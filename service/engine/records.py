@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Hashable, Optional
 from service.protocol import GenerationOptions   # what a caller asks of one sentence (re-exported here)
 
 if TYPE_CHECKING:
-    from model.inference.search import Hypothesis
+    from model.inference.beam import Hypothesis
     from model.inference.slots import BlockUpdate
 
 

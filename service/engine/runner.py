@@ -3,8 +3,9 @@ the scheduler decided for one step, KV blocks included: it applies the block-tab
 scheduler hands it (``SchedulerOutput.blocks``) and writes only there, never allocating.
 
 All model math and search are ``model/``'s, the functions offline ``generate`` uses
-(``encode_into_cache`` in ``model/inference/prefill.py``, ``decode_step`` in ``model/inference/step.py``, ``search_step`` in
-``model/inference/search.py``), so serving and offline decoding share one implementation.
+(``encode_into_cache`` in ``model/inference/prefill.py``, ``decode_step`` in ``model/inference/step.py``,
+which chooses the step's variant, ``search_step`` in ``model/inference/search.py``), so serving and
+offline decoding share one implementation; the runner hands them its engine's compute switches.
 One step = (1) prefill of the newly admitted requests: encoder pass and cross-attention K/V for
 every decoder layer (in a few length-sorted groups when that saves padding); (2) ONE
 ``decode_step`` over every running hypothesis of every running request, greedy and beam alike, each
@@ -23,15 +24,16 @@ from typing import Optional, Sequence
 
 import torch
 
-from model.inference import prefill, step
-from model.inference.step import StepOutput
-from model.inference.generate import length_groups, pad_batch
-from model.inference.paged_cache import PagedKVCache
+from model.inference import prefill, settings, step
+from model.inference.beam import BeamSearch
 from model.inference.constraints import ConstrainedBeamSearch
+from model.inference.cuda_graphs import DecodeGraphs
+from model.inference.generate import length_groups, pad_batch
 from model.inference.logits import RepetitionControls
-from model.inference.search import ActiveSearch, BeamSearch, decode_inputs, search_step
+from model.inference.paged_cache import PagedKVCache
+from model.inference.search import ActiveSearch, decode_inputs, search_step
+from model.inference.step import StepOutput
 
-from .cuda_graphs import DecodeGraphs
 from .records import ScheduledRequest, SchedulerOutput, SequenceOutput, StepResult
 
 
@@ -50,8 +52,9 @@ _Part = tuple[StepOutput, list[_Sequence]]   # one decode forward and the sequen
 class ModelRunner:
     """Executes ``SchedulerOutput``s on a model with a ``PagedKVCache`` (``num_blocks`` blocks of
     ``block_size`` positions; default ``model.inference.paged_cache.default_num_blocks``). ``dtype``: the model is
-    cast to it (in place) first; ``cuda_graphs``: on CUDA, replay decode steps from CUDA graphs.
-    The cache's ``BlockPool`` (``cache.slots``) is for the scheduler: the runner never touches it.
+    cast to it (in place) first; ``cuda_graphs``: on CUDA, replay decode steps from CUDA graphs;
+    ``cpu_kernels`` / ``fused_step``: the engine's compute switches (``EngineConfig``), handed to every
+    prefill, decode step and search step (the model was packed with the same ``cpu_kernels``). The cache's ``BlockPool`` (``cache.slots``) is for the scheduler: the runner never touches it.
 
     Each ``ScheduledRequest`` carries its ``src_ids`` (EOS-terminated) and ``options``
     (``GenerationOptions``, already validated by the engine, max_new_tokens resolved).
@@ -59,16 +62,18 @@ class ModelRunner:
 
     def __init__(self, model, num_slots: int, max_src_len: Optional[int] = None, max_tgt_len: Optional[int] = None,
                  num_blocks: Optional[int] = None, block_size: int = 16, dtype: Optional[torch.dtype] = None,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, cpu_kernels: Optional[bool] = None, fused_step: Optional[bool] = None):
         self.device = next(model.parameters()).device
         if dtype is not None and next(model.parameters()).dtype != dtype:
             model.to(dtype)   # in place: weights and buffers; the KV cache below follows the weights' dtype
         self.model = model.eval()
         self.cfg = model.cfg
         # A paged cache: K/V in the blocks the scheduler assigns; beam reorders move slot ids, not K/V.
-        self.cache = PagedKVCache.for_model(model, num_slots, max_tgt_len, max_src_len, num_blocks, block_size)
+        self.cache = PagedKVCache.for_model(model, num_slots, max_tgt_len=max_tgt_len, max_src_len=max_src_len,
+                                            num_blocks=num_blocks, block_size=block_size, cpu_kernels=cpu_kernels)
         self.cache.kernel_ok()  # build/load the compiled decode attention now, not at the first request
-        # On CUDA, decode steps replay captured graphs where they fit (cuda_graphs.py); eager otherwise.
+        self.fused_step: bool = settings.or_default("fused_step", fused_step)
+        # On CUDA, decode steps replay captured graphs where they fit (model/inference/cuda_graphs.py).
         self.graphs = DecodeGraphs(model, self.cache, num_slots) if cuda_graphs and self.device.type == "cuda" else None
         self.seqs: dict[int, _Sequence] = {}
         self._emitted: dict[int, int] = {}   # preempted streaming requests: tokens already reported
@@ -87,10 +92,6 @@ class ModelRunner:
         seq = self.seqs.pop(request_id, None)
         if seq is not None:
             self._emitted[request_id] = max(seq.emitted, self._emitted.get(request_id, 0))
-
-    def reset(self) -> None:
-        self.seqs.clear()
-        self._emitted.clear()
 
     # ---- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -180,26 +181,24 @@ class ModelRunner:
         src = pad_batch([s.src_ids for s in seqs], self.cfg.pad_id, dev)
         lengths = torch.tensor([len(s.src_ids) for s in seqs], device=dev)
         need = any("encoder" in s.search.attention_kinds for s in seqs)
-        enc_w = prefill.encode_into_cache(self.model, self.cache, [s.slots for s in seqs], src, lengths, need)
+        enc_w = prefill.encode_into_cache(self.model, self.cache, [s.slots for s in seqs], src, lengths, need,
+                                          fused_step=self.fused_step)
         for i, s in enumerate(seqs):
             s.search.keep_encoder_attention(enc_w, i)
         return seqs
 
     def _decode(self, seqs: list[_Sequence]) -> _Part:
-        """One decode_step over every alive hypothesis of seqs."""
+        """One decode_step over every alive hypothesis of seqs (``decode_step`` chooses its variant)."""
         slots, tokens, positions = decode_inputs(seqs)
         dev = self.device
-        need = any(s.search.attention_kinds for s in seqs)
-        inputs = [torch.tensor(x, device=dev) for x in (slots, tokens, positions)]
-        if any(s.controls is not None for s in seqs):   # repetition controls act on logits: the eager step's
-            return step.decode_step(self.model, self.cache, *inputs, need, dense=False,
-                                    self_weights=any("decoder" in s.search.attention_kinds for s in seqs)), seqs
-        if self.graphs is not None:
-            log_probs = self.graphs.step(*inputs, need, max(positions) + 1, max(len(s.src_ids) for s in seqs))
-            if log_probs is not None:
-                return StepOutput(log_probs), seqs
-        self_weights = any("decoder" in s.search.attention_kinds for s in seqs)
-        return step.decode_step(self.model, self.cache, *inputs, need, self_weights=self_weights), seqs
+        slots_t, tokens_t, positions_t = (torch.tensor(x, device=dev) for x in (slots, tokens, positions))
+        out = step.decode_step(self.model, self.cache, slots_t, tokens_t, positions_t,
+                               need_weights=any(s.search.attention_kinds for s in seqs),
+                               self_weights=any("decoder" in s.search.attention_kinds for s in seqs),
+                               need_logits=any(s.controls is not None for s in seqs),   # repetition controls
+                               fused_step=self.fused_step, graphs=self.graphs, max_target=max(positions) + 1,
+                               max_source=max(len(s.src_ids) for s in seqs))
+        return out, seqs
 
     def _update(self, parts: list[_Part], outputs: dict) -> None:
         """``search_step`` over all rows, then each request's output: its hypotheses when done, its

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from model.config import ModelConfig
 from model.inference.generate import default_max_new_tokens
 from model.inference.constraints import MIN_CONSTRAINED_BEAM
-from model.inference.search import ATTENTION_KINDS, max_beam_size
+from model.inference.beam import ATTENTION_KINDS, max_beam_size
 from service.protocol import (MAX_NO_REPEAT_NGRAM_SIZE, MAX_REPETITION_PENALTY, MAX_TEXT_CHARS, MAX_TEXTS,
                               AttentionSelection, TooLarge, TranslateJob)
 
