@@ -202,15 +202,14 @@ class AppArgs(BaseModel):
         names = [m.name for m in (*self.models, *pooled)]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"models, pool: expected at least one model, with unique names, got {names}")
-        engines = {m.name: EngineConfig.from_dict({**self.engine, **m.engine}) for m in self.models}
+        for m in self.models:      # each model's engine settings, refused here naming the field
+            EngineConfig.from_dict({**self.engine, **m.engine})
         if self.pool is not None:
             if self.ingress != "separate":
                 raise ValueError("pool: a model pool needs ingress: separate (a Gateway in front of the Pool deployment)")
             _deployment_options(self.pool.deployment)
-            pool_engines = [EngineConfig.from_dict({**self.engine, **self.pool.engine, **m.engine}) for m in pooled]
-            for name in ("cpu_kernels", "fused_step"):      # process-wide (service/engine/process.py)
-                if len({getattr(e, name) for e in pool_engines}) > 1:
-                    raise ValueError(f"pool: engine.{name}: the models of one pool replica must agree")
+            for m in pooled:
+                EngineConfig.from_dict({**self.engine, **self.pool.engine, **m.engine})
         for m in self.models:
             _deployment_options(m.deployment)
         if self.ingress == "translator":
@@ -220,9 +219,6 @@ class AppArgs(BaseModel):
             if any(m.deployment for m in self.models):
                 raise ValueError("models[].deployment: per-model replicas need ingress: separate; with ingress: "
                                  "translator every replica holds every model (translator: options)")
-            for name in ("cpu_kernels", "fused_step"):      # process-wide (service/engine/process.py)
-                if len({getattr(e, name) for e in engines.values()}) > 1:
-                    raise ValueError(f"engine.{name}: the models of one process must agree (ingress: translator)")
         return self
 
 

@@ -1,6 +1,6 @@
 """The errors the engine raises on purpose (no torch here, so the scheduler can use them). Each is a
 kind of the service's domain errors (``service/protocol.py``), which the HTTP layer maps to a status
-once (``service/api/errors.py``).
+once (``service/replica.to_service_error``).
 """
 from __future__ import annotations
 
