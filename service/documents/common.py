@@ -22,7 +22,9 @@ from service.protocol import (  # noqa: F401 - the limits
     MAX_DOCUMENT_CHARS,
     MAX_DOCUMENT_SEGMENTS,
     MAX_UNCOMPRESSED_BYTES,
+    MAX_XML_BYTES,
     MAX_XML_DEPTH,
+    MAX_XML_ELEMENTS,
     ServiceError,
 )
 
