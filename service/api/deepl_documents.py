@@ -10,6 +10,8 @@ clients call it (``deepl.Translator(auth_key, server_url=...).translate_document
                                             queued|translating|done|error, "seconds_remaining",
                                             "billed_characters", "error_message"}
     POST /v2/document/{document_id}/result  ``document_key`` -> the translated file (503 until done)
+    DELETE /v2/document/{document_id}       ``document_key`` -> 204: the job cancelled and forgotten, its
+                                            file removed (this service's extension: DeepL has no cancel)
 
 The job's record and file live in the shared ``DocumentStore``, so any ingress replica answers the
 status and result. ``document_key`` is the capability (only its SHA-256 is stored); with API keys on,
@@ -17,18 +19,22 @@ the same key must also come with every call (``Authorization: DeepL-Auth-Key`` o
 are DeepL's ``{"message": ...}``. ``formality`` is accepted and not applied (the ``X-Unsupported``
 header says so); ``output_format`` other than the input's is a 400; ``glossary_id`` is resolved at the
 upload for the document's model (404 unknown, 409 other languages) and applied to every segment.
+Each ingress replica runs at most ``max_jobs_per_key`` unfinished jobs of one API key (keys off: of
+one client address); one more is a 429 with Retry-After.
 Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the served ones
 (``deepl_language``; the clients helper's service/api/deepl.py is meant to own this at merge).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import json
 import secrets
 import time
-from typing import TYPE_CHECKING, Literal, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -70,10 +76,10 @@ ERRORS = {status: {"model": DeepLError, "description": what} for status, what in
     413: "a file over a limit (docs/documents.md#limits)",
     415: "an unsupported extension, or content that is not that format",
     422: "a damaged file, or its language could not be detected",
+    429: "over the rate limit of this key or client; upload: max_jobs_per_key jobs unfinished (Retry-After)",
     503: "result: not done yet (Retry-After)"}.items()}
 ERRORS.update({status: {"model": ErrorResponse, "description": what} for status, what in {   # the guard's, native
-    401: "API keys are on and no valid key was sent (Authorization: Bearer)",
-    429: "over the rate limit of this key or client"}.items()})
+    401: "API keys are on and no valid key was sent (Authorization: Bearer)"}.items()})
 OPENAPI_KEY = {"required": True, "content": {m: {"schema": {"type": "object", "required": ["document_key"], "properties": {
     "document_key": {"type": "string", "minLength": 1, "description": "POST /v2/document's answer (unknown: 404)"}}}}
     for m in ("application/json", "application/x-www-form-urlencoded")}}
@@ -100,8 +106,52 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
     "additionalProperties": False}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
+JOBS_RETRY_AFTER_S = 5   # Retry-After of the 429 for too many unfinished jobs
 FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")
-_tasks: set = set()      # running background translations (a reference keeps each task alive)
+
+
+class Cancelled(Exception):
+    """The job's record is gone from the store: its owner cancelled it (on any replica)."""
+
+
+@dataclass
+class Running:
+    task: asyncio.Future     # the background translation
+    release: Callable[[], None]   # frees its place among its holder's unfinished jobs
+
+
+class Jobs:
+    """This replica's unfinished jobs: the running tasks (a reference keeps each alive) by document_id,
+    and how many each holder (``Caller.who``: "k:<key label>", keys off "c:<client address>") has, uploads being
+    read included."""
+
+    def __init__(self):
+        self.running: dict[str, Running] = {}
+        self.held: collections.Counter[str] = collections.Counter()
+
+    def admit(self, holder: str, limit: int) -> Callable[[], None]:
+        """Take a place for one more job of ``holder``; returns its release (idempotent). Raises
+        ServiceError 429 when ``holder`` has ``limit`` unfinished jobs here."""
+        if self.held[holder] >= limit:
+            what = "API key" if holder.startswith("k:") else "client"
+            raise ServiceError(429, f"Too many documents: at most {limit} unfinished document translations per "
+                                    f"{what} (documents.max_jobs_per_key); {self.held[holder]} are queued or "
+                                    "translating: retry when one is done, or cancel one (DELETE /v2/document/{id})",
+                               "file", retry_after=JOBS_RETRY_AFTER_S, type="too_many_documents")
+        self.held[holder] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.held[holder] -= 1
+                if self.held[holder] <= 0:
+                    del self.held[holder]
+        return release
+
+
+_jobs = Jobs()
 
 
 def deepl_language(code: Optional[str]) -> Optional[str]:
@@ -120,8 +170,10 @@ def _hash(key: str) -> str:
 
 
 async def upload(svc: "Services", request: Request) -> Response:
+    doc, release = None, None
     try:
         up = await routes.read_upload(request, FIELDS)
+        release = _jobs.admit(caller_of(request).who, svc.doc_settings.max_jobs_per_key)
         target = deepl_language(up.fields.get("target_lang"))
         if not target:
             raise ServiceError(400, "Value for 'target_lang' not supported. target_lang is required", "target_lang")
@@ -141,6 +193,10 @@ async def upload(svc: "Services", request: Request) -> Response:
             glossary = await svc.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
                                                    card.target_lang)
     except ServiceError as e:
+        if release is not None:
+            release()
+        if doc is not None:
+            documents.release(doc)
         return message(e)
     job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
     owner = caller_of(request).owner
@@ -148,8 +204,12 @@ async def upload(svc: "Services", request: Request) -> Response:
               "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
     await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
     task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary))
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+    _jobs.running[job_id] = Running(task, release)
+
+    def ended(_) -> None:
+        release()
+        _jobs.running.pop(job_id, None)
+    task.add_done_callback(ended)
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
 
@@ -162,15 +222,21 @@ async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, targ
     def progress(done: int, total: int) -> None:
         if time.time() - last[0] >= 0.5 or done == total:     # at most two record writes a second
             last[0] = time.time()
+            if store.get_job(job_id) is None:       # cancelled on another replica
+                raise Cancelled(job_id)
             record.update(status="translating", done=done)
             store.put_job(job_id, record)
     try:
         record["status"] = "translating"
         await asyncio.to_thread(store.put_job, job_id, record)
         data, chars = await routes.translated(svc, doc, model, target, progress, glossary)
+        if await asyncio.to_thread(store.get_job, job_id) is None:
+            raise Cancelled(job_id)
         media = documents.FORMATS[documents.extension(filename)].media_type
         rec = await asyncio.to_thread(store.put, data, filename, media, record["owner"])
         record.update(status="done", result=rec.name, billed_characters=chars, done=record["total"])
+    except Cancelled:
+        return          # its record and file are gone: nothing to write
     except ServiceError as e:
         record.update(status="error", error_message=e.message)
     except Exception as e:  # noqa: BLE001 - a background job: its error goes to its status, not the log only
@@ -229,3 +295,18 @@ async def result(svc: "Services", request: Request, job_id: str) -> Response:
     except ServiceError as e:
         return message(e)
     return routes.file_response(data, rec.filename, rec.media_type)
+
+
+async def cancel(svc: "Services", request: Request, job_id: str) -> Response:
+    """DELETE /v2/document/{id} (this service's extension): the job's translation stopped, its record
+    and file removed; 204. The same 404 as ``status`` for another key or a wrong document_key."""
+    try:
+        await _job(svc, request, job_id)
+    except ServiceError as e:
+        return message(e)
+    running = _jobs.running.pop(job_id, None)
+    if running is not None:     # on this replica; on another, it stops at its next progress (Cancelled)
+        running.task.cancel()
+        running.release()
+    await asyncio.to_thread(svc.doc_store.remove_job, job_id)
+    return Response(status_code=204)
