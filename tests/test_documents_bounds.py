@@ -156,6 +156,8 @@ def test_deepl_jobs_are_capped_per_key_and_cancelled_by_their_owner_only(tmp_pat
         job, key = first.json()["document_id"], first.json()["document_key"]
         assert call("DELETE", job, key, b).status_code == 404              # another key
         assert call("DELETE", job, "0" * 64, a).status_code == 404         # a wrong document_key
+        big = client.request("DELETE", f"/v2/document/{job}", content=b"x" * 20_000, headers=a)
+        assert big.status_code == 413 and "at most 16384 bytes" in big.json()["message"]
         assert call("POST", job, key, a).json()["status"] in ("queued", "translating")
         assert call("DELETE", job, key, a).status_code == 204              # the owner
         assert call("POST", job, key, a).status_code == 404

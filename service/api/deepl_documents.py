@@ -107,6 +107,7 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
 JOBS_RETRY_AFTER_S = 5   # Retry-After of the 429 for too many unfinished jobs
+MAX_CANCEL_BODY_BYTES = 16 * 1024   # a DELETE's body (its document_key): the body middleware reads POST, PUT, PATCH only
 FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")
 
 
@@ -301,7 +302,7 @@ async def cancel(svc: "Services", request: Request, job_id: str) -> Response:
     """DELETE /v2/document/{id} (this service's extension): the job's translation stopped, its record
     and file removed; 204. The same 404 as ``status`` for another key or a wrong document_key."""
     try:
-        await _job(svc, request, job_id)
+        await _job(svc, await capped(request, MAX_CANCEL_BODY_BYTES), job_id)
     except ServiceError as e:
         return message(e)
     running = _jobs.running.pop(job_id, None)
@@ -310,3 +311,16 @@ async def cancel(svc: "Services", request: Request, job_id: str) -> Response:
         running.release()
     await asyncio.to_thread(svc.doc_store.remove_job, job_id)
     return Response(status_code=204)
+
+
+async def capped(request: Request, cap: int) -> Request:
+    """The request with its body read, at most ``cap`` bytes (more: ServiceError 413)."""
+    data = b""
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > cap:
+            raise ServiceError(413, f"body: at most {cap} bytes (a document_key)", "body")
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": data, "more_body": False}
+    return Request(request.scope, receive)
