@@ -187,5 +187,5 @@ def test_deepl_jobs_are_capped_per_key_and_cancelled_by_their_owner_only(tmp_pat
         assert call("POST", done["document_id"], done["document_key"], b, "/result").status_code == 404
         assert len(list((tmp_path / "files").iterdir())) == 2
         assert call("POST", third.json()["document_id"], third.json()["document_key"], a, "/result").content == \
-            "EIN HUND.\n".encode()
-    assert not deepl_documents._jobs.held and not deepl_documents._jobs.running
+            b"EIN HUND.\n"
+    assert not deepl_documents._jobs.places and not deepl_documents._jobs.running

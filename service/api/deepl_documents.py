@@ -27,14 +27,13 @@ Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the 
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import hmac
 import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -118,38 +117,34 @@ class Cancelled(Exception):
 @dataclass
 class Running:
     task: asyncio.Future     # the background translation
-    release: Callable[[], None]   # frees its place among its holder's unfinished jobs
+    place: object            # its place among its holder's unfinished jobs (Jobs.admit)
 
 
 class Jobs:
     """This replica's unfinished jobs: the running tasks (a reference keeps each alive) by document_id,
-    and how many each holder (``Caller.who``: "k:<key label>", keys off "c:<client address>") has, uploads being
-    read included."""
+    and the places taken by each holder (``Caller.who``: "k:<key label>", keys off "c:<client address>"),
+    uploads being read included."""
 
     def __init__(self):
         self.running: dict[str, Running] = {}
-        self.held: collections.Counter[str] = collections.Counter()
+        self.places: dict[object, str] = {}      # a place -> its holder
 
-    def admit(self, holder: str, limit: int) -> Callable[[], None]:
-        """Take a place for one more job of ``holder``; returns its release (idempotent). Raises
-        ServiceError 429 when ``holder`` has ``limit`` unfinished jobs here."""
-        if self.held[holder] >= limit:
+    def admit(self, holder: str, limit: int) -> object:
+        """A place for one more job of ``holder`` (give it back with ``release``). Raises ServiceError
+        429 when ``holder`` has ``limit`` unfinished jobs here."""
+        held = sum(h == holder for h in self.places.values())
+        if held >= limit:
             what = "API key" if holder.startswith("k:") else "client"
             raise ServiceError(429, f"Too many documents: at most {limit} unfinished document translations per "
-                                    f"{what} (documents.max_jobs_per_key); {self.held[holder]} are queued or "
-                                    "translating: retry when one is done, or cancel one (DELETE /v2/document/{id})",
+                                    f"{what} (documents.max_jobs_per_key); {held} are queued or translating: "
+                                    "retry when one is done, or cancel one (DELETE /v2/document/{id})",
                                "file", retry_after=JOBS_RETRY_AFTER_S, type="too_many_documents")
-        self.held[holder] += 1
-        released = False
+        place = object()
+        self.places[place] = holder
+        return place
 
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.held[holder] -= 1
-                if self.held[holder] <= 0:
-                    del self.held[holder]
-        return release
+    def release(self, place: Optional[object]) -> None:
+        self.places.pop(place, None)
 
 
 _jobs = Jobs()
@@ -171,10 +166,10 @@ def _hash(key: str) -> str:
 
 
 async def upload(svc: "Services", request: Request) -> Response:
-    doc, release = None, None
+    doc, place = None, None
     try:
         up = await routes.read_upload(request, FIELDS)
-        release = _jobs.admit(caller_of(request).who, svc.doc_settings.max_jobs_per_key)
+        place = _jobs.admit(caller_of(request).who, svc.doc_settings.max_jobs_per_key)
         target = deepl_language(up.fields.get("target_lang"))
         if not target:
             raise ServiceError(400, "Value for 'target_lang' not supported. target_lang is required", "target_lang")
@@ -194,8 +189,7 @@ async def upload(svc: "Services", request: Request) -> Response:
             glossary = await svc.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
                                                    card.target_lang)
     except ServiceError as e:
-        if release is not None:
-            release()
+        _jobs.release(place)
         if doc is not None:
             documents.release(doc)
         return message(e)
@@ -205,10 +199,10 @@ async def upload(svc: "Services", request: Request) -> Response:
               "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
     await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
     task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary))
-    _jobs.running[job_id] = Running(task, release)
+    _jobs.running[job_id] = Running(task, place)
 
     def ended(_) -> None:
-        release()
+        _jobs.release(place)
         _jobs.running.pop(job_id, None)
     task.add_done_callback(ended)
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
@@ -308,7 +302,7 @@ async def cancel(svc: "Services", request: Request, job_id: str) -> Response:
     running = _jobs.running.pop(job_id, None)
     if running is not None:     # on this replica; on another, it stops at its next progress (Cancelled)
         running.task.cancel()
-        running.release()
+        _jobs.release(running.place)
     await asyncio.to_thread(svc.doc_store.remove_job, job_id)
     return Response(status_code=204)
 
