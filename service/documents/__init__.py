@@ -92,7 +92,10 @@ def load(data: bytes, filename: str) -> Document:
 
 
 RELEASE_MIN_BYTES = 1024 * 1024     # a document that parsed this many bytes is collected at once when released
-_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)     # glibc's; None elsewhere
+try:
+    _malloc_trim = ctypes.CDLL(None).malloc_trim      # glibc's
+except (AttributeError, OSError, TypeError):          # another C library, or no dlopen(NULL)
+    _malloc_trim = None
 
 
 def release(doc: Document) -> None:
