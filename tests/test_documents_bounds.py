@@ -61,6 +61,11 @@ def test_a_member_that_unpacks_to_other_than_its_header_says_is_damaged():
     good = docx_of(paragraphs(2_000, 2, 3, True))
     e = refused(declaring(good, "word/document.xml", 100_000))      # more declared than there is
     assert e.status == 422 and "its header says 100000" in e.message
+    info = zipfile.ZipFile(io.BytesIO(good)).getinfo("word/document.xml")
+    at = info.header_offset + 30 + len(info.filename) + 100
+    bad = good[:at] + bytes(b ^ 0x5A for b in good[at:at + 200]) + good[at + 200:]     # damaged deflate data
+    e = refused(bad)
+    assert e.status == 422 and "'word/document.xml' cannot be read" in e.message
 
 
 def test_elements_past_the_cap_and_packing_methods_office_files_do_not_use_are_refused(monkeypatch):

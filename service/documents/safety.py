@@ -25,6 +25,7 @@ import copy
 import io
 import posixpath
 import zipfile
+import zlib
 from xml.sax import SAXParseException
 
 import defusedxml.ElementTree as SafeET
@@ -130,7 +131,7 @@ class Inflated:
                             raise unpacked_over(MAX_XML_BYTES, "MAX_XML_BYTES", "the archive's XML parts unpack")
                     check_ratio(info, n)
                     yield chunk
-        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
             raise DocumentError(422, f"archive member {info.filename[:80]!r} cannot be read: {e}") from None
         if n != info.file_size:
             raise DocumentError(422, f"archive member {info.filename[:80]!r} unpacks to {n} bytes; "
