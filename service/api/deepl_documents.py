@@ -10,6 +10,8 @@ clients call it (``deepl.Translator(auth_key, server_url=...).translate_document
                                             queued|translating|done|error, "seconds_remaining",
                                             "billed_characters", "error_message"}
     POST /v2/document/{document_id}/result  ``document_key`` -> the translated file (503 until done)
+    DELETE /v2/document/{document_id}       ``document_key`` -> 204: the job cancelled and forgotten, its
+                                            file removed (this service's extension: DeepL has no cancel)
 
 The job's record and file live in the shared ``DocumentStore``, so any ingress replica answers the
 status and result. ``document_key`` is the capability (only its SHA-256 is stored); with API keys on,
@@ -17,6 +19,8 @@ the same key must also come with every call (``Authorization: DeepL-Auth-Key`` o
 are DeepL's ``{"message": ...}``. ``formality`` is accepted and not applied (the ``X-Unsupported``
 header says so); ``output_format`` other than the input's is a 400; ``glossary_id`` is resolved at the
 upload for the document's model (404 unknown, 409 other languages) and applied to every segment.
+Each ingress replica runs at most ``max_jobs_per_key`` unfinished jobs of one API key (keys off: of
+one client address); one more is a 429 with Retry-After.
 Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the served ones
 (``deepl_language``; the clients helper's service/api/deepl.py is meant to own this at merge).
 """
@@ -28,6 +32,7 @@ import hmac
 import json
 import secrets
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 from fastapi import Request
@@ -70,10 +75,10 @@ ERRORS = {status: {"model": DeepLError, "description": what} for status, what in
     413: "a file over a limit (docs/documents.md#limits)",
     415: "an unsupported extension, or content that is not that format",
     422: "a damaged file, or its language could not be detected",
+    429: "over the rate limit of this key or client; upload: max_jobs_per_key jobs unfinished (Retry-After)",
     503: "result: not done yet (Retry-After)"}.items()}
 ERRORS.update({status: {"model": ErrorResponse, "description": what} for status, what in {   # the guard's, native
-    401: "API keys are on and no valid key was sent (Authorization: Bearer)",
-    429: "over the rate limit of this key or client"}.items()})
+    401: "API keys are on and no valid key was sent (Authorization: Bearer)"}.items()})
 OPENAPI_KEY = {"required": True, "content": {m: {"schema": {"type": "object", "required": ["document_key"], "properties": {
     "document_key": {"type": "string", "minLength": 1, "description": "POST /v2/document's answer (unknown: 404)"}}}}
     for m in ("application/json", "application/x-www-form-urlencoded")}}
@@ -100,8 +105,49 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
     "additionalProperties": False}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
+JOBS_RETRY_AFTER_S = 5   # Retry-After of the 429 for too many unfinished jobs
+MAX_CANCEL_BODY_BYTES = 16 * 1024   # a DELETE's body (its document_key): the body middleware reads POST, PUT, PATCH only
 FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")
-_tasks: set = set()      # running background translations (a reference keeps each task alive)
+
+
+class Cancelled(Exception):
+    """The job's record is gone from the store: its owner cancelled it (on any replica)."""
+
+
+@dataclass
+class Running:
+    task: asyncio.Future     # the background translation
+    place: object            # its place among its holder's unfinished jobs (Jobs.admit)
+
+
+class Jobs:
+    """This replica's unfinished jobs: the running tasks (a reference keeps each alive) by document_id,
+    and the places taken by each holder (``Caller.who``: "k:<key label>", keys off "c:<client address>"),
+    uploads being read included."""
+
+    def __init__(self):
+        self.running: dict[str, Running] = {}
+        self.places: dict[object, str] = {}      # a place -> its holder
+
+    def admit(self, holder: str, limit: int) -> object:
+        """A place for one more job of ``holder`` (give it back with ``release``). Raises ServiceError
+        429 when ``holder`` has ``limit`` unfinished jobs here."""
+        held = sum(h == holder for h in self.places.values())
+        if held >= limit:
+            what = "API key" if holder.startswith("k:") else "client"
+            raise ServiceError(429, f"Too many documents: at most {limit} unfinished document translations per "
+                                    f"{what} (documents.max_jobs_per_key); {held} are queued or translating: "
+                                    "retry when one is done, or cancel one (DELETE /v2/document/{id})",
+                               "file", retry_after=JOBS_RETRY_AFTER_S, type="too_many_documents")
+        place = object()
+        self.places[place] = holder
+        return place
+
+    def release(self, place: Optional[object]) -> None:
+        self.places.pop(place, None)
+
+
+_jobs = Jobs()
 
 
 def deepl_language(code: Optional[str]) -> Optional[str]:
@@ -120,8 +166,10 @@ def _hash(key: str) -> str:
 
 
 async def upload(svc: "Services", request: Request) -> Response:
+    doc, place = None, None
     try:
         up = await routes.read_upload(request, FIELDS)
+        place = _jobs.admit(caller_of(request).who, svc.doc_settings.max_jobs_per_key)
         target = deepl_language(up.fields.get("target_lang"))
         if not target:
             raise ServiceError(400, "Value for 'target_lang' not supported. target_lang is required", "target_lang")
@@ -141,6 +189,9 @@ async def upload(svc: "Services", request: Request) -> Response:
             glossary = await svc.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
                                                    card.target_lang)
     except ServiceError as e:
+        _jobs.release(place)
+        if doc is not None:
+            documents.release(doc)
         return message(e)
     job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
     owner = caller_of(request).owner
@@ -148,8 +199,12 @@ async def upload(svc: "Services", request: Request) -> Response:
               "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
     await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
     task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary))
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+    _jobs.running[job_id] = Running(task, place)
+
+    def ended(_) -> None:
+        _jobs.release(place)
+        _jobs.running.pop(job_id, None)
+    task.add_done_callback(ended)
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
 
@@ -162,15 +217,21 @@ async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, targ
     def progress(done: int, total: int) -> None:
         if time.time() - last[0] >= 0.5 or done == total:     # at most two record writes a second
             last[0] = time.time()
+            if store.get_job(job_id) is None:       # cancelled on another replica
+                raise Cancelled(job_id)
             record.update(status="translating", done=done)
             store.put_job(job_id, record)
     try:
         record["status"] = "translating"
         await asyncio.to_thread(store.put_job, job_id, record)
         data, chars = await routes.translated(svc, doc, model, target, progress, glossary)
+        if await asyncio.to_thread(store.get_job, job_id) is None:
+            raise Cancelled(job_id)
         media = documents.FORMATS[documents.extension(filename)].media_type
         rec = await asyncio.to_thread(store.put, data, filename, media, record["owner"])
         record.update(status="done", result=rec.name, billed_characters=chars, done=record["total"])
+    except Cancelled:
+        return          # its record and file are gone: nothing to write
     except ServiceError as e:
         record.update(status="error", error_message=e.message)
     except Exception as e:  # noqa: BLE001 - a background job: its error goes to its status, not the log only
@@ -229,3 +290,31 @@ async def result(svc: "Services", request: Request, job_id: str) -> Response:
     except ServiceError as e:
         return message(e)
     return routes.file_response(data, rec.filename, rec.media_type)
+
+
+async def cancel(svc: "Services", request: Request, job_id: str) -> Response:
+    """DELETE /v2/document/{id} (this service's extension): the job's translation stopped, its record
+    and file removed; 204. The same 404 as ``status`` for another key or a wrong document_key."""
+    try:
+        await _job(svc, await capped(request, MAX_CANCEL_BODY_BYTES), job_id)
+    except ServiceError as e:
+        return message(e)
+    running = _jobs.running.pop(job_id, None)
+    if running is not None:     # on this replica; on another, it stops at its next progress (Cancelled)
+        running.task.cancel()
+        _jobs.release(running.place)
+    await asyncio.to_thread(svc.doc_store.remove_job, job_id)
+    return Response(status_code=204)
+
+
+async def capped(request: Request, cap: int) -> Request:
+    """The request with its body read, at most ``cap`` bytes (more: ServiceError 413)."""
+    data = b""
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > cap:
+            raise ServiceError(413, f"body: at most {cap} bytes (a document_key)", "body")
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": data, "more_body": False}
+    return Request(request.scope, receive)

@@ -4,6 +4,7 @@
     {store_dir}/files/{name}        a translated file (name: a random token + the file's extension)
     {store_dir}/files/{name}.json   its record: file name, media type, owner, expiry, size
     {store_dir}/jobs/{id}.json      a DeepL-style document job: status, progress, its file's name
+                                    (removed with its file when its owner cancels it)
 
 Files are written to a temporary name and renamed (``os.replace``), so a replica never reads half a
 file. On every write, expired files are removed, then the oldest until the files fit in
@@ -42,6 +43,7 @@ class DocumentSettings(BaseModel):
     # the service's public base URL ("https://mt.example.com"): download URLs start with it; None: built
     # from the request (its Host header, and the scheme a proxy trusted by the ASGI server forwarded)
     public_url: Optional[str] = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    max_jobs_per_key: int = Field(4, ge=1)       # unfinished DeepL document jobs of one key (keys off: client address)
 
     def directory(self) -> Path:
         return Path(self.store_dir or state_dir() / "documents")
@@ -142,6 +144,18 @@ class DocumentStore:
     def put_job(self, job_id: str, record: dict) -> None:
         self._ready()
         self._write(self.jobs / f"{job_id}.json", json.dumps({**record, "updated": time.time()}).encode())
+
+    def remove_job(self, job_id: str) -> None:
+        """Forget a job: its record and its translated file (if any)."""
+        if not _NAME.fullmatch(job_id):
+            return
+        job = self.get_job(job_id)
+        if job is not None and job.get("result"):
+            self._remove(job["result"])
+        try:
+            (self.jobs / f"{job_id}.json").unlink()
+        except OSError:
+            pass
 
     def get_job(self, job_id: str) -> Optional[dict]:
         if not _NAME.fullmatch(job_id):

@@ -289,7 +289,16 @@ def truthy(value: Optional[str], field: str) -> bool:
 async def plan(svc: "Services", doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
                source_field: str) -> tuple[str, Optional[str]]:
     """(model id, target language) for a document, ``source`` "auto" detected from its text (None:
-    the model's). Raises ServiceError 404/422 (the gateway's ``resolve``)."""
+    the model's). Raises ServiceError 404/422 (the gateway's ``resolve``), the document released."""
+    try:
+        return await _plan(svc, doc, model, source, target, source_field)
+    except BaseException:
+        documents.release(doc)
+        raise
+
+
+async def _plan(svc: "Services", doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
+                source_field: str) -> tuple[str, Optional[str]]:
     if autodetect.is_auto(source):
         source = await detected_source(svc.detector, doc, source_field)
         try:
@@ -306,14 +315,28 @@ async def translated(svc: "Services", doc: Document, model: str, target: Optiona
                      progress: Optional[Callable[[int, int], None]] = None,
                      glossary: tuple = ()) -> tuple[bytes, int]:
     """The translated file's bytes and the characters translated; ``glossary``: (source, target) terms
-    every segment's translation keeps (a stored glossary's entries, DeepL's ``glossary_id``)."""
+    every segment's translation keeps (a stored glossary's entries, DeepL's ``glossary_id``). The
+    document is released at the end (``documents.release``), translated or not."""
     async def run(m: str, job: TranslateJob) -> TranslateResponse:
         if glossary:
             job.glossary, job.glossary_field = tuple(glossary), "glossary_id"
         svc.pipeline.check(m, job)
         return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s))
-    out, chars = await translate_segments(doc.segments, model, target, run, svc.doc_settings, progress)
-    return await asyncio.to_thread(doc.rebuild, out), chars
+    try:
+        out, chars = await translate_segments(doc.segments, model, target, run, svc.doc_settings, progress)
+    except BaseException:
+        documents.release(doc)
+        raise
+    return await asyncio.to_thread(rebuilt, doc, out), chars
+
+
+def rebuilt(doc: Document, translations: list[str]) -> bytes:
+    """The document's file with ``translations``; the document released (even when the await that
+    asked for it was cancelled: this runs to its end in its thread)."""
+    try:
+        return doc.rebuild(translations)
+    finally:
+        documents.release(doc)
 
 
 async def native(svc: "Services", request: Request) -> Response:

@@ -14,9 +14,15 @@ structure and formatting kept (docs/documents.md). No HTTP here (the routes: ser
 
 ``load(data, filename)`` picks the format by the file name's extension and checks that the content
 matches it (415 otherwise); every refusal is a ``DocumentError`` (a ``ServiceError`` 4xx naming the limit).
+``release(doc)`` ends a document once rebuilt or given up: what its file was parsed into takes tens of
+times the file's (unpacked) bytes, and glibc keeps freed memory mapped, so after a large one the
+memory is collected and handed back to the system (``release_memory``) for the process to return to
+its level.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import importlib
 from dataclasses import dataclass
 
@@ -74,4 +80,36 @@ def load(data: bytes, filename: str) -> Document:
     if not fmt.binary and (data.startswith(_BINARY_MAGIC) or b"\x00" in data[:8192]):
         raise DocumentError(415, f"the content is binary, not {fmt.name} as the extension .{ext} says")
     module, func = fmt.loader.split(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), func)(data)
+    try:
+        doc = getattr(importlib.import_module(f"{__name__}.{module}"), func)(data)
+    except DocumentError as e:      # refused after parsing began: free what was parsed, not at the next gc
+        e.__traceback__ = None      # its frames hold the partly parsed file
+        if len(data) >= RELEASE_MIN_BYTES // 4:
+            release_memory()
+        raise
+    doc.parsed_bytes = max(getattr(doc, "parsed_bytes", 0), len(data))   # an archive's: its members unpacked
+    return doc
+
+
+RELEASE_MIN_BYTES = 1024 * 1024     # a document that parsed this many bytes is collected at once when released
+try:
+    _malloc_trim = ctypes.CDLL(None).malloc_trim      # glibc's
+except (AttributeError, OSError, TypeError):          # another C library, or no dlopen(NULL)
+    _malloc_trim = None
+
+
+def release(doc: Document) -> None:
+    """Ends ``doc`` (rebuilt, or given up): drops its attributes, the parsed file among them, and after
+    a file of RELEASE_MIN_BYTES or more gives the memory back (``release_memory``)."""
+    large = getattr(doc, "parsed_bytes", 0) >= RELEASE_MIN_BYTES
+    vars(doc).clear()               # the library's tree, the segments and their callbacks
+    if large:
+        release_memory()
+
+
+def release_memory() -> None:
+    """Collects garbage now (the libraries' trees hold reference cycles) and, with glibc, hands the
+    freed heap back to the system (``malloc_trim``); blocks for a fraction of a second."""
+    gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)

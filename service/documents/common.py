@@ -22,7 +22,9 @@ from service.protocol import (  # noqa: F401 - the limits
     MAX_DOCUMENT_CHARS,
     MAX_DOCUMENT_SEGMENTS,
     MAX_UNCOMPRESSED_BYTES,
+    MAX_XML_BYTES,
     MAX_XML_DEPTH,
+    MAX_XML_ELEMENTS,
     ServiceError,
 )
 
@@ -51,6 +53,7 @@ class Segments:
 
     def __init__(self):
         self.segments: list[str] = []
+        self.chars = 0                                         # characters of the segments
         self._units: list[tuple[int, int, object]] = []      # (first segment, count, callback)
 
     @classmethod
@@ -67,7 +70,8 @@ class Segments:
         if texts:
             self._units.append((len(self.segments), len(texts), put))
             self.segments.extend(texts)
-            check_size(self.segments)
+            self.chars += sum(len(t) for t in texts)
+            check_size(len(self.segments), self.chars)
 
     def add_runs(self, items: list[Item], put: Callable[[list[Item]], None]) -> None:
         """Register a paragraph of runs as one ``RichText`` unit (nothing when no run has text);
@@ -90,11 +94,11 @@ def saved(save: Callable[[io.BytesIO], None]) -> bytes:
     return out.getvalue()
 
 
-def check_size(segments: list[str]) -> None:
+def check_size(segments: int, chars: int) -> None:
     """Raises DocumentError 413 past MAX_DOCUMENT_SEGMENTS segments or MAX_DOCUMENT_CHARS characters."""
-    if len(segments) > MAX_DOCUMENT_SEGMENTS:
+    if segments > MAX_DOCUMENT_SEGMENTS:
         raise DocumentError(413, f"more than {MAX_DOCUMENT_SEGMENTS} pieces of text to translate (MAX_DOCUMENT_SEGMENTS)")
-    if sum(len(s) for s in segments) > MAX_DOCUMENT_CHARS:
+    if chars > MAX_DOCUMENT_CHARS:
         raise DocumentError(413, f"more than {MAX_DOCUMENT_CHARS} characters to translate (MAX_DOCUMENT_CHARS)")
 
 

@@ -27,7 +27,7 @@ _PARTS = (RT.HEADER, RT.FOOTER, RT.FOOTNOTES, RT.ENDNOTES, RT.COMMENTS)
 
 class DocxDocument:
     def __init__(self, data: bytes):
-        open_archive(data, "Word (.docx)", "word/document.xml")
+        _, self.parsed_bytes = open_archive(data, "Word (.docx)", "word/document.xml")
         try:
             self.doc = docx.Document(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 - any failure of the library on an untrusted file is the file's

@@ -16,7 +16,7 @@ class HtmlDocument:
         except ServiceError as e:       # inline elements nested too deep
             raise DocumentError(e.status, e.message.removeprefix("file: ")) from None
         self.segments = self.html.segments
-        check_size(self.segments)
+        check_size(len(self.segments), sum(len(t) for t in self.segments))
 
     def rebuild(self, translations: list[str]) -> bytes:
         return self.html.rebuild(translations).encode("utf-8")

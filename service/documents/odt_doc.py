@@ -25,7 +25,7 @@ _PARAGRAPHS = {(TEXTNS, "p"), (TEXTNS, "h")}
 
 class OdtDocument:
     def __init__(self, data: bytes):
-        zf = open_archive(data, "OpenDocument text (.odt)", "content.xml")
+        zf, self.parsed_bytes = open_archive(data, "OpenDocument text (.odt)", "content.xml")
         if "mimetype" in zf.namelist() and zf.read("mimetype").strip() != MIMETYPE.encode():
             raise DocumentError(415, f"the content is an OpenDocument file of type {zf.read('mimetype')[:80]!r}, "
                                      f"not text ({MIMETYPE}), whatever its name says")

@@ -19,7 +19,7 @@ from .safety import open_archive
 
 class PptxDocument:
     def __init__(self, data: bytes):
-        open_archive(data, "PowerPoint (.pptx)", "ppt/presentation.xml")
+        _, self.parsed_bytes = open_archive(data, "PowerPoint (.pptx)", "ppt/presentation.xml")
         try:
             self.prs = pptx.Presentation(io.BytesIO(data))
             roots = []

@@ -1,0 +1,196 @@
+"""A document's memory and a key's document jobs, bounded (issue #51): archives checked as they
+inflate (caps on unpacked bytes, XML bytes and elements, whatever the headers say), a document's
+memory handed back once it is done, DeepL document jobs capped per key and cancelled by their owner
+(DELETE /v2/document/{id}). No model: "translations" upper-case each text."""
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+import zipfile
+
+import pytest
+from fastapi import Depends, Request
+from fastapi.testclient import TestClient
+
+from service import documents
+from service.api import deepl_documents
+from service.api.document_store import DocumentSettings, DocumentStore
+from service.api.middleware.guard import Guard, GuardSettings
+from service.api.services import Services, services
+from service.bench.documents_memory import declaring, docx_of, kib, paragraphs
+from service.documents import DocumentError, safety
+from service.protocol import MAX_DOCUMENT_BYTES, MAX_XML_BYTES
+
+from local_services import local_services
+
+
+def refused(data: bytes) -> DocumentError:
+    with pytest.raises(DocumentError) as e:
+        documents.load(data, "a.docx")
+    return e.value
+
+
+@pytest.fixture(scope="module")
+def body() -> bytes:
+    """Word paragraphs of plain text, 1 MiB past MAX_XML_BYTES, compressing ~11 times (under the ratio
+    cap): 2 MiB of them, 17 times (deflate looks back 32 KiB only)."""
+    return paragraphs(2 << 20, 4, 40, False) * 17
+
+
+@pytest.fixture(scope="module")
+def honest(body) -> bytes:
+    return docx_of(body)
+
+
+def test_a_zip_bomb_is_refused_as_it_inflates_whatever_its_headers_say(body, honest):
+    bomb = declaring(honest, "word/document.xml", 1000)     # its headers say 1,000 bytes
+    assert len(bomb) < MAX_DOCUMENT_BYTES and len(body) > MAX_XML_BYTES
+    assert zipfile.ZipFile(io.BytesIO(bomb)).getinfo("word/document.xml").file_size == 1000
+    for data in (bomb, honest):
+        e = refused(data)
+        assert e.status == 413 and e.field == "file", e.message
+        assert f"more than {MAX_XML_BYTES} bytes (MAX_XML_BYTES)" in e.message
+    under = body[:body.rfind(b"</w:p>", 0, MAX_XML_BYTES - (1 << 20)) + 6]     # the template's other parts: 0.8 MiB
+    _, unpacked = safety.open_archive(docx_of(under), "Word", "word/document.xml")
+    assert MAX_XML_BYTES - (256 << 10) < unpacked < MAX_XML_BYTES + (64 << 10)     # a thumbnail too
+
+
+def test_a_member_that_unpacks_to_other_than_its_header_says_is_damaged():
+    good = docx_of(paragraphs(2_000, 2, 3, True))
+    e = refused(declaring(good, "word/document.xml", 100_000))      # more declared than there is
+    assert e.status == 422 and "its header says 100000" in e.message
+    info = zipfile.ZipFile(io.BytesIO(good)).getinfo("word/document.xml")
+    at = info.header_offset + 30 + len(info.filename) + 100
+    bad = good[:at] + bytes(b ^ 0x5A for b in good[at:at + 200]) + good[at + 200:]     # damaged deflate data
+    e = refused(bad)
+    assert e.status == 422 and "'word/document.xml' cannot be read" in e.message
+
+
+def test_elements_past_the_cap_and_packing_methods_office_files_do_not_use_are_refused(monkeypatch):
+    data = docx_of(paragraphs(50_000, 4, 2, True))
+    monkeypatch.setattr(safety, "MAX_XML_ELEMENTS", 1_000)
+    e = refused(data)
+    assert e.status == 413 and "more than 1000 elements (MAX_XML_ELEMENTS)" in e.message
+    monkeypatch.undo()
+    assert documents.load(data, "a.docx").segments
+    src = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            z.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_BZIP2)
+    e = refused(out.getvalue())
+    assert e.status == 422 and "stored or deflated" in e.message
+
+
+def _status_kib(field: str):
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return kib(field)
+    except OSError:
+        pytest.skip("needs Linux's /proc/self (VmRSS, VmHWM)")
+
+
+def test_a_large_documents_memory_is_handed_back_once_released(honest):
+    """Not timed: resident sizes around one document; after ``release`` the process is back near its
+    level (glibc's malloc_trim), and refusing a bomb never builds a tree (its peak stays small)."""
+    if documents._malloc_trim is None:
+        pytest.skip("no glibc malloc_trim")
+    data = docx_of(paragraphs(4 << 20, 10, 1, True))        # ~4 MiB of formatted paragraphs
+    bomb = declaring(honest, "word/document.xml", 1000)
+    documents.release(documents.load(docx_of(paragraphs(1 << 20, 10, 1, True)), "warm.docx"))   # caches first
+    documents.release_memory()
+    _status_kib("VmHWM")
+    before = kib("VmRSS")
+    refused(bomb)
+    assert kib("VmHWM") - before < 64 * 1024, "refusing the bomb should hold chunks, not a tree"
+    doc = documents.load(data, "a.docx")
+    held = kib("VmRSS") - before
+    doc.rebuild([s.upper() for s in doc.segments])
+    documents.release(doc)
+    left = kib("VmRSS") - before
+    print(f"VmRSS: parsed +{held // 1024} MiB, released +{left // 1024} MiB")
+    assert held > 48 * 1024 and left < held / 3, (held, left)
+
+
+# ---- DeepL document jobs: a cap per key, cancel by the owner ----------------------------------------
+def deepl_client(tmp_path, gate: threading.Event, max_jobs: int) -> TestClient:
+    """The app with keys key-a and key-b whose translations wait for ``gate`` (at most 30 s)."""
+    from model.config import ModelConfig
+    from service.api.http import build_app
+    from service.protocol import TranslateResponse, Translation, Usage
+    from service.translator import ModelCard
+
+    async def held(model, job):
+        deadline = time.monotonic() + 30
+        while not gate.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
+            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
+    card = ModelCard("m", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    svc = local_services([card], held, guard=Guard(GuardSettings(), env="key-a,key-b"), store_dir=str(tmp_path))
+    svc.doc_settings.max_jobs_per_key = max_jobs
+    app = build_app(svc)
+    if not any(getattr(r, "path", "") == "/v2/document/{document_id}" and "DELETE" in r.methods for r in app.routes):
+        async def cancel(document_id: str, request: Request, svc: Services = Depends(services)):
+            return await deepl_documents.cancel(svc, request, document_id)     # until routes/documents.py has it
+        app.add_api_route("/v2/document/{document_id}", cancel, methods=["DELETE"], status_code=204)
+    return TestClient(app)
+
+
+def test_deepl_jobs_are_capped_per_key_and_cancelled_by_their_owner_only(tmp_path):
+    gate = threading.Event()
+    a, b = {"Authorization": "DeepL-Auth-Key key-a"}, {"Authorization": "DeepL-Auth-Key key-b"}
+
+    def upload(headers):
+        return client.post("/v2/document", files={"file": ("a.txt", b"Ein Hund.\n")},
+                           data={"target_lang": "EN-GB", "source_lang": "DE"}, headers=headers)
+
+    def call(method, job, key, headers, tail=""):
+        return client.request(method, f"/v2/document/{job}{tail}", json={"document_key": key}, headers=headers)
+    with deepl_client(tmp_path, gate, max_jobs=2) as client:
+        first, second = upload(a), upload(a)
+        assert first.status_code == second.status_code == 200, first.text
+        over = upload(a)                                   # a third unfinished job of key-a
+        assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1, over.text
+        assert "at most 2 unfinished" in over.json()["message"] and "max_jobs_per_key" in over.json()["message"]
+        other = upload(b)                                  # key-b still gets its job
+        assert other.status_code == 200, other.text
+        job, key = first.json()["document_id"], first.json()["document_key"]
+        assert call("DELETE", job, key, b).status_code == 404              # another key
+        assert call("DELETE", job, "0" * 64, a).status_code == 404         # a wrong document_key
+        big = client.request("DELETE", f"/v2/document/{job}", content=b"x" * 20_000, headers=a)
+        assert big.status_code == 413 and "at most 16384 bytes" in big.json()["message"]
+        assert call("POST", job, key, a).json()["status"] in ("queued", "translating")
+        assert call("DELETE", job, key, a).status_code == 204              # the owner
+        assert call("POST", job, key, a).status_code == 404
+        assert call("POST", job, key, a, "/result").status_code == 404
+        third = upload(a)                                  # its place is free again
+        assert third.status_code == 200, third.text
+        # cancelled on another replica (the record removed there): the job ends without writing it back
+        second_id, second_key = second.json()["document_id"], second.json()["document_key"]
+        DocumentStore(DocumentSettings(store_dir=str(tmp_path))).remove_job(second_id)
+        gate.set()
+        for handle, headers in ((third.json(), a), (other.json(), b)):
+            for _ in range(200):
+                status = call("POST", handle["document_id"], handle["document_key"], headers).json()
+                if status["status"] == "done":
+                    break
+                time.sleep(0.05)
+            assert status["status"] == "done", status
+        for _ in range(200):
+            if not deepl_documents._jobs.running:
+                break
+            time.sleep(0.05)
+        assert call("POST", second_id, second_key, a).status_code == 404
+        files = sorted(p.name for p in (tmp_path / "files").iterdir())
+        assert len(files) == 4                              # two results and their records, none of the cancelled
+        done = other.json()                                 # a finished job: cancelling removes its file
+        assert call("DELETE", done["document_id"], done["document_key"], b).status_code == 204
+        assert call("POST", done["document_id"], done["document_key"], b, "/result").status_code == 404
+        assert len(list((tmp_path / "files").iterdir())) == 2
+        assert call("POST", third.json()["document_id"], third.json()["document_key"], a, "/result").content == \
+            b"EIN HUND.\n"
+    assert not deepl_documents._jobs.places and not deepl_documents._jobs.running
