@@ -11,14 +11,12 @@ import time
 import zipfile
 
 import pytest
-from fastapi import Depends, Request
 from fastapi.testclient import TestClient
 
 from service import documents
 from service.api import deepl_documents
 from service.api.document_store import DocumentSettings, DocumentStore
 from service.api.middleware.guard import Guard, GuardSettings
-from service.api.services import Services, services
 from service.bench.documents_memory import declaring, docx_of, kib, paragraphs
 from service.documents import DocumentError, safety
 from service.protocol import MAX_DOCUMENT_BYTES, MAX_XML_BYTES
@@ -132,12 +130,7 @@ def deepl_client(tmp_path, gate: threading.Event, max_jobs: int) -> TestClient:
     card = ModelCard("m", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
     svc = local_services([card], held, guard=Guard(GuardSettings(), env="key-a,key-b"), store_dir=str(tmp_path))
     svc.doc_settings.max_jobs_per_key = max_jobs
-    app = build_app(svc)
-    if not any(getattr(r, "path", "") == "/v2/document/{document_id}" and "DELETE" in r.methods for r in app.routes):
-        async def cancel(document_id: str, request: Request, svc: Services = Depends(services)):
-            return await deepl_documents.cancel(svc, request, document_id)     # until routes/documents.py has it
-        app.add_api_route("/v2/document/{document_id}", cancel, methods=["DELETE"], status_code=204)
-    return TestClient(app)
+    return TestClient(build_app(svc))
 
 
 def test_deepl_jobs_are_capped_per_key_and_cancelled_by_their_owner_only(tmp_path):

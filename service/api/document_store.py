@@ -28,14 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.protocol import ServiceError
 from service.state import private_dir, private_file, state_dir
 
-ENV_DIR = "MT_DOCUMENTS_DIR"
 _NAME = re.compile(r"[A-Za-z0-9_-]{16,64}(\.[a-z0-9]{1,10})?")      # what a stored name looks like
 
 
 class DocumentSettings(BaseModel):
     """AppArgs.documents: where translated files are kept and for how long."""
     model_config = ConfigDict(extra="forbid")
-    store_dir: Optional[str] = None       # None: $MT_DOCUMENTS_DIR, else {state dir}/documents (service/state.py)
+    store_dir: Optional[str] = None       # None: {state dir}/documents (service/state.py); env MT_DOCUMENTS_DIR
     ttl_s: float = Field(3600.0, gt=0, allow_inf_nan=False)          # seconds a translated file is kept
     max_store_bytes: int = Field(1024 ** 3, ge=1)                    # all kept files together; oldest evicted
     chunk_segments: int = Field(16, ge=1, le=64)                     # segments per engine job (one turn)

@@ -2,6 +2,7 @@
 
     POST /v1/documents, POST /translate_file, GET /download_file/{name}   documents.py
     POST /v2/document, /v2/document/{id}, /v2/document/{id}/result        DeepL's (deepl_documents.py)
+    DELETE /v2/document/{id}                                              cancel (this service's extension)
 """
 from fastapi import APIRouter, Depends, Request
 
@@ -67,3 +68,12 @@ async def deepl_document_status(document_id: str, request: Request, svc: Service
 async def deepl_document_result(document_id: str, request: Request, svc: Services = Depends(services)):
     """DeepL: the translated document once its status is done (503 before)."""
     return await deepl_documents.result(svc, request, document_id)
+
+
+@router.delete("/v2/document/{document_id}", status_code=204, operation_id="deepl_document_cancel",
+               responses={204: {"description": "cancelled: the translation stopped, the job and its file removed"},
+                          **deepl_documents.ERRORS}, openapi_extra={"requestBody": deepl_documents.OPENAPI_KEY})
+async def deepl_document_cancel(document_id: str, request: Request, svc: Services = Depends(services)):
+    """This service's extension (DeepL has no cancel): stop a document translation, remove the job and
+    its file (``document_key`` in the body, with the API key that uploaded it)."""
+    return await deepl_documents.cancel(svc, request, document_id)
