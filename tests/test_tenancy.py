@@ -159,6 +159,10 @@ def test_files_are_each_uploaders_own_however_the_key_is_sent(tenants, way):
                          headers={"Authorization": f"DeepL-Auth-Key {B}"}).status_code == 404
     assert t.client.post(status, data={"document_key": doc["document_key"]},
                          headers={"Authorization": f"DeepL-Auth-Key {A}"}).status_code == 200
+    for key, code in ((B, 404), (None, 403), ("wrong", 403), (A, 204)):     # cancel: the owner's only
+        headers = {"Authorization": f"DeepL-Auth-Key {key}"} if key else {}
+        r = t.client.request("DELETE", status, data={"document_key": doc["document_key"]}, headers=headers)
+        assert r.status_code == code, (key, r.text)
 
 
 def test_stored_files_are_readable_by_the_service_user_only(tenants):
