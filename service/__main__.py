@@ -31,8 +31,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .ray_env import (DEFAULT_METRICS_EXPORT_PORT, PROXIES, apply_serve_env, haproxy_ports, metrics_export_port,
-                      remove_workdir)
+from .ray_env import (DEFAULT_METRICS_EXPORT_PORT, PROXIES, apply_loopback_ray, apply_serve_env, haproxy_ports,
+                      metrics_export_port, remove_workdir)
 
 # Replicas of the default layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
 # one torch thread each. On 2 cores, in one hour: 263.8 single-sentence requests/s at 32 clients against
@@ -101,7 +101,9 @@ def _cpus(value: str) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m service", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="HTTP bind address of HAProxy's frontend and the ingress replicas (default 127.0.0.1); "
+                         "Ray's servers and HAProxy's stats stay on 127.0.0.1 (docs/deploy.md#what-listens-where)")
     ap.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
     ap.add_argument("--config", help="YAML/JSON file with build_app arguments (or a Serve config file)")
     ap.add_argument("--checkpoint", help="serve this checkpoint directory as the default model")
@@ -127,6 +129,7 @@ def main(argv=None) -> int:
         ap.error(str(e))
 
     if args.address == "local":
+        apply_loopback_ray()     # Ray's own servers on 127.0.0.1, whatever --host is (before ray is imported)
         try:
             metrics_port = metrics_export_port(args.metrics_export_port)
         except ValueError as e:

@@ -71,7 +71,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
                RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH=os.path.join(workdir, "metrics.sock"),
                RAY_SERVE_HAPROXY_SERVER_STATE_BASE=workdir,
                RAY_SERVE_HAPROXY_SERVER_STATE_FILE=os.path.join(workdir, "server-state"))
-    binary = nosplice_haproxy(workdir)
+    binary = haproxy_wrapper(workdir)
     if binary is not None:
         env[HAPROXY_BINARY_VAR] = binary
     ports = {"stats_port": stats_port, "metrics_port": metrics_port, "fallback_http_port": fallback_http_port,
@@ -82,13 +82,32 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     return env
 
 
-# HAProxy runs without kernel splicing (its -dS flag): Serve's config template turns on `option
-# splice-request` / `option splice-response`, and with them HAProxy, under load, did not pass a client's
-# abort on to the ingress replica, which then computed answers nobody would read (40 clients giving up
-# after 0.3 s: 0 of 1,200 sentences cancelled, 512 sequences still running 45 s later; without
-# splicing all were cancelled and the engine was idle within 2 s, docs/deploy.md#client-disconnects).
-# Serve exposes no setting for it, so HAProxy is started through a two-line wrapper that adds -dS.
+# HAProxy runs through a short wrapper script (Serve runs ``RAY_SERVE_HAPROXY_BINARY_PATH`` with its
+# arguments, ``-db -f haproxy.cfg ...``), for two settings Serve does not offer:
+#  - no kernel splicing (HAProxy's -dS): Serve's config template turns on `option splice-request` /
+#    `option splice-response`, and with them HAProxy, under load, did not pass a client's abort on to the
+#    ingress replica, which then computed answers nobody would read (40 clients giving up after 0.3 s: 0 of
+#    1,200 sentences cancelled, 512 sequences still running 45 s later; without splicing all were
+#    cancelled and the engine was idle within 2 s, docs/deploy.md#client-disconnects);
+#  - the stats page and the Prometheus exporter on STATS_HOST_VAR's address, 127.0.0.1 by default: the
+#    template binds them to every interface (`bind *:<stats port>`, `bind :<metrics port>`) whatever the
+#    HTTP host is. The script rewrites those two lines of the config Serve has just written, before each
+#    start or reload; the HTTP frontend's own line (`bind <http_options.host>:<port>`) is left as it is.
 HAPROXY_BINARY_VAR = "RAY_SERVE_HAPROXY_BINARY_PATH"
+STATS_HOST_VAR = "MT_HAPROXY_STATS_HOST"     # an IPv4 address, or * for every interface (Serve's binding)
+HAPROXY_WRAPPER = r"""#!/bin/sh
+# HAProxy as Ray Serve runs it, without kernel splicing (-dS) and with its stats page and Prometheus
+# exporter bound to $%(var)s (default 127.0.0.1; * = every interface) (service/ray_env.py)
+host="${%(var)s:-127.0.0.1}"
+case "$host" in
+  \*) ;;
+  *[!0-9A-Za-z.:-]*) echo "%(var)s: not an address: $host" >&2; exit 2 ;;
+  *) cfg=""; prev=""
+     for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
+     [ -n "$cfg" ] && sed -i -E '/^(frontend prometheus|listen stats)$/,/^[^[:space:]]/ s/^([[:space:]]*bind )\*?:([0-9]+)/\1'"$host"':\2/' "$cfg" ;;
+esac
+exec "%(binary)s" -dS "$@"
+"""
 
 
 def real_haproxy() -> Optional[str]:
@@ -104,15 +123,16 @@ def real_haproxy() -> Optional[str]:
             os.environ[HAPROXY_BINARY_VAR] = saved
 
 
-def nosplice_haproxy(workdir: str) -> Optional[str]:
-    """Writes ``workdir/haproxy``, a script that runs the real HAProxy with -dS (no splice) and the
-    arguments Serve gives; its path, or None where no HAProxy binary is installed."""
-    binary = real_haproxy()
+def haproxy_wrapper(workdir: str, binary: Optional[str] = None) -> Optional[str]:
+    """Writes ``workdir/haproxy``, the script (HAPROXY_WRAPPER) that runs ``binary`` (default: the
+    real HAProxy) without splicing and with its stats and exporter on loopback; its path, or None
+    where no HAProxy binary is installed."""
+    binary = binary or real_haproxy()
     if binary is None:
         return None
     path = os.path.join(workdir, "haproxy")
     with open(path, "w") as f:
-        f.write(f'#!/bin/sh\n# HAProxy without kernel splicing (service/ray_env.py)\nexec "{binary}" -dS "$@"\n')
+        f.write(HAPROXY_WRAPPER % {"var": STATS_HOST_VAR, "binary": binary})
     os.chmod(path, 0o755)
     return path
 
@@ -179,6 +199,28 @@ def haproxy_ports() -> dict[str, int]:
         if var not in os.environ and _in_use(default):
             out[arg] = spare_port()
     return out
+
+
+# Ray's own listeners on the local instance ``python -m service`` starts (``--address local``). Ray gives a
+# node the machine's routable address, even where ray.init(_node_ip_address="127.0.0.1") asks for loopback
+# (ray._private.services.resolve_ip_for_localhost), and its servers bind that address or every interface:
+# GCS, raylet and every worker's gRPC server, the dashboard agent (gRPC, HTTP 52365), the metrics agent
+# (--metrics-export-port, with every replica's series), the runtime-env agent. This setting, Ray's
+# one-machine mode of Windows and macOS (read when ray is imported), makes the node's address 127.0.0.1,
+# and all of them bind loopback: nothing on another machine needs them in a one-machine instance.
+LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def apply_loopback_ray() -> dict[str, str]:
+    """Put LOOPBACK_RAY into os.environ, keeping a value set there, for a local Ray instance on
+    loopback; RuntimeError where ray is imported already (Ray read the setting then). Returns what the
+    environment now holds for it."""
+    import sys
+    if "ray._private.ray_constants" in sys.modules:
+        raise RuntimeError("apply_loopback_ray: call it before ray is imported")
+    for k, v in LOOPBACK_RAY.items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in LOOPBACK_RAY}
 
 
 DEFAULT_METRICS_EXPORT_PORT = 8080     # the Ray metrics agent's port under ``python -m service``

@@ -1,0 +1,196 @@
+"""What listens where (docs/deploy.md#what-listens-where): with ``python -m service --host 127.0.0.1``
+every TCP listener of its process tree (Ray's servers and agents, Serve's proxies, HAProxy and its
+stats page and exporter, the replicas' HTTP) binds loopback, but one Serve binds on every interface
+with no setting for it: each replica's gRPC server for handle calls (``[::]:0``).
+
+Listeners are read from /proc for the service's own process tree only: other Ray instances run on
+this machine."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import NamedTuple
+
+import httpx
+import pytest
+
+from conftest import ROOT, build_tiny_checkpoint, free_port, wait_until_ready
+from service.ray_env import HAPROXY_DEFAULT_PORTS, LOOPBACK_RAY, STATS_HOST_VAR, haproxy_wrapper
+
+
+class Listener(NamedTuple):
+    address: str     # as bound: 0.0.0.0 / :: = every interface
+    port: int
+    pid: int
+    process: str     # its command line (Ray's workers name themselves: ray::ServeReplica:...)
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it (by parent pid, read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue            # exited meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _address(hex_address: str) -> str:
+    raw = bytes.fromhex(hex_address)     # /proc/net/tcp*: 32-bit words in host (little-endian) order
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+
+
+def tcp_listeners(pids: list[int]) -> list[Listener]:
+    """The listening TCP sockets (IPv4 and IPv6) that ``pids`` hold open."""
+    listening = {}      # socket inode -> (address, port)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A":                        # TCP_LISTEN
+                    address, port = cols[1].split(":")
+                    listening[cols[9]] = (_address(address), int(port, 16))
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                process = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in listening:
+                found.add(Listener(*listening[target[8:-1]], pid, process[:80]))
+    return sorted(found, key=lambda x: (x.port, x.pid))
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def test_tcp_listeners_reads_this_process_sockets():
+    with socket.socket() as loop, socket.socket(socket.AF_INET6) as every:
+        loop.bind(("127.0.0.1", 0))
+        loop.listen()
+        every.bind(("::", 0))
+        every.listen()
+        mine = {(x.address, x.port) for x in tcp_listeners(process_tree(os.getpid()))}
+        assert {("127.0.0.1", loop.getsockname()[1]), ("::", every.getsockname()[1])} <= mine
+    assert is_loopback("127.0.0.1") and is_loopback("::ffff:127.0.0.1") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.0.2.2")
+
+
+def _serve_haproxy_config(tmp_path, host: str) -> str:
+    """The haproxy.cfg Serve writes (its own template and code) for HTTP on ``host``:8000, stats on
+    18404, exporter on 19101; its path."""
+    from ray.serve._private.haproxy import HAProxyApi, HAProxyConfig
+    from ray.serve.config import HTTPOptions
+    cfg = HAProxyConfig(http_options=HTTPOptions(host=host, port=8000), stats_port=18404, metrics_port=19101,
+                        socket_path=str(tmp_path / "admin.sock"), server_state_base=str(tmp_path),
+                        server_state_file=str(tmp_path / "state"), metrics_socket_path=str(tmp_path / "m.sock"))
+    path = str(tmp_path / "haproxy.cfg")
+    HAProxyApi(cfg, config_file_path=path)._generate_config_file_internal()
+    return path
+
+
+@pytest.mark.parametrize("host, stats_host, want", [
+    ("127.0.0.1", None, {"127.0.0.1:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
+    ("0.0.0.0", None, {"*:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),      # only the frontend follows --host
+    ("127.0.0.1", "*", {"127.0.0.1:8000", "*:18404", ":19101"}),               # Serve's own binding, as chosen
+    ("127.0.0.1", "10.0.0.5", {"127.0.0.1:8000", "10.0.0.5:18404", "10.0.0.5:19101"}),
+])
+def test_haproxy_wrapper_binds_stats_and_exporter_where_chosen(tmp_path, monkeypatch, host, stats_host, want):
+    """Serve's config binds HAProxy's stats page and exporter to every interface; the wrapper Serve
+    runs as HAProxy rewrites those two lines (only) before HAProxy reads them."""
+    config = _serve_haproxy_config(tmp_path, host)
+    fake = tmp_path / "fake-haproxy"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\n')
+    fake.chmod(0o755)
+    if stats_host is None:
+        monkeypatch.delenv(STATS_HOST_VAR, raising=False)
+    else:
+        monkeypatch.setenv(STATS_HOST_VAR, stats_host)
+    wrapper = haproxy_wrapper(str(tmp_path), binary=str(fake))
+    for _ in range(2):                     # a reload runs it again on the same file (sh: the script, no HAProxy)
+        subprocess.run(["/bin/sh", wrapper, "-db", "-f", config, "-dR"], check=True, timeout=30)
+    binds = {line.split()[1] for line in open(config) if line.strip().startswith("bind ")}
+    assert binds == want
+    assert (tmp_path / "args").read_text().split() == ["-dS", "-db", "-f", config, "-dR"]
+
+
+def test_haproxy_wrapper_refuses_a_stats_host_that_is_no_address(tmp_path, monkeypatch):
+    config = _serve_haproxy_config(tmp_path, "127.0.0.1")
+    monkeypatch.setenv(STATS_HOST_VAR, "1.2.3.4/x")
+    r = subprocess.run(["/bin/sh", haproxy_wrapper(str(tmp_path), binary="/bin/true"), "-f", config],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and f"{STATS_HOST_VAR}: not an address" in r.stderr
+
+
+def test_loopback_ray_makes_the_node_address_loopback():
+    """Ray's one-machine setting (read when ray is imported) gives the node 127.0.0.1, which its
+    servers and agents then bind; too late once ray is imported."""
+    code = ("from service.ray_env import apply_loopback_ray; apply_loopback_ray(); "
+            "import ray._private.services as s; print(s.get_node_ip_address())")
+    env = {k: v for k, v in os.environ.items() if k not in LOOPBACK_RAY}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "127.0.0.1", r.stderr[-2000:]
+    code = "import ray; from service.ray_env import apply_loopback_ray; apply_loopback_ray()"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "before ray is imported" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.cluster      # a Ray instance of its own: after the shared service is shut down
+def test_python_m_service_on_127_0_0_1_listens_on_loopback_only(no_shared_service, tmp_path):
+    ckpt = build_tiny_checkpoint(tmp_path / "m", "de", "en", max_len=64)
+    port, metrics_port = free_port(), free_port()
+    haproxy = {var: free_port() for var, _ in HAPROXY_DEFAULT_PORTS.values()}
+    env = {k: v for k, v in os.environ.items() if k not in LOOPBACK_RAY and k != STATS_HOST_VAR}
+    env.update({var: str(p) for var, p in haproxy.items()}, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--metrics-export-port",
+         str(metrics_port), "--num-cpus", "2", "--checkpoint", str(ckpt)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def alive():
+            assert proc.poll() is None, proc.stdout.read()
+        wait_until_ready(url, timeout_s=240, what="python -m service", interval_s=1, alive=alive)
+        stats = haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
+        assert httpx.get(f"http://127.0.0.1:{stats}/stats", timeout=10).status_code == 200
+        listeners = tcp_listeners(process_tree(proc.pid))
+        ports = {x.port for x in listeners}
+        assert {port, metrics_port, stats, haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"]} <= ports, listeners
+        exposed = [x for x in listeners if not is_loopback(x.address)]
+        # Serve's one listener without an address setting: a replica's gRPC server for handle calls.
+        replica_grpc = [x for x in exposed if x.process.startswith("ray::ServeReplica") and x.address == "::"]
+        assert exposed == replica_grpc, "\n".join(map(str, exposed))
+        assert len({x.pid for x in replica_grpc}) == len(replica_grpc) <= 2, replica_grpc   # one per replica
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("python -m service did not stop within 90 s of Ctrl-C")
+    assert code == 0
