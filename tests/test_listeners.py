@@ -1,7 +1,8 @@
-"""What listens where (docs/deploy.md#what-listens-where): with ``python -m service --host 127.0.0.1``
-every TCP listener of its process tree (Ray's servers and agents, Serve's proxies, HAProxy and its
-stats page and exporter, the replicas' HTTP) binds loopback, but one Serve binds on every interface
-with no setting for it: each replica's gRPC server for handle calls (``[::]:0``).
+"""What listens where (docs/deploy.md#what-listens-where): every TCP listener of ``python -m service``'s
+process tree (Ray's servers and agents, Serve's proxies and replicas, HAProxy's stats page and
+exporter) binds loopback, but HAProxy's HTTP frontend, which binds ``--host``, and one listener that
+Serve binds on every interface with no setting for it: each replica's gRPC server for handle calls
+(``[::]:0``, ray/serve/_private/replica.py).
 
 Listeners are read from /proc for the service's own process tree only: other Ray instances run on
 this machine."""
@@ -19,7 +20,8 @@ import httpx
 import pytest
 
 from conftest import ROOT, build_tiny_checkpoint, free_port, wait_until_ready
-from service.ray_env import HAPROXY_DEFAULT_PORTS, LOOPBACK_RAY, STATS_HOST_VAR, haproxy_wrapper
+from service.ray_env import (FRONTEND_HOST_VAR, HAPROXY_BINARY_VAR, HAPROXY_DEFAULT_PORTS, LOOPBACK_RAY, STATS_HOST_VAR,
+                             haproxy_wrapper, serve_http_host)
 
 
 class Listener(NamedTuple):
@@ -113,37 +115,54 @@ def _serve_haproxy_config(tmp_path, host: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("host, stats_host, want", [
-    ("127.0.0.1", None, {"127.0.0.1:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
-    ("0.0.0.0", None, {"*:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),      # only the frontend follows --host
-    ("127.0.0.1", "*", {"127.0.0.1:8000", "*:18404", ":19101"}),               # Serve's own binding, as chosen
-    ("127.0.0.1", "10.0.0.5", {"127.0.0.1:8000", "10.0.0.5:18404", "10.0.0.5:19101"}),
+@pytest.mark.parametrize("host, env, want", [
+    ("127.0.0.1", {}, {"127.0.0.1:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
+    ("0.0.0.0", {}, {"*:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
+    # python -m service --host 0.0.0.0: Serve on 127.0.0.1, HAProxy's frontend alone on every interface
+    ("127.0.0.1", {FRONTEND_HOST_VAR: "0.0.0.0"}, {"0.0.0.0:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
+    ("127.0.0.1", {STATS_HOST_VAR: "*"}, {"127.0.0.1:8000", "*:18404", "*:19101"}),     # Serve's binding, as chosen
+    ("127.0.0.1", {STATS_HOST_VAR: "10.0.0.5"}, {"127.0.0.1:8000", "10.0.0.5:18404", "10.0.0.5:19101"}),
 ])
-def test_haproxy_wrapper_binds_stats_and_exporter_where_chosen(tmp_path, monkeypatch, host, stats_host, want):
-    """Serve's config binds HAProxy's stats page and exporter to every interface; the wrapper Serve
-    runs as HAProxy rewrites those two lines (only) before HAProxy reads them."""
+def test_haproxy_wrapper_binds_each_listener_where_chosen(tmp_path, monkeypatch, host, env, want):
+    """Serve's config binds HAProxy's stats page and exporter to every interface and its frontend to
+    Serve's HTTP host; the wrapper Serve runs as HAProxy rewrites those lines (only) before HAProxy
+    reads them, the same on every reload."""
     config = _serve_haproxy_config(tmp_path, host)
     fake = tmp_path / "fake-haproxy"
     fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\n')
     fake.chmod(0o755)
-    if stats_host is None:
-        monkeypatch.delenv(STATS_HOST_VAR, raising=False)
-    else:
-        monkeypatch.setenv(STATS_HOST_VAR, stats_host)
+    for var in (STATS_HOST_VAR, FRONTEND_HOST_VAR):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
     wrapper = haproxy_wrapper(str(tmp_path), binary=str(fake))
+    with open(config) as f:
+        before = [line for line in f if not line.strip().startswith("bind ")]
     for _ in range(2):                     # a reload runs it again on the same file (sh: the script, no HAProxy)
         subprocess.run(["/bin/sh", wrapper, "-db", "-f", config, "-dR"], check=True, timeout=30)
-    binds = {line.split()[1] for line in open(config) if line.strip().startswith("bind ")}
-    assert binds == want
+    with open(config) as f:
+        lines = f.readlines()
+    assert {line.split()[1] for line in lines if line.strip().startswith("bind ")} == want
+    assert [line for line in lines if not line.strip().startswith("bind ")] == before
     assert (tmp_path / "args").read_text().split() == ["-dS", "-db", "-f", config, "-dR"]
 
 
-def test_haproxy_wrapper_refuses_a_stats_host_that_is_no_address(tmp_path, monkeypatch):
+def test_haproxy_wrapper_refuses_what_is_no_address(tmp_path, monkeypatch):
     config = _serve_haproxy_config(tmp_path, "127.0.0.1")
-    monkeypatch.setenv(STATS_HOST_VAR, "1.2.3.4/x")
+    monkeypatch.setenv(FRONTEND_HOST_VAR, "1.2.3.4/x")
     r = subprocess.run(["/bin/sh", haproxy_wrapper(str(tmp_path), binary="/bin/true"), "-f", config],
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and f"{STATS_HOST_VAR}: not an address" in r.stderr
+    assert r.returncode == 2 and "not an address: 1.2.3.4/x" in r.stderr
+
+
+def test_serve_http_host_moves_serve_to_loopback_behind_the_wrapper_only(tmp_path, monkeypatch):
+    monkeypatch.delenv(FRONTEND_HOST_VAR, raising=False)
+    assert serve_http_host("0.0.0.0", {}) == "0.0.0.0"                          # Serve's own proxy
+    assert serve_http_host("0.0.0.0", {HAPROXY_BINARY_VAR: "/bin/true"}) == "0.0.0.0"    # the operator's HAProxy
+    assert FRONTEND_HOST_VAR not in os.environ
+    wrapper = haproxy_wrapper(str(tmp_path), binary="/bin/true")
+    assert serve_http_host("0.0.0.0", {HAPROXY_BINARY_VAR: wrapper}) == "127.0.0.1"
+    assert os.environ[FRONTEND_HOST_VAR] == "0.0.0.0"
 
 
 def test_loopback_ray_makes_the_node_address_loopback():
@@ -161,14 +180,17 @@ def test_loopback_ray_makes_the_node_address_loopback():
 
 @pytest.mark.slow
 @pytest.mark.cluster      # a Ray instance of its own: after the shared service is shut down
-def test_python_m_service_on_127_0_0_1_listens_on_loopback_only(no_shared_service, tmp_path):
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_python_m_service_listens_on_loopback_but_for_its_http_frontend(no_shared_service, tmp_path, host):
+    """Every listener of the service's tree binds loopback, but HAProxy's frontend, which binds
+    ``--host``, and the replicas' gRPC servers (Serve binds them to every interface, no setting)."""
     ckpt = build_tiny_checkpoint(tmp_path / "m", "de", "en", max_len=64)
     port, metrics_port = free_port(), free_port()
     haproxy = {var: free_port() for var, _ in HAPROXY_DEFAULT_PORTS.values()}
-    env = {k: v for k, v in os.environ.items() if k not in LOOPBACK_RAY and k != STATS_HOST_VAR}
-    env.update({var: str(p) for var, p in haproxy.items()}, TMPDIR=str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k not in {*LOOPBACK_RAY, STATS_HOST_VAR, FRONTEND_HOST_VAR}}
+    env.update({var: str(p) for var, p in haproxy.items()})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--metrics-export-port",
+        [sys.executable, "-m", "service", "--host", host, "--port", str(port), "--metrics-export-port",
          str(metrics_port), "--num-cpus", "2", "--checkpoint", str(ckpt)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -181,7 +203,9 @@ def test_python_m_service_on_127_0_0_1_listens_on_loopback_only(no_shared_servic
         listeners = tcp_listeners(process_tree(proc.pid))
         ports = {x.port for x in listeners}
         assert {port, metrics_port, stats, haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"]} <= ports, listeners
-        exposed = [x for x in listeners if not is_loopback(x.address)]
+        frontend = [x for x in listeners if x.port == port]
+        assert [x.address for x in frontend] == [host] and "haproxy" in frontend[0].process, frontend
+        exposed = [x for x in listeners if not is_loopback(x.address) and x.port != port]
         # Serve's one listener without an address setting: a replica's gRPC server for handle calls.
         replica_grpc = [x for x in exposed if x.process.startswith("ray::ServeReplica") and x.address == "::"]
         assert exposed == replica_grpc, "\n".join(map(str, exposed))
