@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,9 +18,10 @@ from typing import NamedTuple
 import httpx
 import pytest
 
-from conftest import ROOT, build_tiny_checkpoint, free_port, wait_until_ready
+from conftest import ROOT, build_tiny_checkpoint, free_port
 from service.ray_env import (FRONTEND_HOST_VAR, HAPROXY_BINARY_VAR, HAPROXY_DEFAULT_PORTS, LOOPBACK_RAY, STATS_HOST_VAR,
                              haproxy_wrapper, serve_http_host)
+from test_service_main import python_m_service
 
 
 class Listener(NamedTuple):
@@ -189,15 +189,8 @@ def test_python_m_service_listens_on_loopback_but_for_its_http_frontend(no_share
     haproxy = {var: free_port() for var, _ in HAPROXY_DEFAULT_PORTS.values()}
     env = {k: v for k, v in os.environ.items() if k not in {*LOOPBACK_RAY, STATS_HOST_VAR, FRONTEND_HOST_VAR}}
     env.update({var: str(p) for var, p in haproxy.items()})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", host, "--port", str(port), "--metrics-export-port",
-         str(metrics_port), "--num-cpus", "2", "--checkpoint", str(ckpt)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def alive():
-            assert proc.poll() is None, proc.stdout.read()
-        wait_until_ready(url, timeout_s=240, what="python -m service", interval_s=1, alive=alive)
+    with python_m_service(port, "--host", host, "--metrics-export-port", str(metrics_port), "--num-cpus", "2",
+                          "--checkpoint", str(ckpt), env=env, ready_s=240, stop_s=90) as proc:
         stats = haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
         assert httpx.get(f"http://127.0.0.1:{stats}/stats", timeout=10).status_code == 200
         listeners = tcp_listeners(process_tree(proc.pid))
@@ -210,11 +203,3 @@ def test_python_m_service_listens_on_loopback_but_for_its_http_frontend(no_share
         replica_grpc = [x for x in exposed if x.process.startswith("ray::ServeReplica") and x.address == "::"]
         assert exposed == replica_grpc, "\n".join(map(str, exposed))
         assert len({x.pid for x in replica_grpc}) == len(replica_grpc) <= 2, replica_grpc   # one per replica
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            code = proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("python -m service did not stop within 90 s of Ctrl-C")
-    assert code == 0
