@@ -233,7 +233,8 @@ def haproxy_ports() -> dict[str, int]:
 # node the machine's routable address, even where ray.init(_node_ip_address="127.0.0.1") asks for loopback
 # (ray._private.services.resolve_ip_for_localhost), and its servers bind that address or every interface:
 # GCS, raylet and every worker's gRPC server, the dashboard agent (gRPC, HTTP 52365), the metrics agent
-# (--metrics-export-port, with every replica's series), the runtime-env agent. This setting, Ray's
+# (--metrics-export-port, with every replica's series), the runtime-env agent, the autoscaler monitor's
+# and dashboard head's metrics (44217, 44227). This setting, Ray's
 # one-machine mode of Windows and macOS (read when ray is imported), makes the node's address 127.0.0.1,
 # and all of them bind loopback: nothing on another machine needs them in a one-machine instance.
 LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
