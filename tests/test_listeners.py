@@ -1,0 +1,205 @@
+"""What listens where (docs/deploy.md#what-listens-where): every TCP listener of ``python -m service``'s
+process tree (Ray's servers and agents, Serve's proxies and replicas, HAProxy's stats page and
+exporter) binds loopback, but HAProxy's HTTP frontend, which binds ``--host``, and one listener that
+Serve binds on every interface with no setting for it: each replica's gRPC server for handle calls
+(``[::]:0``, ray/serve/_private/replica.py).
+
+Listeners are read from /proc for the service's own process tree only: other Ray instances run on
+this machine."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+from typing import NamedTuple
+
+import httpx
+import pytest
+
+from conftest import ROOT, build_tiny_checkpoint, free_port
+from service.ray_env import (FRONTEND_HOST_VAR, HAPROXY_BINARY_VAR, HAPROXY_DEFAULT_PORTS, LOOPBACK_RAY, STATS_HOST_VAR,
+                             haproxy_wrapper, serve_http_host)
+from test_service_main import python_m_service
+
+
+class Listener(NamedTuple):
+    address: str     # as bound: 0.0.0.0 / :: = every interface
+    port: int
+    pid: int
+    process: str     # its command line (Ray's workers name themselves: ray::ServeReplica:...)
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it (by parent pid, read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue            # exited meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _address(hex_address: str) -> str:
+    raw = bytes.fromhex(hex_address)     # /proc/net/tcp*: 32-bit words in host (little-endian) order
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+
+
+def tcp_listeners(pids: list[int]) -> list[Listener]:
+    """The listening TCP sockets (IPv4 and IPv6) that ``pids`` hold open."""
+    listening = {}      # socket inode -> (address, port)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A":                        # TCP_LISTEN
+                    address, port = cols[1].split(":")
+                    listening[cols[9]] = (_address(address), int(port, 16))
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                process = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in listening:
+                found.add(Listener(*listening[target[8:-1]], pid, process[:80]))
+    return sorted(found, key=lambda x: (x.port, x.pid))
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def test_tcp_listeners_reads_this_process_sockets():
+    with socket.socket() as loop, socket.socket(socket.AF_INET6) as every:
+        loop.bind(("127.0.0.1", 0))
+        loop.listen()
+        every.bind(("::", 0))
+        every.listen()
+        mine = {(x.address, x.port) for x in tcp_listeners(process_tree(os.getpid()))}
+        assert {("127.0.0.1", loop.getsockname()[1]), ("::", every.getsockname()[1])} <= mine
+    assert is_loopback("127.0.0.1") and is_loopback("::ffff:127.0.0.1") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.0.2.2")
+
+
+def _serve_haproxy_config(tmp_path, host: str) -> str:
+    """The haproxy.cfg Serve writes (its own template and code) for HTTP on ``host``:8000, stats on
+    18404, exporter on 19101; its path."""
+    from ray.serve._private.haproxy import HAProxyApi, HAProxyConfig
+    from ray.serve.config import HTTPOptions
+    cfg = HAProxyConfig(http_options=HTTPOptions(host=host, port=8000), stats_port=18404, metrics_port=19101,
+                        socket_path=str(tmp_path / "admin.sock"), server_state_base=str(tmp_path),
+                        server_state_file=str(tmp_path / "state"), metrics_socket_path=str(tmp_path / "m.sock"))
+    path = str(tmp_path / "haproxy.cfg")
+    HAProxyApi(cfg, config_file_path=path)._generate_config_file_internal()
+    return path
+
+
+@pytest.mark.parametrize("host, env, want", [
+    ("127.0.0.1", {}, {"127.0.0.1:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
+    ("0.0.0.0", {}, {"*:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
+    # python -m service --host 0.0.0.0: Serve on 127.0.0.1, HAProxy's frontend alone on every interface
+    ("127.0.0.1", {FRONTEND_HOST_VAR: "0.0.0.0"}, {"0.0.0.0:8000", "127.0.0.1:18404", "127.0.0.1:19101"}),
+    ("127.0.0.1", {STATS_HOST_VAR: "*"}, {"127.0.0.1:8000", "*:18404", "*:19101"}),     # Serve's binding, as chosen
+    ("127.0.0.1", {STATS_HOST_VAR: "10.0.0.5"}, {"127.0.0.1:8000", "10.0.0.5:18404", "10.0.0.5:19101"}),
+])
+def test_haproxy_wrapper_binds_each_listener_where_chosen(tmp_path, monkeypatch, host, env, want):
+    """Serve's config binds HAProxy's stats page and exporter to every interface and its frontend to
+    Serve's HTTP host; the wrapper Serve runs as HAProxy rewrites those lines (only) before HAProxy
+    reads them, the same on every reload."""
+    config = _serve_haproxy_config(tmp_path, host)
+    fake = tmp_path / "fake-haproxy"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\n')
+    fake.chmod(0o755)
+    for var in (STATS_HOST_VAR, FRONTEND_HOST_VAR):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    wrapper = haproxy_wrapper(str(tmp_path), binary=str(fake))
+    with open(config) as f:
+        before = [line for line in f if not line.strip().startswith("bind ")]
+    for _ in range(2):                     # a reload runs it again on the same file (sh: the script, no HAProxy)
+        subprocess.run(["/bin/sh", wrapper, "-db", "-f", config, "-dR"], check=True, timeout=30)
+    with open(config) as f:
+        lines = f.readlines()
+    assert {line.split()[1] for line in lines if line.strip().startswith("bind ")} == want
+    assert [line for line in lines if not line.strip().startswith("bind ")] == before
+    assert (tmp_path / "args").read_text().split() == ["-dS", "-db", "-f", config, "-dR"]
+
+
+def test_haproxy_wrapper_refuses_what_is_no_address(tmp_path, monkeypatch):
+    config = _serve_haproxy_config(tmp_path, "127.0.0.1")
+    monkeypatch.setenv(FRONTEND_HOST_VAR, "1.2.3.4/x")
+    r = subprocess.run(["/bin/sh", haproxy_wrapper(str(tmp_path), binary="/bin/true"), "-f", config],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not an address: 1.2.3.4/x" in r.stderr
+
+
+def test_serve_http_host_moves_serve_to_loopback_behind_the_wrapper_only(tmp_path, monkeypatch):
+    monkeypatch.delenv(FRONTEND_HOST_VAR, raising=False)
+    assert serve_http_host("0.0.0.0", {}) == "0.0.0.0"                          # Serve's own proxy
+    assert serve_http_host("0.0.0.0", {HAPROXY_BINARY_VAR: "/bin/true"}) == "0.0.0.0"    # the operator's HAProxy
+    assert FRONTEND_HOST_VAR not in os.environ
+    wrapper = haproxy_wrapper(str(tmp_path), binary="/bin/true")
+    assert serve_http_host("0.0.0.0", {HAPROXY_BINARY_VAR: wrapper}) == "127.0.0.1"
+    assert os.environ[FRONTEND_HOST_VAR] == "0.0.0.0"
+
+
+def test_loopback_ray_makes_the_node_address_loopback():
+    """Ray's one-machine setting (read when ray is imported) gives the node 127.0.0.1, which its
+    servers and agents then bind; too late once ray is imported."""
+    code = ("from service.ray_env import apply_loopback_ray; apply_loopback_ray(); "
+            "import ray._private.services as s; print(s.get_node_ip_address())")
+    env = {k: v for k, v in os.environ.items() if k not in LOOPBACK_RAY}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "127.0.0.1", r.stderr[-2000:]
+    code = "import ray; from service.ray_env import apply_loopback_ray; apply_loopback_ray()"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "before ray is imported" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.cluster      # a Ray instance of its own: after the shared service is shut down
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_python_m_service_listens_on_loopback_but_for_its_http_frontend(no_shared_service, tmp_path, host):
+    """Every listener of the service's tree binds loopback, but HAProxy's frontend, which binds
+    ``--host``, and the replicas' gRPC servers (Serve binds them to every interface, no setting)."""
+    ckpt = build_tiny_checkpoint(tmp_path / "m", "de", "en", max_len=64)
+    port, metrics_port = free_port(), free_port()
+    haproxy = {var: free_port() for var, _ in HAPROXY_DEFAULT_PORTS.values()}
+    env = {k: v for k, v in os.environ.items() if k not in {*LOOPBACK_RAY, STATS_HOST_VAR, FRONTEND_HOST_VAR}}
+    env.update({var: str(p) for var, p in haproxy.items()})
+    with python_m_service(port, "--host", host, "--metrics-export-port", str(metrics_port), "--num-cpus", "2",
+                          "--checkpoint", str(ckpt), env=env, ready_s=240, stop_s=90) as proc:
+        stats = haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
+        assert httpx.get(f"http://127.0.0.1:{stats}/stats", timeout=10).status_code == 200
+        listeners = tcp_listeners(process_tree(proc.pid))
+        ports = {x.port for x in listeners}
+        assert {port, metrics_port, stats, haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"]} <= ports, listeners
+        frontend = [x for x in listeners if x.port == port]
+        assert [x.address for x in frontend] == [host] and "haproxy" in frontend[0].process, frontend
+        exposed = [x for x in listeners if not is_loopback(x.address) and x.port != port]
+        # Serve's one listener without an address setting: a replica's gRPC server for handle calls.
+        replica_grpc = [x for x in exposed if x.process.startswith("ray::ServeReplica") and x.address == "::"]
+        assert exposed == replica_grpc, "\n".join(map(str, exposed))
+        assert len({x.pid for x in replica_grpc}) == len(replica_grpc) <= 2, replica_grpc   # one per replica
