@@ -319,7 +319,7 @@ async def translated(svc: "Services", doc: Document, model: str, target: Optiona
     document is released at the end (``documents.release``), translated or not."""
     async def run(m: str, job: TranslateJob) -> TranslateResponse:
         if glossary:
-            job.glossary, job.glossary_field = tuple(glossary), "glossary_id"
+            job = dataclasses.replace(job, glossary=tuple(glossary), glossary_field="glossary_id")
         svc.pipeline.check(m, job)
         return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s))
     try:

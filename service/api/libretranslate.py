@@ -73,11 +73,12 @@ class LibreRequest:
     glossary: tuple = ()            # (source term, target term) entries (``glossary`` or ``glossary_id``)
     glossary_field: str = "glossary"
 
-    def job(self, texts: list[str]) -> TranslateJob:
+    def job(self, texts: list[str], n_texts: Optional[int] = None, memory_scope: Optional[str] = None) -> TranslateJob:
         n_best = self.alternatives + 1
         return TranslateJob(texts, GenerationOptions(beam_size=max(4, n_best), n_best=n_best, length_penalty=1.0),
                             field="q", is_list=self.batch, target_lang=self.target, keep=self.keep,
-                            glossary=self.glossary, glossary_field=self.glossary_field)
+                            glossary=self.glossary, glossary_field=self.glossary_field, n_texts=n_texts,
+                            memory_scope=memory_scope)
 
 
 def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLanguage]:
@@ -215,8 +216,7 @@ def checked_job(req: LibreRequest, texts: list[str], n_texts: Optional[int] = No
     """The job for these texts (``q``, or the segments of format=html); ``n_texts``: the client's
     texts (q items) the texts-per-request limit counts (segments count as sentences, by the
     translator). Raises ServiceError 422 (answered as 400) for text that is not Unicode."""
-    job = req.job(texts)
-    job.n_texts, job.memory_scope = n_texts, memory_scope
+    job = req.job(texts, n_texts, memory_scope)
     try:
         check_unicode(job.texts, job.field)
     except ValueError as e:

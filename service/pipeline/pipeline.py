@@ -12,6 +12,7 @@ or through Ray handles (``service/api/backends.py``); the pipeline does not know
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import AsyncIterator, Callable, Optional, Protocol, Sequence
 
@@ -68,9 +69,8 @@ class Pipeline:
         if timeout_s is not None and timeout_s > self.max_timeout_s:
             raise ServiceError(422, f"timeout_s: must be <= {self.max_timeout_s:g} (the server's max_timeout_s), "
                                     f"got {timeout_s:g}", "timeout_s")
-        job.timeout_s = timeout_s or self.max_timeout_s
-        job.deadline = time.time() + job.timeout_s
-        return job
+        timeout_s = timeout_s or self.max_timeout_s
+        return dataclasses.replace(job, timeout_s=timeout_s, deadline=time.time() + timeout_s)
 
     async def with_glossary(self, job: TranslateJob, glossary_id: Optional[str], scope: str,
                             source_lang: Optional[str] = None, target_lang: Optional[str] = None) -> TranslateJob:
@@ -80,8 +80,8 @@ class Pipeline:
         if glossary_id is None:
             return job
         stored = await self.glossaries.resolve(scope, glossary_id, source_lang, target_lang)
-        job.glossary, job.glossary_field = tuple(stored) + tuple(job.glossary), "glossary" if job.glossary else "glossary_id"
-        return job
+        return dataclasses.replace(job, glossary=tuple(stored) + tuple(job.glossary),
+                                   glossary_field="glossary" if job.glossary else "glossary_id")
 
     def check(self, model: str, job: TranslateJob) -> None:
         """The model's limits (a pivot route's: every leg's). Raises ServiceError 413 or 422."""

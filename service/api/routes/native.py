@@ -91,8 +91,7 @@ async def _job(body: TranslateRequest, request: Request, svc: Services, card: Mo
     job = svc.pipeline.deadline(body.job(), body.timeout_s)
     job = await svc.pipeline.with_glossary(job, body.glossary_id, glossaries.scope_of(request),
                                            card.source_lang if card else None, card.target_lang if card else None)
-    job.memory_scope = svc.memory_scope(request)
-    return job
+    return dataclasses.replace(job, memory_scope=svc.memory_scope(request))
 
 
 async def _translate_auto(body: TranslateRequest, request: Request, svc: Services):
