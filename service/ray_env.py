@@ -75,6 +75,10 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
     binary = haproxy_wrapper(workdir)
     if binary is not None:
         env[HAPROXY_BINARY_VAR] = binary
+        # the replicas' ASGI server takes the client's address from X-Forwarded-For when the request
+        # comes from HAProxy (127.0.0.1), walking past the trusted proxies the wrapper keeps headers of
+        trusted = os.environ.get(TRUSTED_PROXIES_VAR, "").replace(",", " ").split()
+        env["FORWARDED_ALLOW_IPS"] = ",".join(["127.0.0.1", *trusted])
     ports = {"stats_port": stats_port, "metrics_port": metrics_port, "fallback_http_port": fallback_http_port,
              "fallback_grpc_port": fallback_grpc_port}
     for arg, (var, _) in HAPROXY_DEFAULT_PORTS.items():
@@ -96,19 +100,32 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
 #    proxy bind as well. Before each start or reload the script rewrites, in the config Serve has just
 #    written, the stats page's and exporter's `bind` lines to STATS_HOST_VAR's address (127.0.0.1 by
 #    default) and, where FRONTEND_HOST_VAR is set, the HTTP frontend's to that address: ``python -m
-#    service --host H`` starts Serve on 127.0.0.1 and sets it to H, so HAProxy's frontend alone takes H.
+#    service --host H`` starts Serve on 127.0.0.1 and sets it to H, so HAProxy's frontend alone takes H;
+#  - the client's address: Serve's template passes a client's own X-Forwarded-For, -Proto and -Host on
+#    to the replicas, whose ASGI server (uvicorn) trusts them from HAProxy (127.0.0.1): any client could
+#    choose the address its rate limits and failed key checks are counted by, and the scheme of the
+#    URLs built for it. The script drops those headers (and Forwarded) unless the request comes from an
+#    address in TRUSTED_PROXIES_VAR, and HAProxy adds the client's address (`option forwardfor`).
 HAPROXY_BINARY_VAR = "RAY_SERVE_HAPROXY_BINARY_PATH"
 STATS_HOST_VAR = "MT_HAPROXY_STATS_HOST"            # an address; * = every interface (Serve's binding)
 FRONTEND_HOST_VAR = "MT_HAPROXY_FRONTEND_HOST"      # set by python -m service from --host
+TRUSTED_PROXIES_VAR = "MT_TRUSTED_PROXIES"          # addresses (space- or comma-separated) whose X-Forwarded-* stay
 HAPROXY_WRAPPER = r"""#!/bin/sh
 # HAProxy as Ray Serve runs it, without kernel splicing (-dS), and in the config Serve wrote (-f) the stats
 # page and Prometheus exporter bound to $%(stats)s (default 127.0.0.1), the HTTP frontend to
-# $%(front)s where set (service/ray_env.py)
+# $%(front)s where set, a client's forwarded headers dropped unless it is one of $%(trusted)s, and
+# the client's address added as X-Forwarded-For (service/ray_env.py)
 stats="${%(stats)s:-127.0.0.1}"
 front="${%(front)s:-}"
+trusted=$(echo $(printf '%%s' "${%(trusted)s:-}" | tr ',' ' '))
 for h in "$stats" "$front"; do
   case "$h" in *[!0-9A-Za-z.:*-]*) echo "%(stats)s, %(front)s: not an address: $h" >&2; exit 2 ;; esac
 done
+for h in $trusted; do     # addresses or networks (10.0.0.0/8)
+  case "$h" in *[!0-9A-Za-z.:/-]*) echo "%(trusted)s: not an address: $h" >&2; exit 2 ;; esac
+done
+unless=""
+[ -n "$trusted" ] && unless=" unless { src $trusted }"
 cfg=""; prev=""
 for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
 rebind() {   # $1: the sections (an ERE), $2: the address their `bind` lines get
@@ -117,6 +134,13 @@ rebind() {   # $1: the sections (an ERE), $2: the address their `bind` lines get
 }
 rebind 'frontend prometheus|listen stats' "$stats" || exit 2
 rebind 'frontend http_frontend' "$front" || exit 2
+if [ -n "$cfg" ] && ! grep -q '^    # mt: forwarded headers' "$cfg"; then
+  rules='    # mt: forwarded headers'
+  for h in x-forwarded-for x-forwarded-proto x-forwarded-host forwarded; do
+    rules="$rules\n    http-request del-header $h$unless"
+  done
+  sed -i -E "/^frontend http_frontend\$/,/^[^[:space:]]/ s|^([[:space:]]*bind .*)\$|\1\n$rules\n    option forwardfor|" "$cfg" || exit 2
+fi
 exec "%(binary)s" -dS "$@"
 """
 
@@ -143,7 +167,8 @@ def haproxy_wrapper(workdir: str, binary: Optional[str] = None) -> Optional[str]
         return None
     path = os.path.join(workdir, "haproxy")
     with open(path, "w") as f:
-        f.write(HAPROXY_WRAPPER % {"stats": STATS_HOST_VAR, "front": FRONTEND_HOST_VAR, "binary": binary})
+        f.write(HAPROXY_WRAPPER % {"stats": STATS_HOST_VAR, "front": FRONTEND_HOST_VAR, "trusted": TRUSTED_PROXIES_VAR,
+                                   "binary": binary})
     os.chmod(path, 0o755)
     return path
 

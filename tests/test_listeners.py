@@ -143,8 +143,43 @@ def test_haproxy_wrapper_binds_each_listener_where_chosen(tmp_path, monkeypatch,
     with open(config) as f:
         lines = f.readlines()
     assert {line.split()[1] for line in lines if line.strip().startswith("bind ")} == want
-    assert [line for line in lines if not line.strip().startswith("bind ")] == before
+    added = [line.strip() for line in lines if line not in before and not line.strip().startswith("bind ")]
+    assert added == ["# mt: forwarded headers"] + [f"http-request del-header {h}" for h in FORWARDED] + [
+        "option forwardfor"]                                 # once, whatever the reloads
+    assert [line for line in lines if not line.strip().startswith("bind ") and line.strip() not in added] == before
     assert (tmp_path / "args").read_text().split() == ["-dS", "-db", "-f", config, "-dR"]
+
+
+FORWARDED = ("x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded")
+
+
+def test_haproxy_wrapper_keeps_forwarded_headers_of_trusted_proxies_only(tmp_path, monkeypatch):
+    """A client's own X-Forwarded-* and Forwarded are dropped at HAProxy's frontend unless it is a
+    trusted proxy, HAProxy adds the client's address, and the replicas' ASGI server trusts HAProxy and
+    those proxies (FORWARDED_ALLOW_IPS); the real HAProxy accepts the config."""
+    from service.ray_env import TRUSTED_PROXIES_VAR, serve_env
+    config = _serve_haproxy_config(tmp_path, "127.0.0.1")
+    monkeypatch.setenv(TRUSTED_PROXIES_VAR, "10.0.0.5, 10.0.0.6")
+    subprocess.run(["/bin/sh", haproxy_wrapper(str(tmp_path), binary="/bin/true"), "-f", config], check=True, timeout=30)
+    text = open(config).read()
+    front = text[text.index("frontend http_frontend"):].split("\n\n")[0]
+    for h in FORWARDED:
+        assert f"http-request del-header {h} unless {{ src 10.0.0.5 10.0.0.6 }}" in front
+    assert front.count("option forwardfor") == 1
+    assert serve_env(workdir=str(tmp_path / "w")).get("FORWARDED_ALLOW_IPS") in (None, "127.0.0.1,10.0.0.5,10.0.0.6")
+
+
+@pytest.mark.slow
+def test_the_real_haproxy_accepts_the_rewritten_config(tmp_path, monkeypatch):
+    from service.ray_env import TRUSTED_PROXIES_VAR, real_haproxy
+    binary = real_haproxy()
+    if binary is None:
+        pytest.skip("no HAProxy binary installed")
+    config = _serve_haproxy_config(tmp_path, "127.0.0.1")
+    monkeypatch.setenv(TRUSTED_PROXIES_VAR, "10.0.0.0/8")
+    subprocess.run(["/bin/sh", haproxy_wrapper(str(tmp_path), binary="/bin/true"), "-f", config], check=True, timeout=30)
+    r = subprocess.run([binary, "-c", "-f", config], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "Configuration file is valid" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_haproxy_wrapper_refuses_what_is_no_address(tmp_path, monkeypatch):
@@ -203,3 +238,8 @@ def test_python_m_service_listens_on_loopback_but_for_its_http_frontend(no_share
         replica_grpc = [x for x in exposed if x.process.startswith("ray::ServeReplica") and x.address == "::"]
         assert exposed == replica_grpc, "\n".join(map(str, exposed))
         assert len({x.pid for x in replica_grpc}) == len(replica_grpc) <= 2, replica_grpc   # one per replica
+        # a client's own forwarded headers do not reach the replicas: its download URL keeps the request's scheme
+        r = httpx.post(f"http://127.0.0.1:{port}/translate_file", files={"file": ("a.txt", b"Hallo.\n")},
+                       data={"source": "de", "target": "en"}, timeout=120,
+                       headers={"X-Forwarded-Proto": "https", "X-Forwarded-Host": "evil.example"})
+        assert r.status_code == 200 and r.json()["translatedFileUrl"].startswith(f"http://127.0.0.1:{port}/"), r.text
