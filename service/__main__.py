@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1",
                     help="HTTP bind address (default 127.0.0.1): HAProxy's frontend, or Serve's proxy with --proxy ray; "
-                         "everything else the service starts listens on 127.0.0.1 (docs/deploy.md#what-listens-where)")
+                         "everything else the service starts listens on 127.0.0.1 (docs/security.md#what-listens-where)")
     ap.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
     ap.add_argument("--config", help="YAML/JSON file with build_app arguments (or a Serve config file)")
     ap.add_argument("--checkpoint", help="serve this checkpoint directory as the default model")

@@ -138,7 +138,7 @@ class AppArgs(BaseModel):
     rate_limit: Optional[RateLimit] = None                # token bucket per key (or client address); None = off
     max_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)   # every request's deadline; the largest timeout_s
     max_streams_per_key: Optional[int] = Field(None, ge=1)  # open SSE streams per key (or client address); None = off
-    # failed key checks per client address before 429s; GET /metrics without a key per client (docs/deploy.md#security)
+    # failed key checks per client address before 429s; GET /metrics without a key per client (docs/security.md)
     failed_key_limit: Optional[RateLimit] = GuardSettings.model_fields["failed_key_limit"].default
     metrics_rate_limit: Optional[RateLimit] = GuardSettings.model_fields["metrics_rate_limit"].default
     # graceful shutdown (docs/deploy.md#graceful-shutdown-and-redeploys): how long a stopping replica

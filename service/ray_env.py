@@ -10,7 +10,7 @@ the container / ``runtime_env`` of the cluster (``deploy/serve_config*.yaml``, `
         to the ingress replicas, which serve it themselves ("direct ingress"); deployment handles
         call each other over gRPC. Its stats / Prometheus ports and its files are per instance; what
         binds which address: ``haproxy_wrapper``, ``serve_http_host``, ``LOOPBACK_RAY``
-        (docs/deploy.md#what-listens-where). Serve's periodic work is trimmed (``LEAN``).
+        (docs/security.md#what-listens-where). Serve's periodic work is trimmed (``LEAN``).
     proxy="ray": Ray Serve's own Python HTTP proxy with its defaults (the layout before).
 """
 from __future__ import annotations

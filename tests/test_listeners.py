@@ -1,4 +1,4 @@
-"""What listens where (docs/deploy.md#what-listens-where): every TCP listener of ``python -m service``'s
+"""What listens where (docs/security.md#what-listens-where): every TCP listener of ``python -m service``'s
 process tree (Ray's servers and agents, Serve's proxies and replicas, HAProxy's stats page and
 exporter) binds loopback, but HAProxy's HTTP frontend, which binds ``--host``, and one listener that
 Serve binds on every interface with no setting for it: each replica's gRPC server for handle calls
