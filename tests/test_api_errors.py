@@ -194,3 +194,20 @@ def test_a_message_that_names_the_value_does_not_repeat_it():
     assert field == "source_lang" and message.count("got ''") == 1, message
     err = {"type": "greater_than_equal", "loc": ("body", "beam_size"), "input": 0, "msg": "Input should be >= 1"}
     assert format_validation_error(err) == ("beam_size", "beam_size: Input should be >= 1 (got 0)")
+
+
+def test_a_huge_number_is_named_shortened_in_the_engine_check():
+    """A value the engine's check refuses is repeated as its start and length past MAX_NAME_CHARS."""
+    from fastapi.testclient import TestClient
+    from local_services import local_services
+
+    from model.config import ModelConfig
+    from service.api.http import build_app
+    from service.translator import ModelCard
+    card = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    client = TestClient(build_app(local_services([card], None)))
+    r = client.post("/v1/translate", content='{"text": "Hallo", "max_new_tokens": 1e308}',
+                    headers={"Content-Type": "application/json"})
+    err = r.json()["error"]
+    assert r.status_code == 422 and err["field"] == "max_new_tokens" and "(309 characters)" in err["message"]
+    assert len(err["message"]) < 200

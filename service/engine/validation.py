@@ -20,12 +20,17 @@ from model.inference.generate import default_max_new_tokens
 from model.inference.constraints import MIN_CONSTRAINED_BEAM
 from model.inference.beam import ATTENTION_KINDS, max_beam_size
 from service.protocol import (MAX_NO_REPEAT_NGRAM_SIZE, MAX_REPETITION_PENALTY, MAX_TEXT_CHARS, MAX_TEXTS,
-                              AttentionSelection, TooLarge, TranslateJob)
+                              AttentionSelection, TooLarge, TranslateJob, short_name)
 
 from .config import EngineConfig
 from .errors import EngineValidationError
 from .records import GenerationOptions
 
+
+
+def _got(value) -> str:
+    """A client's value as a message repeats it: its repr, shortened past MAX_NAME_CHARS (``short_name``)."""
+    return short_name(repr(value))
 
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -85,48 +90,48 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
     if not isinstance(o, GenerationOptions):
         raise EngineValidationError("options", f"must be GenerationOptions, got {type(o).__name__}")
     if not _is_int(o.beam_size) or o.beam_size < 1:
-        raise EngineValidationError("beam_size", f"must be an integer >= 1, got {o.beam_size!r}")
+        raise EngineValidationError("beam_size", f"must be an integer >= 1, got {_got(o.beam_size)}")
     if o.beam_size > max_beam_size(limits.vocab_size):     # a beam's candidates are target tokens
         raise EngineValidationError("beam_size", f"must be <= {max_beam_size(limits.vocab_size)} (half the "
-                                                 f"vocabulary), got {o.beam_size}")
+                                                 f"vocabulary), got {_got(o.beam_size)}")
     if o.beam_size > limits.max_num_seqs:
         raise EngineValidationError("beam_size", f"must be <= max_num_seqs ({limits.max_num_seqs}), "
-                                                 f"got {o.beam_size}")
+                                                 f"got {_got(o.beam_size)}")
     if not _is_int(o.n_best) or not 1 <= o.n_best <= o.beam_size:
         raise EngineValidationError("n_best", f"must be an integer in 1..beam_size ({o.beam_size}), "
-                                              f"got {o.n_best!r}")
+                                              f"got {_got(o.n_best)}")
     max_new = o.max_new_tokens
     default = max_new is None
     if not default and (not _is_int(max_new) or not 0 <= max_new <= limits.max_new_tokens):
         raise EngineValidationError("max_new_tokens", f"must be an integer in 0..{limits.max_new_tokens}, "
-                                                      f"got {max_new!r}")
+                                                      f"got {_got(max_new)}")
     if not _is_int(o.min_new_tokens) or not 0 <= o.min_new_tokens <= limits.max_new_tokens:
         raise EngineValidationError("min_new_tokens", f"must be an integer in 0..{limits.max_new_tokens}, "
-                                                      f"got {o.min_new_tokens!r}")
+                                                      f"got {_got(o.min_new_tokens)}")
     if default:             # the sentence's default budget, raised to min_new_tokens
         max_new = None if default_max_new is None else \
             min(max(default_max_new, o.min_new_tokens), limits.max_new_tokens)
     elif o.min_new_tokens > max_new:
         raise EngineValidationError("min_new_tokens", f"must be an integer in 0..max_new_tokens ({max_new}), "
-                                                      f"got {o.min_new_tokens!r}")
+                                                      f"got {_got(o.min_new_tokens)}")
     lp = o.length_penalty
     if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
-        raise EngineValidationError("length_penalty", f"must be a finite number, got {lp!r}")
+        raise EngineValidationError("length_penalty", f"must be a finite number, got {_got(lp)}")
     prefix = o.target_prefix
     if not isinstance(prefix, (tuple, list)) or not all(_is_int(t) for t in prefix):
-        raise EngineValidationError("target_prefix", f"must be a sequence of token ids, got {prefix!r}")
+        raise EngineValidationError("target_prefix", f"must be a sequence of token ids, got {_got(prefix)}")
     rp = o.repetition_penalty
     if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < rp <= MAX_REPETITION_PENALTY:
         raise EngineValidationError("repetition_penalty", f"must be a number in (0, {MAX_REPETITION_PENALTY:g}], "
-                                                          f"got {rp!r}")
+                                                          f"got {_got(rp)}")
     ng = o.no_repeat_ngram_size
     if not _is_int(ng) or not 0 <= ng <= MAX_NO_REPEAT_NGRAM_SIZE:
         raise EngineValidationError("no_repeat_ngram_size", f"must be an integer in 0..{MAX_NO_REPEAT_NGRAM_SIZE}, "
-                                                            f"got {ng!r}")
+                                                            f"got {_got(ng)}")
     kinds = () if o.attention_kinds is None else o.attention_kinds
     if (isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset))
             or not all(isinstance(k, str) and k in ATTENTION_KINDS for k in kinds)):
-        raise EngineValidationError("attention_kinds", f"must be a subset of {ATTENTION_KINDS}, got {kinds!r}")
+        raise EngineValidationError("attention_kinds", f"must be a subset of {ATTENTION_KINDS}, got {_got(kinds)}")
     o = dataclasses.replace(o, beam_size=int(o.beam_size), n_best=int(o.n_best),
                             max_new_tokens=None if max_new is None else int(max_new),
                             min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
@@ -153,7 +158,7 @@ def check_constraints(o: GenerationOptions, limits: ModelLimits, default_max_new
         for t in c:
             if not _is_int(t) or not 0 <= t < limits.vocab_size:
                 raise EngineValidationError("constraints", f"ids must be integers in 0..{limits.vocab_size - 1}, "
-                                                           f"got {t!r}")
+                                                           f"got {_got(t)}")
     total = sum(len(c) for c in cons)
     max_new = o.max_new_tokens
     if max_new is not None and total + 1 > max_new:
@@ -195,14 +200,14 @@ def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions]
     for t in src_ids:
         if not _is_int(t) or not 0 <= t < cfg.vocab_size or t == cfg.pad_id:
             raise EngineValidationError("src_ids", f"ids must be integers in 0..{cfg.vocab_size - 1} other than "
-                                                   f"the pad id {cfg.pad_id}, got {t!r}")
+                                                   f"the pad id {cfg.pad_id}, got {_got(t)}")
     limits = ModelLimits("", min(max_tgt_len, cfg.max_len - 1), config.max_num_seqs, cfg.target_vocab_size,
                          cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers)   # the cache's bounds, not max_tgt_len
     prefix = o.target_prefix if isinstance(o.target_prefix, (tuple, list)) else ()
     for t in prefix:
         if not _is_int(t) or not 0 <= t < cfg.target_vocab_size or t in (cfg.pad_id, cfg.bos_id, cfg.eos_id):
             raise EngineValidationError("target_prefix", f"ids must be integers in 0..{cfg.target_vocab_size - 1} "
-                                                         f"other than pad, BOS and EOS, got {t!r}")
+                                                         f"other than pad, BOS and EOS, got {_got(t)}")
     o = check_options(o, limits, default_max_new_tokens(len(src_ids), cfg.max_len))
     # max_new_tokens and min_new_tokens count the tokens after the prefix; prefix + generated tokens fit
     # the model's window (limits.max_new_tokens), so a prefix that fills it leaves 0 to generate
