@@ -105,6 +105,37 @@ def test_route_refuses_a_language_no_model_reads_naming_the_text_the_detection_a
     assert "served: de, en" in e.value.message
 
 
+def test_an_unsure_guess_no_model_reads_gives_way_to_the_likeliest_served_language():
+    """A short text's best guess under UNSURE that no model reads does not fail the request: the
+    likeliest language a model reads takes it, with its own confidence; a sure one is still refused."""
+    models = {"de": "de-en", "en": "en-de"}
+
+    def pick(lang):
+        if lang not in models:
+            raise ServiceError(404, f"source_lang: no model for {lang}", "source_lang")
+        return models[lang]
+    texts = ["A dog.", DE[0], "Danke"]
+    every = [DETECTOR.detect(t, len(DETECTOR.requested)) for t in texts]
+    assert every[0][0][0] not in models and every[0][0][1] < autodetect.UNSURE   # the case itself
+    routed = autodetect.route(texts, every, "fr", pick, "text", "source_lang", True)
+    first_served = [next((lang, c) for lang, c in cands if lang in models) for cands in every]
+    assert [(r.card_id, r.language, r.confidence) for r in routed] == [
+        (models[lang], lang, c) for lang, c in first_served]
+    assert routed[0].language == "en" and routed[1].language == "de"
+    # the target among the candidates: passed through, as a text detected in it is
+    routed = autodetect.route(["A dog."], every[:1], "en", pick, "text", "source_lang", False)
+    assert (routed[0].card_id, routed[0].language, routed[0].passthrough) == (None, "en", True)
+    # at UNSURE or above, no model reading the language is still a 404 naming it
+    sure = [("es", autodetect.UNSURE), ("en", 10.0)]
+    with pytest.raises(ServiceError) as e:
+        autodetect.route(["Hola amigo"], [sure], "fr", pick, "text", "source_lang", False)
+    assert e.value.status == 404 and "Spanish (es)" in e.value.message
+    # under UNSURE with no served language among the candidates: refused too
+    with pytest.raises(ServiceError) as e:
+        autodetect.route(["Ciao"], [[("vi", 9.0), ("it", 8.8)]], "fr", pick, "text", "source_lang", False)
+    assert e.value.status == 404 and "Vietnamese (vi)" in e.value.message and "it 8.8%" in e.value.message
+
+
 def test_detect_answer_in_libretranslate_shape():
     one = autodetect.detect_answer(_detections([DE[0]]))
     assert one[0]["language"] == "de" and 50 < one[0]["confidence"] < 100 and set(one[0]) == {"confidence", "language"}

@@ -189,7 +189,7 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
     # parsed (and rebuilt below) in a worker thread: a large fragment must not hold up the event loop
     units = await Texts.read(texts, bool(body.tag_handling), "text", True)
     if body.source_lang is None or not body.source_lang.strip():
-        detections = await autodetect.detect_texts(svc.detector, units.plain())
+        detections = await autodetect.detect_texts(svc.detector, units.plain(), top=0)
         routed = autodetect.route(texts, detections, target, lambda lang: svc.graph.resolve(None, lang, target).id,
                                   "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
     else:

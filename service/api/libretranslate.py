@@ -117,7 +117,7 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
         units = await Texts.read(req.texts, req.html, "q", req.batch)
         if req.auto:
             autodetect.check_sizes(req.texts, "q", req.batch)
-            detections = await autodetect.detect_texts(svc.detector, units.plain())
+            detections = await autodetect.detect_texts(svc.detector, units.plain(), top=0)
             routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(svc.graph, lang, req.target).id,
                                       "q", "source", req.batch,
                                       "source languages " + ", ".join(sorted({c.source_lang for c in cards})))

@@ -7,6 +7,9 @@ a list may mix languages (one job per model, run together, answers put back in r
                                        it depends on the text, which no schema states): send the source language
     detected == target                 passed through unchanged, ``passthrough: true``
     detected, a model reads it         translated by that model, with the detected language and confidence
+    detected below UNSURE (50%), no    the most likely language of the text that a model reads (or the
+    model for it                       target: passed through), with its own confidence: a short text
+                                       ("A dog." is Croatian at 16%, English at 9%) is not refused for a guess
     detected, no model for it          404 (the same) naming the text, what was detected (with its
                                        confidence and runners-up) and what is served
 
@@ -26,9 +29,10 @@ from service.protocol import (
     Translation,
     Usage,
 )
-from service.translator.langid import NO_LANGUAGE, LanguageDetector
+from service.translator.langid import NO_LANGUAGE, TOP, LanguageDetector
 
 AUTO = "auto"
+UNSURE = 50.0     # % below which a best guess no model reads gives way to the likeliest language one reads
 NOT_SERVED = "language_not_served"     # the ServiceError type of both 404s (errors.py keeps them 404)
 # Language names for messages (GET /languages uses libretranslate.LANGUAGE_NAMES, a subset)
 NAMES = {"ar": "Arabic", "bg": "Bulgarian", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
@@ -67,19 +71,25 @@ def check_sizes(texts: Sequence[str], field: str, is_list: bool) -> None:
             raise ServiceError(413, f"{where}: at most {MAX_TEXT_CHARS} characters per text, got {len(t)}", field)
 
 
-async def detect_texts(detector: LanguageDetector, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
-    """Each text's candidates (``detector.detect``), off the event loop (a list of long texts takes
-    milliseconds; the model loads on first use)."""
-    return await asyncio.to_thread(lambda: [detector.detect(t) for t in texts])
+async def detect_texts(detector: LanguageDetector, texts: Sequence[str],
+                       top: Optional[int] = None) -> list[list[tuple[str, float]]]:
+    """Each text's candidates (``detector.detect(text, top)``; ``top`` None: the detector's own
+    number, 0: every candidate, as ``route`` reads them), off the event loop (a list of long texts
+    takes milliseconds; the model loads on first use)."""
+    every = len(detector.requested) if top == 0 else top
+    return await asyncio.to_thread(lambda: [detector.detect(t, every) for t in texts])
 
 
 def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], target: Optional[str],
           pick: Callable[[str], str], field: str, source_field: str, is_list: bool, served: str = "") -> list[Routed]:
     """Each text's destination. ``pick(language)`` is the id of the model that translates it into the
     target, or raises ServiceError saying what is served (re-raised naming the text and its detection,
-    on ``source_field``); ``served`` names what is served where no language was found."""
+    on ``source_field``); ``served`` names what is served where no language was found. ``detections``:
+    each text's candidates, best first (every candidate: ``detect_texts(..., top=0)``), read past the
+    first only when it is below UNSURE and no model reads it."""
     out = []
     for i, cands in enumerate(detections):
+        cands = _likeliest_served(cands, target, pick)
         if not cands:
             out.append(Routed(None, NO_LANGUAGE, 0.0, True))
             continue
@@ -95,7 +105,7 @@ def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], t
         try:
             out.append(Routed(pick(lang), lang, conf))
         except ServiceError as e:
-            others = ", ".join(f"{c} {p:g}%" for c, p in cands[1:])
+            others = ", ".join(f"{c} {p:g}%" for c, p in cands[1:TOP])
             reason = e.message[len(e.field) + 2:] if e.field and e.message.startswith(f"{e.field}: ") else e.message
             raise ServiceError(404 if e.status in (400, 404) else e.status,
                                f"{source_field}: auto detected {named(lang)} in {where} (confidence "
@@ -103,6 +113,23 @@ def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], t
                                f"translates{' into ' + target if target else ''}: {reason}; send "
                                f"{source_field} to choose", source_field, type=NOT_SERVED) from None
     return out
+
+
+def _likeliest_served(cands: list[tuple[str, float]], target: Optional[str],
+                      pick: Callable[[str], str]) -> list[tuple[str, float]]:
+    """``cands`` from the likeliest language that is the target or that ``pick`` accepts, when the
+    best candidate is below UNSURE and neither; else ``cands`` as they are."""
+    if not cands or cands[0][1] >= UNSURE or cands[0][0] in (NO_LANGUAGE, target):
+        return cands
+    for k, (lang, _) in enumerate(cands):
+        if lang == target:
+            return cands[k:]
+        try:
+            pick(lang)
+        except ServiceError:
+            continue
+        return cands[k:]
+    return cands
 
 
 def groups(routed: Sequence[Routed]) -> dict[str, list[int]]:

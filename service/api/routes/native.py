@@ -109,7 +109,7 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
     named = graph.cards.get(body.model) if body.model is not None else None
     if target is None and named is not None and not named.target_languages:
         target = named.target_lang      # the named model's one target: text already in it passes through
-    detections = await autodetect.detect_texts(svc.detector, texts)
+    detections = await autodetect.detect_texts(svc.detector, texts, top=0)
     routed = autodetect.route(texts, detections, target,
                               lambda lang: graph.resolve(body.model, lang, body.target_lang).id,
                               "text", "source_lang", is_list, graph.describe())
