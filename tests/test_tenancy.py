@@ -4,6 +4,7 @@ key's scope only; no key or a wrong one changes nothing. The service's own app, 
 from __future__ import annotations
 
 import stat
+import time
 import types
 
 import pytest
@@ -51,8 +52,8 @@ def tenants(tmp_path):
     svc = local_services([CARD], run, guard=guard, store_dir=str(tmp_path / "docs"),
                          memory_file=str(tmp_path / "state" / "memory.sqlite3"),
                          glossaries=GlossaryClient(GlossaryStore("")))
-    client = TestClient(build_app(svc))
-    return types.SimpleNamespace(client=client, svc=svc, jobs=jobs, scope=guard.hasher.scope, tmp=tmp_path)
+    with TestClient(build_app(svc)) as client:      # one event loop: DeepL document jobs run in it
+        yield types.SimpleNamespace(client=client, svc=svc, jobs=jobs, scope=guard.hasher.scope, tmp=tmp_path)
 
 
 def memory_of(t, key) -> list:
@@ -223,3 +224,54 @@ def test_download_urls_start_with_the_configured_public_url_whatever_the_headers
     plain = TestClient(build_app(local_services([CARD], run, store_dir=str(tmp_path))))
     r = plain.post("/translate_file", files={"file": ("a.txt", b"Hallo.\n")}, data={"source": "de", "target": "en"})
     assert r.json()["translatedFileUrl"].startswith("http://testserver/download_file/")     # the request's own
+
+
+def wait_done(client: TestClient, status: str, key: dict, headers: dict) -> dict:
+    """A DeepL document job's status once it has ended (the client's event loop runs the job)."""
+    for _ in range(400):
+        s = client.post(status, data=key, headers=headers).json()
+        if s["status"] in ("done", "error"):
+            return s
+        time.sleep(0.05)
+    return s
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "DeepL-Auth-Key"])
+def test_every_scoped_route_by_either_header_scheme(tenants, scheme):
+    """The matrix for the header ways (every route takes both schemes): what A writes, B neither sees
+    nor changes; no key and a wrong key are refused and change nothing; A still has it all after."""
+    t = tenants
+    a, b = ({"Authorization": f"{scheme} {k}"} for k in (A, B))
+    g = {"name": "legal", "source_lang": "de", "target_lang": "en", "entries": [{"source": "Vertrag", "target": "deal"}]}
+    assert t.client.post("/v1/glossaries", headers=a, json=g).status_code == 201
+    tsv = {"Content-Type": "text/tab-separated-values"}
+    assert t.client.put("/v1/memory", params={"model": "de-en"}, content="Hallo\tHello\n",
+                        headers={**a, **tsv}).status_code == 200
+    upload = t.client.post("/v2/document", files={"file": ("b.txt", b"Ein Vertrag.\n")},
+                           data={"target_lang": "EN-GB", "source_lang": "DE"}, headers=a)
+    assert upload.status_code == 200, upload.text
+    doc = upload.json()
+    status, key = f"/v2/document/{doc['document_id']}", {"document_key": doc["document_key"]}
+    assert wait_done(t.client, status, key, a)["status"] == "done"
+    probes = [("GET", "/v1/glossaries", {}), ("GET", "/v1/glossaries/legal", {}),
+              ("GET", "/v1/memory", {"params": {"model": "de-en"}}), ("POST", status, {"data": key}),
+              ("POST", status + "/result", {"data": key}), ("GET", "/v2/usage", {})]
+    own = [t.client.request(m, p, headers=a, **kw) for m, p, kw in probes]
+    assert [r.status_code for r in own] == [200] * 6, [(r.status_code, r.text[:80]) for r in own]
+    assert [x["name"] for x in own[0].json()["data"]] == ["legal"] and own[4].content == b"EIN VERTRAG.\n"
+    assert [e["source"] for e in own[2].json()["entries"]] == ["Hallo"]
+    assert t.client.post("/v2/translate", json={"text": ["Ein Hund."], "target_lang": "EN-GB"},
+                         headers=a).status_code == 200
+    assert t.client.get("/v2/usage", headers=a).json()["character_count"] == len("Ein Hund.")
+    other = [t.client.request(m, p, headers=b, **kw) for m, p, kw in probes]
+    assert [r.status_code for r in other] == [200, 404, 200, 404, 404, 200]
+    assert other[0].json()["data"] == [] and other[2].json()["entries"] == []
+    assert other[5].json()["character_count"] == 0
+    writes = [("DELETE", "/v1/glossaries/legal", {}), ("DELETE", "/v1/memory", {"params": {"model": "de-en"}}),
+              ("DELETE", status, {"data": key})]
+    assert [t.client.request(m, p, headers=b, **kw).status_code for m, p, kw in writes] == [404, 200, 404]
+    for headers in ({}, {"Authorization": f"{scheme} wrong"}):
+        codes = [t.client.request(m, p, headers=headers, **kw).status_code for m, p, kw in probes + writes]
+        assert all(c in (401, 403) for c in codes), (headers, codes)
+    again = [t.client.request(m, p, headers=a, **kw) for m, p, kw in probes[:4]]
+    assert [r.status_code for r in again] == [200] * 4 and [e["source"] for e in again[2].json()["entries"]] == ["Hallo"]

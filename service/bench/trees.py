@@ -20,6 +20,11 @@ SIGINT. Runs (``--runs``):
     stream8   -c 8  --beam-size 1 --texts 1 --stream     time to first token p50
     texts16   -c 32 --beam-size 1 --texts 16             texts/s
 
+Each run also reads the CPU time (user + system, from ``/proc``) that the service's processes spent
+per completed request, by role (HAProxy, Serve's proxy, each deployment's replicas, Ray's own
+processes): a figure that moves far less with the machine's load than requests/s, and that shows
+which part of the served stack a difference comes from.
+
 Figures, not a test: a machine of this kind moves up to 2x from day to day, so only ratios from one
 run mean anything. Only 127.0.0.1 is contacted; every run is bounded by ``--duration``.
 """
@@ -58,6 +63,59 @@ RUNS = {
     "texts16": (["-c", "32", "--beam-size", "1", "--texts", "16"], "texts_per_s",
                 "16 texts per request, 32 clients: texts/s", True),
 }
+
+
+def _processes(root: int) -> dict[int, str]:
+    """Every process under ``root`` (``root`` included), pid -> role: Serve's replicas and actors by
+    the title Ray gives them (``ray::ServeReplica:APP:DEPLOYMENT``), else the program's name."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    roles, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        title = argv[0].decode(errors="replace").split()[0] if argv and argv[0] else "?"
+        roles[pid] = title[len("ray::"):] if title.startswith("ray::") else Path(title).name
+        todo.extend(children.get(pid, []))
+    return roles
+
+
+def _cpu_s(pids) -> dict[int, float]:
+    """User + system CPU seconds each live process has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _cpu_ms_per_request(root: int, before: dict[int, float], requests: int) -> dict[str, float]:
+    """CPU milliseconds per request by role since ``before`` (processes present at both reads)."""
+    roles = _processes(root)
+    after = _cpu_s(roles)
+    per: dict[str, float] = {}
+    for pid, t in after.items():
+        if pid in before:
+            role = roles[pid]
+            if role.startswith("ServeReplica:"):
+                role = "replica " + role.rsplit(":", 1)[-1]
+            per[role] = per.get(role, 0.0) + (t - before[pid]) * 1000 / max(requests, 1)
+    per = {k: v for k, v in per.items() if v >= 0.005}
+    per["total"] = sum(per.values())
+    return per
 
 
 def _field(summary: dict, name: str) -> Optional[float]:
@@ -107,14 +165,20 @@ class Service:
         time.sleep(5)        # Ray's processes leave
 
 
-def _load(url: str, run: str, duration: float, out: Path) -> dict:
+def _load(url: str, run: str, duration: float, out: Path, root: Optional[int] = None) -> dict:
+    """One load-test run; with ``root`` (the service's pid), ``summary["cpu_ms_per_request"]`` gives
+    the CPU time the service's processes spent per completed request, by role."""
     args, _, _, _ = RUNS[run]
+    before = _cpu_s(_processes(root)) if root else {}
     cmd = [sys.executable, "-m", "service.loadtest", "--url", url, "-q", "--timeout", "60", "--seed", "1",
            "-d", str(duration), *args, "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=duration + 300)
     if done.returncode != 0:
         raise RuntimeError(f"{run}: the load test failed: {done.stderr.strip()[-500:]}")
-    return json.loads(out.read_text())["summary"]
+    summary = json.loads(out.read_text())["summary"]
+    if root:
+        summary["cpu_ms_per_request"] = _cpu_ms_per_request(root, before, summary.get("ok") or 0)
+    return summary
 
 
 def main(argv=None) -> int:
@@ -149,6 +213,7 @@ def main(argv=None) -> int:
                    capture_output=True)
     trees = {"old": (old_tree, args.old_args.split()), "new": (ROOT, args.new_args.split())}
     figures: dict[str, dict[str, list[float]]] = {t: {r: [] for r in runs} for t in trees}
+    cpu: dict[str, dict[str, list[dict[str, float]]]] = {t: {r: [] for r in runs} for t in trees}
     try:
         for rnd in range(args.rounds):
             for name in (("old", "new") if rnd % 2 == 0 else ("new", "old")):
@@ -157,10 +222,13 @@ def main(argv=None) -> int:
                 try:
                     svc.wait_ready()
                     for run in runs:
-                        s = _load(svc.url, run, args.duration, tmp / f"{name}-{rnd}-{run}.json")
+                        s = _load(svc.url, run, args.duration, tmp / f"{name}-{rnd}-{run}.json",
+                                  root=svc.proc.pid)
                         value = _field(s, RUNS[run][1])
                         figures[name][run].append(value)
-                        print(f"round {rnd + 1} {name:3} {run:9} {value}", flush=True)
+                        cpu[name][run].append(s["cpu_ms_per_request"])
+                        roles = "  ".join(f"{k} {v:.2f}" for k, v in sorted(s["cpu_ms_per_request"].items()))
+                        print(f"round {rnd + 1} {name:3} {run:9} {value}   CPU ms/request: {roles}", flush=True)
                 finally:
                     svc.stop()
     finally:
@@ -172,8 +240,15 @@ def main(argv=None) -> int:
     for run in runs:
         o, n = statistics.median(figures["old"][run]), statistics.median(figures["new"][run])
         print(f"{RUNS[run][2]:50} {o:10.3f} {n:10.3f} {n / o:8.2f}")
+    print("\nCPU milliseconds per request of the service's processes, by role (medians):")
+    for run in runs:
+        roles = sorted({k for t in trees for d in cpu[t][run] for k in d}, key=lambda k: (k == "total", k))
+        for role in roles:
+            o, n = (statistics.median(d.get(role, 0.0) for d in cpu[t][run]) for t in ("old", "new"))
+            print(f"  {run:9} {role:42} {o:10.3f} {n:10.3f} {n / o if o else float('nan'):8.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"old": old_rev, "new": new_rev, "figures": figures}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"old": old_rev, "new": new_rev, "figures": figures, "cpu": cpu},
+                                              indent=2) + "\n")
     return 0
 
 
