@@ -74,6 +74,10 @@ def test_schema_rejects_what_no_model_accepts():
                 {"text": "x", "attention": {"kinds": ["sideways"]}}, {"text": "\ud800"}):
         with pytest.raises(ValidationError):
             TranslateRequest(**bad)
+    with pytest.raises(ValidationError) as e:        # nothing to translate: refused, as DeepL's route does
+        TranslateRequest(text=[])
+    assert [(err["loc"], "an empty list" in err["msg"]) for err in e.value.errors()] == [(("text",), True)]
+    assert TranslateRequest(text=[""]).job().texts == [""]          # one empty text is a text
 
 
 def test_beam_limit_uses_the_target_vocabulary():

@@ -84,7 +84,7 @@ class TranslateRequest(_Strict):
     # without return_attention turns it on; glossary and glossary_id together both apply.
     _beam_raised: bool = PrivateAttr(False)
     text: Union[str, list[str]] = Field(
-        ..., description=f"one text or a list of up to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
+        ..., description=f"one text or a list of 1 to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
     source_lang: Optional[Annotated[str, Field(json_schema_extra={"pattern": NOT_BLANK})]] = Field(
         None, description='source language code; null = the model\'s; "auto": each '
@@ -188,6 +188,8 @@ class TranslateRequest(_Strict):
     @classmethod
     def _text_type(cls, v: Any) -> Any:
         if isinstance(v, list):
+            if not v:
+                raise ValueError(f"an empty list; send one text or a list of 1 to {MAX_TEXTS}")
             bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
             if bad is not None:
                 raise ValueError(f"must be a string or a list of strings; text[{bad}] has type "
