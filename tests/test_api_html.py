@@ -234,3 +234,62 @@ def test_thousands_of_tags_in_a_text_are_translated_around_and_every_tag_kept(ht
     assert re.findall(r"<[^>]*>", out) == re.findall(r"<[^>]*>", html)
     assert re.sub(r"<[^>]*>", "", out).split() == re.sub(r"<[^>]*>", "", html).upper().split()
     assert "EIN" in out and "HUND LÄUFT." in re.sub(r"<[^>]*>", "", out)
+
+
+# ---- what is not translated: translate="no", class="notranslate", DeepL's tag options ----------------
+def test_an_element_not_translated_inside_a_sentence_stays_in_place_and_once():
+    """``translate="no"`` / ``class="notranslate"`` on an inline element: the sentence around it is one
+    segment, the element's place a sentinel the translator keeps (a private-use character); the
+    element comes back byte for byte where the sentinel lands, once even when the model drops or
+    repeats the sentinel."""
+    html = '<p>Ein <span translate="no">Foo &amp; Bar</span> läuft <b class="x notranslate">heute</b>.</p>'
+    h = HtmlText(html)
+    [segment] = h.segments
+    marks = [c for c in segment if 0xF0000 <= ord(c)]
+    assert len(marks) == 2 and segment == f"Ein {marks[0]} läuft {marks[1]}." and "Foo" not in segment
+    kept = '<span translate="no">Foo &amp; Bar</span>', '<b class="x notranslate">heute</b>'
+    assert h.rebuild([f"A {marks[0]} runs {marks[1]}."]) == f"<p>A {kept[0]} runs {kept[1]}.</p>"
+    assert h.rebuild([f"{marks[1]} {marks[0]} runs."]) == f"<p>{kept[1]} {kept[0]} runs.</p>"    # reordered
+    out = h.rebuild([f"A {marks[0]} {marks[0]} runs."])           # one repeated, one left out
+    assert out.count(kept[0]) == out.count(kept[1]) == 1 and out.startswith(f"<p>A {kept[0]}"), out
+    # an inline element holding only such an element goes around its sentinel; a run of only that: no segment
+    kept = '<p><code>y</code> <span translate=no>Z</span></p>'
+    segments, out = roundtrip('Ein <i><span translate="no">X</span></i> läuft.' + kept)
+    assert len(segments) == 1 and out == 'EIN <i><span translate="no">X</span></i> LÄUFT.' + kept
+
+
+def test_translate_no_is_inherited_and_translate_yes_inside_translates_again():
+    segments, out = roundtrip('<div translate="no"><p>Ein Hund.</p><p>Zwei <span translate="yes">Katzen</span> '
+                              '<i>laufen</i>.</p></div><p class="notranslate">Drei.</p><p>Vier.</p>')
+    assert segments == ["Katzen", "Vier."]
+    assert out == ('<div translate="no"><p>Ein Hund.</p><p>Zwei <span translate="yes">KATZEN</span> <i>laufen</i>.'
+                   '</p></div><p class="notranslate">Drei.</p><p>VIER.</p>')
+    # HTML's implied end tags close an element not translated; an invalid value is no value (inherited);
+    # an element whose text is never prose (code) stays verbatim even with translate="yes"
+    segments, out = roundtrip('<p translate="no">Eins<p>Zwei</p><ul class="notranslate"><li>Drei<li>Vier</ul>'
+                              '<p translate="maybe">Fünf</p><code translate="yes">sechs</code>')
+    assert segments == ["Zwei", "Fünf"]
+    assert out == ('<p translate="no">Eins<p>ZWEI</p><ul class="notranslate"><li>Drei<li>Vier</ul>'
+                   '<p translate="maybe">FÜNF</p><code translate="yes">sechs</code>')
+
+
+def test_tag_options_change_where_sentences_end():
+    """DeepL's options in the one segmenter: splitting tags end a sentence, non-splitting ones join
+    it, without outline detection only splitting tags split; ignored tags are kept as they are. In
+    XML, outline detection puts an element that occurs between text inside its sentence."""
+    from service.pipeline.markup import tags
+
+    def segments(html, **options):
+        return HtmlText(html, options=tags(**options)).segments
+    assert segments("Ein <b>Hund</b> läuft.") == ["Ein Hund läuft.", "Hund"]
+    assert segments("Ein <B>Hund</B> läuft.", splitting=["b"]) == ["Ein", "Hund", "läuft."]
+    assert segments("<p>Ein </p><p>Hund.</p>") == ["Ein", "Hund."]
+    assert segments("<p>Ein </p><p>Hund.</p>", non_splitting=["P"])[0] == "Ein Hund."
+    assert segments("<div><h1>Titel</h1><p>Ein</p> <p>Hund.</p></div>", outline=False, splitting=["h1"]) == \
+        ["Titel", "Ein Hund.", "Ein", "Hund."]
+    assert segments("Ein <x>Hund</x> läuft.<y><z>Zwei</z></y>", xml=True) == ["Ein Hund läuft.", "Hund", "Zwei"]
+    assert segments("Ein <x>Hund</x> läuft.", xml=True, splitting=["x"]) == ["Ein", "Hund", "läuft."]
+    assert segments("Ein <X>Hund</X> läuft.", xml=True, ignore=["x"]) == ["Ein Hund läuft.", "Hund"]  # XML: case counts
+    [one] = segments("Ein <X>Hund</X> läuft.", xml=True, ignore=["X"])
+    assert "Hund" not in one and HtmlText("Ein <X>Hund</X> läuft.", options=tags(ignore=["X"], xml=True)).rebuild(
+        [one.upper()]) == "EIN <X>Hund</X> LÄUFT."

@@ -691,3 +691,15 @@ def test_a_terminal_escape_sequence_is_one_span_and_its_final_letter_joins_no_wo
     plain, colored = translate(["Ein Hund rennt.", f"{escape}Ein Hund rennt.\x1b[0m"])
     assert colored.text == f"{escape}{plain.text}\x1b[0m", colored.text
     assert colored.source_tokens == plain.source_tokens
+
+
+def test_an_element_not_translated_keeps_its_place_through_the_model(translate):
+    """``translate="no"`` inside a sentence, on the shipped model: the sentence is translated as one,
+    the element's sentinel (a private-use character, markup.py) protected like any character the
+    model cannot know, so the element comes back byte for byte, once, among the translated words."""
+    kept = '<span translate="no">Einstellungen</span>'
+    h = HtmlText(f"<p>Ein Mann öffnet die {kept} und liest die Zeitung.</p>")
+    out = h.rebuild([t.text for t in translate(h.segments)])
+    words = out.replace(kept, " ")
+    assert out.count(kept) == 1 and re.fullmatch(r"<p>[^<>]+</p>", words), out
+    assert "man" in words.lower() and "Mann" not in words and "Zeitung" not in words, out

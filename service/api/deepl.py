@@ -3,8 +3,10 @@
 
     Authorization: DeepL-Auth-Key KEY    the service's API keys (guard.py; Bearer works too)
     POST /v2/translate                   JSON or form: text (repeated / list), target_lang, source_lang
-                                         (absent: detected), tag_handling (html|xml), split_sentences
-                                         (0|1|nonewlines), preserve_formatting, formality, glossary_id
+                                         (absent: detected), tag_handling (html|xml) with ignore_tags,
+                                         splitting_tags, non_splitting_tags, outline_detection,
+                                         split_sentences (0|1|nonewlines), preserve_formatting,
+                                         formality, glossary_id
         -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n}]}
     errors                               {"message": "..."}: 400 invalid input (the field named), 403 no
                                          or a wrong key, 404 unknown glossary, 413 too large, 429 rate
@@ -17,6 +19,7 @@ codes both ways), ``error_response`` (DeepL's error shape and statuses). The key
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Iterable, Literal, Optional
 
 from fastapi import Request
@@ -25,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from service.engine import GenerationOptions
 from service.pipeline import autodetect
 from service.pipeline.autodetect import NAMES
+from service.pipeline.markup import TagOptions, tags
 from service.pipeline.texts import Texts
 from service.protocol import (
     ServiceError,
@@ -53,9 +57,10 @@ LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "g
 # the fields read once (given twice: 400); others, unknown ones included, may repeat (named in IGNORED_HEADER)
 SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences", "preserve_formatting", "formality",
                  "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
-NOT_APPLIED = ("formality", "context", "model_type", "outline_detection", "non_splitting_tags", "splitting_tags",
-               "ignore_tags", "tag_handling_version", "custom_instructions", "style_id", "translation_memory_id",
-               "translation_memory_threshold", "glossary_ids")
+NOT_APPLIED = ("formality", "context", "model_type", "tag_handling_version", "custom_instructions", "style_id",
+               "translation_memory_id", "translation_memory_threshold", "glossary_ids")
+TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
+_TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
 
 
 # ---- language codes ------------------------------------------------------------------------------
@@ -115,6 +120,16 @@ class DeepLTranslateBody(BaseModel):
                                                        f"(named in {IGNORED_HEADER})")
     glossary_id: Optional[str] = Field(None, description="a stored glossary's id")
     show_billed_characters: bool = True
+    ignore_tags: list[str] = Field([], description="with tag_handling: elements whose content is kept as it is")
+    splitting_tags: list[str] = Field([], description="with tag_handling: elements that always end a sentence")
+    non_splitting_tags: list[str] = Field([], description="with tag_handling: elements inside a sentence (their "
+                                                          "text joins the sentence around them)")
+    outline_detection: bool = Field(True, description="with tag_handling: false: only splitting_tags end a sentence")
+
+    def tag_options(self) -> TagOptions:
+        """How the segmenter reads this request's markup (``markup.TagOptions``)."""
+        return tags(self.ignore_tags, self.splitting_tags, self.non_splitting_tags, self.outline_detection,
+                    xml=self.tag_handling == "xml")
 
     @field_validator("text", mode="before")
     @classmethod
@@ -126,6 +141,25 @@ class DeepLTranslateBody(BaseModel):
             if bad is not None:
                 raise ValueError(f"text[{bad}] must be a string, got {type(v[bad]).__name__}")
         return v
+
+    @field_validator(*TAG_LISTS, mode="before")
+    @classmethod
+    def _tag_names(cls, v):
+        """DeepL's lists of element names: a comma-separated string, or a list of them (a repeated form
+        field); spaces around a name and empty names are dropped."""
+        if v is None:
+            return []
+        if not isinstance(v, (str, list)):
+            raise ValueError("send tag names, comma-separated, or a list of them")
+        names = []
+        for item in [v] if isinstance(v, str) else v:
+            if not isinstance(item, str):
+                raise ValueError(f"a tag name must be a string, got {type(item).__name__}")
+            for name in filter(None, (n.strip() for n in item.split(","))):
+                if not _TAG_NAME.fullmatch(name):
+                    raise ValueError(f"a tag name has letters, digits, _ . : - only: got {shown(name)}")
+                names.append(name)
+        return names
 
     @field_validator("split_sentences", mode="before")
     @classmethod
@@ -145,6 +179,15 @@ def parse(fields: dict) -> DeepLTranslateBody:
         raise ServiceError(400, f"Value for '{field}' not supported: {message}", field) from None
     if body.tag_handling is not None and "split_sentences" not in fields:
         body.split_sentences = "nonewlines"      # DeepL's default with tag handling
+    asked = [f for f in (*TAG_LISTS, "outline_detection") if getattr(body, f) not in ([], True)]
+    if asked and body.tag_handling is None:      # the tags are text then: nothing they could apply to
+        raise ServiceError(400, f"Value for '{asked[0]}' not supported: it applies with tag_handling html or xml "
+                                "only (without it, tags are text)", asked[0])
+    options = body.tag_options()
+    if options.splitting & options.non_splitting:
+        raise ServiceError(400, f"Value for 'non_splitting_tags' not supported: "
+                                f"{shown(min(options.splitting & options.non_splitting))} is in splitting_tags "
+                                "too", "non_splitting_tags")
     return body
 
 
@@ -187,7 +230,7 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
                                 f"here: {', '.join(c for t in sorted(targets) for c in deepl_codes(t, True))}",
                            "target_lang")
     # parsed (and rebuilt below) in a worker thread: a large fragment must not hold up the event loop
-    units = await Texts.read(texts, bool(body.tag_handling), "text", True)
+    units = await Texts.read(texts, bool(body.tag_handling), "text", True, body.tag_options())
     if body.source_lang is None or not body.source_lang.strip():
         detections = await autodetect.detect_texts(svc.detector, units.plain(), top=0)
         routed = autodetect.route(texts, detections, target, lambda lang: svc.graph.resolve(None, lang, target).id,
