@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from model.inference import settings
 from service.bench.engine import run_model_parts
 from service.bench.engine import __doc__ as bench_doc
 from service.bench.protocol import run_protocol
@@ -53,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="(f): every system generates exactly this many tokens per sentence (default: the "
                          "engine's length budgets, EOS ends a sentence)")
     ap.add_argument("--linear-dtype", choices=["float32", "bfloat16", "int8"], default=None,
-                    help="linear layers' arithmetic, for every part (sets MT_LINEAR_DTYPE; default: "
+                    help="linear layers' arithmetic in (a)-(e) ((f) names its own per system; default: "
                          "MT_LINEAR_DTYPE, else int8)")
     return ap
 
@@ -61,10 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.linear_dtype:    # this process's default, and through the environment its workers'
-        settings.configure(linear_dtype=args.linear_dtype)
-        os.environ["MT_LINEAR_DTYPE"] = args.linear_dtype
-
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or not parts <= set("abcdef"):
         ap.error(f"--parts must be a non-empty subset of a,b,c,d,e,f, got {args.parts!r}")

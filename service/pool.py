@@ -1,6 +1,6 @@
 """Models on demand across a pool of translator replicas, on Ray Serve's model multiplexing.
 
-    Gateway --handle.options(multiplexed_model_id=m)--> Pool replica (PoolReplica)
+    Gateway --handle.options(multiplexed_model_id=m)--> Pool replica (PoolReplica: a Pool)
                                                           |- resident models, each a Translator with its
                                                           |  own continuous-batching Engine, KV cache and
                                                           |  metrics labels (model=m)
@@ -32,7 +32,6 @@ from typing import AsyncIterator, Iterator, Optional, Union
 
 import ray
 from ray import serve
-from ray.serve.exceptions import RayServeException
 
 from service.protocol import (
     RETRY_AFTER_S,
@@ -128,9 +127,11 @@ class ResidentModel:
                 "load_seconds": round(self.load_s, 3), "last_used": self.last_used}
 
 
-class PoolReplica:
-    """A Serve replica of the pool: loads the model a request names (its multiplexed model id) and
-    keeps up to ``max_models`` of them (``serve.multiplexed``), or fewer under ``memory_budget_bytes``.
+class Pool:
+    """The models of one pool replica: loads the model a request names (its multiplexed model id)
+    and keeps up to ``max_models`` of them (``serve.multiplexed``), or fewer under ``memory_budget_bytes``.
+    Built inside the replica's event loop (it starts the residency heartbeat); ``PoolReplica`` is
+    the Serve deployment.
 
     Args:
         cards: every model the pool may load (the gateway's cards of them).
@@ -140,29 +141,20 @@ class PoolReplica:
             engine stops anyway (their deadlines fit in it: max_timeout_s + 5 s).
         directory: the ``PoolDirectory`` handle this replica reports its models to (None: none).
         settings: every loaded translator's text stages, memory file and result cache.
+        device: where the models run; replica_id: the name residency reports give this replica.
 
     Errors are answers (``ErrorRecord``), never replica failures: unknown model 404; a load that
     fails 503 naming the model and the cause (Retry-After).
     """
 
-    async def __init__(self, cards: list[ModelCard], max_models: int, memory_budget_bytes: Optional[int] = None,
-                   drain_timeout_s: float = 65.0, directory=None, settings: Optional[TranslatorSettings] = None):
-        import torch
+    def __init__(self, cards: list[ModelCard], max_models: int, memory_budget_bytes: Optional[int] = None,
+                 drain_timeout_s: float = 65.0, directory=None, settings: Optional[TranslatorSettings] = None,
+                 device: str = "cpu", replica_id: str = "local"):
         self.settings = settings or TranslatorSettings()
         self.cards = {c.id: c for c in cards}
         self.max_models, self.budget = max_models, memory_budget_bytes
         self.drain_timeout_s = drain_timeout_s
-        try:
-            resources = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
-        except AssertionError:          # a driver process (tests with a Ray instance up), not a Ray worker
-            resources = {}
-        self.threads = max(1, round(resources.get("CPU", 1)))
-        torch.set_num_threads(self.threads)
-        self.device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
-        try:
-            self.replica_id = serve.get_replica_context().replica_id.unique_id
-        except RayServeException:       # outside a Serve replica (tests)
-            self.replica_id = "local"
+        self.device, self.replica_id = device, replica_id
         self.engine: dict = {}
         self.resident: dict[str, ResidentModel] = {}      # what the multiplexer holds, by id
         self.draining: dict[str, ResidentModel] = {}      # evicted, still finishing requests
@@ -376,6 +368,20 @@ class PoolReplica:
             with contextlib.suppress(Exception):    # the directory may be stopping too
                 await asyncio.wait_for(self.directory.forget.remote(self.replica_id), timeout=REPORT_TIMEOUT_S)
         flush_serve_log()
+
+
+class PoolReplica(Pool):
+    """A Serve replica of the pool (``service/app.py``): a ``Pool`` on the CPUs and device Ray
+    assigned it, named by its Serve replica id."""
+
+    async def __init__(self, cards: list[ModelCard], max_models: int, memory_budget_bytes: Optional[int] = None,
+                       drain_timeout_s: float = 65.0, directory=None, settings: Optional[TranslatorSettings] = None):
+        import torch
+        resources = ray.get_runtime_context().get_assigned_resources()
+        torch.set_num_threads(max(1, round(resources.get("CPU", 1))))
+        device = "cuda" if resources.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
+        super().__init__(cards, max_models, memory_budget_bytes, drain_timeout_s, directory, settings, device,
+                         serve.get_replica_context().replica_id.unique_id)
 
 
 class PoolDirectory:

@@ -7,12 +7,13 @@ place (``service/api/errors.py``), a Ray replica passes the records as they are.
 
 Errors, one hierarchy: ``TranslationError`` and its kinds, each with its HTTP ``status``:
 ``InvalidRequest`` (422), ``TooLarge`` (413), ``Overloaded`` and ``Unavailable`` (503 with
-Retry-After), ``DeadlineExceeded`` (504), and ``ServiceError`` (any status, for the checks of the
-request path). The engine's own errors (``service/engine/errors.py``) are kinds of these.
+Retry-After), and ``ServiceError`` (any status, for the checks of the request path and the deadline's
+504). The engine's own errors (``service/engine/errors.py``) are kinds of these.
 ``ErrorRecord`` is a ``ServiceError`` as a value: what a translator replica returns instead of raising.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
@@ -92,11 +93,6 @@ class Unavailable(TranslationError):
     status = 503
 
 
-class DeadlineExceeded(TranslationError):
-    """The request ran past its deadline; its sentences were cancelled (HTTP 504)."""
-    status = 504
-
-
 @dataclass(frozen=True)
 class ErrorRecord:
     """A ServiceError as a value: what a translator replica returns (or yields) instead of raising it."""
@@ -168,24 +164,47 @@ class AttentionSelection:
 
 @dataclass
 class TranslateJob:
-    """One request for one translator: texts and the options every sentence of them is decoded with."""
+    """One request for one translator: texts and the options every sentence of them is decoded with.
+    Its errors name text i ``text[i]`` (field ``text``); the caller's ``JobOrigin`` names it as the
+    request did."""
     texts: list[str]                           # each split into sentences by the translator
     options: GenerationOptions                 # attention_kinds: those to return (in request order), or ()
     attention: AttentionSelection = AttentionSelection()
-    field: str = "text"                        # the request field the texts came from, for error messages
-    is_list: bool = False                      # the texts came as a list: errors name field[i]
     deadline: Optional[float] = None           # time.time() seconds when it is cancelled (504); None = never
     timeout_s: Optional[float] = None          # the timeout that set the deadline, named in the 504's message
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
-    n_texts: Optional[int] = None              # the client's texts when ``texts`` are their HTML segments
     keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
     memory_scope: Optional[str] = None         # translation memory of this API key's id ("" keys off); None = unused
     split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
     glossary: tuple[tuple[str, str], ...] = ()   # (source term, target term): each occurring term's target is in the output
-    glossary_field: str = "glossary"           # the request field the glossary came from, for error messages
+    stored_glossary: bool = False              # the glossary is a stored one's alone (glossary_id): its entry limit
+                                               # is MAX_STORED_GLOSSARY_ENTRIES and errors name glossary_id
     target_prefix: Optional[str] = None        # each text's first sentence starts with it (tokenized by the translator)
     min_confidence: Optional[float] = None     # translations below it carry low_confidence: true
     return_alignment: bool = False             # each translation carries its word alignment
+
+
+@dataclass(frozen=True)
+class JobOrigin:
+    """Where a job's texts came from in the request, for the messages that name them. The caller
+    keeps it (a translator never sees it): ``ModelLimits.check`` names the texts with it, and
+    ``named`` renames a translator's ``text[i]``."""
+    field: str = "text"              # the request field of the texts
+    is_list: bool = False            # they came as a list: messages name field[i]
+    n_texts: Optional[int] = None    # the client's texts, where the job's texts are their HTML segments
+
+    def where(self, i: int) -> str:
+        """Text i as messages name it."""
+        return f"{self.field}[{i}]" if self.is_list else self.field
+
+    def named(self, e: ServiceError) -> ServiceError:
+        """``e`` with the head ``text[i]: `` of a translator's message (field ``text``) named as the
+        request named text i; ``e`` itself when it names no text."""
+        head = re.match(r"text\[(\d+)\]: ", e.message) if e.field == "text" else None
+        if head is None:
+            return e
+        return ServiceError(e.status, f"{self.where(int(head[1]))}: {e.message[head.end():]}", self.field,
+                            e.retry_after, e.type)
 
 
 # ---- the translator -> gateway answer (also the HTTP response body) ----------------------------------

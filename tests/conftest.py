@@ -384,6 +384,16 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return sum(s.value for s in metric_samples(text, name) if all(s.labels.get(k) == v for k, v in labels.items()))
 
 
+def exported_names() -> list[str]:
+    """The exact series names a scrape of /metrics shows for ``service.metrics.METRICS`` (the prefix
+    Ray's agent adds; a histogram's _bucket, _count and _sum)."""
+    from service.metrics import METRICS, PREFIX
+    out = []
+    for name, (kind, _, _) in METRICS.items():
+        out += [f"{PREFIX}{name}{s}" for s in ("_bucket", "_count", "_sum")] if kind == "histogram" else [PREFIX + name]
+    return out
+
+
 def scrape(url: str) -> str:
     r = httpx.get(url + "/metrics", timeout=10)
     r.raise_for_status()

@@ -16,13 +16,14 @@ from pydantic import BaseModel
 
 from service.api import libretranslate
 from service.api.errors import add_exception_handlers
+from service.api.fields import read_fields
 from service.api.middleware.body import (
     MAX_BODY_BYTES,
     BodyMiddleware,
     HeadMiddleware,
-    check_json_keys,
     decode_body,
     inflate,
+    load_json,
 )
 from service.protocol import ServiceError
 
@@ -46,7 +47,7 @@ def make_app() -> FastAPI:
     @app.post("/translate")
     async def libre(request: Request):
         try:
-            return await libretranslate.read_fields(request)
+            return await read_fields(request, ("q", "keep"), 400, single=libretranslate.LIBRE_FIELDS)
         except ServiceError as e:
             return libretranslate.libre_error_response(e)
     return app
@@ -343,9 +344,9 @@ def test_a_key_repeated_in_a_json_object_is_refused_naming_it(client):
                     headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["error"]["field"] == "a"
     assert client.post("/v1/translate", json={"text": TEXT}).json() == {"text": TEXT}
-    check_json_keys(b'[{"a": 1}, {"a": 2}]')      # the same key in two objects is no repeat
+    load_json(b'[{"a": 1}, {"a": 2}]')      # the same key in two objects is no repeat
     with pytest.raises(ServiceError, match="invalid JSON at character 6") as e:
-        check_json_keys(b'{"a": ')                # invalid JSON: the one reader says where
+        load_json(b'{"a": ')                # invalid JSON: the one reader says where
     assert (e.value.status, e.value.field) == (422, "body")
 
 

@@ -229,7 +229,7 @@ def test_deepl_glossary_id_puts_the_stored_glossary_on_every_job_and_its_term_in
         out, _ = await deepl.translate(deepl.parse({"text": ["Ein Hund läuft.", "Zwei Männer spielen."],
                                                     "source_lang": "DE", "target_lang": "EN-GB",
                                                     "glossary_id": "terms"}), REQUEST, ctx)
-        assert seen[-1].glossary == (("Hund", "canine"),) and seen[-1].glossary_field == "glossary_id"
+        assert seen[-1].glossary == (("Hund", "canine"),) and seen[-1].stored_glossary
         assert "canine" in out[0]["text"]
         for fields, status, field in (({"text": "a", "target_lang": "EN-GB", "glossary_id": "terms"}, 400, "source_lang"),
                                       ({"text": "a", "source_lang": "DE", "target_lang": "EN-GB", "glossary_id": "nope"},

@@ -1,13 +1,16 @@
 """The one mapping of engine and Ray handle errors to HTTP (service/api/errors.py), in-process."""
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 
 import pytest
 import ray
+from local_services import local_services
 from ray.serve.exceptions import BackPressureError
 
+from model.config import ModelConfig
 from service.api.errors import (
     MAX_DETAILS,
     add_exception_handlers,
@@ -25,10 +28,14 @@ from service.protocol import (
     MAX_NAME_CHARS,
     RETRY_AFTER_S,
     ErrorRecord,
+    GenerationOptions,
+    JobOrigin,
     ServiceError,
+    TranslateJob,
     shown,
 )
 from service.replica import mapped_errors, to_service_error
+from service.translator import ModelCard
 
 
 @pytest.mark.parametrize("exc, status, words, retry", [
@@ -211,3 +218,21 @@ def test_a_huge_number_is_named_shortened_in_the_engine_check():
     err = r.json()["error"]
     assert r.status_code == 422 and err["field"] == "max_new_tokens" and "(309 characters)" in err["message"]
     assert len(err["message"]) < 200
+
+
+def test_a_translators_error_names_the_text_as_the_request_did():
+    """A translator names text i of its job ``text[i]``; the pipeline names it by the job's origin
+    (``q[i]``, ``text`` for a lone string, ``text[3]`` for the one text of an autodetected group, ``file[i]``)."""
+    card = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    tail = "sentence 2 has 99 tokens (with EOS); model de-en accepts at most 64 per sentence: split it"
+
+    async def run(model, job):
+        raise ServiceError(413, f"text[1]: {tail}", "text")
+    svc = local_services([card], run)
+    job = TranslateJob(["a", "b"], GenerationOptions())
+    for origin, head, field in ((JobOrigin("q", True), "q[1]", "q"), (JobOrigin(), "text", "text"),
+                                (JobOrigin("text", True), "text[1]", "text"), (JobOrigin("text[3]"), "text[3]", "text[3]"),
+                                (JobOrigin("file", True), "file[1]", "file")):
+        with pytest.raises(ServiceError) as e:
+            asyncio.run(svc.pipeline.run("de-en", job, origin))
+        assert (e.value.status, e.value.message, e.value.field) == (413, f"{head}: {tail}", field)

@@ -137,8 +137,8 @@ def test_parse_picks_the_model_and_the_options():
     assert (req.card.id, req.batch, req.auto, req.alternatives, req.html) == ("en-de", True, False, 2, False)
     auto = parse({"q": ["a", "b"], "source": "auto", "target": "de"}, GRAPH)     # the model: per text, once detected
     assert (auto.card, auto.auto, auto.target) == (None, True, "de")
-    job = req.job(req.texts)
-    assert (job.options.beam_size, job.options.n_best, job.field, job.is_list) == (4, 3, "q", True)
+    job, origin = req.job(req.texts), req.origin()
+    assert (job.options.beam_size, job.options.n_best, origin.field, origin.is_list) == (4, 3, "q", True)
     with pytest.raises(ServiceError, match="not available as a target language") as e:
         parse({"q": "a", "source": "de", "target": "de"}, GRAPH)
     assert (e.value.status, e.value.field) == (400, "target")
@@ -192,11 +192,11 @@ def test_html_blocks_count_as_sentences_not_as_texts(service_url):
 def test_html_text_limit_counts_q_items_in_process():
     limits = ModelLimits.of("de-en", TINY, EngineConfig(max_num_seqs=4, max_waiting=512))
     req = LibreRequest(["<ul>" + "<li>Ein Hund</li>" * 100 + "</ul>"], False, CARDS[0], 0, True, False)
-    job = checked_job(req, ["Ein Hund"] * 100, n_texts=1)
-    limits.check(job)
-    assert len(job.texts) == 100 and job.n_texts == 1
+    job, origin = checked_job(req, ["Ein Hund"] * 100, n_texts=1)
+    limits.check(job, origin)
+    assert len(job.texts) == 100 and origin.n_texts == 1
     with pytest.raises(TooLarge, match="at most 64 texts per request, got 65"):
-        limits.check(checked_job(req, ["Ein Hund"] * 65))    # without n_texts the segments are the texts
+        limits.check(*checked_job(req, ["Ein Hund"] * 65))    # without n_texts the segments are the texts
 
 
 def test_language_codes_match_ignoring_case_and_fall_back_from_a_region():

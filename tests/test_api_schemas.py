@@ -9,17 +9,17 @@ from model.config import ModelConfig
 from service.api.schemas import TranslateRequest
 from service.engine import EngineConfig, EngineValidationError
 from service.engine.validation import ModelLimits
-from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, ServiceError
+from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS, JobOrigin, ServiceError
 from service.replica import mapped_errors
 
 TINY = ModelConfig.from_name("tiny", vocab_size=500, max_len=64)   # 2 layers, 4 heads
 LIMITS = ModelLimits.of("tiny", TINY, EngineConfig(max_num_seqs=4, max_waiting=5))
 
 
-def gateway_check(limits: ModelLimits, job) -> None:
-    """``limits.check(job)`` with its domain errors mapped to ServiceError, as the gateway does."""
+def gateway_check(limits: ModelLimits, job, origin: JobOrigin = JobOrigin()) -> None:
+    """``limits.check(job, origin)`` with its domain errors mapped to ServiceError, as the gateway does."""
     with mapped_errors(limits.model):
-        limits.check(job)
+        limits.check(job, origin)
 
 
 def job(**fields):
@@ -42,7 +42,7 @@ def test_limits_come_from_the_model_config_and_the_engine():
 ])
 def test_model_limits_are_service_errors_naming_field_and_limit(fields, status, field, words):
     with pytest.raises(ServiceError) as e:
-        gateway_check(LIMITS, job(**fields))
+        gateway_check(LIMITS, job(**fields), TranslateRequest(**{"text": "x", **fields}).origin())
     assert (e.value.status, e.value.field) == (status, field), e.value.message
     assert words in e.value.message and field.split(".")[0] in e.value.message
 
@@ -60,9 +60,11 @@ def test_within_the_limits_passes_and_attention_indices_matter_only_when_asked()
 
 
 def test_the_job_carries_the_resolved_options():
-    j = TranslateRequest(text=["a", "b"], beam_size=3, n_best=2, return_attention=True,
-                         attention={"kinds": ["decoder", "cross", "decoder"], "heads": [1]}).job()
-    assert (j.texts, j.field, j.is_list) == (["a", "b"], "text", True)
+    body = TranslateRequest(text=["a", "b"], beam_size=3, n_best=2, return_attention=True,
+                            attention={"kinds": ["decoder", "cross", "decoder"], "heads": [1]})
+    j = body.job()
+    assert (j.texts, body.origin()) == (["a", "b"], JobOrigin("text", True))
+    assert TranslateRequest(text="a").origin() == JobOrigin("text", False)
     assert (j.options.beam_size, j.options.n_best, j.options.max_new_tokens) == (3, 2, None)
     assert j.options.attention_kinds == ("decoder", "cross")      # request order, once each
     assert (j.attention.layers, j.attention.heads) == (None, (1,))

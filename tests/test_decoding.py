@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.inference.generate import beam_search, generate, greedy_search, length_groups, pad_batch
+from model.inference.generate import generate, length_groups, pad_batch
 from model.inference.prefill import encode_into_cache, encode_packed
 from model.inference.kv_cache import KVCache
 from model.transformer import padding_mask
@@ -18,7 +18,7 @@ def test_cached_equals_uncached_decoding(dtype, tol):
     for seed in range(3):
         src = rand_source(5 + 3 * seed, seed)
         ref_tokens, ref_lp = uncached_greedy(model, src, 12)
-        hyp = greedy_search(model, [src], max_new_tokens=12)[0]
+        hyp = generate(model, [src], max_new_tokens=12)[0][0]
         assert hyp.tokens == ref_tokens
         assert abs(hyp.log_prob - ref_lp) < tol
 
@@ -39,34 +39,34 @@ def test_alone_equals_inside_padded_batch(dtype, tol, beam_size):
 def test_beam_size_one_equals_greedy():
     model = make_model()
     sources = [rand_source(n, n) for n in (3, 8, 13)]
-    greedy = greedy_search(model, sources, max_new_tokens=10)
-    beam1 = beam_search(model, sources, beam_size=1, max_new_tokens=10)
-    for g, b in zip(greedy, beam1):
-        assert g.tokens == b[0].tokens and g.log_prob == pytest.approx(b[0].log_prob, abs=1e-12)
+    beam1 = generate(model, sources, beam_size=1, max_new_tokens=10)
+    for src, b in zip(sources, beam1):
+        tokens, log_prob = uncached_greedy(model, src, 10)
+        assert tokens == b[0].tokens and log_prob == pytest.approx(b[0].log_prob, abs=1e-9)
 
 
 def test_n_best_sorted_by_score_and_beam_not_worse_than_greedy():
     model = make_model()
     src = rand_source(7, 5)
-    hyps = beam_search(model, [src], beam_size=5, n_best=5, max_new_tokens=8, length_penalty=0.0)[0]
+    hyps = generate(model, [src], beam_size=5, n_best=5, max_new_tokens=8, length_penalty=0.0)[0]
     assert len(hyps) == 5
     scores = [h.score for h in hyps]
     assert scores == sorted(scores, reverse=True)
     assert len({tuple(h.tokens) for h in hyps}) == 5  # distinct hypotheses
-    greedy = greedy_search(model, [src], max_new_tokens=8)[0]
+    greedy = generate(model, [src], max_new_tokens=8)[0][0]
     assert hyps[0].log_prob >= greedy.log_prob - 1e-12  # with no length penalty, score = log-prob
 
 
 def test_max_new_tokens_zero_and_one():
     model = make_model()
     src = rand_source(6, 4)
-    zero = greedy_search(model, [src], max_new_tokens=0)[0]
+    zero = generate(model, [src], max_new_tokens=0)[0][0]
     assert zero.tokens == [] and zero.finish_reason == "length" and zero.log_prob == 0.0
     one = generate(model, [src], beam_size=2, max_new_tokens=1)[0][0]
     assert len(one.tokens) <= 1
     assert one.finish_reason == ("eos" if not one.tokens else "length")
     ref_tokens, _ = uncached_greedy(model, src, 1)
-    assert greedy_search(model, [src], max_new_tokens=1)[0].tokens == ref_tokens
+    assert generate(model, [src], max_new_tokens=1)[0][0].tokens == ref_tokens
 
 
 def test_bad_search_options_raise():

@@ -29,7 +29,7 @@ from ray.serve.config import AutoscalingConfig
 from ray.serve.schema import (DeploymentSchema, HTTPOptionsSchema, LoggingConfig, RayActorOptionsSchema,
                               ServeApplicationSchema, ServeDeploySchema)
 
-from service import metrics as service_metrics
+from conftest import exported_names
 from service.__main__ import load_config
 from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, PoolSpec, build_app, deployment_options
 from service.engine import EngineConfig
@@ -463,7 +463,7 @@ def test_dashboard_has_the_required_panels_and_known_metrics():
             assert m in panel, f"panel {title!r} does not use {m}"
     latency = next(e for t, e in by_title.items() if "latency" in t)
     assert all(f"histogram_quantile({q}," in latency for q in ("0.5", "0.95", "0.99"))
-    exported = set(service_metrics.exported_names())
+    exported = set(exported_names())
     for expr in dashboard_exprs(dashboard):
         assert "vector(" not in expr, f"padded expression: {expr}"
         for name in re.findall(r"\bray_[a-z0-9_]+", expr):

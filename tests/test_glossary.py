@@ -103,7 +103,7 @@ def test_glossary_with_glossary_id_is_valid_and_job_carries_entries():
     both = TranslateRequest(text="x", glossary=[{"source": "a", "target": "b"}], glossary_id="g")
     assert both.job().glossary == (("a", "b"),) and both.glossary_id == "g"     # the stored ones: the gateway's
     job = TranslateRequest(text="x", glossary=[{"source": "Vertrag", "target": "agreement"}]).job()
-    assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary"
+    assert job.glossary == (("Vertrag", "agreement"),) and not job.stored_glossary
 
 
 # ---- the store -------------------------------------------------------------------------------------------
@@ -156,9 +156,9 @@ def card(tmp_path_factory):
 def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
     texts = ["Ein Hund läuft über die Wiese.", "Zwei Männer sitzen auf einer Bank."]
 
-    def job(glossary=(), beam=2, field="glossary"):
+    def job(glossary=(), beam=2, stored=False):
         return TranslateJob(texts, GenerationOptions(beam_size=beam, max_new_tokens=20), glossary=glossary,
-                            glossary_field=field)
+                            stored_glossary=stored)
 
     async def main():
         t = Translator(card, device="cpu")
@@ -169,11 +169,12 @@ def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
             out[beam] = await t.translate(job((("Katze", "cat"), ("Hund", "dog")), beam))
         streamed = [x async for x in t.stream(job((("Wiese", "meadow"),), 1))]
         errors = []
-        for bad in ((("Bank", "x" * 100),), (("Bank", "bench"), ("Banken", "banks"))):
+        for bad, stored in (((("Bank", "x" * 100),), False), ((("Bank", "bench"), ("Banken", "banks")), False),
+                            ((("Bank", "bench"), ("Banken", "banks")), True)):
             try:
-                await t.translate(job(bad))
+                await t.translate(job(bad, stored=stored))
             except InvalidRequest as e:
-                errors.append(e.field)
+                errors.append((e.field, e.message))
         await t.stop()
         return plain, out, streamed, errors
     plain, out, streamed, errors = asyncio.run(main())
@@ -184,7 +185,9 @@ def test_translator_outputs_contain_terms_and_rejects_bad_glossaries(card):
     final = streamed[-1].translations[0].text
     assert "meadow" in final.lower()
     assert "".join(x.text for x in streamed if isinstance(x, StreamToken) and x.index == 0) == final
-    assert errors == ["glossary[0].target", "glossary[1].source"]
+    assert [field for field, _ in errors] == ["glossary[0].target", "glossary[1].source", "glossary_id[1].source"]
+    assert errors[2][1] == ("glossary_id[1].source: 'Banken' conflicts with glossary_id[0] ('Bank' -> 'bench'): one "
+                            "source term, two targets ('banks')")     # a stored glossary's entries: glossary_id
 
 
 def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
@@ -205,7 +208,7 @@ def test_gateway_routes_scope_glossaries_by_key_and_fill_the_job():
     assert asyncio.run(G.list_glossaries(bob, me)).data == []
     job = asyncio.run(me.pipeline.with_glossary(TranslateJob(["x"], GenerationOptions()), "legal", scope_of(alice),
                                                 "de", "en"))
-    assert job.glossary == (("Vertrag", "agreement"),) and job.glossary_field == "glossary_id"
+    assert job.glossary == (("Vertrag", "agreement"),) and job.stored_glossary
     with pytest.raises(ServiceError) as e:
         asyncio.run(me.pipeline.with_glossary(TranslateJob(["x"], GenerationOptions()), "legal", scope_of(bob),
                                               "de", "en"))

@@ -64,10 +64,9 @@ def replica_context(monkeypatch):
 
 
 async def new_pool(checkpoints, max_models, **kw):
-    from service.pool import PoolReplica
+    from service.pool import Pool
     extra = kw.pop("extra", ())
-    pool = PoolReplica.__new__(PoolReplica)
-    await pool.__init__([model_card(n, p) for n, p in checkpoints.items()] + list(extra), max_models, **kw)
+    pool = Pool([model_card(n, p) for n, p in checkpoints.items()] + list(extra), max_models, **kw)
     await pool.reconfigure(ENGINE)
     return pool
 
@@ -137,14 +136,14 @@ def test_failed_loads_name_the_model_and_cause_and_the_replica_keeps_serving(che
     gone = build_tiny_checkpoint(tmp_path / "gone", "de", "en", seed=5, max_len=64)
     card_gone = model_card("gone", gone)
     oom = model_card("oom", checkpoints["m2"])
-    from service.pool import PoolReplica
-    real = PoolReplica._construct
+    from service.pool import Pool
+    real = Pool._construct
 
     def construct(self, card):
         if card.id == "oom":
             raise MemoryError()
         return real(self, card)
-    monkeypatch.setattr(PoolReplica, "_construct", construct)
+    monkeypatch.setattr(Pool, "_construct", construct)
 
     async def run():
         pool = await new_pool({"m0": checkpoints["m0"]}, 2, extra=[card_gone, oom])
@@ -167,14 +166,14 @@ def test_failed_loads_name_the_model_and_cause_and_the_replica_keeps_serving(che
 
 def test_a_load_does_not_stall_the_other_models(checkpoints, reference, replica_context, monkeypatch):
     """While m1 loads (held 2 s in its worker thread), m0's requests are answered."""
-    from service.pool import PoolReplica
-    real, release = PoolReplica._construct, threading.Event()
+    from service.pool import Pool
+    real, release = Pool._construct, threading.Event()
 
     def slow(self, card):
         if card.id == "m1":
             release.wait(300)
         return real(self, card)
-    monkeypatch.setattr(PoolReplica, "_construct", slow)
+    monkeypatch.setattr(Pool, "_construct", slow)
 
     async def run():
         pool = await new_pool(checkpoints, 3)

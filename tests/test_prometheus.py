@@ -249,7 +249,7 @@ def test_every_dashboard_query_returns_samples(prometheus, scraped_traffic):
 def test_documented_metric_names_are_exported(prometheus, scraped_traffic):
     names = documented_metric_names()
     assert names, "docs/metrics.md's series section lists no ray_* metric names"
-    from service.metrics import exported_names
+    from conftest import exported_names
     assert set(exported_names()) <= set(names), "docs/metrics.md misses names that service/metrics.py exports"
     deadline = time.time() + 60
     while True:

@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from conftest import DATA, IN_INGRESS, SECOND_ENGINE, SECOND_MODEL, metric_samples, metric_sum, scrape, wait_for_metric
+from conftest import (DATA, IN_INGRESS, SECOND_ENGINE, SECOND_MODEL, exported_names, metric_samples, metric_sum,
+                      scrape, wait_for_metric)
 from model.tokenizer import read_lines
-from service.metrics import exported_names
 
 SENTENCES = read_lines(DATA / "test_2016_flickr.de.gz")[100:132]
 ROOT = DATA.parent.parent.parent

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig
-from model.inference.generate import greedy_search, pad_batch
+from model.inference.generate import generate, pad_batch
 from model.train import batch_loss, inverse_sqrt_lr, token_batches
 from model.transformer import Transformer
 
@@ -29,7 +29,7 @@ def test_tiny_model_overfits_a_few_pairs():
         (loss / n).backward()
         opt.step()
     assert float(loss / n) < 0.05
-    hyps = greedy_search(model.eval(), [p[0] for p in pairs], max_new_tokens=8)
+    hyps = [h[0] for h in generate(model.eval(), [p[0] for p in pairs], max_new_tokens=8)]
     assert [h.tokens for h in hyps] == [p[1][1:-1] for p in pairs]
     assert all(h.finish_reason == "eos" for h in hyps)
 

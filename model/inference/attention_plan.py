@@ -129,6 +129,29 @@ class AttentionPlan:
             self._pad_index = self.row_of_key * self.max_len + self._pos
         return self._pad_index
 
+    def attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """Attention of the plan's R rows over their keys in one layer's buffers K, V [N_slots, stride, H, Dh]
+        (or a paged pool viewed so): q [R, Q, H, Dh] -> (out [R, Q, H, Dh], weights [R, H, Q, T] or None)."""
+        R, Q, H, Dh = q.shape
+        if not self.packed:
+            k, v = read_positions(K, self.rows, self.max_len), read_positions(V, self.rows, self.max_len)
+            out, w = scaled_dot_product_attention(q.transpose(1, 2), k, v, self.mask, 0.0, need_weights)
+            return out.transpose(1, 2), w
+        if self.kernel and not (torch.is_grad_enabled() and q.requires_grad):
+            out, w = kernels.packed_decode_attention(q, K.view(-1, H, Dh), V.view(-1, H, Dh), self.key_index,
+                                                     self.starts, self.max_len, need_weights)
+            return out, (w.transpose(1, 2) if w is not None else None)
+        T = self.max_len
+        k = K.view(-1, H, Dh).index_select(0, self.key_index)[:, None]                 # [NK, 1, H, Dh]
+        v = V.view(-1, H, Dh).index_select(0, self.key_index)[:, None]
+        qs = (q * Dh ** -0.5).index_select(0, self.row_of_key)                         # [NK, Q, H, Dh]
+        scores = q.new_full((R * T, Q, H), float("-inf"))
+        scores.index_copy_(0, self.pad_index, (k * qs).sum(-1))                        # [R*T, Q, H]
+        w = torch.softmax(scores.view(R, T, Q, H), dim=1)                              # eq. 1, per row over its keys
+        wk = w.view(R * T, Q, H).index_select(0, self.pad_index)[..., None]            # [NK, Q, H, 1]
+        out = q.new_zeros(R, Q, H, Dh).index_add_(0, self.row_of_key, wk * v)          # [R, Q, H, Dh]
+        return out, (w.permute(0, 3, 2, 1) if need_weights else None)
+
 
 class CacheAttention:
     """Attention of one decode step (q_len = 1) for one layer, read straight from the cache.
@@ -142,7 +165,7 @@ class CacheAttention:
     the longest row, or None).
     """
 
-    def __init__(self, cache: "KVCache", layer: int, slots: Tensor, write_at: Optional[Tensor], plan: AttentionPlan,
+    def __init__(self, cache: "KVCache", layer: int, write_at: Optional[Tensor], plan: AttentionPlan,
                  share: Optional[tuple[int, int, Tensor]] = None):
         self.cache, self.layer, self.write_at, self.plan = cache, layer, write_at, plan
         self.share = share
@@ -158,36 +181,13 @@ class CacheAttention:
         else:
             K, V = c.cross_k[layer], c.cross_v[layer]
         if self.share is None:
-            out, w = self._attend(K, V, q.transpose(1, 2), need_weights)       # [N, 1, H, Dh]
+            out, w = self.plan.attend(K, V, q.transpose(1, 2), need_weights)   # [N, 1, H, Dh]
             return out.transpose(1, 2), w
         U, k, flat = self.share
         N, H, _, Dh = q.shape
         qg = q.new_zeros(U * k, H, Dh).index_copy_(0, flat, q[:, :, 0])       # rows -> [source, hypothesis]
-        out, w = self._attend(K, V, qg.view(U, k, H, Dh), need_weights)       # [U, k, H, Dh]
+        out, w = self.plan.attend(K, V, qg.view(U, k, H, Dh), need_weights)   # [U, k, H, Dh]
         out = out.reshape(U * k, H, Dh).index_select(0, flat)[:, :, None]
         if w is not None:
             w = w.transpose(1, 2).reshape(U * k, H, -1).index_select(0, flat)[:, :, None]
         return out, w
-
-    def _attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """q [R, Q, H, Dh] for the plan's R rows -> (out [R, Q, H, Dh], weights [R, H, Q, T] or None)."""
-        p = self.plan
-        R, Q, H, Dh = q.shape
-        if not p.packed:
-            k, v = read_positions(K, p.rows, p.max_len), read_positions(V, p.rows, p.max_len)
-            out, w = scaled_dot_product_attention(q.transpose(1, 2), k, v, p.mask, 0.0, need_weights)
-            return out.transpose(1, 2), w
-        if p.kernel and not (torch.is_grad_enabled() and q.requires_grad):
-            out, w = kernels.packed_decode_attention(q, K.view(-1, H, Dh), V.view(-1, H, Dh), p.key_index,
-                                                     p.starts, p.max_len, need_weights)
-            return out, (w.transpose(1, 2) if w is not None else None)
-        T = p.max_len
-        k = K.view(-1, H, Dh).index_select(0, p.key_index)[:, None]            # [NK, 1, H, Dh]
-        v = V.view(-1, H, Dh).index_select(0, p.key_index)[:, None]
-        qs = (q * Dh ** -0.5).index_select(0, p.row_of_key)                     # [NK, Q, H, Dh]
-        scores = q.new_full((R * T, Q, H), float("-inf"))
-        scores.index_copy_(0, p.pad_index, (k * qs).sum(-1))                  # [R*T, Q, H]
-        w = torch.softmax(scores.view(R, T, Q, H), dim=1)                      # eq. 1, per row over its keys
-        wk = w.view(R * T, Q, H).index_select(0, p.pad_index)[..., None]       # [NK, Q, H, 1]
-        out = q.new_zeros(R, Q, H, Dh).index_add_(0, p.row_of_key, wk * v)    # [R, Q, H, Dh]
-        return out, (w.permute(0, 3, 2, 1) if need_weights else None)

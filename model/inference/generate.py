@@ -23,8 +23,7 @@ from .prefill import prefill
 from .search import ActiveSearch, decode_inputs, search_step
 from .step import decode_step
 
-__all__ = ["beam_search", "default_max_new_tokens", "generate", "greedy_search", "length_groups", "pad_batch",
-           "translate_lines"]
+__all__ = ["default_max_new_tokens", "generate", "length_groups", "pad_batch", "translate_lines"]
 
 
 def default_max_new_tokens(src_len: int, max_len: int) -> int:
@@ -130,17 +129,6 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> Tensor
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
     return out.to(device) if device is not None else out
-
-
-def greedy_search(model: Transformer, sources, max_new_tokens: int = 128, **kw) -> list[Hypothesis]:
-    """Greedy decoding (beam search with beam_size 1); one Hypothesis per sentence."""
-    return [h[0] for h in generate(model, sources, 1, 1, max_new_tokens, **kw)]
-
-
-def beam_search(model: Transformer, sources, beam_size: int = 4, n_best: int = 1, max_new_tokens: int = 128,
-                length_penalty: float = 1.0, **kw) -> list[list[Hypothesis]]:
-    """Beam search; per sentence its n_best hypotheses, best first."""
-    return generate(model, sources, beam_size, n_best, max_new_tokens, length_penalty, **kw)
 
 
 def length_groups(lengths: Sequence[int], call_cost: int) -> list[list[int]]:

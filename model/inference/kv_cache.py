@@ -142,8 +142,8 @@ class KVCache:
             if bool(self.redirected.index_select(0, slots).any()):
                 home = self.home
         plans = self._plans(slots, positions + 1, owners, packed, home, packed and self.kernel_ok())
-        return [(CacheAttention(self, layer, slots, write_at=write_at, plan=plans[0]),
-                 CacheAttention(self, layer, slots, write_at=None, plan=plans[1], share=share))
+        return [(CacheAttention(self, layer, write_at=write_at, plan=plans[0]),
+                 CacheAttention(self, layer, write_at=None, plan=plans[1], share=share))
                 for layer in range(self.num_layers)]
 
     def _write_rows(self, slots: Tensor, positions: Tensor) -> Tensor:

@@ -152,16 +152,6 @@ class PackedLinear(nn.Linear):
 
     packed: Optional[PackedWeight] = None
 
-    @classmethod
-    def swap(cls, linear: nn.Linear) -> "PackedLinear":
-        """A PackedLinear sharing ``linear``'s weight and bias Parameters (nothing is copied)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight, new.bias = linear.weight, linear.bias
-        new.train(linear.training)
-        return new
-
     def pack(self, dtype: torch.dtype = torch.float32, cpu_kernels: Optional[bool] = None) -> bool:
         """Prepack the weight (in ``dtype``, see ``PackedWeight``) for CPU inference; returns whether
         the packed path is active."""
@@ -188,20 +178,26 @@ class PackedLinear(nn.Linear):
 _OUTPUT: "weakref.WeakKeyDictionary[nn.Module, PackedWeight]" = weakref.WeakKeyDictionary()
 
 
+def _sharing(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
+    """A ``cls`` (nn.Linear or PackedLinear) holding ``linear``'s weight and bias Parameters: made
+    without ``nn.Linear.__init__``, which would allocate and initialise weights of its own."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    new.in_features, new.out_features = linear.in_features, linear.out_features
+    new.weight, new.bias = linear.weight, linear.bias
+    new.train(linear.training)
+    return new
+
+
 def _swap_linears(model: nn.Module, to_packed: bool) -> list[nn.Linear]:
     """Replace every nn.Linear child by a PackedLinear sharing its parameters (or back); returns the
     model's linear modules after the swap."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if to_packed and type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear.swap(child))
+                setattr(parent, name, _sharing(PackedLinear, child))
             elif not to_packed and isinstance(child, PackedLinear):
-                plain = nn.Linear.__new__(nn.Linear)
-                nn.Module.__init__(plain)
-                plain.in_features, plain.out_features = child.in_features, child.out_features
-                plain.weight, plain.bias = child.weight, child.bias
-                plain.train(child.training)
-                setattr(parent, name, plain)
+                setattr(parent, name, _sharing(nn.Linear, child))
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 

@@ -15,7 +15,6 @@ and the benchmarks run with.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -71,19 +70,10 @@ _current: Optional[InferenceSettings] = None
 
 
 def current() -> InferenceSettings:
-    """The process's defaults: the environment's (``from_env``, read on the first call), as
-    ``configure`` last changed them."""
+    """The process's defaults: the environment's (``from_env``, read on the first call)."""
     global _current
     if _current is None:
         _current = from_env()
-    return _current
-
-
-def configure(**changes) -> InferenceSettings:
-    """Change the process's defaults (``InferenceSettings`` fields), before a command-line tool loads
-    its model (an engine never does: it passes its own). Returns the new defaults."""
-    global _current
-    _current = dataclasses.replace(current(), **changes)
     return _current
 
 

@@ -31,6 +31,7 @@ from service.pipeline.autodetect import NAMES
 from service.pipeline.markup import TagOptions, tags
 from service.pipeline.texts import Texts
 from service.protocol import (
+    JobOrigin,
     ServiceError,
     TranslateJob,
     short_name,
@@ -202,9 +203,9 @@ def ignored(body: DeepLTranslateBody, fields: dict) -> Optional[dict[str, str]]:
             } if names else None
 
 
-def _job(texts: list[str], target: str, body: DeepLTranslateBody, n_texts: int, extra: dict) -> TranslateJob:
-    return TranslateJob(list(texts), GenerationOptions(), field="text", is_list=True, target_lang=target,
-                        n_texts=n_texts, split_sentences=body.split_sentences, **extra)
+def _job(texts: list[str], target: str, body: DeepLTranslateBody, extra: dict) -> TranslateJob:
+    return TranslateJob(list(texts), GenerationOptions(), target_lang=target, split_sentences=body.split_sentences,
+                        **extra)
 
 
 async def translate(body: DeepLTranslateBody, request: Request, svc: "Services") -> tuple[list[dict], int]:
@@ -250,13 +251,13 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
         try:
             extra.update(glossary=await svc.glossaries.resolve(glossaries.scope_of(request), body.glossary_id,
                                                                service_language(body.source_lang), target),
-                         glossary_field="glossary_id")
+                         stored_glossary=True)
         except ServiceError as e:     # unknown: DeepL's 404 (glossary_not_found); another pair: 400
             raise ServiceError(e.status, e.message, e.field,
                                type="glossary_not_found" if e.status == 404 else None) from None
     by_model = autodetect.groups(routed)
-    jobs = svc.pipeline.jobs(routed, lambda model, idx: svc.pipeline.deadline(
-        _job(units.units(idx), target, body, len(idx), extra)))
+    jobs = svc.pipeline.jobs(by_model, lambda model, idx: (
+        svc.pipeline.deadline(_job(units.units(idx), target, body, extra)), JobOrigin("text", True, len(idx))))
     results = (await svc.pipeline.run_all(jobs)).values()
     out = list(texts)
     for idx, result in zip(by_model.values(), results):

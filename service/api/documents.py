@@ -34,6 +34,7 @@ from service.documents import Document
 from service.pipeline import autodetect
 from service.protocol import (
     GenerationOptions,
+    JobOrigin,
     ServiceError,
     TranslateJob,
     TranslateResponse,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 RETRIES_503 = 5                 # attempts of one job while the engine answers 503 (overloaded, loading)
 DETECT_SAMPLE_CHARS = 2_000     # characters of a document read to detect its language (source auto)
 Run = Callable[[str, TranslateJob], Awaitable[TranslateResponse]]
+FILE_SEGMENTS = JobOrigin("file", True)     # a job's texts: segments of the uploaded file, file[i] in messages
 
 
 _FILE = {"type": "string", "format": "binary", "description": "the document: " + ", ".join(documents.EXTENSIONS)}
@@ -136,7 +138,7 @@ async def translate_segments(segments: list[str], model: str, target_lang: Optio
 
 async def _translate(texts: list[str], model: str, target_lang: Optional[str], run: Run) -> list[str]:
     """One job's translations; a 413 splits the job (a single text: at the space nearest its middle)."""
-    job = TranslateJob(list(texts), GenerationOptions(), field="file", is_list=True, target_lang=target_lang)
+    job = TranslateJob(list(texts), GenerationOptions(), target_lang=target_lang)
     for attempt in range(RETRIES_503):
         try:
             result = await run(model, dataclasses.replace(job))
@@ -319,9 +321,9 @@ async def translated(svc: "Services", doc: Document, model: str, target: Optiona
     document is released at the end (``documents.release``), translated or not."""
     async def run(m: str, job: TranslateJob) -> TranslateResponse:
         if glossary:
-            job = dataclasses.replace(job, glossary=tuple(glossary), glossary_field="glossary_id")
-        svc.pipeline.check(m, job)
-        return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s))
+            job = dataclasses.replace(job, glossary=tuple(glossary), stored_glossary=True)
+        svc.pipeline.check(m, job, FILE_SEGMENTS)
+        return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s), FILE_SEGMENTS)
     try:
         out, chars = await translate_segments(doc.segments, model, target, run, svc.doc_settings, progress)
     except BaseException:

@@ -4,10 +4,9 @@ model with errors naming the field and its limit."""
 from __future__ import annotations
 
 import urllib.parse
-from typing import Optional, TypeVar
+from typing import Optional
 
 from fastapi import Request
-from pydantic import BaseModel
 
 from service.protocol import ServiceError, shown
 
@@ -19,9 +18,8 @@ from .middleware.body import (
     load_json,
     parse_content_type,
 )
-from .schemas import FormFields, validate
+from .schemas import FormFields
 
-M = TypeVar("M", bound=BaseModel)
 Fields = dict[str, object]      # a JSON body's members, or form fields (str, or list[str] when repeated)
 
 FORM_TYPES = (FORM, MULTIPART)
@@ -117,16 +115,6 @@ def check_multipart(content_type: str, raw: bytes, status: int) -> None:
     if b"--" + boundary.encode("latin-1", "replace") + b"--" not in raw:
         raise ServiceError(status, f"Invalid request: the multipart/form-data body is malformed: no closing boundary "
                                    f"'--{boundary[:70]}--' (truncated?)", "body")
-
-
-async def parse_body(request: Request, model: type[M], status: int = 422, repeatable: tuple[str, ...] = (),
-                     single: Optional[tuple[str, ...]] = None) -> M:
-    """The one way a route reads its request: ``read_fields`` (JSON, form or multipart, plus the query
-    string) validated by ``model`` (``validate``). Raises ServiceError ``status`` (415 for another
-    media type) naming the field and its limit. For routes that FastAPI does not parse (DeepL's
-    /v2/translate, document uploads): ``item = await parse_body(request, DeepLBody, 400)``; the
-    OpenAPI document gets it through ``openapi_request_body(model.model_json_schema())``."""
-    return validate(model, await read_fields(request, repeatable, status, single), status)
 
 
 def openapi_request_body(schema: dict, media_types: tuple[str, ...] = (JSON, FORM, MULTIPART)) -> dict:

@@ -23,6 +23,7 @@ from service.pipeline import LanguageGraph, autodetect
 from service.pipeline.autodetect import NAMES as LANGUAGE_NAMES
 from service.pipeline.texts import Texts
 from service.protocol import (
+    JobOrigin,
     ServiceError,
     TranslateJob,
     TranslateResponse,
@@ -71,14 +72,17 @@ class LibreRequest:
     target: Optional[str] = None    # the target language (a multilingual model's >>target<< token)
     keep: tuple[str, ...] = ()      # do-not-translate terms (as /v1/translate's keep)
     glossary: tuple = ()            # (source term, target term) entries (``glossary`` or ``glossary_id``)
-    glossary_field: str = "glossary"
+    stored_glossary: bool = False   # the entries are ``glossary_id``'s alone (TranslateJob.stored_glossary)
 
-    def job(self, texts: list[str], n_texts: Optional[int] = None, memory_scope: Optional[str] = None) -> TranslateJob:
+    def job(self, texts: list[str], memory_scope: Optional[str] = None) -> TranslateJob:
         n_best = self.alternatives + 1
         return TranslateJob(texts, GenerationOptions(beam_size=max(4, n_best), n_best=n_best, length_penalty=1.0),
-                            field="q", is_list=self.batch, target_lang=self.target, keep=self.keep,
-                            glossary=self.glossary, glossary_field=self.glossary_field, n_texts=n_texts,
-                            memory_scope=memory_scope)
+                            target_lang=self.target, keep=self.keep, glossary=self.glossary,
+                            stored_glossary=self.stored_glossary, memory_scope=memory_scope)
+
+    def origin(self, n_texts: Optional[int] = None) -> JobOrigin:
+        """Where a job's texts came from: ``q`` (``n_texts``: the q items of a job of HTML segments)."""
+        return JobOrigin("q", self.batch, n_texts)
 
 
 def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLanguage]:
@@ -126,10 +130,9 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
         by_model = autodetect.groups(routed)
         request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
         scope = svc.memory_scope(request)
-        jobs = svc.pipeline.jobs(routed, lambda model, idx: checked_job(
-            req, units.units(idx),
-            n_texts=len(idx), memory_scope=scope))
-        results = list((await svc.pipeline.run_all({m: svc.pipeline.deadline(j) for m, j in jobs.items()})).values())
+        jobs = svc.pipeline.jobs(by_model, lambda model, idx: checked_job(req, units.units(idx), len(idx), scope))
+        results = list((await svc.pipeline.run_all({m: (svc.pipeline.deadline(j), o)
+                                                    for m, (j, o) in jobs.items()})).values())
     except ServiceError as e:
         return libre_error_response(e)
     request.state.usage = Usage(source_tokens=sum(r.usage.source_tokens for r in results),
@@ -196,11 +199,13 @@ def ignored_fields_header(fields: Fields, read: tuple[str, ...] = LIBRE_FIELDS) 
 
 
 async def read_admitted(request: Request) -> tuple[Fields, Optional[JSONResponse]]:
-    """(fields, None), or ({}, the 401) when API keys are on, no Authorization header was sent and
-    the body holds no valid ``api_key``: a body that cannot be read is that 401 too, before its own
-    error. Raises ServiceError (400, 415) for an unreadable body otherwise."""
+    """(fields, None): the fields of a JSON body or a form body (urlencoded or multipart) and the query
+    string, like LibreTranslate's (``fields.read_fields``: a repeated ``q`` is a batch); or ({}, the
+    401) when API keys are on, no Authorization header was sent and the body holds no valid
+    ``api_key``: a body that cannot be read is that 401 too, before its own error. Raises
+    ServiceError (400, 415) for an unreadable body otherwise."""
     try:
-        fields, unreadable = await read_fields(request), None
+        fields, unreadable = await fields_module.read_fields(request, ("q", "keep"), 400, single=LIBRE_FIELDS), None
     except ServiceError as e:
         fields, unreadable = {}, e
     denied = check_body_key(request.scope.setdefault("state", {}), fields.get("api_key"))
@@ -212,16 +217,16 @@ async def read_admitted(request: Request) -> tuple[Fields, Optional[JSONResponse
 
 
 def checked_job(req: LibreRequest, texts: list[str], n_texts: Optional[int] = None,
-                memory_scope: Optional[str] = None) -> TranslateJob:
-    """The job for these texts (``q``, or the segments of format=html); ``n_texts``: the client's
-    texts (q items) the texts-per-request limit counts (segments count as sentences, by the
-    translator). Raises ServiceError 422 (answered as 400) for text that is not Unicode."""
-    job = req.job(texts, n_texts, memory_scope)
+                memory_scope: Optional[str] = None) -> tuple[TranslateJob, JobOrigin]:
+    """The job for these texts (``q``, or the segments of format=html) and its origin; ``n_texts``:
+    the client's texts (q items) the texts-per-request limit counts (segments count as sentences, by
+    the translator). Raises ServiceError 422 (answered as 400) for text that is not Unicode."""
+    job, origin = req.job(texts, memory_scope), req.origin(n_texts)
     try:
-        check_unicode(job.texts, job.field)
+        check_unicode(job.texts, origin.field)
     except ValueError as e:
-        raise ServiceError(422, str(e), job.field) from None
-    return job
+        raise ServiceError(422, str(e), origin.field) from None
+    return job, origin
 
 
 async def read_glossary(req: LibreRequest, f: Fields, request: Request,
@@ -239,7 +244,7 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
         card = req.card
         stored = tuple(await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
                                            req.target))
-        req.glossary, req.glossary_field = stored, "glossary_id"
+        req.glossary, req.stored_glossary = stored, True
     if entries is None:
         return
     if isinstance(entries, str):
@@ -253,7 +258,7 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
     except pydantic.ValidationError as e:
         field, message = format_validation_error(e.errors()[0])
         raise ServiceError(400, "Invalid request: " + message, field) from None
-    req.glossary, req.glossary_field = stored + tuple((g.source, g.target) for g in parsed), "glossary"
+    req.glossary, req.stored_glossary = stored + tuple((g.source, g.target) for g in parsed), False
 
 
 def parse(f: Fields, graph: LanguageGraph) -> LibreRequest:
@@ -300,12 +305,6 @@ def pick(graph: LanguageGraph, source: str, target: str, direct: bool = False) -
                                 f"language from {LANGUAGE_NAMES.get(source, source)} ({source}); choose from "
                                 f"{', '.join(choices)}", "target")
     return card
-
-
-async def read_fields(request: Request) -> Fields:
-    """The request fields from a JSON body or a form body (urlencoded or multipart) and the query
-    string, like LibreTranslate (``body.read_fields``: a repeated ``q`` is a batch)."""
-    return await fields_module.read_fields(request, ("q", "keep"), 400, single=LIBRE_FIELDS)
 
 
 def _unique(seq: list[str], exclude: str) -> list[str]:

@@ -37,6 +37,7 @@ from service.protocol import (
     NOT_BLANK,
     AttentionSelection,
     GenerationOptions,
+    JobOrigin,
     ServiceError,
     TranslateJob,
     shown,
@@ -243,7 +244,7 @@ class TranslateRequest(_Strict):
     def texts(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
 
-    def job(self) -> "TranslateJob":
+    def job(self) -> TranslateJob:
         """The translator's job for this request (attention kinds only when return_attention)."""
         kinds = tuple(dict.fromkeys(self.attention.kinds)) if self.return_attention else ()
         # min_new_tokens above max_new_tokens: EOS is never allowed before the cap, so exactly
@@ -256,11 +257,14 @@ class TranslateRequest(_Strict):
         att = self.attention
         selection = AttentionSelection(tuple(att.layers) if att.layers else None,
                                        tuple(att.heads) if att.heads else None)
-        return TranslateJob(self.texts, options, selection, "text", isinstance(self.text, list),
-                            target_lang=self.target_lang, keep=tuple(self.keep or ()),
+        return TranslateJob(self.texts, options, selection, target_lang=self.target_lang, keep=tuple(self.keep or ()),
                             glossary=tuple((e.source, e.target) for e in self.glossary or ()),
                             target_prefix=self.target_prefix, min_confidence=self.min_confidence,
                             return_alignment=self.return_alignment)
+
+    def origin(self) -> JobOrigin:
+        """Where the job's texts came from: ``text``, a string or a list."""
+        return JobOrigin("text", isinstance(self.text, list))
 
 
 class ErrorBody(BaseModel):

@@ -218,7 +218,8 @@ def bench_model(spec: dict):
     """(model, tokenizer, metadata, dtype name) of a run: random weights of ``spec["preset"]`` (a
     ``ModelConfig`` preset, the checkpoint's tokenizer, seed ``spec["seed"]``) when given, else the
     checkpoint; on ``spec["device"]`` (default cpu) in ``spec["dtype"]`` (default auto: bfloat16 on
-    CUDA, float32 on CPU; ``service.engine.config.resolve_dtype``)."""
+    CUDA, float32 on CPU; ``service.engine.config.resolve_dtype``), its linear layers prepared in
+    ``spec["linear_dtype"]`` (default: the process's, ``model.inference.settings``)."""
     import torch
     from model.load import load_model
     from service.engine.config import resolve_dtype
@@ -231,10 +232,10 @@ def bench_model(spec: dict):
         tok = Tokenizer(Path(spec["checkpoint"]) / "tokenizer.model")
         torch.manual_seed(spec.get("seed", 0))
         model = Transformer(ModelConfig.from_name(spec["preset"], vocab_size=tok.vocab_size)).eval()
-        pack_for_inference(model)
+        pack_for_inference(model, spec.get("linear_dtype"))
         meta = {"note": f"random weights, {spec['preset']} preset"}
     else:
-        model, tok, meta = load_model(spec["checkpoint"], device=device)
+        model, tok, meta = load_model(spec["checkpoint"], device=device, linear_dtype=spec.get("linear_dtype"))
     return model.to(device=device, dtype=getattr(torch, dtype)), tok, meta, dtype
 
 
@@ -309,7 +310,7 @@ def run_model_parts(args, parts: set[str], beams: list[int], ckpt: Path, lines: 
     from service.engine import tune_process
     torch.set_num_threads(args.threads)
     where = {"checkpoint": str(ckpt), "preset": args.preset, "device": args.device, "dtype": args.dtype,
-             "seed": args.seed}
+             "seed": args.seed, "linear_dtype": args.linear_dtype}
     model, tok, meta, dtype = bench_model(where)
     srcs = [encode_source(tok, line, model.cfg.max_len) for line in lines]
     tune_process()  # as in every process of this benchmark, static and engine alike

@@ -32,7 +32,7 @@ def _e_worker(spec: dict, barrier, queue) -> None:
     torch.manual_seed(spec["seed"])
     with torch_threads(1 if spec["system"] == "engine" else spec["threads"]):  # see engine._engine_parts_worker
         model = Transformer(ModelConfig.from_name(spec.get("preset") or "small", vocab_size=spec["vocab_size"])).eval()
-        pack_for_inference(model)
+        pack_for_inference(model, spec.get("linear_dtype"))
         model.to(device=spec.get("device") or "cpu", dtype=getattr(torch, spec.get("dtype") or "float32"))
     tune_process()
     srcs, beam = spec["srcs"], spec["beam"]
@@ -89,7 +89,7 @@ def run_protocol(args, lines: list[str], beams: list[int], ckpt: Path) -> int:
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     systems = [x.strip() for x in args.e_systems.split(",") if x.strip()]
     from service.engine.config import resolve_dtype
-    where = {"device": args.device, "preset": args.preset,
+    where = {"device": args.device, "preset": args.preset, "linear_dtype": args.linear_dtype,
              "dtype": resolve_dtype(args.dtype, "cuda" if args.device.startswith("cuda") else "cpu")}
     print(f"\n(e) protocol of BENCHMARKS.md: random weights, {args.preset or 'small'} preset on {args.device} "
           f"in {where['dtype']}, vocab {tok.vocab_size}; "

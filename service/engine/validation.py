@@ -20,7 +20,7 @@ from model.inference.generate import default_max_new_tokens
 from model.inference.constraints import MIN_CONSTRAINED_BEAM
 from model.inference.beam import ATTENTION_KINDS, max_beam_size
 from service.protocol import (MAX_NO_REPEAT_NGRAM_SIZE, MAX_REPETITION_PENALTY, MAX_TEXT_CHARS, MAX_TEXTS,
-                              AttentionSelection, TooLarge, TranslateJob, short_name)
+                              AttentionSelection, JobOrigin, TooLarge, TranslateJob, short_name)
 
 from .config import EngineConfig
 from .errors import EngineValidationError
@@ -53,11 +53,12 @@ class ModelLimits:
         return cls(model, min(engine.max_tgt_len or cfg.max_len, cfg.max_len - 1), engine.max_num_seqs,
                    cfg.target_vocab_size, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers)
 
-    def check(self, job: TranslateJob) -> None:
-        """The gateway's check of a whole job. Raises TooLarge for too many or too long texts,
-        EngineValidationError for an option or attention selection beyond this model."""
-        f, o = job.field, job.options
-        n_texts = len(job.texts) if job.n_texts is None else job.n_texts
+    def check(self, job: TranslateJob, origin: JobOrigin = JobOrigin()) -> None:
+        """The gateway's check of a whole job, its texts named as ``origin`` says. Raises TooLarge for
+        too many or too long texts, EngineValidationError for an option or attention selection beyond
+        this model."""
+        f, o = origin.field, job.options
+        n_texts = len(job.texts) if origin.n_texts is None else origin.n_texts
         if n_texts > MAX_TEXTS:
             raise TooLarge(f"{f}: at most {MAX_TEXTS} texts per request, got {n_texts}", f)
         check_options(o, self)
@@ -65,8 +66,7 @@ class ModelLimits:
             self._check_attention(job.attention, o.attention_kinds)
         for i, text in enumerate(job.texts):
             if len(text) > MAX_TEXT_CHARS:
-                where = f"{f}[{i}]" if job.is_list else f
-                raise TooLarge(f"{where}: at most {MAX_TEXT_CHARS} characters per text, got {len(text)}", f)
+                raise TooLarge(f"{origin.where(i)}: at most {MAX_TEXT_CHARS} characters per text, got {len(text)}", f)
 
     def _check_attention(self, att: AttentionSelection, kinds: tuple[str, ...]) -> None:
         n_layers = {"cross": self.n_decoder_layers, "decoder": self.n_decoder_layers, "encoder": self.n_encoder_layers}

@@ -28,6 +28,7 @@ from typing import Awaitable, Callable, Iterable, Optional
 from service.engine.validation import ModelLimits
 from service.protocol import (
     MAX_ATTENTION_VALUES,
+    JobOrigin,
     PivotLeg,
     ServiceError,
     TranslateJob,
@@ -41,7 +42,7 @@ ROUTE_SEP = "+"     # a route's id: its models' ids joined ("de-en+en-fr"); a re
 # Fields of GenerationOptions / TranslateJob that only the last leg takes (they concern the target
 # language); the first leg gets their defaults
 LAST_LEG_ONLY = ("n_best",)
-LAST_LEG_ONLY_JOB = ("target_prefix", "min_confidence", "return_alignment", "glossary")
+LAST_LEG_ONLY_JOB = ("target_prefix", "min_confidence", "return_alignment", "glossary", "stored_glossary")
 
 Translate = Callable[[str, TranslateJob], Awaitable[TranslateResponse]]
 
@@ -141,11 +142,11 @@ class RouteLimits:
     def model(self) -> str:
         return self.route.id
 
-    def check(self, job: TranslateJob) -> None:
+    def check(self, job: TranslateJob, origin: JobOrigin = JobOrigin()) -> None:
         """Each leg's check of its job (the second leg's texts are checked again once known, by its
         translator). Raises what ``ModelLimits.check`` raises."""
         for i, limits in enumerate(self.legs):
-            limits.check(leg_job(job, self.route, i))
+            limits.check(leg_job(job, self.route, i), origin)
 
 
 def attention_values(attention: Optional[dict]) -> int:

@@ -209,7 +209,7 @@ class Translator:
                     out.pieces.append(Piece(i, j, [], stored))
                     out.protected.append(None)
                 else:
-                    out.pieces.append(Piece(i, j, self.encode(job, i, j, sentence, sources)))   # encode
+                    out.pieces.append(Piece(i, j, self.encode(i, j, sentence, sources)))   # encode
                     out.protected.append(p)
         return out
 
@@ -232,14 +232,13 @@ class Translator:
         key = memory_model(self.name, job.target_lang if self.tok.target_languages else None)
         return self.memory.recall(key, job.memory_scope, text, split.pieces)
 
-    def encode(self, job: TranslateJob, i: int, j: int, sentence: str, sources: Sources) -> list[int]:
+    def encode(self, i: int, j: int, sentence: str, sources: Sources) -> list[int]:
         """Sentence j of text i as source ids (``Sources.ids``). Raises TooLarge when they are more
         than the model reads (``split`` found no cut that fits)."""
         ids, max_src = sources.ids(sentence), self.engine.max_src_len
-        if len(ids) > max_src:
-            where = f"{job.field}[{i}]" if job.is_list else job.field
-            raise TooLarge(f"{where}: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
-                           f"accepts at most {max_src} per sentence: split it", job.field)
+        if len(ids) > max_src:     # text i as the job names it (the caller's JobOrigin renames it)
+            raise TooLarge(f"text[{i}]: sentence {j + 1} has {len(ids)} tokens (with EOS); model {self.name} "
+                           f"accepts at most {max_src} per sentence: split it", "text")
         return ids
 
     # ---- the engine's inputs: the target-language token, target_prefix, the glossary --------------
@@ -283,15 +282,16 @@ class Translator:
         Raises InvalidRequest for a bad or conflicting entry (``glossary.Glossary``)."""
         if not job.glossary:
             return None
-        key = (job.glossary, job.glossary_field)
+        key = (job.glossary, job.stored_glossary)
         cache = self._glossaries
         if key not in cache:
-            limit = MAX_GLOSSARY_ENTRIES if job.glossary_field == "glossary" else MAX_STORED_GLOSSARY_ENTRIES
+            field, limit = ("glossary_id", MAX_STORED_GLOSSARY_ENTRIES) if job.stored_glossary else \
+                ("glossary", MAX_GLOSSARY_ENTRIES)
             max_tokens = min(self.engine.max_tgt_len, self.model.cfg.max_len - 1) - 1 if self.engine else \
                 self.model.cfg.max_len - 2
             while len(cache) >= 32:
                 cache.pop(next(iter(cache)))
-            cache[key] = Glossary(job.glossary, self.card.source_lang, self.tok, max_tokens, job.glossary_field, limit)
+            cache[key] = Glossary(job.glossary, self.card.source_lang, self.tok, max_tokens, field, limit)
         return cache[key]
 
     # ---- after the engine: place spans -> assemble -------------------------------------------

@@ -22,11 +22,11 @@ a ``charset`` honoured; one ASGI middleware for every route (``BodyMiddleware``)
                       of more than MAX_NUMBER_DIGITS digits is kept as a ``LongInteger`` (never
                       converted: Python refuses > 4,300 digits, and the work grows with the square
                       of the digits) that every field's range refuses, naming the field.
-    fields            ``read_fields`` + ``validate`` (or both: ``parse_body``) are the one way a
-                      route reads its fields: JSON, application/x-www-form-urlencoded or
-                      multipart/form-data, plus the query string, validated by a pydantic model;
-                      any wrong type or value out of range is a 4xx naming the field and its
-                      limit (``ValidationError``, ``ValueError``, ``OverflowError`` alike).
+    fields            ``read_fields`` + ``validate`` are the one way a route reads its fields:
+                      JSON, application/x-www-form-urlencoded or multipart/form-data, plus the
+                      query string, validated by a pydantic model; any wrong type or value out of
+                      range is a 4xx naming the field and its limit (``ValidationError``,
+                      ``ValueError``, ``OverflowError`` alike).
     HEAD              answered like GET without a body (``HeadMiddleware``).
 
 Errors come in the route's shape: ``{"error": {...}}`` natively, ``{"error": message}`` on
@@ -239,11 +239,6 @@ def load_json(body: bytes) -> object:
                            "body") from None
     except RecursionError:
         raise ServiceError(422, f"body: {JSON_TOO_DEEP}", "body") from None
-
-
-def check_json_keys(body: bytes) -> None:
-    """Raises ServiceError 422 where ``load_json`` refuses ``body``."""
-    load_json(body)
 
 
 def _long_integers(value: object, path: str = "") -> Iterator[tuple[str, LongInteger]]:

@@ -17,6 +17,7 @@ from service.metrics import scrape_metrics
 from service.pipeline import autodetect
 from service.protocol import (
     RETRY_AFTER_S,
+    JobOrigin,
     ServiceError,
     TranslateJob,
     TranslateResponse,
@@ -74,13 +75,13 @@ async def translate(body: TranslateRequest, request: Request, svc: Services = De
         return response
     card = svc.graph.resolve(body.model, body.source_lang, body.target_lang)
     request.state.model = card.id
-    job = await _job(body, request, svc, card)
-    svc.pipeline.check(card.id, job)
+    job, origin = await _job(body, request, svc, card), body.origin()
+    svc.pipeline.check(card.id, job, origin)
     if not body.stream:
-        result = await svc.pipeline.run(card.id, job)
+        result = await svc.pipeline.run(card.id, job, origin)
         request.state.usage = result.usage
         return Response(result.body_bytes(), media_type="application/json", headers=headers)
-    response = await _stream(card.id, job, request, svc)
+    response = await _stream(card.id, job, origin, request, svc)
     response.headers.update(headers or {})
     return response
 
@@ -115,13 +116,13 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
                               "text", "source_lang", is_list, graph.describe())
     base = await _job(body, request, svc)
 
-    def job_of(model: str, idx: list[int]) -> TranslateJob:   # errors name the text: text[i] when alone in its job
+    def job_of(model: str, idx: list[int]) -> tuple[TranslateJob, JobOrigin]:   # errors name text[i] when alone in its job
         one = is_list and len(idx) == 1
-        return dataclasses.replace(base, texts=[texts[i] for i in idx], is_list=is_list and not one,
-                                   field=f"text[{idx[0]}]" if one else "text")
-    jobs = svc.pipeline.jobs(routed, job_of)
-    request.state.model = next(iter(jobs)) if len(jobs) == 1 else "auto"
+        return (dataclasses.replace(base, texts=[texts[i] for i in idx]),
+                JobOrigin(f"text[{idx[0]}]" if one else "text", is_list and not one))
     by_model = autodetect.groups(routed)
+    jobs = svc.pipeline.jobs(by_model, job_of)
+    request.state.model = next(iter(jobs)) if len(jobs) == 1 else "auto"
 
     def merged(results: dict) -> TranslateResponse:
         return autodetect.merged(texts, routed, results, by_model)
@@ -134,18 +135,18 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
         raise ServiceError(422, "stream: with source_lang auto, a stream takes texts that one model translates "
                                 f"(detected: {found}); send them without stream, or one language per request",
                            "stream")
-    (model, job), = jobs.items()
-    return await _stream(model, job, request, svc, lambda r: merged({model: r}))
+    (model, (job, origin)), = jobs.items()
+    return await _stream(model, job, origin, request, svc, lambda r: merged({model: r}))
 
 
-async def _stream(model: str, job: TranslateJob, request: Request, svc: Services, final=None):
+async def _stream(model: str, job: TranslateJob, origin: JobOrigin, request: Request, svc: Services, final=None):
     """The SSE answer of ``job`` on ``model`` (``Pipeline.open_stream``), counted against the
     caller's open streams (429 over the cap); ``final`` rewrites the closing TranslateResponse."""
     request.state.stream = True
     decision = request.scope.get("state", {}).get("guard_decision")
     release = svc.guard.open_stream(decision.who, decision.key) if decision else (lambda: None)   # or 429
     try:
-        items = await svc.pipeline.open_stream(model, job, final)
+        items = await svc.pipeline.open_stream(model, job, origin, final)
     except BaseException:
         release()
         raise
