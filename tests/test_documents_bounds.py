@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import os
 import threading
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,7 +22,7 @@ from service.api.document_store import DocumentSettings, DocumentStore
 from service.api.middleware.guard import Guard, GuardSettings
 from service.bench.documents_memory import declaring, docx_of, kib, paragraphs
 from service.documents import DocumentError, safety
-from service.protocol import MAX_DOCUMENT_BYTES, MAX_XML_BYTES
+from service.protocol import MAX_DOCUMENT_BYTES, MAX_XML_BYTES, ServiceError
 
 from local_services import local_services
 
@@ -186,4 +189,54 @@ def test_deepl_jobs_are_capped_per_key_and_cancelled_by_their_owner_only(tmp_pat
         assert len(list((tmp_path / "files").iterdir())) == 2
         assert call("POST", third.json()["document_id"], third.json()["document_key"], a, "/result").content == \
             b"EIN HUND.\n"
-    assert not deepl_documents._jobs.places and not deepl_documents._jobs.running
+    assert not deepl_documents._jobs.running
+
+
+def test_the_job_cap_is_shared_by_the_replicas_of_one_store(tmp_path):
+    """Two ingress replicas (each its own DocumentStore over one directory) admitting at once, from
+    threads that start together: one key gets max_jobs_per_key places among them, another key its own;
+    a job that finishes, fails or is cancelled gives its place back, as does one left without progress."""
+    limit = 3
+
+    def replicas_of(directory) -> list[DocumentStore]:
+        return [DocumentStore(DocumentSettings(store_dir=str(directory))) for _ in range(2)]
+
+    def at_once(i: int) -> bool:      # the store's admission, as deepl_documents.admit runs it
+        together.wait()
+        record = {"status": "queued", "holder": "h"}
+        return replicas[i % 2].admit_job(f"JOB{i:016d}", record, limit, deepl_documents.JOB_STALE_S) < limit
+    for attempt in range(5):          # (without the store's lock, most rounds admitted 4 to 8)
+        replicas, together = replicas_of(tmp_path / str(attempt)), threading.Barrier(8)
+        with ThreadPoolExecutor(8) as pool:
+            assert sum(pool.map(at_once, range(8))) == limit
+
+    def admit(i: int, who: str = "k:aaaa") -> str | None:
+        if who == "k:aaaa" and i < 8:
+            together.wait()
+        job_id = f"JOB{who[0]}{i:016d}"
+        try:
+            asyncio.run(deepl_documents.admit(replicas[i % 2], who, job_id, {"status": "queued"}, limit))
+        except ServiceError as e:
+            assert e.status == 429 and e.retry_after and e.field == "file", e
+            assert f"at most {limit} unfinished" in e.message and f"; {limit} are queued or translating" in e.message
+            return None
+        return job_id
+    replicas, together = replicas_of(tmp_path / "store"), threading.Barrier(8)
+    with ThreadPoolExecutor(8) as pool:     # through the route's admission
+        admitted = [j for j in pool.map(admit, range(8)) if j]
+    assert len(admitted) == limit, admitted
+    assert [bool(admit(i, "c:10.0.0.7")) for i in range(limit + 1)] == [True] * limit + [False]   # another holder
+    assert admit(10) is None and admit(11) is None                # full, seen from either replica
+    one, two, three = admitted
+    replicas[0].put_job(one, {**replicas[0].get_job(one), "status": "done"})      # finished
+    assert admit(100) and admit(101) is None
+    replicas[1].remove_job(two)                                                   # cancelled
+    assert admit(102) and admit(103) is None
+    replicas[1].put_job(three, {**replicas[1].get_job(three), "status": "error"})  # failed
+    assert admit(104) and admit(105) is None
+    stale = replicas[0].jobs / f"JOBk{104:016d}.json"      # its replica stopped JOB_STALE_S ago
+    old = time.time() - deepl_documents.JOB_STALE_S - 1
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "updated": old}))
+    os.utime(stale, (old, old))
+    assert admit(106) and admit(107) is None
+    assert [bool(admit(i, "c:10.0.0.7")) for i in range(20, 22)] == [False, False]    # the other holder: still full
