@@ -27,12 +27,13 @@ Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
 import secrets
 import time
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Literal, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -194,7 +195,8 @@ async def upload(svc: "Services", request: Request) -> Response:
         if isinstance(e, ServiceError):
             return message(e)
         raise
-    task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary))
+    task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary,
+                                      functools.partial(svc.add_usage, caller_of(request).scope)))
     _jobs.running[job_id] = task
     task.add_done_callback(lambda _: _jobs.running.pop(job_id, None))
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
@@ -202,7 +204,7 @@ async def upload(svc: "Services", request: Request) -> Response:
 
 
 async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
-               glossary: tuple = ()) -> None:
+               glossary: tuple = (), bill: Callable[[int], None] = lambda chars: None) -> None:
     store = svc.doc_store
     last = [0.0]
 
@@ -222,6 +224,7 @@ async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, targ
         media = documents.FORMATS[documents.extension(filename)].media_type
         rec = await asyncio.to_thread(store.put, data, filename, media, record["owner"])
         record.update(status="done", result=rec.name, billed_characters=chars, done=record["total"])
+        await asyncio.to_thread(bill, chars)
     except Cancelled:
         return          # its record and file are gone: nothing to write
     except ServiceError as e:

@@ -151,7 +151,9 @@ class Service:
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise RuntimeError(f"the service was not ready within {timeout_s:.0f} s (log: {self.log.name})")
+        self.log.flush()
+        tail = Path(self.log.name).read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the service was not ready within {timeout_s:.0f} s; the end of its log:\n{tail}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -12,6 +12,7 @@ from service.replica import mapped_errors
 
 from .. import deepl, libre_schemas
 from .. import fields as fields_module
+from ..middleware.caller import caller_of
 from ..services import Services, services
 from .common import RETRY_HEADERS
 
@@ -37,17 +38,8 @@ async def deepl_translate(request: Request, svc: Services = Depends(services)):
         return deepl.error_response(e)
     body = deepl.parse(fields)
     translations, chars = await deepl.translate(body, request, svc)
-    _count_usage(request, svc, chars)
+    svc.add_usage(caller_of(request).scope, chars)
     return JSONResponse({"translations": translations}, headers=deepl.ignored(body, fields))
-
-
-def _count_usage(request: Request, svc: Services, chars: int) -> None:
-    """Add ``chars`` to the caller's /v2/usage count: in the memory's store, else in this replica."""
-    if svc.memory is not None:
-        with mapped_errors("memory"):
-            svc.memory.add_usage(svc.memory_scope(request) or "", chars)
-    else:
-        svc.usage_chars += chars
 
 
 @router.get("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
@@ -62,8 +54,9 @@ async def deepl_languages(request: Request, svc: Services = Depends(services)):
 @router.get("/v2/usage")
 @router.post("/v2/usage")
 async def deepl_usage(request: Request, svc: Services = Depends(services)):
-    """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) sent to
-    /v2/translate; no limit (DeepL Pro's figure for none)."""
+    """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) had
+    translated by /v2/translate and /v2/document (billed when the document is done); no limit (DeepL
+    Pro's figure for none)."""
     with mapped_errors("memory"):
         chars = (svc.memory.usage(svc.memory_scope(request) or "") if svc.memory is not None
                  else svc.usage_chars)
