@@ -6,11 +6,14 @@
                                          (absent: detected), tag_handling (html|xml) with ignore_tags,
                                          splitting_tags, non_splitting_tags, outline_detection,
                                          split_sentences (0|1|nonewlines), preserve_formatting,
-                                         formality, glossary_id
-        -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n}]}
-    errors                               {"message": "..."}: 400 invalid input (the field named), 403 no
-                                         or a wrong key, 404 unknown glossary, 413 too large, 429 rate
-                                         limit, 503 overloaded (Retry-After); 456 (quota) never occurs
+                                         formality, glossary_id, model_type (``decoding``), context
+                                         (read by detection only: ``autodetect.detect_in_context``)
+        -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n
+                              (, "model_type_used": "quality_optimized")}]}
+    errors                               {"message": "..."}: 400 invalid input (the field named; style_id
+                                         and custom_instructions: not offered), 403 no or a wrong key, 404
+                                         unknown glossary, 413 too large, 429 rate limit, 503 overloaded
+                                         (Retry-After); 456 (quota) never occurs
 
 Reusable by the document routes (``/v2/document``): ``service_language`` / ``deepl_codes`` (language
 codes both ways), ``error_response`` (DeepL's error shape and statuses). The key of a
@@ -23,7 +26,15 @@ import re
 from typing import TYPE_CHECKING, Iterable, Literal, Optional
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from fastapi.responses import JSONResponse
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+)
 
 from service.engine import GenerationOptions
 from service.pipeline import autodetect
@@ -43,23 +54,32 @@ from . import glossaries
 from .errors import deepl_error_response, format_validation_error
 
 if TYPE_CHECKING:
+    from service.pipeline import LanguageGraph
+
     from .services import Services
 
-IGNORED_HEADER = "X-Ignored-Fields"   # fields accepted but not applied (formality, context, ...), as on /translate
+IGNORED_HEADER = "X-Ignored-Fields"   # fields accepted but not applied (formality, ...), as on /translate
 # DeepL's target codes with a region: the language's variants, all served by the language's model
 REGIONAL_TARGETS = {"en": ("EN-GB", "EN-US"), "pt": ("PT-PT", "PT-BR"), "zh": ("ZH-HANS", "ZH-HANT")}
 REGION_NAMES = {"EN-GB": "English (British)", "EN-US": "English (American)", "PT-PT": "Portuguese (European)",
                 "PT-BR": "Portuguese (Brazilian)", "ZH-HANS": "Chinese (simplified)", "ZH-HANT": "Chinese (traditional)"}
 # DeepL Pro without a cost limit reports this character_limit (GET /v2/usage); the service has no quota
 NO_CHARACTER_LIMIT = 1_000_000_000_000
+# model_type (DeepL: latency_optimized when absent there; prefer_quality_optimized a legacy name of
+# quality_optimized) -> the model_type_used answered; what each decodes with: ``decoding``
+MODEL_TYPES = {"latency_optimized": "latency_optimized", "quality_optimized": "quality_optimized",
+               "prefer_quality_optimized": "quality_optimized"}
+QUALITY_BEAM = 4        # quality_optimized's beam width (the service's default one); latency_optimized: 1 (greedy)
+# DeepL features no model here has: a request field sent with a value is a 400 naming it (``parse``)
+NOT_OFFERED = {"style_id": "style rules (style_id)", "custom_instructions": "custom instructions (custom_instructions)"}
 # Fields DeepL defines that change nothing here: reported in IGNORED_HEADER when sent with a value that
-# asks for something (formality other than default, a context, ...)
+# asks for something (formality other than default, a context nothing read, ...)
 LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "glossary_ids", "custom_instructions")
 # the fields read once (given twice: 400); others, unknown ones included, may repeat (named in IGNORED_HEADER)
 SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences", "preserve_formatting", "formality",
                  "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
-NOT_APPLIED = ("formality", "context", "model_type", "tag_handling_version", "custom_instructions", "style_id",
-               "translation_memory_id", "translation_memory_threshold", "glossary_ids")
+NOT_APPLIED = ("formality", "tag_handling_version", "translation_memory_id", "translation_memory_threshold",
+               "glossary_ids")
 TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
 _TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
 
@@ -103,11 +123,27 @@ def languages(cards: Iterable[ModelCard], kind: str) -> list[dict]:
 error_response = deepl_error_response     # DeepL's error shape and statuses (errors.deepl_error_response)
 
 
+# ---- DeepL's features not offered here ----------------------------------------------------------
+# DeepL routes no model here can answer: any method is DeepL's 404 naming the feature (``not_offered``;
+# 404, not 501: DeepL's clients retry every 5xx, a 404 they raise at once as "Not found, message: ...")
+NOT_OFFERED_ROUTES = {"/v2/write": "DeepL Write (/v2/write/rephrase, /v2/write/correct: rephrasing and correcting "
+                                   "text) is not offered by this server: its models translate, they do not rewrite",
+                      "/v3/style_rules": "style rules (/v3/style_rules) are not offered by this server: its models "
+                                         "translate sentence by sentence and follow no style rules"}
+
+
+def not_offered(prefix: str, request: Request) -> JSONResponse:
+    """DeepL's 404 for a route under ``prefix`` (a key of NOT_OFFERED_ROUTES), naming the feature."""
+    return error_response(ServiceError(404, f"{request.method} {request.url.path}: {NOT_OFFERED_ROUTES[prefix]}",
+                                       type="path_not_found"))
+
+
 # ---- POST /v2/translate --------------------------------------------------------------------------
 class DeepLTranslateBody(BaseModel):
     """POST /v2/translate, as JSON, application/x-www-form-urlencoded or multipart/form-data (form
     values are strings: "1"/"0" for booleans; ``text`` repeated for several texts)."""
     model_config = ConfigDict(extra="allow")
+    _context_read: bool = PrivateAttr(False)     # set by ``translate``: detection read ``context``
     text: list[str] = Field(..., min_length=1, description="the texts (a string counts as one)")
     target_lang: str = Field(..., min_length=1, description='e.g. "DE", "EN-GB", "EN-US" (GET /v2/languages)')
     source_lang: Optional[str] = Field(None, description="absent: each text's language is detected")
@@ -126,6 +162,14 @@ class DeepLTranslateBody(BaseModel):
     non_splitting_tags: list[str] = Field([], description="with tag_handling: elements inside a sentence (their "
                                                           "text joins the sentence around them)")
     outline_detection: bool = Field(True, description="with tag_handling: false: only splitting_tags end a sentence")
+    model_type: Optional[Literal[tuple(MODEL_TYPES)]] = Field(
+        None, description="latency_optimized: greedy search; quality_optimized, prefer_quality_optimized: beam "
+                          f"search of {QUALITY_BEAM}, with the model's length penalty; answered as model_type_used. "
+                          "Absent: the service's default decoding (beam 4), no model_type_used")
+    context: Optional[str] = Field(
+        None, description="text around the texts, never translated nor billed: when source_lang is absent, a text "
+                          f"of at most {autodetect.SHORT_TEXT_WORDS} words whose language is unsure alone is "
+                          "detected with it; changes nothing else")
 
     def tag_options(self) -> TagOptions:
         """How the segmenter reads this request's markup (``markup.TagOptions``)."""
@@ -169,7 +213,13 @@ class DeepLTranslateBody(BaseModel):
 
 
 def parse(fields: dict) -> DeepLTranslateBody:
-    """The validated body. Raises ServiceError 400 naming the first invalid field."""
+    """The validated body. Raises ServiceError 400 naming the first invalid field, or a field of a
+    feature not offered here (NOT_OFFERED) sent with a value."""
+    for name, feature in NOT_OFFERED.items():
+        if fields.get(name) not in (None, "", []):
+            raise ServiceError(400, f"Value for '{name}' not supported: {feature} are not offered by this server (its "
+                                    f"models translate sentence by sentence and take no style or instructions); "
+                                    f"leave {name} out", name)
     try:
         body = DeepLTranslateBody.model_validate(fields)
     except ValidationError as e:
@@ -194,8 +244,10 @@ def parse(fields: dict) -> DeepLTranslateBody:
 
 def ignored(body: DeepLTranslateBody, fields: dict) -> Optional[dict[str, str]]:
     """``{X-Ignored-Fields: ...}`` naming what was sent but changes nothing here (formality other than
-    "default", context, unknown fields), or None."""
+    "default", a context that detection did not read, unknown fields), or None. Called after ``translate``."""
     names = [k for k in fields if k not in DeepLTranslateBody.model_fields and fields[k] not in (None, "", [])]
+    if body.context and not body._context_read:
+        names.insert(0, "context")
     if body.formality not in (None, "", "default"):
         names.insert(0, "formality")
     names = [json.dumps(short_name(n))[1:-1] for n in dict.fromkeys(names)]    # ASCII, as on /translate
@@ -203,9 +255,26 @@ def ignored(body: DeepLTranslateBody, fields: dict) -> Optional[dict[str, str]]:
             } if names else None
 
 
-def _job(texts: list[str], target: str, body: DeepLTranslateBody, extra: dict) -> TranslateJob:
-    return TranslateJob(list(texts), GenerationOptions(), target_lang=target, split_sentences=body.split_sentences,
-                        **extra)
+def decoding(model_type: Optional[str], card: ModelCard) -> GenerationOptions:
+    """How ``card``'s model decodes for ``model_type``: latency_optimized greedy search (beam 1),
+    quality_optimized and prefer_quality_optimized beam search of QUALITY_BEAM, each with the model's
+    length penalty (an imported model's generation config, metadata ``generation``; else 1.0); None:
+    the service's default options (beam 4, length penalty 1), as before model_type was read."""
+    if model_type is None:
+        return GenerationOptions()
+    length_penalty = float(card.metadata.get("generation", {}).get("length_penalty", 1.0))
+    beam = 1 if MODEL_TYPES[model_type] == "latency_optimized" else QUALITY_BEAM
+    return GenerationOptions(beam_size=beam, length_penalty=length_penalty)
+
+
+def _card(graph: "LanguageGraph", model: str) -> ModelCard:
+    """The card whose generation settings ``model`` decodes with: a pivot route's last leg's."""
+    return graph.cards[model] if model in graph.cards else graph.pivots[model].legs[-1].card
+
+
+def _job(texts: list[str], target: str, body: DeepLTranslateBody, extra: dict,
+         options: GenerationOptions) -> TranslateJob:
+    return TranslateJob(list(texts), options, target_lang=target, split_sentences=body.split_sentences, **extra)
 
 
 async def translate(body: DeepLTranslateBody, request: Request, svc: "Services") -> tuple[list[dict], int]:
@@ -214,8 +283,10 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
     texts = body.text
     try:
         check_unicode(texts, "text")
+        check_unicode([body.context or ""], "context")
     except ValueError as e:
-        raise ServiceError(400, str(e), "text") from None
+        field = "context" if str(e).startswith("context") else "text"
+        raise ServiceError(400, str(e), field) from None
     try:
         autodetect.check_sizes(texts, "text", True)
     except ServiceError as e:       # a stated limit of the field (maxLength, maxItems): DeepL's 400
@@ -233,7 +304,8 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
     # parsed (and rebuilt below) in a worker thread: a large fragment must not hold up the event loop
     units = await Texts.read(texts, bool(body.tag_handling), "text", True, body.tag_options())
     if body.source_lang is None or not body.source_lang.strip():
-        detections = await autodetect.detect_texts(svc.detector, units.plain(), top=0)
+        detections, read = await autodetect.detect_in_context(svc.detector, units.plain(), body.context, top=0)
+        body._context_read = any(read)      # a short text's language was detected with the context
         routed = autodetect.route(texts, detections, target, lambda lang: svc.graph.resolve(None, lang, target).id,
                                   "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
     else:
@@ -257,7 +329,9 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
                                type="glossary_not_found" if e.status == 404 else None) from None
     by_model = autodetect.groups(routed)
     jobs = svc.pipeline.jobs(by_model, lambda model, idx: (
-        svc.pipeline.deadline(_job(units.units(idx), target, body, extra)), JobOrigin("text", True, len(idx))))
+        svc.pipeline.deadline(_job(units.units(idx), target, body, extra,
+                                   decoding(body.model_type, _card(svc.graph, model)))),
+        JobOrigin("text", True, len(idx))))
     results = (await svc.pipeline.run_all(jobs)).values()
     out = list(texts)
     for idx, result in zip(by_model.values(), results):
@@ -267,7 +341,9 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
     for text, translated, r in zip(texts, out, routed):
         item = {"detected_source_language": r.language.upper() if r.language != "und" else "", "text": translated}
         if body.show_billed_characters:
-            item["billed_characters"] = len(text)
+            item["billed_characters"] = len(text)        # the text's alone: context is never billed
+        if body.model_type is not None:
+            item["model_type_used"] = MODEL_TYPES[body.model_type]
         answer.append(item)
     return answer, sum(len(t) for t in texts)
 

@@ -1,6 +1,8 @@
 """The DeepL-compatible routes (``router``; deepl.py):
 
     POST /v2/translate, GET|POST /v2/languages, GET|POST /v2/usage
+    /v2/write/*, /v3/style_rules(/*)   any method: 404 naming the feature as not offered here (not in the
+                                       OpenAPI document: nothing is served there)
 
 Errors are DeepL's ``{"message": ...}``; its document routes are in routes_documents.py.
 """
@@ -20,8 +22,9 @@ router = APIRouter()
 
 
 @router.post("/v2/translate", responses={200: {"description": '{"translations": [{"detected_source_language", '
-                                                             '"text", "billed_characters"}]}'},
-                                        400: {"description": 'invalid input: {"message": ...} naming the field'},
+                                                             '"text", "billed_characters"(, "model_type_used")}]}'},
+                                        400: {"description": 'invalid input, or style_id / custom_instructions (not '
+                                                             'offered here): {"message": ...} naming the field'},
                                         403: {"description": "no or a wrong DeepL-Auth-Key (keys on)"},
                                         404: {"description": "glossary_id names no stored glossary"},
                                         409: {"description": "glossary_id names a glossary of other languages"},
@@ -61,3 +64,20 @@ async def deepl_usage(request: Request, svc: Services = Depends(services)):
         chars = (svc.memory.usage(svc.memory_scope(request) or "") if svc.memory is not None
                  else svc.usage_chars)
     return deepl.usage(chars)
+
+
+ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+@router.api_route("/v2/write", methods=ANY_METHOD, include_in_schema=False)
+@router.api_route("/v2/write/{rest:path}", methods=ANY_METHOD, include_in_schema=False)
+async def deepl_write(request: Request):
+    """DeepL Write (rephrase, correct): not offered (deepl.NOT_OFFERED_ROUTES)."""
+    return deepl.not_offered("/v2/write", request)
+
+
+@router.api_route("/v3/style_rules", methods=ANY_METHOD, include_in_schema=False)
+@router.api_route("/v3/style_rules/{rest:path}", methods=ANY_METHOD, include_in_schema=False)
+async def deepl_style_rules(request: Request):
+    """DeepL's style rules: not offered (deepl.NOT_OFFERED_ROUTES)."""
+    return deepl.not_offered("/v3/style_rules", request)
