@@ -139,7 +139,7 @@ class Service:
         self.proc = subprocess.Popen(cmd, cwd=tree, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": str(tree)})
 
-    def wait_ready(self, timeout_s: float = 300) -> None:
+    def wait_ready(self, timeout_s: float = 900) -> None:   # the old tree compiles its CPU kernels first
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
