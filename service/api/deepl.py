@@ -39,7 +39,7 @@ from pydantic import (
 from service.engine import GenerationOptions
 from service.pipeline import autodetect
 from service.pipeline.autodetect import NAMES
-from service.pipeline.markup import TagOptions, tags
+from service.pipeline.markup_parse import TagOptions, tags
 from service.pipeline.texts import Texts
 from service.protocol import (
     JobOrigin,
