@@ -148,7 +148,10 @@ class GenerationOptions:
     length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
     attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
     min_new_tokens: int = 0                   # EOS is masked until this many follow the prefix (fixed-length benchmarks)
-    constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms)
+    constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms;
+                                                    # one listed n times, n times)
+    sentence_ends: tuple[int, ...] = ()       # with constraints: target ids that end a sentence (final
+                                              # punctuation), written only once every constraint is met
     target_prefix: tuple[int, ...] = ()       # target ids every hypothesis starts with (forced), then free decoding
     repetition_penalty: float = 1.0           # CTranslate2's: logits of generated tokens / p (> 0) or * p (< 0); 1 = off
     no_repeat_ngram_size: int = 0             # CTranslate2's: no n-gram of this many tokens twice; 0 = off
