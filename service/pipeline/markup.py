@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from array import array
 from dataclasses import dataclass
 from html import escape, unescape
 from html.parser import HTMLParser
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from service.protocol import ServiceError
 from service.translator.text import has_text
@@ -31,10 +32,19 @@ _REF = re.compile(r"&(?:#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
 class Text(str):
     """A text node: its text with entities decoded (a reference the model cannot translate as a
     sentinel character, see ``_decode``), and ``raw``, its source text byte for byte."""
-    raw: str
+    __slots__ = ()      # no attribute dictionary: a page holds hundreds of thousands of these
+
+    @property
+    def raw(self) -> str:       # without references the text is its source
+        return self
 
 
-@dataclass(eq=False)
+class _Decoded(Text):
+    """A text node with character references: ``raw`` (its source) kept beside its text."""
+    raw = None          # the instance's, set by ``_decode``
+
+
+@dataclass(eq=False, slots=True)
 class Element:
     """An inline element of a run: its tags as written and what is between them."""
     start: str                      # the start tag, byte for byte
@@ -49,14 +59,17 @@ Unit = tuple[str, Union[str, list[Node]]]   # ("markup", raw) or ("run", [Node, 
 class _Parts(HTMLParser):
     """An HTML fragment as a flat list of parts, each with its raw source text: markup, comments and
     the content of verbatim elements keep their bytes; text nodes outside them carry their text with
-    entities decoded (``convert_charrefs``)."""
+    entities decoded (``convert_charrefs``). ``count()`` is called once per part as it is read."""
 
-    def __init__(self):
+    def __init__(self, count: Optional[Callable[[], None]] = None):
         super().__init__(convert_charrefs=True)
         self.events: list[tuple[str, str, str, int]] = []    # (kind, data, tag, offset of its raw text)
         self.verbatim: list[str] = []   # open elements whose text is kept as it is
+        self.count = count
 
-    def _at(self) -> int:
+    def _at(self) -> int:       # every handler calls it once: the part is counted here
+        if self.count is not None:
+            self.count()
         line, col = self.getpos()
         return self.line_starts[line - 1] + col
 
@@ -85,12 +98,13 @@ class _Parts(HTMLParser):
     handle_decl = handle_pi = unknown_decl
 
 
-def _parse(html: str, refs: dict[str, str]) -> list[Part]:
+def _parse(html: str, refs: dict[str, str], count: Optional[Callable[[], None]] = None) -> list[Part]:
     """Parts of html: (kind, raw, tag) for markup, (\"text\", Text, \"\") for text nodes; the raw
     texts of all parts, in order, are the input. Markup the parser leaves unfinished at the end
-    (``<p``, an unclosed comment) is one markup part. ``refs``: see ``_decode``."""
-    p = _Parts()
-    p.line_starts = [0] + [m.end() for m in re.finditer("\n", html)]
+    (``<p``, an unclosed comment) is one markup part. ``refs``: see ``_decode``; ``count``: see ``_Parts``."""
+    p = _Parts(count)
+    p.line_starts = array("q", [0])     # 8 bytes a line
+    p.line_starts.extend(m.end() for m in re.finditer("\n", html))
     p.feed(html)
     cut = len(html) - (len(p.rawdata) if p.rawdata.startswith("<") else 0)
     p.close()
@@ -125,7 +139,10 @@ def _decode(raw: str, refs: dict[str, str], html: str) -> Text:
                 code += 1
             refs[m.group()] = chr(code)
         return refs[m.group()]
-    node = Text(_REF.sub(ref, raw))
+    text = _REF.sub(ref, raw)
+    if text == raw:
+        return Text(raw)
+    node = _Decoded(text)
     node.raw = raw
     return node
 
@@ -152,13 +169,16 @@ class HtmlText:
     input; entities in the model's output (Multi30k's text has ``&amp;``) are decoded before escaping.
     """
 
-    def __init__(self, html: str, field: str = "q", where: Optional[str] = None):
+    def __init__(self, html: str, field: str = "q", where: Optional[str] = None,
+                 count: Optional[Callable[[], None]] = None):
         """Raises ServiceError 413 naming ``where`` (default ``field``: the request field) for inline
         elements nested deeper than MAX_INLINE_DEPTH. (A request's text, tags included, has its own
-        cap before it gets here; a document's HTML has the document's limits.)"""
+        cap before it gets here; a document's HTML has the document's limits.) ``count()`` is called
+        for each tag, text node or comment as the parser reads it (a document's ``Nodes.add``, which
+        raises to stop reading a file past its cap)."""
         where = where or field
         self._refs: dict[str, str] = {}     # character reference kept as written -> its sentinel
-        parts = _parse(html, self._refs)
+        parts = _parse(html, self._refs, count)
         self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])
         parts = _void_unclosed(parts)
         i = 0
