@@ -35,6 +35,8 @@ MAX_XML_ELEMENTS = 1_000_000                        # elements in an archive's X
 MAX_COMPRESSION_RATIO = 100                         # a member's unpacked / packed size (over 1 MiB unpacked)
 MAX_ARCHIVE_MEMBERS = 2_000                         # files in one archive
 MAX_XML_DEPTH = 200                                 # elements nested inside one another in an XML part
+MAX_PARSED_NODES = 400_000                          # what a text format's parsers build (HTML tags and text, Markdown lines
+                                                    # and tokens, cues): a few hundred bytes each
 MAX_DOCUMENT_SEGMENTS = 20_000                      # translatable pieces (paragraphs, cells, cues, runs)
 MAX_DOCUMENT_CHARS = 1_000_000                      # characters to translate in one document
 MAX_MEMORY_IMPORT = 10_000     # translation-memory entries in one PUT /v1/memory

@@ -1,7 +1,8 @@
 """A document's memory and a key's document jobs, bounded (issue #51): archives checked as they
-inflate (caps on unpacked bytes, XML bytes and elements, whatever the headers say), a document's
-memory handed back once it is done, DeepL document jobs capped per key and cancelled by their owner
-(DELETE /v2/document/{id}). No model: "translations" upper-case each text."""
+inflate (caps on unpacked bytes, XML bytes and elements, whatever the headers say), text formats'
+parse nodes counted as they are built (MAX_PARSED_NODES), a document's memory handed back once it is
+done, DeepL document jobs capped per key and cancelled by their owner (DELETE /v2/document/{id}).
+No model: "translations" upper-case each text."""
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,8 @@ from service import documents
 from service.api import deepl_documents
 from service.api.document_store import DocumentSettings, DocumentStore
 from service.api.middleware.guard import Guard, GuardSettings
-from service.bench.documents_memory import declaring, docx_of, kib, paragraphs
-from service.documents import DocumentError, safety
+from service.bench.documents_memory import TEXT_CASES, declaring, docx_of, kib, paragraphs
+from service.documents import DocumentError, common, safety
 from service.protocol import MAX_DOCUMENT_BYTES, MAX_XML_BYTES, ServiceError
 
 from local_services import local_services
@@ -114,6 +115,96 @@ def test_a_large_documents_memory_is_handed_back_once_released(honest):
     left = kib("VmRSS") - before
     print(f"VmRSS: parsed +{held // 1024} MiB, released +{left // 1024} MiB")
     assert held > 48 * 1024 and left < held / 3, (held, left)
+
+
+# ---- text formats: what their parsers build, counted as it is built ----------------------------------
+def _upper_client(tmp_path) -> TestClient:
+    """The app (keys off) with a de->en model whose translations upper-case each text."""
+    from model.config import ModelConfig
+    from service.api.http import build_app
+    from service.protocol import TranslateResponse, Translation, Usage
+    from service.translator import ModelCard
+
+    async def upper(model, job):
+        return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
+            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
+    card = ModelCard("m", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    return TestClient(build_app(local_services([card], upper, store_dir=str(tmp_path))))
+
+
+# name -> (file head, a unit and its translation ({i}: its number from 1), the nodes a unit parses into)
+UNITS = {
+    "a.html": ("", "<p>Ein <b>Hund</b>.</p>\n", "<p>EIN <b>HUND</b>.</p>\n", 8),   # 4 tags, 4 texts
+    "a.md": ("", "- Ein *Hund* läuft.\n", "- EIN *HUND* LÄUFT.\n", 16),   # a line, 10 tokens, 5 HTML parts
+    "a.srt": ("", "{i}\n00:00:01,000 --> 00:00:02,000\nEin <i>Hund</i>\n\n",
+              "{i}\n00:00:01,000 --> 00:00:02,000\nEIN <i>HUND</i>\n\n", 5),   # a cue, 4 HTML parts
+    "a.vtt": ("WEBVTT\n\n", "00:00:01.000 --> 00:00:02.000\nEin <i>Hund</i>\n\n",
+              "00:00:01.000 --> 00:00:02.000\nEIN <i>HUND</i>\n\n", 5),
+}
+
+
+@pytest.mark.parametrize("name", list(UNITS))
+def test_a_text_format_past_max_parsed_nodes_is_a_413_naming_it_and_one_under_it_is_translated(name, tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setattr(common, "MAX_PARSED_NODES", 1_000)
+    head, unit, upper, nodes = UNITS[name]
+
+    def post(n: int):
+        data = (head + "".join(unit.format(i=i + 1) for i in range(n))).encode()
+        return client.post("/v1/documents", files={"file": (name, data)}, data={"target_lang": "en"})
+    with _upper_client(tmp_path) as client:
+        over = post(1_000 * 5 // 4 // nodes)
+        assert over.status_code == 413, over.text
+        error = over.json()["error"]
+        assert error["field"] == "file" and error["message"].startswith("file: the file parses into more than 1000 "
+                                                                        "nodes") and "(MAX_PARSED_NODES)" in error["message"]
+        n = 1_000 * 4 // 5 // nodes
+        ok = post(n)
+        assert ok.status_code == 200, ok.text
+        assert ok.text.rstrip("\n") == (head + "".join(upper.format(i=i + 1) for i in range(n))).rstrip("\n")
+        if name == "a.md":      # its lines count before markdown-it makes five numbers of each
+            lines = client.post("/v1/documents", files={"file": (name, b"\n" * 1_000 + b"Ein Hund.")},
+                                data={"target_lang": "en"})
+            assert lines.status_code == 413 and "(MAX_PARSED_NODES)" in lines.json()["error"]["message"]
+
+
+def test_plain_text_is_read_block_by_block_and_refused_at_the_segment_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "MAX_DOCUMENT_SEGMENTS", 50)
+    with _upper_client(tmp_path) as client:
+        over = client.post("/v1/documents", files={"file": ("a.txt", b"Ein Hund.\n\n" * 51)}, data={"target_lang": "en"})
+        assert over.status_code == 413 and over.json()["error"]["message"] == \
+            "file: more than 50 pieces of text to translate (MAX_DOCUMENT_SEGMENTS)", over.text
+        ok = client.post("/v1/documents", files={"file": ("a.txt", b" Ein Hund.\r\n\n" * 50)}, data={"target_lang": "en"})
+        assert ok.status_code == 200 and ok.content == b" EIN HUND.\r\n\n" * 50, ok.text
+
+
+def test_text_formats_at_the_upload_limit_peak_within_their_budget():
+    """Not timed: resident sizes around the densest text files at MAX_DOCUMENT_BYTES (before the caps:
+    +2.2 GiB for the Markdown list, +691 MiB for the HTML, +307 MiB for the lines of text). Markdown's
+    lines are counted before it is parsed; HTML's tags as they are read, the file refused at the cap;
+    plain text is read line by line, refused at its characters' cap."""
+    if documents._malloc_trim is None:
+        pytest.skip("no glibc malloc_trim")
+    for case, cap, budget_mib in (("md-items", "MAX_PARSED_NODES", 32), ("html-inline", "MAX_PARSED_NODES", 128),
+                                  ("txt-lines", "MAX_DOCUMENT_CHARS", 32)):
+        filename, make = TEXT_CASES[case]
+        data = make()
+        assert len(data) > MAX_DOCUMENT_BYTES - 64
+        documents.release(documents.load(b"<p>Ein <b>Hund</b>\n\n", "warm" + filename[1:]))
+        documents.release_memory()
+        _status_kib("VmHWM")
+        before = kib("VmRSS")
+        e = refused_as(data, filename)
+        peak = kib("VmHWM") - before
+        assert e.status == 413 and f"({cap})" in e.message, e.message
+        assert peak < budget_mib * 1024, (case, peak // 1024)
+        assert kib("VmRSS") - before < 16 * 1024, case
+
+
+def refused_as(data: bytes, filename: str) -> DocumentError:
+    with pytest.raises(DocumentError) as e:
+        documents.load(data, filename)
+    return e.value
 
 
 # ---- DeepL document jobs: a cap per key, cancel by the owner ----------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from html import escape, unescape
-from typing import Optional
+from typing import Callable, Optional
 
 from service.protocol import ServiceError
 from service.translator.text import has_text
@@ -55,15 +55,18 @@ class HtmlText:
     put it (once: ``_each_once``); otherwise it ends the run around it like any other block.
     """
 
-    def __init__(self, html: str, field: str = "q", where: Optional[str] = None, options: TagOptions = HTML):
+    def __init__(self, html: str, field: str = "q", where: Optional[str] = None, options: TagOptions = HTML,
+                 count: Optional[Callable[[], None]] = None):
         """``options``: which elements end a sentence and which are not translated (``TagOptions``).
         Raises ServiceError 413 naming ``where`` (default ``field``: the request field) for inline
         elements nested deeper than MAX_INLINE_DEPTH. (A request's text, tags included, has its own
-        cap before it gets here; a document's HTML has the document's limits.)"""
+        cap before it gets here; a document's HTML has the document's limits.) ``count()`` is called
+        for each tag, text node or comment as the parser reads it (a document's ``Nodes.add``, which
+        raises to stop reading a file past its cap)."""
         where = where or field
         self._refs: dict[str, str] = {}     # character reference kept as written -> its sentinel
-        self.kept_events: dict[str, str] = {}     # sentinel of an element not translated -> the element as written
-        parts, options = parse(html, self._refs, self.kept_events, options)
+        self._kept_raw: dict[str, str] = {}     # sentinel of an element not translated -> the element as written
+        parts, options = parse(html, self._refs, self._kept_raw, options, count)
         self.units: list[Unit] = []     # ("markup", raw) or ("run", [Node, ...])
         parts = _void_unclosed(parts, options)
         i = 0
@@ -99,11 +102,11 @@ class HtmlText:
         if len(translations) != len(self.segments):
             raise ValueError(f"expected {len(self.segments)} translations, got {len(translations)}")
         tr = [unescape(self._sentinels(t)).strip() for t in translations]
-        if self.kept_events:      # a run's translation has each of its elements not translated once
+        if self._kept_raw:      # a run's translation has each of its elements not translated once
             for _, unit in self.units:
                 if id(unit) in self._seg:
                     k = self._seg[id(unit)]
-                    tr[k] = _each_once(self.segments[k], tr[k], [c for c in self.segments[k] if c in self.kept_events])
+                    tr[k] = _each_once(self.segments[k], tr[k], [c for c in self.segments[k] if c in self._kept_raw])
         out = []
         for kind, unit in self.units:
             if kind == "markup":
@@ -112,7 +115,7 @@ class HtmlText:
                 out.append(self._render(unit, tr[self._seg[id(unit)]], tr))
             else:
                 out.append(_raw(unit))
-        return self._written("".join(out)).translate({ord(mark): raw for mark, raw in self.kept_events.items()})
+        return self._written("".join(out)).translate({ord(mark): raw for mark, raw in self._kept_raw.items()})
 
     def _written(self, text: str) -> str:
         """text with each reference's sentinel replaced by the reference, as written in the source

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from array import array
 from dataclasses import dataclass, replace
 from html import unescape
 from html.parser import HTMLParser
-from typing import Union
+from typing import Callable, Optional, Union
 
 from service.translator.text import has_text
 
@@ -87,13 +88,23 @@ def translate_state(name: str, attrs: dict, parent: str, options: TagOptions) ->
 class Text(str):
     """A text node: its text with entities decoded (a reference the model cannot translate as a
     sentinel character, see ``_decode``), and ``raw``, its source text byte for byte."""
-    raw: str
+    __slots__ = ()      # no attribute dictionary: a page holds hundreds of thousands of these
+
+    @property
+    def raw(self) -> str:       # without references the text is its source
+        return self
+
+
+class _Decoded(Text):
+    """A text node with character references: ``raw`` (its source) kept beside its text."""
+    raw = None          # the instance's, set by ``_decode``
 
 
 class Kept(Text):
     """An element not translated inside a sentence (``translate="no"``, ``notranslate``, an ignored
     tag): a sentinel character the translator keeps as it is (a private-use character: protected, see
     ``service/translator/spans.py``), and ``raw``, the element byte for byte."""
+    raw = None          # the instance's, set by ``parse``
 
 
 class _Marks:
@@ -109,7 +120,7 @@ class _Marks:
         return chr(self.next - 1)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Element:
     """An inline element of a run: its tags as written and what is between them."""
     start: str                      # the start tag, byte for byte
@@ -154,10 +165,11 @@ class _Parts(HTMLParser):
     translated inside translated text are "nostart" / "noend" (``pairs``: the index of each one's end
     event); an element without content is "empty" (``kept_events`` decides)."""
 
-    def __init__(self, html: str, options: TagOptions):
+    def __init__(self, html: str, options: TagOptions, count: Optional[Callable[[], None]] = None):
         super().__init__(convert_charrefs=True)
-        self.html, self.options = html, options
-        self.line_starts = [0] + [m.end() for m in re.finditer("\n", html)]
+        self.html, self.options, self.count = html, options, count
+        self.line_starts = array("q", [0])     # 8 bytes a line
+        self.line_starts.extend(m.end() for m in re.finditer("\n", html))
         self.events: list[tuple[str, str, str, int]] = []    # (kind, data, tag, offset of its raw text)
         # the open elements the translate state is carried through, each with (state, index of its
         # start event): those that change the state and every element opened inside one of them
@@ -168,7 +180,9 @@ class _Parts(HTMLParser):
         self.tree, self.root = _Open(), [False, []]
         self.between_text: set[str] = set()
 
-    def _at(self) -> int:
+    def _at(self) -> int:       # every handler calls it once: the part is counted here
+        if self.count is not None:
+            self.count()
         line, col = self.getpos()
         return self.line_starts[line - 1] + col
 
@@ -281,14 +295,14 @@ def kept_events(events: list[tuple[str, str, str, int]], pairs: dict[int, int],
     return out
 
 
-def parse(html: str, refs: dict[str, str], kept: dict[str, str],
-           options: TagOptions = HTML) -> tuple[list[Part], TagOptions]:
+def parse(html: str, refs: dict[str, str], kept: dict[str, str], options: TagOptions = HTML,
+          count: Optional[Callable[[], None]] = None) -> tuple[list[Part], TagOptions]:
     """Parts of html: (kind, raw, tag) for markup, (\"text\", Text, \"\") for text nodes, ("kept", Kept,
     tag) for an element not translated inside a sentence; the raw texts of all parts, in order, are
     the input. Markup the parser leaves unfinished at the end (``<p``, an unclosed comment) is one
     markup part. ``refs``: see ``_decode``; ``kept``: each Kept's sentinel -> its raw text. And
     ``options`` for this fragment (XML: with the elements found between text)."""
-    p = _Parts(html, options)
+    p = _Parts(html, options, count)
     p.feed(html)
     cut = len(html) - (len(p.rawdata) if p.rawdata.startswith("<") else 0)
     p.close()
@@ -329,6 +343,9 @@ def _decode(raw: str, refs: dict[str, str], marks: _Marks) -> Text:
         if m.group() not in refs:
             refs[m.group()] = marks.new()
         return refs[m.group()]
-    node = Text(REF.sub(ref, raw))
+    text = REF.sub(ref, raw)
+    if text == raw:
+        return Text(raw)
+    node = _Decoded(text)
     node.raw = raw
     return node
