@@ -6,7 +6,7 @@
                                          (absent: detected), tag_handling (html|xml) with ignore_tags,
                                          splitting_tags, non_splitting_tags, outline_detection,
                                          split_sentences (0|1|nonewlines), preserve_formatting,
-                                         formality, glossary_id
+                                         formality, glossary_id (deepl_glossaries.py)
         -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n}]}
     errors                               {"message": "..."}: 400 invalid input (the field named), 403 no
                                          or a wrong key, 404 unknown glossary, 413 too large, 429 rate
@@ -118,7 +118,9 @@ class DeepLTranslateBody(BaseModel):
     preserve_formatting: bool = Field(False, description="accepted; whitespace and case are always kept")
     formality: Optional[str] = Field(None, description="accepted; no model here has a formality control "
                                                        f"(named in {IGNORED_HEADER})")
-    glossary_id: Optional[str] = Field(None, description="a stored glossary's id")
+    glossary_id: Optional[str] = Field(None, description="a DeepL glossary's id (/v2 or /v3/glossaries) or a /v1 "
+                                                          "glossary's name; without source_lang, the dictionary of "
+                                                          "each text's detected language")
     show_billed_characters: bool = True
     ignore_tags: list[str] = Field([], description="with tag_handling: elements whose content is kept as it is")
     splitting_tags: list[str] = Field([], description="with tag_handling: elements that always end a sentence")
@@ -207,6 +209,30 @@ def _job(texts: list[str], target: str, body: DeepLTranslateBody, n_texts: int, 
                         n_texts=n_texts, split_sentences=body.split_sentences, **extra)
 
 
+async def _glossaries(body: DeepLTranslateBody, request: Request, svc: "Services", routed: list, target: str
+                      ) -> dict[str, dict]:
+    """Source language -> the job fields of ``glossary_id``'s entries for it -> ``target``
+    (glossaries.GlossaryStore.pick: of a DeepL glossary, the dictionary of that pair), enforced in
+    decoding by every job. Without source_lang a detected language the glossary has no dictionary
+    for gets none. Raises ServiceError 404 (unknown: DeepL's glossary_not_found), 409 (no dictionary
+    for source_lang)."""
+    if not body.glossary_id:
+        return {}
+    scope, out = glossaries.scope_of(request), {}
+    detected = body.source_lang is None or not body.source_lang.strip()
+    langs = list(dict.fromkeys(r.language for r in routed if r.card_id is not None))
+    for lang in langs or [None]:
+        try:
+            entries = await svc.glossaries.resolve(scope, body.glossary_id, lang, target if lang else None)
+        except ServiceError as e:
+            if e.status == 409 and detected:
+                continue
+            raise ServiceError(e.status, e.message, e.field,
+                               type="glossary_not_found" if e.status == 404 else None) from None
+        out[lang] = {"glossary": entries, "glossary_field": "glossary_id"}
+    return out
+
+
 async def translate(body: DeepLTranslateBody, request: Request, svc: "Services") -> tuple[list[dict], int]:
     """The ``translations`` of the answer and the characters billed. Raises ServiceError."""
     from .schemas import check_unicode
@@ -219,9 +245,6 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
         autodetect.check_sizes(texts, "text", True)
     except ServiceError as e:       # a stated limit of the field (maxLength, maxItems): DeepL's 400
         raise ServiceError(400, f"Value for 'text' not supported: {e.message}", "text") from None
-    if body.glossary_id and not (body.source_lang or "").strip():
-        raise ServiceError(400, "source_lang: required with glossary_id (a glossary is for one language pair)",
-                           "source_lang")
     targets = {t for c in svc.graph.cards.values() for t in c.targets}
     sources = set(svc.graph.sources)
     target = service_language(body.target_lang)
@@ -246,17 +269,10 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
             card = svc.graph.resolve(None, source, target)
             routed = [autodetect.Routed(card.id, source, 100.0)] * len(texts)
     extra = {"memory_scope": svc.memory_scope(request)}
-    if body.glossary_id:            # stored glossaries (glossaries.py): enforced in decoding by every job
-        try:
-            extra.update(glossary=await svc.glossaries.resolve(glossaries.scope_of(request), body.glossary_id,
-                                                               service_language(body.source_lang), target),
-                         glossary_field="glossary_id")
-        except ServiceError as e:     # unknown: DeepL's 404 (glossary_not_found); another pair: 400
-            raise ServiceError(e.status, e.message, e.field,
-                               type="glossary_not_found" if e.status == 404 else None) from None
+    glossary_of = await _glossaries(body, request, svc, routed, target)
     by_model = autodetect.groups(routed)
     jobs = svc.pipeline.jobs(routed, lambda model, idx: svc.pipeline.deadline(
-        _job(units.units(idx), target, body, len(idx), extra)))
+        _job(units.units(idx), target, body, len(idx), {**extra, **glossary_of.get(routed[idx[0]].language, {})})))
     results = (await svc.pipeline.run_all(jobs)).values()
     out = list(texts)
     for idx, result in zip(by_model.values(), results):
