@@ -244,6 +244,28 @@ def test_translate_takes_the_pairs_dictionary_after_detection_and_on_v1(t):
     assert r.status_code == 200 and t.jobs[-1][1].glossary == (("chien", "hound"),), r.text
 
 
+def test_glossary_ids_apply_up_to_five_in_order(t):
+    first = v3(t, dictionary("de", "en", "Hund\tdog\nKatze\tcat"), name="first").json()["glossary_id"]
+    second = v2(t, entries="Hunde\thounds\nMaus\tmouse", name="second").json()["glossary_id"]
+    for ids in ([first, second], f"{first}, {second}"):
+        r = call(t, "POST", "/v2/translate", json={"text": "Ein Hund.", "source_lang": "DE", "target_lang": "EN-GB",
+                                                   "glossary_ids": ids})
+        assert r.status_code == 200 and "x-ignored-fields" not in r.headers, r.text
+        # "Hunde" has the stem of "Hund": the first glossary's target stays
+        assert t.jobs[-1][1].glossary == (("Hund", "dog"), ("Katze", "cat"), ("Maus", "mouse"))
+        assert t.jobs[-1][1].glossary_field == "glossary_ids"
+    for body, words in (({"glossary_ids": [first] * 6}, "glossary_ids"),
+                        ({"glossary_ids": [first], "glossary_id": second}, "glossary_ids"),
+                        ({"glossary_ids": [first, "nope"]}, "nope")):
+        r = call(t, "POST", "/v2/translate", json={"text": "Ein Hund.", "source_lang": "DE", "target_lang": "EN-GB",
+                                                   **body})
+        assert r.status_code in (400, 404) and words in r.json()["message"], r.text
+    r = call(t, "POST", "/v2/document", data={"target_lang": "EN-GB", "source_lang": "DE",
+                                              "glossary_ids": ",".join([first] * 6)},
+             files={"file": ("a.txt", b"Ein Hund.")})
+    assert r.status_code == 400 and "glossary_ids" in r.json()["message"], r.text
+
+
 def test_another_key_cannot_see_use_change_or_delete_them(t):
     gid = v3(t, dictionary("de", "en", "Hund\tdog")).json()["glossary_id"]
     v2id = v2(t).json()["glossary_id"]

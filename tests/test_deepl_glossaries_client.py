@@ -1,6 +1,6 @@
 """DeepL's official Python client (``deepl`` 1.32, unchanged) against the app served by uvicorn on
 127.0.0.1 in a thread of this process (no Ray): every glossary method, v2 and v3 (multilingual), the
-entries round-tripped exactly, translate_text and translate_document with a glossary (the fake
+entries round-tripped exactly, translate_text and translate_document with a glossary or glossary_ids (the fake
 translator shows the entries each job carried), another key seeing none of it; and the shipped
 model (model/checkpoints/de-en) writing the glossary's term."""
 from __future__ import annotations
@@ -150,10 +150,14 @@ def test_translate_text_and_document_carry_the_pairs_dictionary(service, tmp_pat
         assert service.jobs[-1].glossary == want and service.jobs[-1].glossary_field == "glossary_id"
     a.translate_text("A dog.", source_lang="EN", target_lang="DE", glossary=g)
     assert service.jobs[-1].glossary == (("dog", "Köter"),)
+    a.translate_text("Ein Hund.", source_lang="DE", target_lang="EN-GB", glossary_ids=[v2, g])
+    assert service.jobs[-1].glossary == (("Katze", "kitty"), ("Hund", "hound"))
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("Ein Hund.\n", encoding="utf-8")
     a.translate_document_from_filepath(src, out, source_lang="DE", target_lang="EN-GB", glossary=g)
     assert out.read_text(encoding="utf-8") == "EIN HUND.\n" and service.jobs[-1].glossary == (("Hund", "hound"),)
+    a.translate_document_from_filepath(src, out, source_lang="DE", target_lang="EN-GB", glossary_ids=[g, v2])
+    assert service.jobs[-1].glossary == (("Hund", "hound"), ("Katze", "kitty"))
     # another key: sees none of them, cannot use, change or delete them
     b = service.b
     assert b.list_multilingual_glossaries() == [] and b.list_glossaries() == []

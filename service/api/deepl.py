@@ -6,7 +6,7 @@
                                          (absent: detected), tag_handling (html|xml) with ignore_tags,
                                          splitting_tags, non_splitting_tags, outline_detection,
                                          split_sentences (0|1|nonewlines), preserve_formatting,
-                                         formality, glossary_id (deepl_glossaries.py)
+                                         formality, glossary_id or glossary_ids (deepl_glossaries.py)
         -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n}]}
     errors                               {"message": "..."}: 400 invalid input (the field named), 403 no
                                          or a wrong key, 404 unknown glossary, 413 too large, 429 rate
@@ -58,8 +58,9 @@ LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "g
 SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences", "preserve_formatting", "formality",
                  "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
 NOT_APPLIED = ("formality", "context", "model_type", "tag_handling_version", "custom_instructions", "style_id",
-               "translation_memory_id", "translation_memory_threshold", "glossary_ids")
+               "translation_memory_id", "translation_memory_threshold")
 TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
+MAX_GLOSSARY_IDS = 5      # glossary_ids in one request, as DeepL
 _TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
 
 
@@ -121,6 +122,9 @@ class DeepLTranslateBody(BaseModel):
     glossary_id: Optional[str] = Field(None, description="a DeepL glossary's id (/v2 or /v3/glossaries) or a /v1 "
                                                           "glossary's name; without source_lang, the dictionary of "
                                                           "each text's detected language")
+    glossary_ids: list[str] = Field([], max_length=MAX_GLOSSARY_IDS, description=(
+        f"up to {MAX_GLOSSARY_IDS} glossary ids (a list, or comma-separated), not with glossary_id: each one's "
+        "dictionary of the pair; a source term an earlier one has keeps that one's target"))
     show_billed_characters: bool = True
     ignore_tags: list[str] = Field([], description="with tag_handling: elements whose content is kept as it is")
     splitting_tags: list[str] = Field([], description="with tag_handling: elements that always end a sentence")
@@ -163,6 +167,17 @@ class DeepLTranslateBody(BaseModel):
                 names.append(name)
         return names
 
+    @field_validator("glossary_ids", mode="before")
+    @classmethod
+    def _ids(cls, v):
+        """A list of ids, or DeepL's comma-separated string (a repeated form field: a list of them)."""
+        if v is None:
+            return []
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError("send glossary ids as a list of strings or comma-separated")
+        return [i.strip() for item in items for i in item.split(",") if i.strip()]
+
     @field_validator("split_sentences", mode="before")
     @classmethod
     def _split(cls, v):
@@ -179,6 +194,9 @@ def parse(fields: dict) -> DeepLTranslateBody:
         if err.get("type") == "missing":      # DeepL's words for it
             raise ServiceError(400, f"Parameter '{field}' not specified.", field) from None
         raise ServiceError(400, f"Value for '{field}' not supported: {message}", field) from None
+    if body.glossary_id and body.glossary_ids:
+        raise ServiceError(400, "Value for 'glossary_ids' not supported: it cannot be used together with glossary_id",
+                           "glossary_ids")
     if body.tag_handling is not None and "split_sentences" not in fields:
         body.split_sentences = "nonewlines"      # DeepL's default with tag handling
     asked = [f for f in (*TAG_LISTS, "outline_detection") if getattr(body, f) not in ([], True)]
@@ -211,25 +229,26 @@ def _job(texts: list[str], target: str, body: DeepLTranslateBody, n_texts: int, 
 
 async def _glossaries(body: DeepLTranslateBody, request: Request, svc: "Services", routed: list, target: str
                       ) -> dict[str, dict]:
-    """Source language -> the job fields of ``glossary_id``'s entries for it -> ``target``
-    (glossaries.GlossaryStore.pick: of a DeepL glossary, the dictionary of that pair), enforced in
-    decoding by every job. Without source_lang a detected language the glossary has no dictionary
-    for gets none. Raises ServiceError 404 (unknown: DeepL's glossary_not_found), 409 (no dictionary
-    for source_lang)."""
-    if not body.glossary_id:
+    """Source language -> the job fields of the entries ``glossary_id`` (or ``glossary_ids``) give it
+    -> ``target`` (glossaries.GlossaryClient.resolve_all: of a DeepL glossary, the pair's dictionary),
+    enforced in decoding by every job. Without source_lang a detected language a glossary has no
+    dictionary for gets none from it. Raises ServiceError 404 (unknown: DeepL's glossary_not_found),
+    409 (no dictionary for source_lang)."""
+    field = "glossary_id" if body.glossary_id else "glossary_ids"
+    ids = [body.glossary_id] if body.glossary_id else body.glossary_ids
+    if not ids:
         return {}
     scope, out = glossaries.scope_of(request), {}
     detected = body.source_lang is None or not body.source_lang.strip()
     langs = list(dict.fromkeys(r.language for r in routed if r.card_id is not None))
     for lang in langs or [None]:
         try:
-            entries = await svc.glossaries.resolve(scope, body.glossary_id, lang, target if lang else None)
+            entries = await svc.glossaries.resolve_all(scope, ids, lang, target if lang else None, detected, field)
         except ServiceError as e:
-            if e.status == 409 and detected:
-                continue
             raise ServiceError(e.status, e.message, e.field,
                                type="glossary_not_found" if e.status == 404 else None) from None
-        out[lang] = {"glossary": entries, "glossary_field": "glossary_id"}
+        if entries is not None:
+            out[lang] = {"glossary": entries, "glossary_field": field}
     return out
 
 

@@ -47,8 +47,7 @@ from service.protocol import (
 )
 from service.translator.glossary import Glossary
 
-from . import glossaries
-from .deepl import service_language
+from . import deepl, glossaries
 from .fields import read_fields
 from .glossaries import StoredGlossary
 
@@ -99,7 +98,7 @@ def served_pairs(svc: "Services") -> list[tuple[str, str]]:
 def pair(svc: "Services", fields: dict, where: str = "") -> tuple[str, str]:
     """The dictionary's (source, target) in the service's codes ("EN-GB" -> "en"). Raises
     ServiceError 400 for a missing code or a pair no model serves."""
-    src, tgt = (service_language(text_field(fields, f, where)) for f in ("source_lang", "target_lang"))
+    src, tgt = (deepl.service_language(text_field(fields, f, where)) for f in ("source_lang", "target_lang"))
     if (src, tgt) not in served_pairs(svc):
         raise bad(where + "target_lang", f"no model here translates {src.upper()}->{tgt.upper()}; glossary language "
                                          f"pairs: {', '.join(f'{s}->{t}' for s, t in served_pairs(svc)).upper()}")
@@ -134,7 +133,7 @@ def parse_entries(text: object, fmt: object, langs: tuple[str, str], field: str 
     entries, lines, seen = [], [], {}
     for n, cells in _rows(text, fmt, field):
         if fmt == "csv" and len(cells) == 4:
-            if tuple(service_language(c) for c in cells[2:]) != langs:
+            if tuple(deepl.service_language(c) for c in cells[2:]) != langs:
                 raise bad(field, f"line {n}: languages {cells[2]}->{cells[3]}, the dictionary's are "
                                  f"{langs[0]}->{langs[1]}")
             cells = cells[:2]
@@ -263,7 +262,7 @@ def pair_of_query(request: Request) -> tuple[str, str]:
     for name, value in (("source_lang", src), ("target_lang", tgt)):
         if not value or not value.strip():
             raise ServiceError(400, f"Parameter '{name}' not specified.", name)
-    return service_language(src), service_language(tgt)
+    return deepl.service_language(src), deepl.service_language(tgt)
 
 
 def the_dictionary(gs: list[StoredGlossary], langs: tuple[str, str]) -> StoredGlossary:
@@ -354,3 +353,19 @@ async def delete(svc: "Services", request: Request, glossary_id: str) -> Respons
     await group(svc, request, glossary_id)
     await svc.glossaries.delete_group(glossaries.scope_of(request), glossary_id)
     return Response(status_code=204)
+
+
+# ---- translating with them -------------------------------------------------------------------------
+def ids_of(fields: dict) -> tuple[list[str], str]:
+    """(the glossary ids, the field naming them) of a request's ``glossary_id`` or ``glossary_ids``
+    (up to deepl.MAX_GLOSSARY_IDS, a list or comma-separated). Raises ServiceError 400."""
+    one, many = fields.get("glossary_id") or None, fields.get("glossary_ids") or []
+    items = [many] if isinstance(many, str) else many
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise bad("glossary_ids", "send glossary ids as a list of strings or comma-separated")
+    ids = [i.strip() for item in items for i in item.split(",") if i.strip()]
+    if one is not None and ids:
+        raise bad("glossary_ids", "cannot be used together with glossary_id")
+    if len(ids) > deepl.MAX_GLOSSARY_IDS:
+        raise bad("glossary_ids", f"at most {deepl.MAX_GLOSSARY_IDS} glossary ids, got {len(ids)}")
+    return ([one], "glossary_id") if one is not None else (ids, "glossary_ids")

@@ -47,7 +47,7 @@ from service.protocol import (
     ServiceError,
     shown,
 )
-from service.translator.glossary import Glossary, check_entries
+from service.translator.glossary import Glossary, check_entries, stems
 
 from .middleware.caller import caller_of
 
@@ -369,6 +369,25 @@ class GlossaryClient:
                       field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
         """``resolve`` on this store (the function every route calls)."""
         return await self._call("pick", scope, glossary_id, source_lang, target_lang, field)
+
+    async def resolve_all(self, scope: str, ids: list[str], source_lang: Optional[str], target_lang: Optional[str],
+                          skip_missing: bool = False, field: str = "glossary_ids"
+                          ) -> Optional[tuple[tuple[str, str], ...]]:
+        """``resolve`` of several glossaries, in order: a source term an earlier one has (one stem,
+        translator/glossary.py) keeps its target (DeepL's glossary_ids). ``skip_missing``: one without
+        that pair adds nothing (None when none has it). Raises ServiceError 404, 409."""
+        out, found = [], False
+        for glossary_id in ids:
+            try:
+                out.extend(await self.resolve(scope, glossary_id, source_lang, target_lang, field))
+                found = True
+            except ServiceError as e:
+                if e.status != 409 or not skip_missing:
+                    raise
+        kept: dict[tuple[str, ...], tuple[str, str]] = {}      # source stems -> the first entry of them
+        for entry in out:
+            kept.setdefault(tuple(w for w, _, _ in stems(entry[0], source_lang)), entry)
+        return tuple(kept.values()) if found else None
 
 
 def resolve(store: GlossaryStore, scope: str, glossary_id: str, source_lang: Optional[str],
