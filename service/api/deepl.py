@@ -6,8 +6,9 @@
                                          (absent: detected), tag_handling (html|xml) with ignore_tags,
                                          splitting_tags, non_splitting_tags, outline_detection,
                                          split_sentences (0|1|nonewlines), preserve_formatting,
-                                         formality, glossary_id, model_type (``decoding``), context
-                                         (read by detection only: ``autodetect.detect_in_context``)
+                                         formality, glossary_id or glossary_ids (deepl_glossaries.py),
+                                         model_type (``decoding``), context (read by detection only:
+                                         ``autodetect.detect_in_context``)
         -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n
                               (, "model_type_used": "quality_optimized")}]}
     errors                               {"message": "..."}: 400 invalid input (the field named; style_id
@@ -78,9 +79,9 @@ LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "g
 # the fields read once (given twice: 400); others, unknown ones included, may repeat (named in IGNORED_HEADER)
 SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences", "preserve_formatting", "formality",
                  "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
-NOT_APPLIED = ("formality", "tag_handling_version", "translation_memory_id", "translation_memory_threshold",
-               "glossary_ids")
+NOT_APPLIED = ("formality", "tag_handling_version", "translation_memory_id", "translation_memory_threshold")
 TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
+MAX_GLOSSARY_IDS = 5      # glossary_ids in one request, as DeepL
 _TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
 
 
@@ -155,7 +156,12 @@ class DeepLTranslateBody(BaseModel):
     preserve_formatting: bool = Field(False, description="accepted; whitespace and case are always kept")
     formality: Optional[str] = Field(None, description="accepted; no model here has a formality control "
                                                        f"(named in {IGNORED_HEADER})")
-    glossary_id: Optional[str] = Field(None, description="a stored glossary's id")
+    glossary_id: Optional[str] = Field(None, description="a DeepL glossary's id (/v2 or /v3/glossaries) or a /v1 "
+                                                          "glossary's name; without source_lang, the dictionary of "
+                                                          "each text's detected language")
+    glossary_ids: list[str] = Field([], max_length=MAX_GLOSSARY_IDS, description=(
+        f"up to {MAX_GLOSSARY_IDS} glossary ids (a list, or comma-separated), not with glossary_id: each one's "
+        "dictionary of the pair; a source term an earlier one has keeps that one's target"))
     show_billed_characters: bool = True
     ignore_tags: list[str] = Field([], description="with tag_handling: elements whose content is kept as it is")
     splitting_tags: list[str] = Field([], description="with tag_handling: elements that always end a sentence")
@@ -206,6 +212,17 @@ class DeepLTranslateBody(BaseModel):
                 names.append(name)
         return names
 
+    @field_validator("glossary_ids", mode="before")
+    @classmethod
+    def _ids(cls, v):
+        """A list of ids, or DeepL's comma-separated string (a repeated form field: a list of them)."""
+        if v is None:
+            return []
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError("send glossary ids as a list of strings or comma-separated")
+        return [i.strip() for item in items for i in item.split(",") if i.strip()]
+
     @field_validator("split_sentences", mode="before")
     @classmethod
     def _split(cls, v):
@@ -228,6 +245,9 @@ def parse(fields: dict) -> DeepLTranslateBody:
         if err.get("type") == "missing":      # DeepL's words for it
             raise ServiceError(400, f"Parameter '{field}' not specified.", field) from None
         raise ServiceError(400, f"Value for '{field}' not supported: {message}", field) from None
+    if body.glossary_id and body.glossary_ids:
+        raise ServiceError(400, "Value for 'glossary_ids' not supported: it cannot be used together with glossary_id",
+                           "glossary_ids")
     if body.tag_handling is not None and "split_sentences" not in fields:
         body.split_sentences = "nonewlines"      # DeepL's default with tag handling
     asked = [f for f in (*TAG_LISTS, "outline_detection") if getattr(body, f) not in ([], True)]
@@ -277,6 +297,31 @@ def _job(texts: list[str], target: str, body: DeepLTranslateBody, extra: dict,
     return TranslateJob(list(texts), options, target_lang=target, split_sentences=body.split_sentences, **extra)
 
 
+async def _glossaries(body: DeepLTranslateBody, request: Request, svc: "Services", routed: list, target: str
+                      ) -> dict[str, dict]:
+    """Source language -> the job fields of the entries ``glossary_id`` (or ``glossary_ids``) give it
+    -> ``target`` (glossaries.GlossaryClient.resolve_all: of a DeepL glossary, the pair's dictionary),
+    enforced in decoding by every job. Without source_lang a detected language a glossary has no
+    dictionary for gets none from it. Raises ServiceError 404 (unknown: DeepL's glossary_not_found),
+    409 (no dictionary for source_lang)."""
+    field = "glossary_id" if body.glossary_id else "glossary_ids"
+    ids = [body.glossary_id] if body.glossary_id else body.glossary_ids
+    if not ids:
+        return {}
+    scope, out = glossaries.scope_of(request), {}
+    detected = body.source_lang is None or not body.source_lang.strip()
+    langs = list(dict.fromkeys(r.language for r in routed if r.card_id is not None))
+    for lang in langs or [None]:
+        try:
+            entries = await svc.glossaries.resolve_all(scope, ids, lang, target if lang else None, detected, field)
+        except ServiceError as e:
+            raise ServiceError(e.status, e.message, e.field,
+                               type="glossary_not_found" if e.status == 404 else None) from None
+        if entries is not None:
+            out[lang] = {"glossary": entries, "stored_glossary": True}
+    return out
+
+
 async def translate(body: DeepLTranslateBody, request: Request, svc: "Services") -> tuple[list[dict], int]:
     """The ``translations`` of the answer and the characters billed. Raises ServiceError."""
     from .schemas import check_unicode
@@ -291,9 +336,6 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
         autodetect.check_sizes(texts, "text", True)
     except ServiceError as e:       # a stated limit of the field (maxLength, maxItems): DeepL's 400
         raise ServiceError(400, f"Value for 'text' not supported: {e.message}", "text") from None
-    if body.glossary_id and not (body.source_lang or "").strip():
-        raise ServiceError(400, "source_lang: required with glossary_id (a glossary is for one language pair)",
-                           "source_lang")
     targets = {t for c in svc.graph.cards.values() for t in c.targets}
     sources = set(svc.graph.sources)
     target = service_language(body.target_lang)
@@ -319,17 +361,11 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
             card = svc.graph.resolve(None, source, target)
             routed = [autodetect.Routed(card.id, source, 100.0)] * len(texts)
     extra = {"memory_scope": svc.memory_scope(request)}
-    if body.glossary_id:            # stored glossaries (glossaries.py): enforced in decoding by every job
-        try:
-            extra.update(glossary=await svc.glossaries.resolve(glossaries.scope_of(request), body.glossary_id,
-                                                               service_language(body.source_lang), target),
-                         stored_glossary=True)
-        except ServiceError as e:     # unknown: DeepL's 404 (glossary_not_found); another pair: 400
-            raise ServiceError(e.status, e.message, e.field,
-                               type="glossary_not_found" if e.status == 404 else None) from None
+    glossary_of = await _glossaries(body, request, svc, routed, target)
     by_model = autodetect.groups(routed)
     jobs = svc.pipeline.jobs(by_model, lambda model, idx: (
-        svc.pipeline.deadline(_job(units.units(idx), target, body, extra,
+        svc.pipeline.deadline(_job(units.units(idx), target, body,
+                                   {**extra, **glossary_of.get(routed[idx[0]].language, {})},
                                    decoding(body.model_type, _card(svc.graph, model)))),
         JobOrigin("text", True, len(idx))))
     results = (await svc.pipeline.run_all(jobs)).values()

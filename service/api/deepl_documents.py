@@ -3,7 +3,8 @@ clients call it (``deepl.Translator(auth_key, server_url=...).translate_document
 
     POST /v2/document                       multipart ``file``, ``target_lang`` (EN-GB, DE, ...), optional
                                             ``source_lang``, ``filename``, ``formality``, ``output_format``,
-                                            ``glossary_id`` (a stored glossary's terms)
+                                            ``glossary_id`` or ``glossary_ids`` (stored glossaries' terms:
+                                            GlossaryClient.resolve_all)
                                             -> {"document_id", "document_key"}; translation starts in the
                                             background of the replica that took the upload
     POST /v2/document/{document_id}         ``document_key`` (form or JSON) -> {"document_id", "status":
@@ -42,8 +43,8 @@ from pydantic import BaseModel, Field
 from service import documents
 from service.protocol import ServiceError
 
+from . import deepl_glossaries, glossaries
 from . import documents as routes
-from . import glossaries
 from .middleware.caller import caller_of
 from .schemas import ErrorResponse
 
@@ -100,15 +101,18 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
         "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"},
         "source_lang": {"type": "string"}, "filename": {"type": "string"}, "formality": {"type": "string"},
         "output_format": {"type": "string", "description": "empty, or the file's own extension (no conversion)"},
-        "glossary_id": {"type": "string", "description": "a stored glossary's name (GET /v1/glossaries); unknown: "
-                                                        "404; of other languages than the document's model: 409"},
+        "glossary_id": {"type": "string", "description": "a DeepL glossary's id or a /v1/glossaries name; unknown: "
+                                                        "404; without a dictionary of the document's pair: 409"},
+        "glossary_ids": {"type": "string", "description": "up to 5 glossary ids, comma-separated, not with "
+                                                         "glossary_id"},
         "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
     "additionalProperties": False}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
 JOBS_RETRY_AFTER_S = 5   # Retry-After of the 429 for too many unfinished jobs
 MAX_CANCEL_BODY_BYTES = 16 * 1024   # a DELETE's body (its document_key): the body middleware reads POST, PUT, PATCH only
-FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")
+FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "glossary_ids",
+          "auth_key")
 
 
 class Cancelled(Exception):
@@ -177,14 +181,14 @@ async def upload(svc: "Services", request: Request) -> Response:
                                     "the translated file has the input's format", "output_format")
         doc = await routes.parsed(up)
         source = deepl_language(up.fields.get("source_lang")) or "auto"
-        glossary_id = up.fields.get("glossary_id") or None
+        ids, field = deepl_glossaries.ids_of(up.fields)
         model, target = await routes.plan(svc, doc, None, source, target, "source_lang")
         glossary: tuple = ()
-        if glossary_id is not None:     # for the model the document goes to (its language detected without
-            # source_lang): 404 for an unknown name, 409 for a glossary of other languages
+        if ids:     # for the model the document goes to (its language detected without source_lang): 404 for
+            # an unknown glossary, 409 for one without that pair (GlossaryClient.resolve_all)
             card = svc.graph.resolve(model, None, target)
-            glossary = await svc.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
-                                                   card.target_lang)
+            glossary = await svc.glossaries.resolve_all(glossaries.scope_of(request), ids, card.source_lang,
+                                                        card.target_lang, field=field)
         record.update(total=len(doc.segments), started=time.time())
         await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
     except BaseException as e:          # the place goes back: the job's record is removed
