@@ -221,6 +221,8 @@ class DeepLTranslateBody(BaseModel):
         items = [v] if isinstance(v, str) else v
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
             raise ValueError("send glossary ids as a list of strings or comma-separated")
+        if len(items) > MAX_GLOSSARY_IDS:       # blank ones count too: the schema's maxItems
+            raise ValueError(f"at most {MAX_GLOSSARY_IDS} glossary ids, got {len(items)}")
         return [i.strip() for item in items for i in item.split(",") if i.strip()]
 
     @field_validator("split_sentences", mode="before")

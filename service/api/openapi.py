@@ -124,7 +124,7 @@ def deepl_translate_schema(svc) -> dict:
         "formality": {"type": ["string", "null"], "description": "accepted, not applied (named in X-Ignored-Fields)"},
         "glossary_id": {"type": ["string", "null"], "description": "a DeepL glossary's id or a /v1/glossaries name: "
                                                                    "the dictionary of the pair; unknown: 404"},
-        "glossary_ids": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+        "glossary_ids": {"anyOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                         "maxItems": deepl.MAX_GLOSSARY_IDS}],
                          "description": f"up to {deepl.MAX_GLOSSARY_IDS} glossary ids (comma-separated or a list), "
                                         "not with glossary_id; unknown: 404"},

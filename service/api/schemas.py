@@ -84,7 +84,7 @@ class TranslateRequest(_Strict):
     # widens the beam to n_best (the beam_size sent changes nothing: X-Ignored-Fields); attention
     # without return_attention turns it on; glossary and glossary_id together both apply.
     _beam_raised: bool = PrivateAttr(False)
-    text: Union[str, list[str]] = Field(
+    text: Union[str, Annotated[list[str], Field(min_length=1)]] = Field(
         ..., description=f"one text or a list of 1 to {MAX_TEXTS}; each up to {MAX_TEXT_CHARS} characters, "
                          "split into lines and sentences that are translated in one batch")
     source_lang: Optional[Annotated[str, Field(json_schema_extra={"pattern": NOT_BLANK})]] = Field(
