@@ -12,7 +12,9 @@
   the ``no_shared_service`` fixture. Tests marked ``cluster`` run after all others.
 - The quick loop, ``pytest -m "not slow"``: a test that uses these fixtures, or starts Ray, a browser,
   Prometheus, HAProxy or ``python -m service`` while it sets up or runs, must carry the ``slow`` mark;
-  one without it fails, naming what it started (``_no_server_unless_slow``).
+  one without it fails, naming what it started (``_no_server_unless_slow``). A few heavy end-to-end
+  tests without a server carry the mark too, each where a cheaper quick test covers what it checks
+  (the comment above it says which).
 """
 from __future__ import annotations
 
@@ -218,6 +220,21 @@ def pivot_service_url(service_info, tmp_path_factory):
         yield url
     finally:
         serve.delete(PIVOT_APP)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Every test runs with one torch intra-op thread (the models here are small, as tiny_model's
+    one_thread says): on a 2-core machine shared with other work, two OpenMP threads made the shipped
+    model's 100 val sentences take 28 s instead of 0.5 s. Before this, the tests after
+    tests/test_config.py already ran with one, set by the gateway's in-process translators
+    (IngressConfig.num_threads 1) and never put back, so a test's speed depended on the tests before
+    it. Ray's replicas (slow tests) are other processes and set their own."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(autouse=True)

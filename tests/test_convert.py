@@ -6,6 +6,7 @@ directories give one clear error. Text, the length cap and generation configs: t
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 
@@ -42,6 +43,18 @@ def marian_dirs(tmp_path_factory):
     return {name: make_marian_dir(root / name, **kw) for name, kw in VARIANTS.items()}
 
 
+@functools.cache
+def hf_model(directory):
+    """transformers' model of one of ``marian_dirs`` (eval mode), loaded once: several tests read it."""
+    return MarianMTModel.from_pretrained(directory).eval()
+
+
+@functools.cache
+def hf_tokenizer(directory):
+    """MarianTokenizer of one of ``marian_dirs``, loaded once (the directories are never changed)."""
+    return MarianTokenizer.from_pretrained(directory)
+
+
 def float32_model(directory):
     """Our model of a MarianMT directory with float32 (prepacked) linear layers, and its tokenizer."""
     model, tok, meta = load_model(directory, pack=False)
@@ -64,7 +77,7 @@ def hf_generate(hf, tok_hf, texts, beam: int, pad_id: int) -> list[list[int]]:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_logits_equal_transformers(marian_dirs, variant):
     d = marian_dirs[variant]
-    hf = MarianMTModel.from_pretrained(d).eval()
+    hf = hf_model(d)
     model, tok, meta = float32_model(d)
     cfg = model.cfg
     assert (cfg.activation, cfg.sinusoid_layout, cfg.final_logits_bias) == (VARIANTS[variant]["activation"], "split", True)
@@ -72,7 +85,7 @@ def test_logits_equal_transformers(marian_dirs, variant):
     V = cfg.target_vocab_size
     assert (cfg.eos_id, cfg.unk_id, cfg.pad_id, cfg.bos_id) == (0, 1, V - 1, V - 1)
     assert (V < cfg.vocab_size) == (variant == "separate") and meta["source_lang"] == "de"
-    enc = MarianTokenizer.from_pretrained(d)(DE, return_tensors="pt", padding=True)
+    enc = hf_tokenizer(d)(DE, return_tensors="pt", padding=True)
     src = pad_batch([tok.encode(t) + [tok.eos_id] for t in DE], cfg.pad_id)   # ours (renumbered if separate)
     tgt = torch.randint(2, V - 1, (len(DE), 7), generator=torch.Generator().manual_seed(0))
     tgt[:, 0] = cfg.bos_id
@@ -87,7 +100,7 @@ def test_logits_equal_transformers(marian_dirs, variant):
 def test_tokenizer_matches_marian_tokenizer(marian_dirs, variant):
     d = marian_dirs[variant]
     _, tok, _ = load_marian(d)
-    hf_tok = MarianTokenizer.from_pretrained(d)
+    hf_tok = hf_tokenizer(d)
     texts = DE + ["Zwei Männer spielen Fußball.", "Ein völlig neues Wort: Xylophon 🎻!"]
     source_piece = {i: p for p, i in tok.vocab.items()}
     hf_source_piece = {i: p for p, i in hf_tok.encoder.items()}
@@ -111,9 +124,9 @@ def test_tokenizer_matches_marian_tokenizer(marian_dirs, variant):
                                           ("separate", 1), ("separate", 4)])
 def test_generate_equals_transformers(marian_dirs, variant, beam):
     d = marian_dirs[variant]
-    hf = MarianMTModel.from_pretrained(d).eval()
+    hf = hf_model(d)
     model, tok, _ = float32_model(d)
-    ref = hf_generate(hf, MarianTokenizer.from_pretrained(d), DE, beam, model.cfg.pad_id)
+    ref = hf_generate(hf, hf_tokenizer(d), DE, beam, model.cfg.pad_id)
     srcs = [tok.encode(t) + [tok.eos_id] for t in DE]
     assert len({len(s) for s in srcs}) >= 4                       # a batch of mixed lengths
     got = [h[0].tokens for h in generate(model, srcs, beam_size=beam, max_new_tokens=MAX_NEW)]
@@ -124,9 +137,9 @@ def test_generate_equals_transformers(marian_dirs, variant, beam):
 @pytest.mark.parametrize("variant", ["swish", "separate"])
 def test_engine_equals_transformers(marian_dirs, variant):
     d = marian_dirs[variant]
-    hf = MarianMTModel.from_pretrained(d).eval()
+    hf = hf_model(d)
     model, tok, _ = float32_model(d)
-    hf_tok = MarianTokenizer.from_pretrained(d)
+    hf_tok = hf_tokenizer(d)
     refs = {beam: hf_generate(hf, hf_tok, DE, beam, model.cfg.pad_id) for beam in (1, 4)}
 
     async def run():
@@ -255,8 +268,8 @@ def test_multilingual_target_language_token(marian_dirs, monkeypatch, capsys):
     from model.inference.generate import translate_lines
     from model.tokenizer import encode_source
     d = marian_dirs["multilingual"]
-    hf = MarianMTModel.from_pretrained(d).eval()
-    hf_tok = MarianTokenizer.from_pretrained(d)
+    hf = hf_model(d)
+    hf_tok = hf_tokenizer(d)
     model, tok, _ = float32_model(d)
     assert tok.target_languages == ("deu", "fra") and hf_tok.supported_language_codes == [">>deu<<", ">>fra<<"]
     got = {}

@@ -6,6 +6,7 @@ and skipped."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,9 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return out
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
+    """Each module's project imports, read once (every test here only reads the graph)."""
     modules = _modules()
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 

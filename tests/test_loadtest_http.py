@@ -66,7 +66,7 @@ def server():
     app[SEEN] = []
     app.router.add_post("/v1/translate", _handler)
     app.router.add_post("/prefix/v1/translate", _handler)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)   # a "slow" answer left sleeping is cancelled, not awaited
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", spare_port())
     loop.run_until_complete(site.start())

@@ -10,6 +10,7 @@ default import and --dtype float32. Then each generation setting: applied, refus
 noted."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 
@@ -52,13 +53,21 @@ def dirs(tmp_path_factory):
     return {name: build(root / name, name) for name in LAYOUTS}
 
 
+@functools.lru_cache(maxsize=4)
+def hf_loaded(d) -> tuple[MarianMTModel, MarianTokenizer]:
+    """transformers' model (eval mode) and tokenizer of directory ``d``, loaded once: a test asks for
+    the same directory's references up to eight times, and only reads them (each test builds its
+    directories under its own tmp_path; the module's ``dirs`` are not changed where this reads them)."""
+    return MarianMTModel.from_pretrained(d).eval(), MarianTokenizer.from_pretrained(d)
+
+
 def hf_reference(d, texts, beam: int, max_new_tokens: int, **overrides) -> tuple[list[str], list[list[int]]]:
     """(text, generated ids without EOS) of transformers' generate() with the directory's generation
     config, decoded by MarianTokenizer.batch_decode(skip_special_tokens=True). With separate
     vocabularies MarianTokenizer looks its special tokens up in the source vocabulary, so it keeps
     the target's <pad> (the decoder start, padding) as text ("<pad> ..."): the generated ids alone
     are decoded there (with a shared vocabulary both ways give the same text, checked)."""
-    hf, tok = MarianMTModel.from_pretrained(d).eval(), MarianTokenizer.from_pretrained(d)
+    hf, tok = hf_loaded(d)
     with torch.no_grad():
         out = hf.generate(**tok(texts, return_tensors="pt", padding=True), num_beams=beam,
                           max_new_tokens=max_new_tokens, **overrides)
@@ -288,7 +297,7 @@ def test_unreproducible_settings_noted(dirs, tmp_path, capsys):
     assert len(load_metadata(tmp_path / "out")["notes"]) == 2
     model, tok, _ = float32_model(tmp_path / "out")
     want, _ = hf_reference(d, SOURCE, 1, CAP)
-    hf, hf_tok = MarianMTModel.from_pretrained(d).eval(), MarianTokenizer.from_pretrained(d)
+    hf, hf_tok = hf_loaded(d)
     with torch.no_grad():
         rows = hf.generate(**hf_tok(SOURCE, return_tensors="pt", padding=True), num_beams=1,
                            max_new_tokens=CAP).tolist()

@@ -1,7 +1,9 @@
 """Checkpoints, the translate / evaluate command lines and the shipped model's quality."""
 from __future__ import annotations
 
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,9 @@ from model.inference.generate import translate_lines
 from model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
+# The command lines run as new processes with one OpenMP thread, as the tests in this process run
+# (conftest's one_torch_thread): on a busy 2-core machine two threads made each run ~2.5 times slower.
+CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 DATA = ROOT / "model" / "data" / "multi30k"
 # Greedy BLEU of the shipped model on the first 100 val sentences was measured at MEASURED_VAL100
 # (see the checkpoint's metadata.json); the test floor is that minus 3, never below 25.
@@ -62,12 +67,15 @@ def test_checkpoint_missing_file_is_a_clear_error(tmp_path):
         load_model(tmp_path)
 
 
-def test_translate_cli_keeps_empty_lines(tiny_checkpoint):
+def test_translate_cli_keeps_empty_lines(tiny_checkpoint, monkeypatch, capsys):
+    """``model.translate``'s main() in this process (stdin and stdout as the command line has them; the
+    command itself runs in a new process in test_translate_cli_writes_each_chunk_before_reading_the_next)."""
+    from model import translate
     text = "Ein Hund rennt.\n\n   \nZwei Kinder spielen im Park.\n"
-    out = subprocess.run([sys.executable, "-m", "model.translate", "--checkpoint", str(tiny_checkpoint),
-                          "--beam-size", "2"], input=text, capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.split("\n")
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    capsys.readouterr()
+    translate.main(["--checkpoint", str(tiny_checkpoint), "--beam-size", "2"])
+    lines = capsys.readouterr().out.split("\n")
     assert len(lines) == 5 and lines[4] == ""  # 4 output lines plus the final newline
     assert lines[1] == "" and lines[2] == ""
     model, tok, _ = load_model(tiny_checkpoint)
@@ -80,7 +88,7 @@ def test_translate_cli_writes_each_chunk_before_reading_the_next(tiny_checkpoint
     import threading
     proc = subprocess.Popen([sys.executable, "-m", "model.translate", "--checkpoint", str(tiny_checkpoint),
                              "--beam-size", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=CLI_ENV)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     try:
@@ -95,14 +103,26 @@ def test_translate_cli_writes_each_chunk_before_reading_the_next(tiny_checkpoint
         proc.kill()
 
 
-def test_cli_rejects_an_unknown_linear_dtype(tiny_checkpoint):
-    import os
-    env = {**os.environ, "MT_LINEAR_DTYPE": "int4"}
-    for module, extra in (("model.translate", []), ("model.evaluate", ["--src", "a.de", "--ref", "a.en"])):
-        out = subprocess.run([sys.executable, "-m", module, "--checkpoint", str(tiny_checkpoint), *extra], input="",
-                             capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
-        assert out.returncode == 2 and "MT_LINEAR_DTYPE must be float32, bfloat16 or int8, got 'int4'" in out.stderr
-        assert "Traceback" not in out.stderr
+def cli_exit(main, argv: list[str], capsys) -> tuple[int, str]:
+    """(exit status, stderr) of a command line's main(argv) run in this process that exits through
+    argparse's error (an uncaught exception, a traceback on the command line, fails the test)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code, capsys.readouterr().err
+
+
+def test_cli_rejects_an_unknown_linear_dtype(tiny_checkpoint, monkeypatch, capsys):
+    """MT_LINEAR_DTYPE as a new process reads it (the settings read once from the environment)."""
+    from model import evaluate, translate
+    from model.inference import settings
+    monkeypatch.setenv("MT_LINEAR_DTYPE", "int4")
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    for main, extra in ((translate.main, []), (evaluate.main, ["--src", "a.de", "--ref", "a.en"])):
+        monkeypatch.setattr(settings, "_current", None)
+        code, err = cli_exit(main, ["--checkpoint", str(tiny_checkpoint), *extra], capsys)
+        assert code == 2 and "MT_LINEAR_DTYPE must be float32, bfloat16 or int8, got 'int4'" in err, err
+        assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -111,26 +131,49 @@ def test_cli_rejects_an_unknown_linear_dtype(tiny_checkpoint):
     (["--length-penalty", "nan"], "--length-penalty: must be a finite number, got nan"),
     (["--src", "/no/such/file"], "/no/such/file: No such file or directory"),
 ])
-def test_evaluate_cli_bad_arguments_are_one_line(tiny_checkpoint, tmp_path, extra, words):
+def test_evaluate_cli_bad_arguments_are_one_line(tiny_checkpoint, tmp_path, capsys, extra, words):
+    """``model.evaluate``'s main() in this process (the command itself runs in a new process in
+    test_evaluate_cli_json, marked slow)."""
+    from model import evaluate
     src = tmp_path / "a.de"
     src.write_text("Ein Hund.\n")
     args = ["--src", str(src), "--ref", str(src), *extra]
-    out = subprocess.run([sys.executable, "-m", "model.evaluate", "--checkpoint", str(tiny_checkpoint), *args],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr[-1500:]
+    code, err = cli_exit(evaluate.main, ["--checkpoint", str(tiny_checkpoint), *args], capsys)
+    assert code == 2 and words in err and "Traceback" not in err, err[-1500:]
 
 
-def test_evaluate_cli_json(tiny_checkpoint, tmp_path):
+def evaluation_files(tmp_path) -> list[str]:
+    """--src and --ref of five val sentences."""
     src, ref = tmp_path / "src.de", tmp_path / "ref.en"
     src.write_text("\n".join(read_lines(DATA / "val.de.gz")[:5]) + "\n")
     ref.write_text("\n".join(read_lines(DATA / "val.en.gz")[:5]) + "\n")
-    out = subprocess.run([sys.executable, "-m", "model.evaluate", "--checkpoint", str(tiny_checkpoint),
-                          "--src", str(src), "--ref", str(ref), "--beam-size", "1", "--json"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return ["--src", str(src), "--ref", str(ref)]
+
+
+def assert_evaluation_json(stdout: str) -> None:
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert result["sentences"] == 5 and {"bleu", "chrf", "seconds"} <= set(result)
     assert 0.0 <= result["bleu"] <= 100.0
+
+
+# slow (make test runs it, the quick loop does not): a new Python process that imports torch, ~2.5 s of
+# CPU; the quick loop runs main() in this process (below) and ``python -m model.translate`` as a new
+# process (test_translate_cli_writes_each_chunk_before_reading_the_next)
+@pytest.mark.slow
+def test_evaluate_cli_json(tiny_checkpoint, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "model.evaluate", "--checkpoint", str(tiny_checkpoint),
+                          *evaluation_files(tmp_path), "--beam-size", "1", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, env=CLI_ENV)
+    assert out.returncode == 0, out.stderr
+    assert_evaluation_json(out.stdout)
+
+
+def test_evaluate_main_json(tiny_checkpoint, tmp_path, capsys):
+    """``model.evaluate``'s main() in this process: the last stdout line is the JSON object."""
+    from model import evaluate
+    capsys.readouterr()
+    evaluate.main(["--checkpoint", str(tiny_checkpoint), *evaluation_files(tmp_path), "--beam-size", "1", "--json"])
+    assert_evaluation_json(capsys.readouterr().out)
 
 
 @pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").exists(), reason="no shipped checkpoint yet")

@@ -20,7 +20,7 @@ def test_tiny_model_overfits_a_few_pairs():
     src = pad_batch([p[0] for p in pairs], 0)
     tgt = pad_batch([p[1] for p in pairs], 0)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
-    for step in range(1, 301):
+    for step in range(1, 151):     # loss 0.013 and every pair exact by step 150 (0.09 and exact at 50)
         for g in opt.param_groups:
             g["lr"] = inverse_sqrt_lr(step, 3e-3, 30)
         model.train()

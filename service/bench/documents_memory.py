@@ -56,8 +56,10 @@ def paragraphs(n_bytes: int, runs: int, words_per_run: int, formatted: bool, see
     return "".join(out).encode()
 
 
-def docx_of(body: bytes) -> bytes:
-    """python-docx's empty document with ``body`` (``w:p`` elements) as its body."""
+def docx_of(body: bytes, compresslevel: int | None = None) -> bytes:
+    """python-docx's empty document with ``body`` (``w:p`` elements) as its body; ``compresslevel``:
+    zlib's level for the deflated members (None: zlib's default, 6; 1 deflates 34 MiB of text 6 times
+    faster, and ~1.5 times larger)."""
     import docx
     buf = io.BytesIO()
     docx.Document().save(buf)
@@ -66,7 +68,7 @@ def docx_of(body: bytes) -> bytes:
     members["word/document.xml"] = (f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<w:document {W}>'
                                     f"<w:body>").encode() + body + b"</w:body></w:document>"
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=compresslevel) as z:
         for name, data in members.items():
             z.writestr(name, data)
     return out.getvalue()
