@@ -10,7 +10,7 @@ from service.api.glossaries import GlossaryClient, GlossaryStore
 from service.api.middleware.guard import Guard, GuardSettings
 from service.api.services import Services
 from service.pipeline import LanguageGraph, Pipeline
-from service.protocol import TranslateJob, TranslateResponse
+from service.protocol import TranslateJob, TranslateResponse, Translation, Usage
 from service.translator.langid import LanguageDetector
 from service.translator.memory import MemoryStore
 
@@ -32,6 +32,17 @@ class FunctionBackend:
 
     async def reconfigure(self, user_config: dict) -> None:
         pass
+
+
+def upper_cased(jobs: list, with_model: bool = False) -> Callable[[str, TranslateJob], Awaitable[TranslateResponse]]:
+    """A ``run`` that answers each text upper-cased (a translation that shows), appending each job
+    (``(model, job)`` with ``with_model``) to ``jobs``."""
+    async def run(model: str, job: TranslateJob) -> TranslateResponse:
+        jobs.append((model, job) if with_model else job)
+        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
+            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos")
+            for t in job.texts])
+    return run
 
 
 def local_services(cards, run, engine: Optional[dict] = None, detector: Optional[LanguageDetector] = None,

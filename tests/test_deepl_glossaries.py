@@ -10,12 +10,12 @@ import types
 import pytest
 from fastapi.testclient import TestClient
 
-from local_services import local_services
+from local_services import local_services, upper_cased
 from model.config import ModelConfig
 from service.api.glossaries import GlossaryClient, GlossaryStore
 from service.api.http import build_app
 from service.api.middleware.guard import Guard, GuardSettings
-from service.protocol import MAX_GLOSSARY_TERM_CHARS, MAX_STORED_GLOSSARY_ENTRIES, TranslateResponse, Translation, Usage
+from service.protocol import MAX_GLOSSARY_TERM_CHARS, MAX_STORED_GLOSSARY_ENTRIES
 from service.translator import ModelCard
 
 A, B = "key-alpha", "key-bravo"
@@ -35,12 +35,7 @@ class Detector:
 @pytest.fixture
 def t():
     jobs = []
-
-    async def run(model, job):
-        jobs.append((model, job))
-        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
-            Translation(text=x.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos")
-            for x in job.texts])
+    run = upper_cased(jobs, with_model=True)
     guard = Guard(GuardSettings(failed_key_limit=None), env=f"{A},{B}")
     svc = local_services(CARDS, run, guard=guard, detector=Detector(), glossaries=GlossaryClient(GlossaryStore("")))
     with TestClient(build_app(svc)) as client:

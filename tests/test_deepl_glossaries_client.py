@@ -18,12 +18,11 @@ import pytest
 import uvicorn
 from deepl.api_data import MultilingualGlossaryDictionaryEntries as Entries
 
-from local_services import local_services
+from local_services import local_services, upper_cased
 from model.config import ModelConfig
 from service.api.glossaries import GlossaryClient, GlossaryStore
 from service.api.http import build_app
 from service.api.middleware.guard import Guard, GuardSettings
-from service.protocol import TranslateResponse, Translation, Usage
 from service.translator import ModelCard
 
 A, B = "key-alpha", "key-bravo"
@@ -57,12 +56,7 @@ def serve(app):
 @pytest.fixture(scope="module")
 def service():
     jobs = []
-
-    async def run(model, job):
-        jobs.append(job)
-        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
-            Translation(text=x.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos")
-            for x in job.texts])
+    run = upper_cased(jobs)
     guard = Guard(GuardSettings(failed_key_limit=None), env=f"{A},{B}")
     svc = local_services(CARDS, run, guard=guard, glossaries=GlossaryClient(GlossaryStore("")))
     url, stop = serve(build_app(svc))

@@ -10,7 +10,7 @@ import types
 import pytest
 from fastapi.testclient import TestClient
 
-from local_services import local_services
+from local_services import local_services, upper_cased
 from model.config import ModelConfig
 from service.api.glossaries import GlossaryClient, GlossaryStore
 from service.api.http import build_app
@@ -42,12 +42,7 @@ def keyed(way: str, key, body: dict) -> dict:
 @pytest.fixture
 def tenants(tmp_path):
     jobs = []
-
-    async def run(model, job):
-        jobs.append(job)
-        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
-            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos")
-            for t in job.texts])
+    run = upper_cased(jobs)
     guard = Guard(GuardSettings(failed_key_limit=None), env=f"{A},{B}")
     svc = local_services([CARD], run, guard=guard, store_dir=str(tmp_path / "docs"),
                          memory_file=str(tmp_path / "state" / "memory.sqlite3"),
