@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field
 from service import documents
 from service.protocol import ServiceError
 
-from . import deepl_glossaries, glossaries
+from . import deepl, deepl_glossaries, glossaries
 from . import documents as routes
 from .middleware.caller import caller_of
 from .schemas import ErrorResponse
@@ -92,6 +92,7 @@ UPLOAD_LINKS = {"status": {"operationId": "deepl_document_status", **_HANDLE,
                            "description": "the status of the uploaded document"},
                 "result": {"operationId": "deepl_document_result", **_HANDLE,
                            "description": "the translated document, once its status is done"}}
+MAX_IDS = deepl.MAX_GLOSSARY_IDS
 STATUS_LINKS = {"result": {"operationId": "deepl_document_result",
                            "parameters": {"document_id": "$request.path.document_id"},
                            "requestBody": {"document_key": "$request.body#/document_key"},
@@ -103,10 +104,12 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
         "output_format": {"type": "string", "description": "empty, or the file's own extension (no conversion)"},
         "glossary_id": {"type": "string", "description": "a DeepL glossary's id or a /v1/glossaries name; unknown: "
                                                         "404; without a dictionary of the document's pair: 409"},
-        "glossary_ids": {"type": "string", "description": "up to 5 glossary ids, comma-separated, not with "
-                                                         "glossary_id"},
+        "glossary_ids": {"type": "string", "pattern": rf"^[^,]*(,[^,]*){{0,{MAX_IDS - 1}}}$",
+                         "description": f"up to {MAX_IDS} glossary ids, comma-separated, not with glossary_id"},
         "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
-    "additionalProperties": False}}}}
+    "additionalProperties": False,
+    "anyOf": [{"properties": {"glossary_id": {"maxLength": 0}}},         # both named: 400
+              {"properties": {"glossary_ids": {"pattern": r"^[,\s]*$"}}}]}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
 JOBS_RETRY_AFTER_S = 5   # Retry-After of the 429 for too many unfinished jobs
