@@ -6,7 +6,8 @@
                                          (absent: detected), tag_handling (html|xml) with ignore_tags,
                                          splitting_tags, non_splitting_tags, outline_detection,
                                          split_sentences (0|1|nonewlines), preserve_formatting,
-                                         formality, glossary_id
+                                         formality, glossary_id, translation_memory_id and
+                                         translation_memory_threshold (deepl_memories.py)
         -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n}]}
     errors                               {"message": "..."}: 400 invalid input (the field named), 403 no
                                          or a wrong key, 404 unknown glossary, 413 too large, 429 rate
@@ -39,7 +40,7 @@ from service.protocol import (
 )
 from service.translator import ModelCard
 
-from . import glossaries
+from . import deepl_memories, glossaries
 from .errors import deepl_error_response, format_validation_error
 
 if TYPE_CHECKING:
@@ -57,9 +58,10 @@ NO_CHARACTER_LIMIT = 1_000_000_000_000
 LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "glossary_ids", "custom_instructions")
 # the fields read once (given twice: 400); others, unknown ones included, may repeat (named in IGNORED_HEADER)
 SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences", "preserve_formatting", "formality",
-                 "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
+                 "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection",
+                 "translation_memory_id", "translation_memory_threshold")
 NOT_APPLIED = ("formality", "context", "model_type", "tag_handling_version", "custom_instructions", "style_id",
-               "translation_memory_id", "translation_memory_threshold", "glossary_ids")
+               "glossary_ids")
 TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
 _TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
 
@@ -126,6 +128,13 @@ class DeepLTranslateBody(BaseModel):
     non_splitting_tags: list[str] = Field([], description="with tag_handling: elements inside a sentence (their "
                                                           "text joins the sentence around them)")
     outline_detection: bool = Field(True, description="with tag_handling: false: only splitting_tags end a sentence")
+    translation_memory_id: Optional[str] = Field(
+        None, min_length=1, description="a translation memory's id (GET /v3/translation_memories): a sentence whose "
+                                        "best match in it scores at least translation_memory_threshold takes its "
+                                        "translation (deepl_memories.py)")
+    translation_memory_threshold: Optional[int] = Field(
+        None, ge=0, le=100, description="0-100, with translation_memory_id (absent: 75, DeepL's default): the lowest "
+                                        "match score (rapidfuzz fuzz.ratio) that takes the memory's translation")
 
     def tag_options(self) -> TagOptions:
         """How the segmenter reads this request's markup (``markup.TagOptions``)."""
@@ -247,6 +256,10 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
             card = svc.graph.resolve(None, source, target)
             routed = [autodetect.Routed(card.id, source, 100.0)] * len(texts)
     extra = {"memory_scope": svc.memory_scope(request)}
+    extra.update(deepl_memories.job_fields(svc.memory, extra["memory_scope"], svc.graph, body.translation_memory_id,
+                                           body.translation_memory_threshold,
+                                           service_language(body.source_lang) if (body.source_lang or "").strip()
+                                           else None, target))
     if body.glossary_id:            # stored glossaries (glossaries.py): enforced in decoding by every job
         try:
             extra.update(glossary=await svc.glossaries.resolve(glossaries.scope_of(request), body.glossary_id,
