@@ -31,8 +31,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .ray_env import (DEFAULT_METRICS_EXPORT_PORT, PROXIES, apply_loopback_ray, apply_serve_env, haproxy_ports,
-                      metrics_export_port, remove_workdir, serve_http_host)
+from .ray_env import (DEFAULT_METRICS_EXPORT_PORT, PROXIES, REPLICA_GRPC_HOOK, apply_loopback_ray, apply_serve_env,
+                      apply_worker_path, haproxy_ports, metrics_export_port, remove_workdir, serve_http_host)
 
 # Replicas of the default layout on a machine with >= 2 CPUs and no GPU: 0.8 CPU each (AppArgs.num_cpus),
 # one torch thread each. On 2 cores, in one hour: 263.8 single-sentence requests/s at 32 clients against
@@ -130,6 +130,7 @@ def main(argv=None) -> int:
 
     if args.address == "local":
         apply_loopback_ray()     # Ray's own servers on 127.0.0.1, whatever --host is (before ray is imported)
+        apply_worker_path()      # the workers' setup hook (REPLICA_GRPC_HOOK) imports this copy of service
         try:
             metrics_port = metrics_export_port(args.metrics_export_port)
         except ValueError as e:
@@ -171,10 +172,12 @@ def main(argv=None) -> int:
         ap.error(" ".join(str(e).split()))
 
     started_ray = args.address == "local"
-    # A cluster that runs already: its raylets' environment decides for the processes they have
-    # started; the job's env_vars reach the Serve controller, proxies and replicas this run creates.
-    init = dict(address=args.address, namespace="serve",
-                **({} if started_ray else {"runtime_env": {"env_vars": serve_env}}))
+    # Every worker of this job, the replicas among them, runs REPLICA_GRPC_HOOK (the replicas' gRPC
+    # servers for handle calls on the node's address). A cluster that runs already: its raylets'
+    # environment decides for the processes they have started; the job's env_vars reach the Serve
+    # controller, proxies and replicas this run creates.
+    runtime_env = {"worker_process_setup_hook": REPLICA_GRPC_HOOK, **({} if started_ray else {"env_vars": serve_env})}
+    init = dict(address=args.address, namespace="serve", runtime_env=runtime_env)
     if started_ray:
         init.update(include_dashboard=False, num_cpus=int(args.num_cpus) if args.num_cpus else None,
                     _metrics_export_port=metrics_port,

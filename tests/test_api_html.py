@@ -277,7 +277,7 @@ def test_tag_options_change_where_sentences_end():
     """DeepL's options in the one segmenter: splitting tags end a sentence, non-splitting ones join
     it, without outline detection only splitting tags split; ignored tags are kept as they are. In
     XML, outline detection puts an element that occurs between text inside its sentence."""
-    from service.pipeline.markup import tags
+    from service.pipeline.markup_parse import tags
 
     def segments(html, **options):
         return HtmlText(html, options=tags(**options)).segments

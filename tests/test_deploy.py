@@ -33,7 +33,8 @@ from conftest import exported_names
 from service.__main__ import load_config
 from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, PoolSpec, build_app, deployment_options
 from service.engine import EngineConfig
-from service.ray_env import GRPC_MESSAGE, HAPROXY_BINARY_VAR, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, THROUGHPUT, serve_env
+from service.ray_env import (GRPC_MESSAGE, HAPROXY_BINARY_VAR, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, REPLICA_GRPC_HOOK,
+                             SETUP_HOOK_VAR, THROUGHPUT, serve_env)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -129,6 +130,19 @@ def test_serve_config_validates_against_ray_serve_schema(path):
     assert 1 <= auto.min_replicas < auto.max_replicas
     assert auto.target_ongoing_requests <= holder["max_ongoing_requests"]
     assert 0 < auto.upscale_delay_s and 0 < auto.downscale_delay_s
+
+
+@pytest.mark.parametrize("path", [*SERVE_CONFIGS, DEPLOY / "serve_config.pool.yaml", RAYSERVICE], ids=lambda p: p.name)
+def test_serve_configs_bind_the_replicas_grpc_to_the_node_address(path):
+    """Every Serve config runs REPLICA_GRPC_HOOK in the app's workers: Ray applies a ``runtime_env``'s
+    setup hook through the variable it reads at a worker's start (for a driver's ray.init it sets it
+    from the field), so the configs set both."""
+    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+    doc = load_yaml(path)
+    [app] = (yaml.safe_load(doc["spec"]["serveConfigV2"]) if path == RAYSERVICE else doc)["applications"]
+    env = ServeApplicationSchema.model_validate(app).runtime_env
+    assert SETUP_HOOK_VAR == WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+    assert env == {"worker_process_setup_hook": REPLICA_GRPC_HOOK, "env_vars": {SETUP_HOOK_VAR: REPLICA_GRPC_HOOK}}
 
 
 @pytest.mark.parametrize("path", [*SERVE_CONFIGS, DEPLOY / "two_replicas.yaml", DEPLOY / "serve_config.pool.yaml"],

@@ -1,14 +1,18 @@
 """A document's memory and a key's document jobs, bounded (issue #51): archives checked as they
-inflate (caps on unpacked bytes, XML bytes and elements, whatever the headers say), a document's
-memory handed back once it is done, DeepL document jobs capped per key and cancelled by their owner
-(DELETE /v2/document/{id}). No model: "translations" upper-case each text."""
+inflate (caps on unpacked bytes, XML bytes and elements, whatever the headers say), text formats'
+parse nodes counted as they are built (MAX_PARSED_NODES), a document's memory handed back once it is
+done, DeepL document jobs capped per key and cancelled by their owner (DELETE /v2/document/{id}).
+No model: "translations" upper-case each text."""
 from __future__ import annotations
 
 import asyncio
 import io
+import json
+import os
 import threading
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,9 +21,9 @@ from service import documents
 from service.api import deepl_documents
 from service.api.document_store import DocumentSettings, DocumentStore
 from service.api.middleware.guard import Guard, GuardSettings
-from service.bench.documents_memory import declaring, docx_of, kib, paragraphs
-from service.documents import DocumentError, safety
-from service.protocol import MAX_DOCUMENT_BYTES, MAX_XML_BYTES
+from service.bench.documents_memory import TEXT_CASES, declaring, docx_of, kib, paragraphs
+from service.documents import DocumentError, common, safety
+from service.protocol import MAX_DOCUMENT_BYTES, MAX_XML_BYTES, ServiceError
 
 from local_services import local_services
 
@@ -113,6 +117,96 @@ def test_a_large_documents_memory_is_handed_back_once_released(honest):
     assert held > 48 * 1024 and left < held / 3, (held, left)
 
 
+# ---- text formats: what their parsers build, counted as it is built ----------------------------------
+def _upper_client(tmp_path) -> TestClient:
+    """The app (keys off) with a de->en model whose translations upper-case each text."""
+    from model.config import ModelConfig
+    from service.api.http import build_app
+    from service.protocol import TranslateResponse, Translation, Usage
+    from service.translator import ModelCard
+
+    async def upper(model, job):
+        return TranslateResponse(model=model, usage=Usage(source_tokens=0, generated_tokens=0), translations=[
+            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos") for t in job.texts])
+    card = ModelCard("m", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    return TestClient(build_app(local_services([card], upper, store_dir=str(tmp_path))))
+
+
+# name -> (file head, a unit and its translation ({i}: its number from 1), the nodes a unit parses into)
+UNITS = {
+    "a.html": ("", "<p>Ein <b>Hund</b>.</p>\n", "<p>EIN <b>HUND</b>.</p>\n", 8),   # 4 tags, 4 texts
+    "a.md": ("", "- Ein *Hund* läuft.\n", "- EIN *HUND* LÄUFT.\n", 16),   # a line, 10 tokens, 5 HTML parts
+    "a.srt": ("", "{i}\n00:00:01,000 --> 00:00:02,000\nEin <i>Hund</i>\n\n",
+              "{i}\n00:00:01,000 --> 00:00:02,000\nEIN <i>HUND</i>\n\n", 5),   # a cue, 4 HTML parts
+    "a.vtt": ("WEBVTT\n\n", "00:00:01.000 --> 00:00:02.000\nEin <i>Hund</i>\n\n",
+              "00:00:01.000 --> 00:00:02.000\nEIN <i>HUND</i>\n\n", 5),
+}
+
+
+@pytest.mark.parametrize("name", list(UNITS))
+def test_a_text_format_past_max_parsed_nodes_is_a_413_naming_it_and_one_under_it_is_translated(name, tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setattr(common, "MAX_PARSED_NODES", 1_000)
+    head, unit, upper, nodes = UNITS[name]
+
+    def post(n: int):
+        data = (head + "".join(unit.format(i=i + 1) for i in range(n))).encode()
+        return client.post("/v1/documents", files={"file": (name, data)}, data={"target_lang": "en"})
+    with _upper_client(tmp_path) as client:
+        over = post(1_000 * 5 // 4 // nodes)
+        assert over.status_code == 413, over.text
+        error = over.json()["error"]
+        assert error["field"] == "file" and error["message"].startswith("file: the file parses into more than 1000 "
+                                                                        "nodes") and "(MAX_PARSED_NODES)" in error["message"]
+        n = 1_000 * 4 // 5 // nodes
+        ok = post(n)
+        assert ok.status_code == 200, ok.text
+        assert ok.text.rstrip("\n") == (head + "".join(upper.format(i=i + 1) for i in range(n))).rstrip("\n")
+        if name == "a.md":      # its lines count before markdown-it makes five numbers of each
+            lines = client.post("/v1/documents", files={"file": (name, b"\n" * 1_000 + b"Ein Hund.")},
+                                data={"target_lang": "en"})
+            assert lines.status_code == 413 and "(MAX_PARSED_NODES)" in lines.json()["error"]["message"]
+
+
+def test_plain_text_is_read_block_by_block_and_refused_at_the_segment_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "MAX_DOCUMENT_SEGMENTS", 50)
+    with _upper_client(tmp_path) as client:
+        over = client.post("/v1/documents", files={"file": ("a.txt", b"Ein Hund.\n\n" * 51)}, data={"target_lang": "en"})
+        assert over.status_code == 413 and over.json()["error"]["message"] == \
+            "file: more than 50 pieces of text to translate (MAX_DOCUMENT_SEGMENTS)", over.text
+        ok = client.post("/v1/documents", files={"file": ("a.txt", b" Ein Hund.\r\n\n" * 50)}, data={"target_lang": "en"})
+        assert ok.status_code == 200 and ok.content == b" EIN HUND.\r\n\n" * 50, ok.text
+
+
+def test_text_formats_at_the_upload_limit_peak_within_their_budget():
+    """Not timed: resident sizes around the densest text files at MAX_DOCUMENT_BYTES (before the caps:
+    +2.2 GiB for the Markdown list, +691 MiB for the HTML, +307 MiB for the lines of text). Markdown's
+    lines are counted before it is parsed; HTML's tags as they are read, the file refused at the cap;
+    plain text is read line by line, refused at its characters' cap."""
+    if documents._malloc_trim is None:
+        pytest.skip("no glibc malloc_trim")
+    for case, cap, budget_mib in (("md-items", "MAX_PARSED_NODES", 32), ("html-inline", "MAX_PARSED_NODES", 128),
+                                  ("txt-lines", "MAX_DOCUMENT_CHARS", 32)):
+        filename, make = TEXT_CASES[case]
+        data = make()
+        assert len(data) > MAX_DOCUMENT_BYTES - 64
+        documents.release(documents.load(b"<p>Ein <b>Hund</b>\n\n", "warm" + filename[1:]))
+        documents.release_memory()
+        _status_kib("VmHWM")
+        before = kib("VmRSS")
+        e = refused_as(data, filename)
+        peak = kib("VmHWM") - before
+        assert e.status == 413 and f"({cap})" in e.message, e.message
+        assert peak < budget_mib * 1024, (case, peak // 1024)
+        assert kib("VmRSS") - before < 16 * 1024, case
+
+
+def refused_as(data: bytes, filename: str) -> DocumentError:
+    with pytest.raises(DocumentError) as e:
+        documents.load(data, filename)
+    return e.value
+
+
 # ---- DeepL document jobs: a cap per key, cancel by the owner ----------------------------------------
 def deepl_client(tmp_path, gate: threading.Event, max_jobs: int) -> TestClient:
     """The app with keys key-a and key-b whose translations wait for ``gate`` (at most 30 s)."""
@@ -186,4 +280,54 @@ def test_deepl_jobs_are_capped_per_key_and_cancelled_by_their_owner_only(tmp_pat
         assert len(list((tmp_path / "files").iterdir())) == 2
         assert call("POST", third.json()["document_id"], third.json()["document_key"], a, "/result").content == \
             b"EIN HUND.\n"
-    assert not deepl_documents._jobs.places and not deepl_documents._jobs.running
+    assert not deepl_documents._jobs.running
+
+
+def test_the_job_cap_is_shared_by_the_replicas_of_one_store(tmp_path):
+    """Two ingress replicas (each its own DocumentStore over one directory) admitting at once, from
+    threads that start together: one key gets max_jobs_per_key places among them, another key its own;
+    a job that finishes, fails or is cancelled gives its place back, as does one left without progress."""
+    limit = 3
+
+    def replicas_of(directory) -> list[DocumentStore]:
+        return [DocumentStore(DocumentSettings(store_dir=str(directory))) for _ in range(2)]
+
+    def at_once(i: int) -> bool:      # the store's admission, as deepl_documents.admit runs it
+        together.wait()
+        record = {"status": "queued", "holder": "h"}
+        return replicas[i % 2].admit_job(f"JOB{i:016d}", record, limit, deepl_documents.JOB_STALE_S) < limit
+    for attempt in range(5):          # (without the store's lock, most rounds admitted 4 to 8)
+        replicas, together = replicas_of(tmp_path / str(attempt)), threading.Barrier(8)
+        with ThreadPoolExecutor(8) as pool:
+            assert sum(pool.map(at_once, range(8))) == limit
+
+    def admit(i: int, who: str = "k:aaaa") -> str | None:
+        if who == "k:aaaa" and i < 8:
+            together.wait()
+        job_id = f"JOB{who[0]}{i:016d}"
+        try:
+            asyncio.run(deepl_documents.admit(replicas[i % 2], who, job_id, {"status": "queued"}, limit))
+        except ServiceError as e:
+            assert e.status == 429 and e.retry_after and e.field == "file", e
+            assert f"at most {limit} unfinished" in e.message and f"; {limit} are queued or translating" in e.message
+            return None
+        return job_id
+    replicas, together = replicas_of(tmp_path / "store"), threading.Barrier(8)
+    with ThreadPoolExecutor(8) as pool:     # through the route's admission
+        admitted = [j for j in pool.map(admit, range(8)) if j]
+    assert len(admitted) == limit, admitted
+    assert [bool(admit(i, "c:10.0.0.7")) for i in range(limit + 1)] == [True] * limit + [False]   # another holder
+    assert admit(10) is None and admit(11) is None                # full, seen from either replica
+    one, two, three = admitted
+    replicas[0].put_job(one, {**replicas[0].get_job(one), "status": "done"})      # finished
+    assert admit(100) and admit(101) is None
+    replicas[1].remove_job(two)                                                   # cancelled
+    assert admit(102) and admit(103) is None
+    replicas[1].put_job(three, {**replicas[1].get_job(three), "status": "error"})  # failed
+    assert admit(104) and admit(105) is None
+    stale = replicas[0].jobs / f"JOBk{104:016d}.json"      # its replica stopped JOB_STALE_S ago
+    old = time.time() - deepl_documents.JOB_STALE_S - 1
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "updated": old}))
+    os.utime(stale, (old, old))
+    assert admit(106) and admit(107) is None
+    assert [bool(admit(i, "c:10.0.0.7")) for i in range(20, 22)] == [False, False]    # the other holder: still full

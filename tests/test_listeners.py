@@ -1,13 +1,14 @@
 """What listens where (docs/security.md#what-listens-where): every TCP listener of ``python -m service``'s
 process tree (Ray's servers and agents, Serve's proxies and replicas, HAProxy's stats page and
-exporter) binds loopback, but HAProxy's HTTP frontend, which binds ``--host``, and one listener that
-Serve binds on every interface with no setting for it: each replica's gRPC server for handle calls
-(``[::]:0``, ray/serve/_private/replica.py).
+exporter) binds loopback, but HAProxy's HTTP frontend, which binds ``--host``. Each replica's gRPC
+server for handle calls, which Serve binds to every interface (``[::]:0``, ray/serve/_private/replica.py),
+binds the node's address through a worker setup hook (``service.ray_env.replica_grpc_on_node_address``).
 
 Listeners are read from /proc for the service's own process tree only: other Ray instances run on
 this machine."""
 from __future__ import annotations
 
+import collections
 import ipaddress
 import os
 import socket
@@ -213,12 +214,72 @@ def test_loopback_ray_makes_the_node_address_loopback():
     assert r.returncode != 0 and "before ray is imported" in r.stderr
 
 
+@pytest.fixture
+def replica_module(monkeypatch):
+    """ray.serve._private.replica with a recording add_port_to_grpc_server (restored afterwards): the
+    addresses it was called with; one named in ``refuse`` raises as grpc does for an address it cannot bind."""
+    from ray.serve._private import replica
+    calls, refuse = [], set()
+
+    def add_port(server, address):
+        calls.append(address)
+        if address in refuse:
+            raise RuntimeError(f"Failed to bind to address {address}")
+        return 4242
+    monkeypatch.setattr(replica, "add_port_to_grpc_server", add_port)
+    return replica, calls, refuse
+
+
+@pytest.mark.parametrize("node, bound", [("127.0.0.1", "127.0.0.1:0"), ("10.0.0.5", "10.0.0.5:0"),
+                                         ("fd00::5", "[fd00::5]:0")])
+def test_the_setup_hook_binds_the_replicas_grpc_to_the_node_address(replica_module, monkeypatch, node, bound):
+    """Serve's replica calls add_port_to_grpc_server(server, "[::]:0") (ray 2.60.0, _on_initialized);
+    after the hook it binds the node's address Ray advertises; an address of its own stays."""
+    import ray
+
+    from service.ray_env import replica_grpc_on_node_address
+    replica, calls, _ = replica_module
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: node)
+    replica_grpc_on_node_address()
+    replica_grpc_on_node_address()          # a second run in the same process wraps it once
+    assert replica.add_port_to_grpc_server(object(), "[::]:0") == 4242
+    assert replica.add_port_to_grpc_server(object(), "192.0.2.9:7000") == 4242
+    assert calls == [bound, "192.0.2.9:7000"]
+
+
+def test_the_setup_hook_falls_back_to_serves_binding_with_a_warning(replica_module, monkeypatch, caplog):
+    import ray
+
+    from service.ray_env import replica_grpc_on_node_address
+    replica, calls, refuse = replica_module
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.5")
+    refuse.add("10.0.0.5:0")                # an address this machine does not have
+    replica_grpc_on_node_address()
+    assert replica.add_port_to_grpc_server(object(), "[::]:0") == 4242 and calls == ["10.0.0.5:0", "[::]:0"]
+    assert "cannot bind the node's address 10.0.0.5" in caplog.text
+    caplog.clear()
+    monkeypatch.delattr(replica, "add_port_to_grpc_server")      # Ray's internals changed: nothing to wrap
+    replica_grpc_on_node_address()
+    assert not hasattr(replica, "add_port_to_grpc_server")
+    assert "has no ray.serve._private.replica.add_port_to_grpc_server" in caplog.text and "2.60.0" in caplog.text
+
+
+def test_the_workers_import_the_drivers_copy_of_service_from_their_start(monkeypatch):
+    """python -m service's workers run the setup hook before Ray adds the driver's directory to their
+    path: PYTHONPATH names this checkout first, once."""
+    from service.ray_env import apply_worker_path
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    root = os.path.realpath(ROOT)
+    assert apply_worker_path() == root and os.environ["PYTHONPATH"] == os.pathsep.join([root, "/elsewhere"])
+    assert apply_worker_path() == root and os.environ["PYTHONPATH"] == os.pathsep.join([root, "/elsewhere"])
+
+
 @pytest.mark.slow
 @pytest.mark.cluster      # a Ray instance of its own: after the shared service is shut down
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
 def test_python_m_service_listens_on_loopback_but_for_its_http_frontend(no_shared_service, tmp_path, host):
     """Every listener of the service's tree binds loopback, but HAProxy's frontend, which binds
-    ``--host``, and the replicas' gRPC servers (Serve binds them to every interface, no setting)."""
+    ``--host``; the replicas' gRPC servers for handle calls too (the node's address: 127.0.0.1)."""
     ckpt = build_tiny_checkpoint(tmp_path / "m", "de", "en", max_len=64)
     port, metrics_port = free_port(), free_port()
     haproxy = {var: free_port() for var, _ in HAPROXY_DEFAULT_PORTS.values()}
@@ -234,10 +295,11 @@ def test_python_m_service_listens_on_loopback_but_for_its_http_frontend(no_share
         frontend = [x for x in listeners if x.port == port]
         assert [x.address for x in frontend] == [host] and "haproxy" in frontend[0].process, frontend
         exposed = [x for x in listeners if not is_loopback(x.address) and x.port != port]
-        # Serve's one listener without an address setting: a replica's gRPC server for handle calls.
-        replica_grpc = [x for x in exposed if x.process.startswith("ray::ServeReplica") and x.address == "::"]
-        assert exposed == replica_grpc, "\n".join(map(str, exposed))
-        assert len({x.pid for x in replica_grpc}) == len(replica_grpc) <= 2, replica_grpc   # one per replica
+        assert exposed == [], "\n".join(map(str, exposed))
+        # among them the replicas' gRPC servers for handle calls (Serve's "[::]:0"), on the node's address:
+        # a replica that is up has its HTTP port, its worker's gRPC server and that one
+        replicas = collections.Counter(x.pid for x in listeners if x.process.startswith("ray::ServeReplica"))
+        assert max(replicas.values(), default=0) >= 3, "\n".join(map(str, listeners))
         # a client's own forwarded headers do not reach the replicas: its download URL keeps the request's scheme
         r = httpx.post(f"http://127.0.0.1:{port}/translate_file", files={"file": ("a.txt", b"Hallo.\n")},
                        data={"source": "de", "target": "en"}, timeout=120,

@@ -252,7 +252,8 @@ def test_every_scoped_route_by_either_header_scheme(tenants, scheme):
     assert upload.status_code == 200, upload.text
     doc = upload.json()
     status, key = f"/v2/document/{doc['document_id']}", {"document_key": doc["document_key"]}
-    assert wait_done(t.client, status, key, a)["status"] == "done"
+    done = wait_done(t.client, status, key, a)
+    assert done["status"] == "done" and done["billed_characters"] == len("Ein Vertrag.")
     probes = [("GET", "/v1/glossaries", {}), ("GET", "/v1/glossaries/legal", {}),
               ("GET", "/v1/memory", {"params": {"model": "de-en"}}), ("POST", status, {"data": key}),
               ("POST", status + "/result", {"data": key}), ("GET", "/v2/usage", {})]
@@ -262,7 +263,8 @@ def test_every_scoped_route_by_either_header_scheme(tenants, scheme):
     assert [e["source"] for e in own[2].json()["entries"]] == ["Hallo"]
     assert t.client.post("/v2/translate", json={"text": ["Ein Hund."], "target_lang": "EN-GB"},
                          headers=a).status_code == 200
-    assert t.client.get("/v2/usage", headers=a).json()["character_count"] == len("Ein Hund.")
+    usage = t.client.get("/v2/usage", headers=a).json()["character_count"]
+    assert usage == len("Ein Vertrag.") + len("Ein Hund.")          # documents are billed too, as DeepL's
     other = [t.client.request(m, p, headers=b, **kw) for m, p, kw in probes]
     assert [r.status_code for r in other] == [200, 404, 200, 404, 404, 200]
     assert other[0].json()["data"] == [] and other[2].json()["entries"] == []

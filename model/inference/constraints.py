@@ -5,21 +5,27 @@ term) appears in the output, and the beam's k slots are shared between hypothese
 different numbers of constraint tokens, so that hypotheses which have placed a term early do not
 push out those that will place it later.
 
+A phrase listed n times must occur n times (a term whose source occurs twice). Occurrences are
+counted wherever the phrase's tokens stand in the output, inside another constraint's occurrence
+too: with "two" and "two bikes" listed once each, "two bikes" meets both, so the search does not
+force a second "two" (a term is never forced more often than it is listed).
+
 One step of a ``ConstrainedBeamSearch`` (k = beam_size, n alive hypotheses):
   1. candidates: each alive hypothesis's 2k best next tokens (the shared top-k of ``search_step``)
      plus the tokens its constraint state allows (the next token of the term it is inside, else the
      first token of every unmet term), whose log-probs are read from the step's logits;
-     EOS only for a hypothesis that has met every constraint;
+     EOS, and a token that ends a sentence (``ends``: final punctuation), only for a hypothesis that
+     has met every constraint (a term is written before the sentence's end, not after it);
   2. each candidate's ``ConstraintState`` after its token; its bank = constraint tokens met (0..C);
   3. the k slots are divided among the C + 1 banks (k // (C + 1) each, the remainder to the top
      bank); a bank with fewer candidates passes its spare slots down to the bank below (Sockeye's
      rule); slots still spare go to the best remaining candidates of any bank;
   4. the chosen candidates, best log-prob first, go to ``BeamSearch.advance``: EOS ones finish,
      the others stay alive.
-A term being written must be continued: a hypothesis that leaves it midway loses its progress on it
-(the term may start again later). When two unmet terms start with the same token, the token starts
-the first of them. Results rank hypotheses that contain every term before the others (a hypothesis
-that hits max_new_tokens before meeting all is a "length" result and ranks last), then by score.
+The term being written is the unmet one whose start the output's last tokens match longest; a
+hypothesis that leaves it midway loses its progress on it (the term may start again later). Results
+rank hypotheses that contain every term (as often as listed) before the others (a hypothesis that
+hits max_new_tokens before meeting all is a "length" result and ranks last), then by score.
 
 Invariant: a search without constraints is never a ``ConstrainedBeamSearch`` and ``search_step``
 treats it exactly as before (the shared top-k is unchanged), so its result does not depend on
@@ -27,6 +33,7 @@ whether constrained searches share its step.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -40,12 +47,34 @@ if TYPE_CHECKING:
 MIN_CONSTRAINED_BEAM = 4   # the beam a constrained sentence gets at least (greedy requests included)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a sentence's constraints ask, computed once per constraints tuple (``plan``)."""
+    phrases: tuple[tuple[int, ...], ...]     # the distinct phrases, first listed first
+    of: tuple[int, ...]                      # per listed constraint: its phrase
+    need: tuple[int, ...]                    # per phrase: how often it is listed (occurrences needed)
+    tail: int                                # output tokens kept to match phrases: the longest one's, less one
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(constraints: tuple[tuple[int, ...], ...]) -> Plan:
+    """The distinct phrases of ``constraints`` and how often each is listed."""
+    phrases = tuple(dict.fromkeys(constraints))
+    index = {p: j for j, p in enumerate(phrases)}
+    of = tuple(index[c] for c in constraints)
+    need = tuple(of.count(j) for j in range(len(phrases)))
+    return Plan(phrases, of, need, max(map(len, phrases), default=1) - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class ConstraintState:
     """One hypothesis's progress on its sentence's constraints."""
-    met: tuple[bool, ...]                    # per constraint: fully written
+    met: tuple[bool, ...]                    # per constraint: written (a phrase listed n times: its first
+                                             # c constraints, c = its occurrences so far)
     current: int = -1                        # the constraint being written (-1: none)
     done: int = 0                            # its tokens written so far
+    counts: tuple[int, ...] = ()             # per phrase of ``plan``: its occurrences so far (() = none)
+    tail: tuple[int, ...] = ()               # the output's last tokens (``Plan.tail`` of them)
 
     def met_tokens(self, constraints: Sequence[tuple[int, ...]]) -> int:
         """Constraint tokens met: the bank of the hypothesis."""
@@ -62,21 +91,26 @@ class ConstraintState:
         return list(dict.fromkeys(c[0] for c, m in zip(constraints, self.met) if not m))
 
     def advance(self, constraints: Sequence[tuple[int, ...]], token: int) -> "ConstraintState":
-        """The state after ``token`` (see the module docstring: leaving a term midway resets it)."""
-        met, cur, done = self.met, self.current, self.done
-        if cur >= 0:
-            if constraints[cur][done] == token:
-                done += 1
-                if done == len(constraints[cur]):
-                    return ConstraintState(met[:cur] + (True,) + met[cur + 1:])
-                return ConstraintState(met, cur, done)
-            cur, done = -1, 0                # left the term midway: its progress is lost
-        for j, (c, m) in enumerate(zip(constraints, met)):
-            if not m and c[0] == token:
-                if len(c) == 1:
-                    return ConstraintState(met[:j] + (True,) + met[j + 1:])
-                return ConstraintState(met, j, 1)
-        return ConstraintState(met) if cur != self.current else self
+        """The state after ``token``: each phrase that the output now ends with counts once more, and
+        the term being written is the unmet one whose start the output ends with longest (first listed
+        on a tie; module docstring)."""
+        p = plan(tuple(constraints))
+        seq = self.tail + (token,)
+        counts = list(self.counts or (0,) * len(p.phrases))
+        for j, phrase in enumerate(p.phrases):
+            if seq[-len(phrase):] == phrase:
+                counts[j] += 1
+        met, seen = [], [0] * len(p.phrases)
+        for j in p.of:                       # the first counts[j] constraints of phrase j are met
+            met.append(seen[j] < counts[j])
+            seen[j] += 1
+        current, done = -1, 0
+        for i, c in enumerate(constraints):
+            if not met[i]:
+                k = next((k for k in range(len(c) - 1, done, -1) if seq[-k:] == c[:k]), 0)
+                if k > done:
+                    current, done = i, k
+        return ConstraintState(tuple(met), current, done, tuple(counts), seq[-p.tail:] if p.tail else ())
 
 
 def bank_sizes(beam_size: int, counts: Sequence[int]) -> list[int]:
@@ -98,19 +132,26 @@ def bank_sizes(beam_size: int, counts: Sequence[int]) -> list[int]:
 
 def contains(tokens: Sequence[int], phrase: Sequence[int]) -> bool:
     """Whether ``phrase`` occurs in ``tokens`` as a contiguous run."""
-    n = len(phrase)
-    return any(tuple(tokens[i:i + n]) == tuple(phrase) for i in range(len(tokens) - n + 1))
+    return occurrences(tokens, phrase) > 0
+
+
+def occurrences(tokens: Sequence[int], phrase: Sequence[int]) -> int:
+    """How often ``phrase`` occurs in ``tokens`` as a contiguous run (overlapping runs each count)."""
+    n, phrase = len(phrase), tuple(phrase)
+    return sum(tuple(tokens[i:i + n]) == phrase for i in range(len(tokens) - n + 1))
 
 
 @dataclass
 class ConstrainedBeamSearch(BeamSearch):
     """A ``BeamSearch`` whose output must contain every ``constraints`` phrase (target ids, EOS
-    excluded); see the module docstring. ``search_step`` calls ``constrained_step`` for it instead
-    of ranking its candidates with the unconstrained searches'.
+    excluded; a phrase listed n times, n times), written before any of the ``ends`` tokens (those
+    that end a sentence); see the module docstring. ``search_step`` calls ``constrained_step`` for it
+    instead of ranking its candidates with the unconstrained searches'.
     Raises ValueError for beam_size < 2 (a beam of one would write every term at once; the engine
     raises greedy requests to MIN_CONSTRAINED_BEAM) or an empty constraint.
     """
     constraints: tuple = ()                  # tuple of tuples of target token ids
+    ends: frozenset = frozenset()            # ids that end a sentence (final punctuation): once every term is met
     states: list = field(default_factory=list)   # ConstraintState of each alive hypothesis, in order
 
     def __post_init__(self) -> None:
@@ -122,6 +163,7 @@ class ConstrainedBeamSearch(BeamSearch):
             raise ValueError("constraints must be non-empty token sequences")
         if any(t == self.eos_id for c in self.constraints for t in c):
             raise ValueError("constraints must not contain EOS")
+        self.ends = frozenset(int(t) for t in self.ends)
         self.states = [ConstraintState((False,) * len(self.constraints))]
 
     def constrained_step(self, top_v: Sequence[list], top_i: Sequence[list], out: "StepOutput", first: int,
@@ -146,7 +188,8 @@ class ConstrainedBeamSearch(BeamSearch):
             for v, i in zip(top_v[b][: 2 * k], top_i[b][: 2 * k]):
                 if v != float("-inf"):
                     cands[(b, int(i))] = base + float(v)
-        extra = [(b, t) for b in range(n) for t in self.states[b].allowed(cons) if (b, t) not in cands]
+        allowed = [st.allowed(cons) for st in self.states]
+        extra = [(b, t) for b in range(n) for t in allowed[b] if (b, t) not in cands]
         if extra:
             for (b, t), v in zip(extra, _token_log_probs(out, first, top_v, top_i, extra)):
                 if v != float("-inf"):
@@ -155,9 +198,9 @@ class ConstrainedBeamSearch(BeamSearch):
         scored = []                                        # (-log-prob, parent, token, state, bank)
         for (b, t), lp in cands.items():
             parent = self.states[b]
+            if (t == eos or t in self.ends) and not parent.all_met() and t not in allowed[b]:
+                continue                                   # the sentence ends once every term is written
             if t == eos:
-                if not parent.all_met():
-                    continue                               # EOS only once every term is written
                 st = parent
             else:
                 st = parent.advance(cons, t)
@@ -185,8 +228,9 @@ class ConstrainedBeamSearch(BeamSearch):
         raise TypeError("a ConstrainedBeamSearch advances by constrained_step (it needs the step's logits)")
 
     def met(self, tokens: Sequence[int]) -> bool:
-        """Whether ``tokens`` contain every constraint."""
-        return all(contains(tokens, c) for c in self.constraints)
+        """Whether ``tokens`` contain every constraint, each phrase as often as it is listed."""
+        p = plan(self.constraints)
+        return all(occurrences(tokens, c) >= n for c, n in zip(p.phrases, p.need))
 
     def results(self) -> list[Hypothesis]:
         """The n_best hypotheses: those containing every constraint first, then by score."""

@@ -3,7 +3,8 @@ clients call it (``deepl.Translator(auth_key, server_url=...).translate_document
 
     POST /v2/document                       multipart ``file``, ``target_lang`` (EN-GB, DE, ...), optional
                                             ``source_lang``, ``filename``, ``formality``, ``output_format``,
-                                            ``glossary_id`` (a stored glossary's terms)
+                                            ``glossary_id`` or ``glossary_ids`` (stored glossaries' terms:
+                                            GlossaryClient.resolve_all)
                                             -> {"document_id", "document_key"}; translation starts in the
                                             background of the replica that took the upload
     POST /v2/document/{document_id}         ``document_key`` (form or JSON) -> {"document_id", "status":
@@ -19,21 +20,21 @@ the same key must also come with every call (``Authorization: DeepL-Auth-Key`` o
 are DeepL's ``{"message": ...}``. ``formality`` is accepted and not applied (the ``X-Unsupported``
 header says so); ``output_format`` other than the input's is a 400; ``glossary_id`` is resolved at the
 upload for the document's model (404 unknown, 409 other languages) and applied to every segment.
-Each ingress replica runs at most ``max_jobs_per_key`` unfinished jobs of one API key (keys off: of
-one client address); one more is a 429 with Retry-After.
+One API key (keys off: one client address) has at most ``max_jobs_per_key`` unfinished jobs, counted
+in the shared store over every ingress replica (``admit``); one more is a 429 with Retry-After.
 Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the served ones
 (``deepl_language``; the clients helper's service/api/deepl.py is meant to own this at merge).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
 import secrets
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Literal, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -42,12 +43,13 @@ from pydantic import BaseModel, Field
 from service import documents
 from service.protocol import ServiceError
 
+from . import deepl_glossaries, glossaries
 from . import documents as routes
-from . import glossaries
 from .middleware.caller import caller_of
 from .schemas import ErrorResponse
 
 if TYPE_CHECKING:
+    from .document_store import DocumentStore
     from .services import Services
 
 
@@ -99,55 +101,49 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
         "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"},
         "source_lang": {"type": "string"}, "filename": {"type": "string"}, "formality": {"type": "string"},
         "output_format": {"type": "string", "description": "empty, or the file's own extension (no conversion)"},
-        "glossary_id": {"type": "string", "description": "a stored glossary's name (GET /v1/glossaries); unknown: "
-                                                        "404; of other languages than the document's model: 409"},
+        "glossary_id": {"type": "string", "description": "a DeepL glossary's id or a /v1/glossaries name; unknown: "
+                                                        "404; without a dictionary of the document's pair: 409"},
+        "glossary_ids": {"type": "string", "description": "up to 5 glossary ids, comma-separated, not with "
+                                                         "glossary_id"},
         "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
     "additionalProperties": False}}}}
 
 JOB_STALE_S = 600        # a job not updated for this long lost its replica: reported as an error
 JOBS_RETRY_AFTER_S = 5   # Retry-After of the 429 for too many unfinished jobs
 MAX_CANCEL_BODY_BYTES = 16 * 1024   # a DELETE's body (its document_key): the body middleware reads POST, PUT, PATCH only
-FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "auth_key")
+FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "glossary_ids",
+          "auth_key")
 
 
 class Cancelled(Exception):
     """The job's record is gone from the store: its owner cancelled it (on any replica)."""
 
 
-@dataclass
-class Running:
-    task: asyncio.Future     # the background translation
-    place: object            # its place among its holder's unfinished jobs (Jobs.admit)
-
-
 class Jobs:
-    """This replica's unfinished jobs: the running tasks (a reference keeps each alive) by document_id,
-    and the places taken by each holder (``Caller.who``: "k:<key label>", keys off "c:<client address>"),
-    uploads being read included."""
+    """This replica's running jobs (a reference keeps each task alive) by document_id; the places of
+    each holder's unfinished jobs are counted in the shared store (``admit``)."""
 
     def __init__(self):
-        self.running: dict[str, Running] = {}
-        self.places: dict[object, str] = {}      # a place -> its holder
-
-    def admit(self, holder: str, limit: int) -> object:
-        """A place for one more job of ``holder`` (give it back with ``release``). Raises ServiceError
-        429 when ``holder`` has ``limit`` unfinished jobs here."""
-        held = sum(h == holder for h in self.places.values())
-        if held >= limit:
-            what = "API key" if holder.startswith("k:") else "client"
-            raise ServiceError(429, f"Too many documents: at most {limit} unfinished document translations per "
-                                    f"{what} (documents.max_jobs_per_key); {held} are queued or translating: "
-                                    "retry when one is done, or cancel one (DELETE /v2/document/{id})",
-                               "file", retry_after=JOBS_RETRY_AFTER_S, type="too_many_documents")
-        place = object()
-        self.places[place] = holder
-        return place
-
-    def release(self, place: Optional[object]) -> None:
-        self.places.pop(place, None)
+        self.running: dict[str, asyncio.Future] = {}
 
 
 _jobs = Jobs()
+
+
+async def admit(store: "DocumentStore", who: str, job_id: str, record: dict, limit: int) -> None:
+    """Keep ``record`` (a job's first) as job ``job_id``'s in ``store``, a place among the unfinished
+    jobs of ``who`` (``Caller.who``: "k:<key label>", keys off "c:<client address>"; the record keeps its
+    hash), counted in the store over every ingress replica that shares it: the place is given back when
+    the job's record turns done or error, is removed (cancelled, a failed upload) or goes stale
+    (JOB_STALE_S). Raises ServiceError 429 when ``who`` has ``limit`` unfinished jobs."""
+    record["holder"] = _hash(who)
+    held = await asyncio.to_thread(store.admit_job, job_id, record, limit, JOB_STALE_S)
+    if held >= limit:
+        what = "API key" if who.startswith("k:") else "client"
+        raise ServiceError(429, f"Too many documents: at most {limit} unfinished document translations per "
+                                f"{what} (documents.max_jobs_per_key); {held} are queued or translating: "
+                                "retry when one is done, or cancel one (DELETE /v2/document/{id})",
+                           "file", retry_after=JOBS_RETRY_AFTER_S, type="too_many_documents")
 
 
 def deepl_language(code: Optional[str]) -> Optional[str]:
@@ -166,10 +162,15 @@ def _hash(key: str) -> str:
 
 
 async def upload(svc: "Services", request: Request) -> Response:
-    doc, place = None, None
+    doc, admitted = None, False
+    job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
     try:
         up = await routes.read_upload(request, FIELDS)
-        place = _jobs.admit(caller_of(request).who, svc.doc_settings.max_jobs_per_key)
+        caller = caller_of(request)
+        record = {"status": "queued", "key": _hash(key), "owner": caller.owner, "filename": up.filename, "total": 0,
+                  "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
+        await admit(svc.doc_store, caller.who, job_id, record, svc.doc_settings.max_jobs_per_key)
+        admitted = True
         target = deepl_language(up.fields.get("target_lang"))
         if not target:
             raise ServiceError(400, "Value for 'target_lang' not supported. target_lang is required", "target_lang")
@@ -180,37 +181,34 @@ async def upload(svc: "Services", request: Request) -> Response:
                                     "the translated file has the input's format", "output_format")
         doc = await routes.parsed(up)
         source = deepl_language(up.fields.get("source_lang")) or "auto"
-        glossary_id = up.fields.get("glossary_id") or None
+        ids, field = deepl_glossaries.ids_of(up.fields)
         model, target = await routes.plan(svc, doc, None, source, target, "source_lang")
         glossary: tuple = ()
-        if glossary_id is not None:     # for the model the document goes to (its language detected without
-            # source_lang): 404 for an unknown name, 409 for a glossary of other languages
+        if ids:     # for the model the document goes to (its language detected without source_lang): 404 for
+            # an unknown glossary, 409 for one without that pair (GlossaryClient.resolve_all)
             card = svc.graph.resolve(model, None, target)
-            glossary = await svc.glossaries.resolve(glossaries.scope_of(request), glossary_id, card.source_lang,
-                                                   card.target_lang)
-    except ServiceError as e:
-        _jobs.release(place)
+            glossary = await svc.glossaries.resolve_all(glossaries.scope_of(request), ids, card.source_lang,
+                                                        card.target_lang, field=field)
+        record.update(total=len(doc.segments), started=time.time())
+        await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
+    except BaseException as e:          # the place goes back: the job's record is removed
+        if admitted:
+            svc.doc_store.remove_job(job_id)
         if doc is not None:
             documents.release(doc)
-        return message(e)
-    job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
-    owner = caller_of(request).owner
-    record = {"status": "queued", "key": _hash(key), "owner": owner, "filename": up.filename, "total": len(doc.segments),
-              "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
-    await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
-    task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary))
-    _jobs.running[job_id] = Running(task, place)
-
-    def ended(_) -> None:
-        _jobs.release(place)
-        _jobs.running.pop(job_id, None)
-    task.add_done_callback(ended)
+        if isinstance(e, ServiceError):
+            return message(e)
+        raise
+    task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary,
+                                      functools.partial(svc.add_usage, caller_of(request).scope)))
+    _jobs.running[job_id] = task
+    task.add_done_callback(lambda _: _jobs.running.pop(job_id, None))
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
 
 
 async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
-               glossary: tuple = ()) -> None:
+               glossary: tuple = (), bill: Callable[[int], None] = lambda chars: None) -> None:
     store = svc.doc_store
     last = [0.0]
 
@@ -230,6 +228,7 @@ async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, targ
         media = documents.FORMATS[documents.extension(filename)].media_type
         rec = await asyncio.to_thread(store.put, data, filename, media, record["owner"])
         record.update(status="done", result=rec.name, billed_characters=chars, done=record["total"])
+        await asyncio.to_thread(bill, chars)
     except Cancelled:
         return          # its record and file are gone: nothing to write
     except ServiceError as e:
@@ -301,9 +300,8 @@ async def cancel(svc: "Services", request: Request, job_id: str) -> Response:
         return message(e)
     running = _jobs.running.pop(job_id, None)
     if running is not None:     # on this replica; on another, it stops at its next progress (Cancelled)
-        running.task.cancel()
-        _jobs.release(running.place)
-    await asyncio.to_thread(svc.doc_store.remove_job, job_id)
+        running.cancel()
+    await asyncio.to_thread(svc.doc_store.remove_job, job_id)      # its place is free
     return Response(status_code=204)
 
 

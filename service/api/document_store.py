@@ -3,8 +3,9 @@
 
     {store_dir}/files/{name}        a translated file (name: a random token + the file's extension)
     {store_dir}/files/{name}.json   its record: file name, media type, owner, expiry, size
-    {store_dir}/jobs/{id}.json      a DeepL-style document job: status, progress, its file's name
-                                    (removed with its file when its owner cancels it)
+    {store_dir}/jobs/{id}.json      a DeepL-style document job: status, progress, its file's name, its
+                                    holder (removed with its file when its owner cancels it)
+    {store_dir}/jobs/.admit.lock    held (flock) while a job is admitted: counted and written at once
 
 Files are written to a temporary name and renamed (``os.replace``), so a replica never reads half a
 file. On every write, expired files are removed, then the oldest until the files fit in
@@ -14,6 +15,7 @@ does not exist: the answer says nothing about other keys' files).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -42,7 +44,9 @@ class DocumentSettings(BaseModel):
     # the service's public base URL ("https://mt.example.com"): download URLs start with it; None: built
     # from the request (its Host header, and the scheme a proxy trusted by the ASGI server forwarded)
     public_url: Optional[str] = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
-    max_jobs_per_key: int = Field(4, ge=1)       # unfinished DeepL document jobs of one key (keys off: client address)
+    # unfinished DeepL document jobs of one key (keys off: client address), counted in the store: over
+    # every ingress replica that shares it
+    max_jobs_per_key: int = Field(4, ge=1)
 
     def directory(self) -> Path:
         return Path(self.store_dir or state_dir() / "documents")
@@ -143,6 +147,34 @@ class DocumentStore:
     def put_job(self, job_id: str, record: dict) -> None:
         self._ready()
         self._write(self.jobs / f"{job_id}.json", json.dumps({**record, "updated": time.time()}).encode())
+
+    def admit_job(self, job_id: str, record: dict, limit: int, stale_s: float) -> int:
+        """Write ``record`` as job ``job_id``'s unless its holder (``record["holder"]``) has ``limit``
+        unfinished jobs in the store; returns how many it had (``limit`` or more: nothing written).
+        Unfinished: queued or translating, and updated within ``stale_s`` seconds (a job not updated
+        for longer lost its replica). Counting and writing hold an exclusive lock on
+        ``jobs/.admit.lock``, so replicas sharing the directory that admit at once count each other's
+        jobs (flock: on several nodes, a shared mount that passes locks on, as NFSv4 does)."""
+        self._ready()
+        with open(private_file(self.jobs / ".admit.lock"), "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)            # released when the file is closed
+            held = self._unfinished(record["holder"], stale_s)
+            if held < limit:
+                self.put_job(job_id, record)
+            return held
+
+    def _unfinished(self, holder: str, stale_s: float) -> int:
+        now, held = time.time(), 0
+        for path in self.jobs.glob("*.json"):
+            try:
+                if now - path.stat().st_mtime > stale_s:     # written at its last update: stale, or finished long ago
+                    continue
+                job = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue                                     # removed meanwhile
+            held += (isinstance(job, dict) and job.get("holder") == holder
+                     and job.get("status") in ("queued", "translating") and now - job.get("updated", 0) <= stale_s)
+        return held
 
     def remove_job(self, job_id: str) -> None:
         """Forget a job: its record and its translated file (if any)."""

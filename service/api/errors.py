@@ -23,7 +23,7 @@ from service.protocol import ServiceError, short_name
 
 LIBRE_PATHS = ("/translate", "/languages", "/detect", "/translate_file", "/suggest",
                "/frontend/settings")    # routes that answer in LibreTranslate's error shape
-DEEPL_PREFIX = ("/v2/", "/v3/")     # DeepL-compatible routes: DeepL's error shape (deepl.error_response)
+DEEPL_PREFIX = ("/v2/", "/v3/")     # DeepL-compatible routes (str.startswith): DeepL's error shape
 MAX_DETAILS = 20      # errors listed in one 422 body; the rest are counted, not listed
 # Python's JSON parser recurses once per nested array or object and stops at the recursion limit.
 JSON_TOO_DEEP = (f"JSON nested too deep (arrays and objects inside each other beyond about "

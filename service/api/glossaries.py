@@ -16,13 +16,21 @@ live in the memory of one detached Ray actor that every gateway replica shares
 (``GlossaryClient.cluster``): they outlive gateway restarts and redeploys, not the Ray cluster.
 
 A request's ``glossary_id`` is looked up among the caller's glossaries first, then the shared ones.
+
+DeepL's glossaries (``/v2/glossaries``, ``/v3/glossaries``; deepl_glossaries.py) live in this store
+too: a DeepL glossary is the group of the caller's glossaries whose ``group`` (else whose name) is
+its glossary_id, one stored glossary per dictionary (language pair), named ``<glossary_id>.<source>-<target>``
+(``dictionary_name``). A ``glossary_id`` on any route names a glossary or a group; of a group, the
+dictionary of the request's pair is used (``GlossaryStore.pick``).
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -39,7 +47,7 @@ from service.protocol import (
     ServiceError,
     shown,
 )
-from service.translator.glossary import Glossary, check_entries
+from service.translator.glossary import Glossary, check_entries, stems
 
 from .middleware.caller import caller_of
 
@@ -94,6 +102,14 @@ class StoredGlossary:
     source_lang: Optional[str] = None
     target_lang: Optional[str] = None
     shared: bool = False
+    group: Optional[str] = None       # the DeepL glossary_id of the group it is a dictionary of (None: its name)
+    label: Optional[str] = None       # the DeepL glossary's name (free text; None: the stored name)
+    created: float = 0.0              # when it was stored (Unix time)
+
+    @property
+    def key(self) -> str:
+        """The DeepL glossary_id it belongs to."""
+        return self.group or self.name
 
     def info(self, with_entries: bool = False) -> GlossaryInfo:
         return GlossaryInfo(name=self.name, entry_count=len(self.entries), source_lang=self.source_lang,
@@ -169,7 +185,8 @@ class GlossaryStore:
             Glossary(entries, body.source_lang, None, 0, "entries", MAX_STORED_GLOSSARY_ENTRIES)
         except InvalidRequest as e:     # two of its entries conflict (one source, two targets): 409, as a taken name
             raise ServiceError(409 if " conflicts with " in e.message else 422, e.message, e.field) from None
-        g = StoredGlossary(body.name, tuple(Glossary.normalized(entries)), body.source_lang, body.target_lang)
+        g = StoredGlossary(body.name, tuple(Glossary.normalized(entries)), body.source_lang, body.target_lang,
+                           created=time.time())
         with self._lock:
             own = self._by_scope.setdefault(scope, {})
             if body.name in own or body.name in self._by_scope[SHARED]:
@@ -180,13 +197,102 @@ class GlossaryStore:
             own[body.name] = g
         return g
 
+    def members(self, scope: str, key: Optional[str] = None) -> list[StoredGlossary]:
+        """The caller's own glossaries (not the shared ones) of DeepL glossary ``key`` (its
+        dictionaries; None: of every key), in the order they were stored."""
+        with self._lock:
+            own = self._by_scope.get(scope, {})
+            return [g for g in own.values() if not g.shared and key in (None, g.key)]
+
+    def pick(self, scope: str, glossary_id: str, source_lang: Optional[str], target_lang: Optional[str],
+             field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
+        """The entries ``glossary_id`` gives a model source_lang -> target_lang: a group's dictionary of
+        that pair, else the glossary of that name (``resolve``). Raises ServiceError 404 (unknown),
+        409 (no dictionary or glossary of that pair)."""
+        group = self.members(scope, glossary_id)
+        if not any(g.group for g in group):
+            return check_languages(self.get(scope, glossary_id, field), source_lang, target_lang, field)
+        for g in group:
+            if all(w is None or h is None or same_language(w, h)
+                   for w, h in ((g.source_lang, source_lang), (g.target_lang, target_lang))):
+                return g.entries
+        raise ServiceError(409, f"{field}: glossary {shown(glossary_id)} has no dictionary for {source_lang}->"
+                                f"{target_lang}; its dictionaries: "
+                                f"{', '.join(f'{g.source_lang}->{g.target_lang}' for g in group)}", field)
+
+    def edit_group(self, scope: str, key: str, put: list[StoredGlossary], merge: bool = False,
+                   drop: tuple[tuple[str, str], ...] = (), label: Optional[str] = None,
+                   create: bool = False) -> list[StoredGlossary]:
+        """Change DeepL glossary ``key`` at once (nothing changes when it raises): ``put`` dictionaries
+        (each replaces, or with ``merge`` is merged into, the one of its pair; a new pair is added as
+        ``dictionary_name``), ``drop`` the dictionaries of these pairs, rename it to ``label``;
+        ``create``: the glossary is new. Answers its dictionaries. Raises ServiceError 404 (unknown
+        glossary or dictionary), 400 (its last dictionary dropped; merged entries that conflict),
+        409 (a name taken), 413 (over MAX_GLOSSARIES)."""
+        with self._lock:
+            own = self._by_scope.setdefault(scope, {})
+            old = {(base(g.source_lang), base(g.target_lang)): g for g in own.values()
+                   if not g.shared and g.key == key}
+            if bool(old) == create:
+                raise (ServiceError(409, f"glossary_id: {shown(key)} exists", "glossary_id") if create else
+                       ServiceError(404, f"glossary_id: no glossary {shown(key)}", "glossary_id",
+                                    type="glossary_not_found"))
+            new = dict(old)
+            for pair in drop:
+                if new.pop(pair, None) is None:
+                    raise ServiceError(404, f"glossary_id: glossary {shown(key)} has no dictionary {pair[0]}->"
+                                            f"{pair[1]}", "glossary_id", type="glossary_not_found")
+            for g in put:
+                pair = (g.source_lang, g.target_lang)
+                was = new.get(pair)
+                if was is not None and merge:
+                    merged = dict(was.entries)
+                    merged.update(g.entries)
+                    entries = list(merged.items())
+                    try:
+                        Glossary(entries, g.source_lang, None, 0, "entries", MAX_STORED_GLOSSARY_ENTRIES)
+                    except InvalidRequest as e:
+                        raise ServiceError(400, f"dictionaries: merged into {pair[0]}->{pair[1]}: {e.message}",
+                                           "dictionaries") from None
+                    g = dataclasses.replace(g, entries=tuple(entries))
+                new[pair] = dataclasses.replace(g, name=was.name if was else dictionary_name(key, *pair),
+                                                group=was.group if was else key, label=was.label if was else g.label,
+                                                created=was.created if was else g.created)
+            if not new:
+                raise ServiceError(400, f"source_lang: that is the last dictionary of glossary {shown(key)}; delete "
+                                        "the glossary instead", "source_lang")
+            if label is not None:
+                new = {p: dataclasses.replace(g, label=label) for p, g in new.items()}
+            taken = next((g.name for p, g in new.items() if p not in old and g.name in own), None)
+            if taken is not None:
+                raise ServiceError(409, f"glossary_id: the name {shown(taken)} is taken", "glossary_id")
+            count = sum(not g.shared for g in own.values()) - len(old) + len(new)
+            if count > MAX_GLOSSARIES:
+                raise ServiceError(413, f"dictionaries: at most {MAX_GLOSSARIES} glossaries (dictionaries) per API "
+                                        "key; delete one first", "dictionaries")
+            for g in old.values():
+                del own[g.name]
+            own.update((g.name, g) for g in new.values())
+            return sorted(new.values(), key=lambda g: g.created)
+
+    def delete_group(self, scope: str, key: str) -> None:
+        """Delete DeepL glossary ``key`` (every dictionary). Raises ServiceError 404."""
+        with self._lock:
+            own = self._by_scope.get(scope, {})
+            names = [g.name for g in own.values() if not g.shared and g.key == key]
+            if not names:
+                raise ServiceError(404, f"glossary_id: no glossary {shown(key)}", "glossary_id",
+                                   type="glossary_not_found")
+            for name in names:
+                del own[name]
+
     def call(self, method: str, *args):
         """("ok", what ``method`` returns) or ("error", (status, message, field)): the Ray actor's
         entry point (a ServiceError does not cross processes as itself)."""
         try:
             return "ok", getattr(self, method)(*args)
         except ServiceError as e:
-            return "error", (e.status, e.message, e.field)
+            return "error", (e.status, e.message, e.field, None, e.type)
 
     def delete(self, scope: str, name: str) -> None:
         """Raises ServiceError 404 (unknown), 403 (a shared glossary from the directory)."""
@@ -249,18 +355,48 @@ class GlossaryClient:
     async def delete(self, scope: str, name: str) -> None:
         return await self._call("delete", scope, name)
 
+    async def members(self, scope: str, key: Optional[str] = None) -> list[StoredGlossary]:
+        return await self._call("members", scope, key)
+
+    async def edit_group(self, scope: str, key: str, put: list[StoredGlossary], merge: bool = False,
+                         drop: tuple = (), label: Optional[str] = None, create: bool = False) -> list[StoredGlossary]:
+        return await self._call("edit_group", scope, key, put, merge, drop, label, create)
+
+    async def delete_group(self, scope: str, key: str) -> None:
+        return await self._call("delete_group", scope, key)
+
     async def resolve(self, scope: str, glossary_id: str, source_lang: Optional[str], target_lang: Optional[str],
                       field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
-        """``resolve`` on this store (the function the DeepL and LibreTranslate routes call)."""
-        return check_languages(await self.get(scope, glossary_id, field), source_lang, target_lang, field)
+        """``resolve`` on this store (the function every route calls)."""
+        return await self._call("pick", scope, glossary_id, source_lang, target_lang, field)
+
+    async def resolve_all(self, scope: str, ids: list[str], source_lang: Optional[str], target_lang: Optional[str],
+                          skip_missing: bool = False, field: str = "glossary_ids"
+                          ) -> Optional[tuple[tuple[str, str], ...]]:
+        """``resolve`` of several glossaries, in order: a source term an earlier one has (one stem,
+        translator/glossary.py) keeps its target (DeepL's glossary_ids). ``skip_missing``: one without
+        that pair adds nothing (None when none has it). Raises ServiceError 404, 409."""
+        out, found = [], False
+        for glossary_id in ids:
+            try:
+                out.extend(await self.resolve(scope, glossary_id, source_lang, target_lang, field))
+                found = True
+            except ServiceError as e:
+                if e.status != 409 or not skip_missing:
+                    raise
+        kept: dict[tuple[str, ...], tuple[str, str]] = {}      # source stems -> the first entry of them
+        for entry in out:
+            kept.setdefault(tuple(w for w, _, _ in stems(entry[0], source_lang)), entry)
+        return tuple(kept.values()) if found else None
 
 
 def resolve(store: GlossaryStore, scope: str, glossary_id: str, source_lang: Optional[str],
             target_lang: Optional[str], field: str = "glossary_id") -> tuple[tuple[str, str], ...]:
     """The entries of stored glossary ``glossary_id`` for a model source_lang -> target_lang: what a
     route (this API's, LibreTranslate's, DeepL's) puts in ``TranslateJob.glossary``. Raises
-    ServiceError 404 for an unknown name, 409 when the glossary's languages are not the model's."""
-    return check_languages(store.get(scope, glossary_id, field), source_lang, target_lang, field)
+    ServiceError 404 for an unknown name, 409 when the glossary's languages are not the model's (of a
+    DeepL glossary: the dictionary of the model's pair, ``GlossaryStore.pick``)."""
+    return store.pick(scope, glossary_id, source_lang, target_lang, field)
 
 
 def check_languages(g: StoredGlossary, source_lang: Optional[str], target_lang: Optional[str],
@@ -269,10 +405,25 @@ def check_languages(g: StoredGlossary, source_lang: Optional[str], target_lang: 
     stored glossary's languages conflict with the model's: state no request schema can state)."""
     glossary_id = g.name
     for side, want, have in (("source_lang", g.source_lang, source_lang), ("target_lang", g.target_lang, target_lang)):
-        if want is not None and have is not None and want.split("-")[0].lower() != have.split("-")[0].lower():
+        if want is not None and have is not None and not same_language(want, have):
             raise ServiceError(409, f"{field}: glossary {shown(glossary_id)} is for {side} {want}; the model "
                                     f"translates {source_lang}->{target_lang}", field)
     return g.entries
+
+
+def base(code: Optional[str]) -> Optional[str]:
+    """A language code without its region, lower case ("EN-GB" -> "en")."""
+    return code.split("-")[0].lower() if code else code
+
+
+def same_language(a: str, b: str) -> bool:
+    """Whether two codes name one language ("en-GB" and "EN" do)."""
+    return base(a) == base(b)
+
+
+def dictionary_name(key: str, source_lang: str, target_lang: str) -> str:
+    """The stored name of DeepL glossary ``key``'s dictionary source_lang -> target_lang."""
+    return f"{key}.{source_lang}-{target_lang}"
 
 
 __all__ = ["GlossaryClient", "GlossaryCreate", "GlossaryEntry", "GlossaryInfo", "GlossaryList", "GlossaryStore",

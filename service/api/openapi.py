@@ -107,7 +107,7 @@ def _pairs(svc, deepl_codes: bool) -> list[tuple[str, str]]:
 def deepl_translate_schema(svc) -> dict:
     """POST /v2/translate's body: DeepL's codes of the served languages; source_lang -> target_lang a
     served pair (or the same language: the text comes back as it is); source_lang absent or empty:
-    detected; glossary_id needs source_lang."""
+    detected; glossary_id or glossary_ids, not both."""
     cards = list(svc.graph.cards.values()) if svc else []
     text = {"type": "string", "maxLength": MAX_TEXT_CHARS}
     props = {
@@ -122,12 +122,18 @@ def deepl_translate_schema(svc) -> dict:
                                            "only (the default with tag_handling); 0: each text is one sentence"},
         "preserve_formatting": {**BOOLEAN, "description": "accepted; whitespace and case are always kept"},
         "formality": {"type": ["string", "null"], "description": "accepted, not applied (named in X-Ignored-Fields)"},
-        "glossary_id": {"type": ["string", "null"], "description": "a stored glossary's name (GET /v1/glossaries); "
-                                                                   "needs source_lang; unknown: 404"},
+        "glossary_id": {"type": ["string", "null"], "description": "a DeepL glossary's id or a /v1/glossaries name: "
+                                                                   "the dictionary of the pair; unknown: 404"},
+        "glossary_ids": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                                        "maxItems": deepl.MAX_GLOSSARY_IDS}],
+                         "description": f"up to {deepl.MAX_GLOSSARY_IDS} glossary ids (comma-separated or a list), "
+                                        "not with glossary_id; unknown: 404"},
         "show_billed_characters": BOOLEAN}
+    some_id = {"type": "string", "pattern": r"[^,\s]"}
     schema = {"type": "object", "required": ["text", "target_lang"], "properties": props,
-              "if": {"required": ["glossary_id"], "properties": {"glossary_id": {"minLength": 1}}},
-              "then": {"required": ["source_lang"], "properties": {"source_lang": {"type": "string", "minLength": 1}}}}
+              "not": {"required": ["glossary_id", "glossary_ids"], "properties": {
+                  "glossary_id": {"type": "string", "minLength": 1},
+                  "glossary_ids": {"anyOf": [some_id, {"type": "array", "contains": some_id}]}}}}
     if not cards:
         return schema
     pairs = _pairs(svc, True)

@@ -12,6 +12,7 @@ from ray.serve.handle import DeploymentHandle
 
 from service.metrics import GuardMetrics, RetryMetrics
 from service.pipeline import LanguageGraph, Pipeline, pivot
+from service.replica import mapped_errors
 from service.translator import ModelCard, TranslatorSettings
 from service.translator.langid import LanguageDetector
 from service.translator.memory import MemoryStore
@@ -86,6 +87,16 @@ class Services:
         await self.backend.reconfigure(user_config)
         self.pipeline.configure(user_config.get("engine", {}))
         self.guard.reload()
+
+    def add_usage(self, scope: str, chars: int) -> None:
+        """Add ``chars`` to the /v2/usage count of a caller's ``scope`` (``Caller.scope``; DeepL's
+        ``character_count``: texts and documents): in the memory's store, else in this replica.
+        Raises ServiceError (the memory's)."""
+        if self.memory is not None:
+            with mapped_errors("memory"):
+                self.memory.add_usage(scope, chars)
+        else:
+            self.usage_chars += chars
 
     def memory_scope(self, request: Request) -> Optional[str]:
         """The request's translation memory (``TranslateJob.memory_scope``): its key's, "" with keys

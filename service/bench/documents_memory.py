@@ -1,15 +1,23 @@
 """A document's memory: the process's resident size (``VmRSS``) before a document, at its peak
 (``VmHWM``, reset first), once parsed, and once released (``documents.release``: the trees collected,
 the heap handed back with glibc's ``malloc_trim``), for Word files built here near the caps of
-``service/documents/safety.py`` and past them (docs/documents.md#limits):
+``service/documents/safety.py`` and past them, and for the text formats' worst cases at the upload
+limit (docs/documents.md#limits):
 
     python -m service.bench.documents_memory              # every case
-    python -m service.bench.documents_memory --cases bomb
+    python -m service.bench.documents_memory --cases bomb,md-items
+    python -m service.bench.documents_memory --cases text-formats   # TEXT_CASES
 
-Cases: ``formatted`` (paragraphs of formatted runs: XML and elements near MAX_XML_ELEMENTS,
+Word cases: ``formatted`` (paragraphs of formatted runs: XML and elements near MAX_XML_ELEMENTS,
 segments and characters under their caps), ``text`` (long plain runs: XML near
 MAX_XML_BYTES, refused at MAX_DOCUMENT_CHARS once parsed), ``bomb`` (XML past MAX_XML_BYTES whose
-header says 1,000 bytes: refused as it inflates). Linux only (``/proc/self``). Figures, not a test.
+header says 1,000 bytes: refused as it inflates).
+
+Text cases, each file MAX_DOCUMENT_BYTES of one small unit repeated (``TEXT_CASES``): the densest
+units, refused as MAX_PARSED_NODES is passed while parsing, and ``-under`` ones padded with text to
+parse into just under it (the whole tree built, then refused at a segment or character cap);
+subtitles and plain text, whose size bounds them, at their smallest cues and blocks.
+Linux only (``/proc/self``). Figures, not a test.
 """
 from __future__ import annotations
 
@@ -80,12 +88,63 @@ def declaring(data: bytes, member: str, size: int) -> bytes:
     return bytes(out)
 
 
+def repeated(unit: str, head: str = "", tail: str = "", units: int = 0, pad: str = "a") -> bytes:
+    """MAX_DOCUMENT_BYTES of ``unit`` repeated between ``head`` and ``tail``; with ``units``, that many
+    units, each with ``pad`` repeated where its ``{}`` is to fill the file."""
+    from service.protocol import MAX_DOCUMENT_BYTES
+    room = MAX_DOCUMENT_BYTES - len(head.encode()) - len(tail.encode())
+    if units:
+        bare = len(unit.format("").encode())
+        unit = unit.format(pad * ((room // units - bare) // len(pad.encode())))
+    else:
+        units = room // len(unit.encode())
+    return (head + unit * units + tail).encode()
+
+
+def under(nodes_per_unit: int) -> int:
+    """Units of ``nodes_per_unit`` nodes (tags, text, lines, tokens, cues) that parse into just under
+    MAX_PARSED_NODES."""
+    from service.protocol import MAX_PARSED_NODES
+    return int(MAX_PARSED_NODES * 0.98) // nodes_per_unit
+
+
+CUE = "00:00:00{0}000 --> 00:00:01{0}000\n{1}\n\n"
+# name -> (file name, the file); the nodes a unit parses into in the comments (docs/documents.md#limits)
+TEXT_CASES = {
+    # list items: 1 line, 6 tokens, 1 HTML part each (the file that peaked near 2.2 GiB before the cap)
+    "md-items": ("a.md", lambda: repeated("- a\n")),
+    "md-items-under": ("a.md", lambda: repeated("- {}\n", units=under(8), pad="a ")),
+    # emphasis in paragraphs of 0.8 MB: 4 tokens and 4 HTML parts a unit
+    "md-emphasis": ("a.md", lambda: repeated(("*a* " * 200_000 + "\n\n"))),
+    "md-paragraphs-under": ("a.md", lambda: repeated("{}\n\n", units=under(7), pad="wort ")),
+    # link reference definitions: a line each, no token (markdown-it keeps each in a dictionary)
+    "md-references-under": ("a.md", lambda: "".join(f"[{i:x}]:b\n" for i in range(under(1))).encode()),
+    # a run of inline elements: 3 parts a unit, all one sentence
+    "html-inline": ("a.html", lambda: repeated("<b>a</b>")),
+    "html-inline-under": ("a.html", lambda: repeated("<b>{}</b>", units=under(3))),
+    "html-blocks-under": ("a.html", lambda: repeated("<p>{}", units=under(2))),
+    "html-entities-under": ("a.html", lambda: repeated("<p>&amp;{}", units=under(2))),   # text kept beside its source
+    "txt-blocks": ("a.txt", lambda: repeated("a\n\n")),
+    "txt-lines": ("a.txt", lambda: repeated("a\n")),
+    "srt-cues": ("a.srt", lambda: repeated("1\n" + CUE.format(",", "a"))),
+    "srt-tags": ("a.srt", lambda: repeated("<b>a</b>", "1\n" + CUE.format(",", "")[:-2], "\n")),
+    "vtt-cues": ("a.vtt", lambda: repeated(CUE.format(".", "a"), "WEBVTT\n\n")),
+}
+
+
+TEXT_CASES_WARM = {"md": b"# Ein *Titel*\n", "html": b"<p>Ein <b>Hund</b>", "srt": ("1\n" + CUE.format(",", "a")).encode(),
+                   "vtt": ("WEBVTT\n\n" + CUE.format(".", "a")).encode(), "txt": b"Ein Hund.\n"}
+
+
 def cases() -> dict:
+    """name -> (file name, a function making the file)."""
     from service.documents.common import MAX_XML_BYTES
     return {
-        "formatted": lambda: docx_of(paragraphs(int(MAX_XML_BYTES * 0.6), 10, 1, True)),
-        "text": lambda: docx_of(paragraphs(int(MAX_XML_BYTES * 0.95), 4, 40, False)),
-        "bomb": lambda: declaring(docx_of(paragraphs(MAX_XML_BYTES + (1 << 20), 4, 40, False)), "word/document.xml", 1000),
+        "formatted": ("bench.docx", lambda: docx_of(paragraphs(int(MAX_XML_BYTES * 0.6), 10, 1, True))),
+        "text": ("bench.docx", lambda: docx_of(paragraphs(int(MAX_XML_BYTES * 0.95), 4, 40, False))),
+        "bomb": ("bench.docx", lambda: declaring(docx_of(paragraphs(MAX_XML_BYTES + (1 << 20), 4, 40, False)),
+                                                 "word/document.xml", 1000)),
+        **TEXT_CASES,
     }
 
 
@@ -94,7 +153,7 @@ def kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def measure(name: str, data: bytes) -> str:
+def measure(name: str, data: bytes, filename: str = "bench.docx") -> str:
     from service import documents
     documents.release_memory()
     before = kib("VmRSS")
@@ -102,10 +161,10 @@ def measure(name: str, data: bytes) -> str:
         f.write("5")            # VmHWM from here
     t = time.perf_counter()
     try:
-        doc = documents.load(data, "bench.docx")
+        doc = documents.load(data, filename)
         outcome = f"{len(doc.segments)} segments"
     except documents.DocumentError as e:
-        doc, outcome = None, f"{e.status}: {e.message[:90]}"
+        doc, outcome = None, f"{e.status}: {e.message[:110]}"
     seconds = time.perf_counter() - t
     parsed = kib("VmRSS")
     if doc is not None:
@@ -114,23 +173,28 @@ def measure(name: str, data: bytes) -> str:
     else:
         documents.release_memory()
     peak, after = kib("VmHWM"), kib("VmRSS")
-    return (f"{name:10s} {len(data) / 2**20:5.1f} MiB file, {seconds:5.1f} s: {outcome}\n"
-            f"{'':10s} VmRSS before {before / 1024:6.0f} MiB, parsed +{(parsed - before) / 1024:5.0f}, "
+    return (f"{name:19s} {len(data) / 2**20:5.1f} MiB file, {seconds:5.1f} s: {outcome}\n"
+            f"{'':19s} VmRSS before {before / 1024:6.0f} MiB, parsed +{(parsed - before) / 1024:5.0f}, "
             f"peak +{(peak - before) / 1024:5.0f}, released +{(after - before) / 1024:4.0f}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="formatted,text,bomb", help="comma-separated: formatted, text, bomb")
-    args = ap.parse_args(argv)
     table = cases()
-    for name in args.cases.split(","):
+    ap.add_argument("--cases", default=",".join(table),
+                    help=f"comma-separated, of: {', '.join(table)}; text-formats: every text format's case")
+    args = ap.parse_args(argv)
+    names = [n for name in args.cases.split(",") for n in (TEXT_CASES if name == "text-formats" else [name])]
+    for name in names:
         if name not in table:
-            ap.error(f"--cases: unknown case {name!r}; known: {', '.join(table)}")
+            ap.error(f"--cases: unknown case {name!r}; known: {', '.join(table)}, text-formats")
     from service import documents
     documents.load(docx_of(paragraphs(10_000, 2, 3, True)), "warm.docx")     # imports and caches first
-    for name in args.cases.split(","):
-        print(measure(name, table[name]()), flush=True)
+    for warm in ("a.md", "a.html", "a.srt", "a.vtt", "a.txt"):
+        documents.release(documents.load(TEXT_CASES_WARM[warm.split(".")[1]], warm))
+    for name in names:
+        filename, make = table[name]
+        print(measure(name, make(), filename), flush=True)
     return 0
 
 

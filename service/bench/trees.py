@@ -139,7 +139,7 @@ class Service:
         self.proc = subprocess.Popen(cmd, cwd=tree, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": str(tree)})
 
-    def wait_ready(self, timeout_s: float = 300) -> None:
+    def wait_ready(self, timeout_s: float = 900) -> None:   # the old tree compiles its CPU kernels first
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -151,7 +151,9 @@ class Service:
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise RuntimeError(f"the service was not ready within {timeout_s:.0f} s (log: {self.log.name})")
+        self.log.flush()
+        tail = Path(self.log.name).read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the service was not ready within {timeout_s:.0f} s; the end of its log:\n{tail}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

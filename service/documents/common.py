@@ -9,6 +9,7 @@ carried through the HTML route's inline-element placement (``service/pipeline/ma
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass, field
 from html import escape
 from html.parser import HTMLParser
@@ -21,6 +22,7 @@ from service.protocol import (  # noqa: F401 - the limits
     MAX_DOCUMENT_BYTES,
     MAX_DOCUMENT_CHARS,
     MAX_DOCUMENT_SEGMENTS,
+    MAX_PARSED_NODES,
     MAX_UNCOMPRESSED_BYTES,
     MAX_XML_BYTES,
     MAX_XML_DEPTH,
@@ -47,13 +49,31 @@ class Document(Protocol):
     def rebuild(self, translations: list[str]) -> bytes: ...
 
 
-class Segments:
-    """The segments of a document, gathered unit by unit, and each unit's translations handed back
-    to it (``apply``) in the same order."""
+class Nodes:
+    """What a text format's parsers have built for one document (HTML tags, text nodes and comments,
+    Markdown lines and tokens, subtitle cues), counted as they are built: ``add`` raises DocumentError
+    413 past MAX_PARSED_NODES, so a file is refused before its whole tree exists (each node takes a
+    few hundred bytes, whatever the file's size; an archive's formats have MAX_XML_ELEMENTS)."""
 
     def __init__(self):
+        self.count = 0
+
+    def add(self, n: int = 1) -> None:
+        self.count += n
+        if self.count > MAX_PARSED_NODES:
+            raise DocumentError(413, f"the file parses into more than {MAX_PARSED_NODES} nodes: tags, text, lines, "
+                                     "tokens, cues (MAX_PARSED_NODES)")
+
+
+class Segments:
+    """The segments of a document, gathered unit by unit, and each unit's translations handed back
+    to it (``apply``) in the same order. ``nodes``: a text format's count, which each paragraph's
+    ``RichText`` adds its HTML parts to."""
+
+    def __init__(self, nodes: Optional[Nodes] = None):
         self.segments: list[str] = []
         self.chars = 0                                         # characters of the segments
+        self.nodes = nodes
         self._units: list[tuple[int, int, object]] = []      # (first segment, count, callback)
 
     @classmethod
@@ -77,7 +97,7 @@ class Segments:
         """Register a paragraph of runs as one ``RichText`` unit (nothing when no run has text);
         ``put(items)`` is called by ``apply`` with its items rebuilt around the translation."""
         if any(isinstance(it, Run) and it.style is not None and it.text.strip() for it in flat(items)):
-            rich = RichText(items)
+            rich = RichText(items, self.nodes)
             self.add(rich.segments, lambda translations: put(rich.rebuild(translations)))
 
     def apply(self, translations: list[str]) -> None:
@@ -100,6 +120,27 @@ def check_size(segments: int, chars: int) -> None:
         raise DocumentError(413, f"more than {MAX_DOCUMENT_SEGMENTS} pieces of text to translate (MAX_DOCUMENT_SEGMENTS)")
     if chars > MAX_DOCUMENT_CHARS:
         raise DocumentError(413, f"more than {MAX_DOCUMENT_CHARS} characters to translate (MAX_DOCUMENT_CHARS)")
+
+
+_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"       # where str.splitlines breaks (and after "\r\n")
+LINE_BREAK = re.compile(f"\r\n|[{_BREAKS}]")
+
+
+def lines(text: str, start: int = 0, end: Optional[int] = None):
+    """(start, end) of each line of ``text[start:end]``, its line break included, as ``splitlines(keepends=True)``
+    cuts them, one at a time (no list of a file's lines)."""
+    end = len(text) if end is None else end
+    for m in LINE_BREAK.finditer(text, start, end):
+        yield start, m.end()
+        start = m.end()
+    if start < end:
+        yield start, end
+
+
+def count_lines(text: str) -> int:
+    """``len(text.splitlines())``, without making the lines."""
+    return (sum(text.count(c) for c in _BREAKS) - text.count("\r\n")
+            + (bool(text) and text[-1] not in _BREAKS))
 
 
 def decode_text(data: bytes, what: str) -> str:
@@ -144,13 +185,15 @@ class RichText:
     key may occur more than once, or not at all when its text merged into another), every other key
     exactly once (an atomic run's once, with its original text)."""
 
-    def __init__(self, items: list[Item]):
+    def __init__(self, items: list[Item], nodes: Optional[Nodes] = None):
         self.items = items
         self.atomic: dict[int, Run] = {}
         self.base: dict[int, Optional[int]] = {}      # id(container items) -> key of its plain text
         self.html = self._html(items)
         try:
-            self.text = HtmlText(self.html, "file")
+            self.text = HtmlText(self.html, "file", count=nodes.add if nodes is not None else None)
+        except DocumentError:           # MAX_PARSED_NODES
+            raise
         except ServiceError as e:       # the HTML route's MAX_INLINE_DEPTH, named for a document
             raise DocumentError(e.status, f"formatting runs nested more than {MAX_INLINE_DEPTH} deep in one "
                                           "paragraph (MAX_INLINE_DEPTH)") from None

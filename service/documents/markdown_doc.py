@@ -5,39 +5,83 @@ by ``RichText`` and written back as Markdown; inline code, images, autolinks and
 verbatim at their place (never translated). Everything else - front matter, fenced and indented code,
 HTML blocks, list markers, block quotes, table rules, blank lines - is left byte for byte: the
 translation replaces only the source span of each block's inline text (a paragraph over several
-lines becomes one line).
+lines becomes one line). The file's lines, markdown-it's tokens (block and inline) and each
+paragraph's HTML parts are counted as they are made (MAX_PARSED_NODES).
 """
 from __future__ import annotations
 
 import re
+from array import array
+from typing import Optional
 
 from markdown_it import MarkdownIt
 from mdit_py_plugins.front_matter import front_matter_plugin
 
-from .common import Group, Item, Run, Segments, decode_text
+from .common import (
+    Group,
+    Item,
+    Nodes,
+    Run,
+    Segments,
+    check_size,
+    count_lines,
+    decode_text,
+    lines,
+)
 
 _PAIRS = {"strong_open": "strong_close", "em_open": "em_close", "s_open": "s_close", "link_open": "link_close"}
 _ESCAPE = re.compile(r"([\\`*_\[\]<|])")      # written as \x: literal in Markdown (| in table cells)
 TEXT = "text"
 
 
-def _parser() -> MarkdownIt:
-    return MarkdownIt("commonmark").use(front_matter_plugin).enable(["table", "strikethrough"])
+def _parser(nodes: Optional[Nodes] = None) -> MarkdownIt:
+    """markdown-it with the plugins used here; with ``nodes``, its parsers count each token they make."""
+    md = MarkdownIt("commonmark").use(front_matter_plugin).enable(["table", "strikethrough"])
+    if nodes is not None:
+        md.block.parse = _counting(md.block.parse, nodes, inline=False)
+        md.inline.parse = _counting(md.inline.parse, nodes, inline=True)   # paragraphs' text, images' alt text
+    return md
+
+
+class _Counted(list):
+    """A token list that counts each token markdown-it's states push onto it (they ``append``)."""
+
+    def __init__(self, nodes: Nodes):
+        super().__init__()
+        self.nodes = nodes
+
+    def append(self, token) -> None:
+        self.nodes.add()
+        super().append(token)
+
+
+def _counting(parse, nodes: Nodes, inline: bool):
+    """markdown-it's ``parse(src, md, env, tokens)`` (block or inline) pushing onto a counted list,
+    whose tokens then go to ``tokens``. Inline text (a paragraph's) over MAX_DOCUMENT_CHARS is refused
+    before it is parsed: its link labels cache a number per character."""
+    def counted(src, md, env, tokens):
+        if inline:
+            check_size(0, len(src))
+        out = _Counted(nodes)
+        out.extend(tokens)
+        parse(src, md, env, out)
+        tokens[:] = out
+        return tokens
+    return counted
 
 
 class MarkdownDocument:
     def __init__(self, data: bytes):
         self.source = decode_text(data, "Markdown")
-        self.lines = self.source.splitlines(keepends=True)
-        starts = [0]
-        for line in self.lines:
-            starts.append(starts[-1] + len(line))
-        self._starts = starts
+        nodes = Nodes()
+        nodes.add(count_lines(self.source))    # markdown-it keeps five numbers a line
+        self._starts = array("q", [0])          # where each line starts, and the end
+        self._starts.extend(end for _, end in lines(self.source))
         self._edits: list[tuple[int, int, str]] = []      # (start, end, new text), source offsets
-        self._seg = Segments()
+        self._seg = Segments(nodes)
         cursor: dict[int, int] = {}                        # line -> column searched from next
         block_map = None
-        for tok in _parser().parse(self.source):
+        for tok in _parser(nodes).parse(self.source):
             if tok.map is not None:
                 block_map = tok.map
             if tok.type != "inline" or not tok.children or block_map is None:
@@ -51,16 +95,23 @@ class MarkdownDocument:
     def _locate(self, content: str, first: int, cursor: dict[int, int]):
         """The source offsets of an inline token's content: its first line found in source line
         ``first`` (after that line's cursor), its last in the line it ends on; None if not found."""
-        parts = content.split("\n")
-        last = first + len(parts) - 1
-        if last >= len(self.lines):
+        n = content.count("\n")
+        head, tail = content[:content.find("\n")] if n else content, content[content.rfind("\n") + 1:]
+        last = first + n
+        if last >= len(self._starts) - 1:
             return None
-        a = self.lines[first].find(parts[0], cursor.get(first, 0))
-        b = self.lines[last].find(parts[-1], cursor.get(last, 0) if last != first else max(a, 0))
+        a = self._find(head, first, cursor.get(first, 0))
+        b = self._find(tail, last, cursor.get(last, 0) if last != first else max(a, 0))
         if a < 0 or b < 0:
             return None
-        cursor[last] = b + len(parts[-1])
-        return self._starts[first] + a, self._starts[last] + b + len(parts[-1])
+        cursor[last] = b + len(tail)
+        return self._starts[first] + a, self._starts[last] + b + len(tail)
+
+    def _find(self, text: str, line: int, column: int) -> int:
+        """``text``'s column in source line ``line`` from ``column`` on (-1: not there)."""
+        start = self._starts[line]
+        at = self.source.find(text, start + column, self._starts[line + 1])
+        return at - start if at >= 0 else -1
 
     def _add(self, tok, span: tuple[int, int]) -> None:
         keys: dict[int, object] = {}          # key -> the token (or tokens) it renders

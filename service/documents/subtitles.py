@@ -2,7 +2,9 @@
 one segment, its markup (``<i>``, ``<b>``, ``<u>``, entities) kept around the translated words by the
 HTML route's ``HtmlText``; its line breaks are layout: the translation is wrapped again into as many
 lines as the cue had (at the spaces nearest equal parts, outside tags). Numbers, timings, cue
-identifiers and settings, STYLE/REGION blocks and NOTE comments stay exactly as they were."""
+identifiers and settings, STYLE/REGION blocks and NOTE comments stay exactly as they were. Cues and
+the HTML parts of their text are counted (MAX_PARSED_NODES): SubRip's as they are read, WebVTT's once
+webvtt-py has read the file."""
 from __future__ import annotations
 
 import io
@@ -14,14 +16,17 @@ from webvtt.errors import MalformedCaptionError, MalformedFileError
 from service.pipeline.markup import HtmlText
 from service.protocol import ServiceError
 
-from .common import DocumentError, Segments, decode_text
+from .common import DocumentError, Nodes, Segments, decode_text
 
 
 def _cue(text: str, segs: Segments, done) -> None:
     """Register a cue's text (lines joined by a space); ``done(new_text)`` gets its translation."""
+    segs.nodes.add()
     lines = text.split("\n")
     try:
-        h = HtmlText(" ".join(line.strip() for line in lines), "file")
+        h = HtmlText(" ".join(line.strip() for line in lines), "file", count=segs.nodes.add)
+    except DocumentError:       # MAX_PARSED_NODES
+        raise
     except ServiceError as e:
         raise DocumentError(e.status, e.message.removeprefix("file: ")) from None
     segs.add(h.segments, lambda tr: done(wrap(h.rebuild(tr), len(lines))))
@@ -51,13 +56,14 @@ def wrap(text: str, n_lines: int) -> str:
 
 class SrtDocument:
     def __init__(self, data: bytes):
+        self.cues: list[srt.Subtitle] = []
+        self._seg = Segments(Nodes())
         try:
-            self.cues = list(srt.parse(decode_text(data, "SubRip"), ignore_errors=False))
+            for cue in srt.parse(decode_text(data, "SubRip"), ignore_errors=False):    # one at a time
+                self.cues.append(cue)
+                _cue(cue.content, self._seg, lambda t, cue=cue: setattr(cue, "content", t))
         except (srt.SRTParseError, ValueError) as e:
             raise DocumentError(422, f"not a valid SubRip (.srt) file: {e}") from None
-        self._seg = Segments()
-        for cue in self.cues:
-            _cue(cue.content, self._seg, lambda t, cue=cue: setattr(cue, "content", t))
         self.segments = self._seg.segments
 
     def rebuild(self, translations: list[str]) -> bytes:
@@ -71,7 +77,7 @@ class VttDocument:
             self.vtt = webvtt.from_buffer(io.StringIO(decode_text(data, "WebVTT")))
         except (MalformedFileError, MalformedCaptionError, ValueError) as e:
             raise DocumentError(422, f"not a valid WebVTT (.vtt) file: {e}") from None
-        self._seg = Segments()
+        self._seg = Segments(Nodes())
         for cue in self.vtt.captions:
             _cue(cue.raw_text, self._seg, lambda t, cue=cue: setattr(cue, "text", t))
         self.segments = self._seg.segments

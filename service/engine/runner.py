@@ -142,8 +142,10 @@ class ModelRunner:
                 args = (o.beam_size, self.cfg.eos_id, forced + o.max_new_tokens, o.n_best, o.length_penalty, kinds,
                         len(r.src_ids))
                 kw = dict(forced_eos=self.cfg.forced_eos, early_stopping=self.cfg.early_stopping)
-                search = (ConstrainedBeamSearch(*args, constraints=o.constraints, **kw) if o.constraints
-                          else BeamSearch(*args, prefix=tuple(o.target_prefix), **kw))   # constraints: glossary terms
+                if o.constraints:                    # glossary terms
+                    search = ConstrainedBeamSearch(*args, constraints=o.constraints, ends=o.sentence_ends, **kw)
+                else:
+                    search = BeamSearch(*args, prefix=tuple(o.target_prefix), **kw)
                 controls = RepetitionControls(o.repetition_penalty, o.no_repeat_ngram_size)
                 seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=forced + o.min_new_tokens,
                                 controls=controls if controls.active else None,

@@ -147,18 +147,20 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
 def check_constraints(o: GenerationOptions, limits: ModelLimits, default_max_new: bool) -> GenerationOptions:
     """The rules on ``o.constraints`` (target token ids each output must contain: glossary terms,
     ``model/inference/constraints.py``): non-empty sequences of ids of the target vocabulary, EOS
-    excluded, that fit in max_new_tokens together. A constrained sentence is searched with a beam of
-    at least MIN_CONSTRAINED_BEAM (at most max_num_seqs): greedy requests too. A default
-    max_new_tokens grows by the constraints' tokens (up to the model's limit).
-    Raises EngineValidationError naming ``constraints`` or ``max_new_tokens``."""
+    excluded, that fit in max_new_tokens together; ``sentence_ends``: ids of the target vocabulary.
+    A constrained sentence is searched with a beam of at least MIN_CONSTRAINED_BEAM (at most
+    max_num_seqs): greedy requests too. A default max_new_tokens grows by the constraints' tokens (up
+    to the model's limit).
+    Raises EngineValidationError naming ``constraints``, ``sentence_ends`` or ``max_new_tokens``."""
     cons = o.constraints
     if not isinstance(cons, (tuple, list)) or not all(isinstance(c, (tuple, list)) and c for c in cons):
         raise EngineValidationError("constraints", "must be a list of non-empty lists of target token ids")
-    for c in cons:
-        for t in c:
+    if not isinstance(o.sentence_ends, (tuple, list)):
+        raise EngineValidationError("sentence_ends", f"must be a list of target token ids, got {_got(o.sentence_ends)}")
+    for name, ids in [("constraints", t) for t in cons] + [("sentence_ends", o.sentence_ends)]:
+        for t in ids:
             if not _is_int(t) or not 0 <= t < limits.vocab_size:
-                raise EngineValidationError("constraints", f"ids must be integers in 0..{limits.vocab_size - 1}, "
-                                                           f"got {_got(t)}")
+                raise EngineValidationError(name, f"ids must be integers in 0..{limits.vocab_size - 1}, got {_got(t)}")
     total = sum(len(c) for c in cons)
     max_new = o.max_new_tokens
     if max_new is not None and total + 1 > max_new:
@@ -172,7 +174,8 @@ def check_constraints(o: GenerationOptions, limits: ModelLimits, default_max_new
         raise EngineValidationError("constraints", f"need a beam of 2 or more; the engine has "
                                                    f"max_num_seqs {limits.max_num_seqs}")
     return dataclasses.replace(o, beam_size=beam, max_new_tokens=max_new,
-                               constraints=tuple(tuple(int(t) for t in c) for c in cons))
+                               constraints=tuple(tuple(int(t) for t in c) for c in cons),
+                               sentence_ends=tuple(int(t) for t in o.sentence_ends))
 
 
 def resolve_options(src_ids: Sequence[int], options: Optional[GenerationOptions], cfg, config: EngineConfig,

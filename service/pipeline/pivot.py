@@ -15,19 +15,28 @@ apply to both; what concerns the target language applies to the last leg only: n
 leg hands on its best hypothesis: ``alternatives`` are the last leg's n-best of that one text),
 target_prefix, min_confidence, return_alignment and the glossary, whose source terms the first leg
 keeps verbatim (as ``keep`` terms) so that the last leg finds them in its X text and writes their
-target terms; target_lang is each leg's own (X, then the target). Protected spans (URLs, numbers,
-keep terms) come back verbatim from each leg (``translator/protect.py``), so they survive both.
+target terms: the occurrences are found as the translator finds them (``translator/glossary.py``:
+by Snowball stem of the source language, "Verträge" for "Vertrag"), each kept as written, and the
+last leg's glossary also gets each form written otherwise than its entry ("Verträge" -> the entry's
+target), since it matches with the stemmer of X (a kept word the last model cannot read goes back
+as its target: ``Glossary.put_back``); target_lang is each leg's own (X, then the target).
+Protected spans (URLs, numbers, keep terms) come back verbatim from each leg
+(``translator/protect.py``), so they survive both.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable, Optional
 
 from service.engine.validation import ModelLimits
 from service.protocol import (
     MAX_ATTENTION_VALUES,
+    MAX_GLOSSARY_ENTRIES,
+    MAX_STORED_GLOSSARY_ENTRIES,
     JobOrigin,
     PivotLeg,
     ServiceError,
@@ -36,6 +45,7 @@ from service.protocol import (
     Usage,
 )
 from service.translator import ModelCard
+from service.translator.glossary import Glossary
 
 DEFAULT_PIVOT_LANG = "en"
 ROUTE_SEP = "+"     # a route's id: its models' ids joined ("de-en+en-fr"); a request may name it as `model`
@@ -118,18 +128,46 @@ def routes(cards: Iterable[ModelCard], pivot_lang: Optional[str] = DEFAULT_PIVOT
 def leg_job(job: TranslateJob, route: PivotRoute, i: int, texts: Optional[list[str]] = None) -> TranslateJob:
     """The job of leg ``i`` (0 or 1): ``job`` with the leg's target_lang, and for the first leg the
     LAST_LEG_ONLY options and LAST_LEG_ONLY_JOB fields at their defaults and the glossary's source
-    terms that occur in its texts added to ``keep``; ``texts``: the leg's input (the first leg's output)."""
+    terms that occur in its texts added to ``keep`` as written there; for the last leg the glossary
+    with those written otherwise than their entries added (module docstring; where that passes the
+    entry limit, those that occur alone); ``texts``: the leg's input (the first leg's output).
+    Raises InvalidRequest for a bad glossary (``glossary.Glossary``)."""
     leg = route.legs[i]
-    options, first = job.options, {}
+    options, fields = job.options, {}
+    kept = occurring_terms(job, route.source_lang)      # as written in the texts -> target term
     if i < len(route.legs) - 1:
         defaults = {f.name: f.default for f in dataclasses.fields(options) if f.name in LAST_LEG_ONLY}
         options = dataclasses.replace(options, **defaults)
-        first = {f.name: f.default for f in dataclasses.fields(job) if f.name in LAST_LEG_ONLY_JOB}
-        low = [t.casefold() for t in job.texts]       # a glossary's source terms that occur, kept verbatim
-        kept = (src for src, _ in job.glossary if any(src.casefold() in t for t in low))
-        first["keep"] = tuple(dict.fromkeys((*job.keep, *kept)))
+        fields = {f.name: f.default for f in dataclasses.fields(job) if f.name in LAST_LEG_ONLY_JOB}
+        fields["keep"] = tuple(dict.fromkeys((*job.keep, *kept)))
+    elif kept:
+        entries = set(Glossary.normalized(job.glossary))
+        extra = tuple((s, t) for s, t in kept.items() if (s, t) not in entries)
+        limit = MAX_STORED_GLOSSARY_ENTRIES if job.stored_glossary else MAX_GLOSSARY_ENTRIES
+        # over the entry limit with them: the occurring forms alone are what the last leg can match
+        fields["glossary"] = job.glossary + extra if len(job.glossary) + len(extra) <= limit else tuple(kept.items())
     return dataclasses.replace(job, options=options, target_lang=leg.target_lang,
-                               texts=list(job.texts if texts is None else texts), **first)
+                               texts=list(job.texts if texts is None else texts), **fields)
+
+
+def occurring_terms(job: TranslateJob, lang: str) -> dict[str, str]:
+    """The job's glossary terms that occur in its texts, as written there (matched as the translator
+    matches, with ``lang``'s stemmer), each with its target term, in order of appearance."""
+    if not job.glossary:
+        return {}
+    g = _source_glossary(job.glossary, lang, "glossary_id" if job.stored_glossary else "glossary")
+    out: dict[str, str] = {}
+    for text in job.texts:
+        text = unicodedata.normalize("NFC", text)
+        for m in g.find(text):
+            out.setdefault(text[m.start:m.end], g.entries[m.entry][1])
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _source_glossary(entries: tuple, lang: str, field: str) -> Glossary:
+    """A glossary compiled for matching only (no tokenizer: the first leg's model writes none of its terms)."""
+    return Glossary(entries, lang, None, 0, field, MAX_STORED_GLOSSARY_ENTRIES)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from typing import Sequence
 
 from service.protocol import Translation
 
-from .markup import HTML, HtmlText, TagOptions
+from .markup import HtmlText
+from .markup_parse import HTML, TagOptions
 
 
 @dataclass

@@ -6,13 +6,20 @@ its words, in order, match consecutive words of the sentence (words: runs of let
 Snowball stem after case folding (``snowballstemmer``, the Snowball project's own Python port, for
 the model's source language): "Vertrag" matches "Verträge", "vertrages", "VERTRAG"; "Hund" matches
 "Hunde" and "Hunden". For a language without a Snowball stemmer the case-folded words must be
-equal. The target term of every entry that occurs becomes a decoding constraint (its SentencePiece
-ids as the tokenizer writes the term alone, so it starts a word), enforced by lexically constrained
-beam search (``model/inference/constraints.py``).
+equal. Words inside the sentence's protected spans (URLs, e-mail addresses, numbers, code, do-not-
+translate terms and the rest of ``spans.py``) are never matched: a span comes back verbatim, and
+no term is forced in for it. One exception: a span that is a word the model cannot read (letters
+outside its alphabet, "Männer" for an English-French model) and is exactly one occurrence of a term
+goes back as that term's target instead (``put_back``; the text a pivot's first leg keeps).
+
+Each occurrence's target term becomes a decoding constraint (its SentencePiece ids as the tokenizer
+writes the term alone, so it starts a word), enforced by lexically constrained beam search
+(``model/inference/constraints.py``): a term whose source occurs twice is written twice, before
+the sentence's final punctuation (``sentence_ends``), and never forced more often than its source
+occurs (an occurrence inside another term's counts: "two bikes" holds "two").
 
 Overlapping occurrences: the one with more words wins, then the one that starts first, then the
-entry listed first; the others are dropped. A target term needed by several occurrences is one
-constraint (the sentence must contain it at least once).
+entry listed first; the others are dropped.
 
 Rejected (``InvalidRequest``, 422, naming ``<field>[i].source`` or ``.target``): an empty or
 whitespace-only term, a source term without a letter or digit, a term over MAX_GLOSSARY_TERM_CHARS
@@ -22,15 +29,21 @@ different target terms. Repeated identical entries are one.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from service.protocol import MAX_GLOSSARY_TERM_CHARS, InvalidRequest
 
+if TYPE_CHECKING:
+    from .protect import Protected
+
 _WORD = re.compile(r"\w+")
+# What ends a sentence: a target piece of these only (and closing quotes or brackets after them).
+_ENDS, _CLOSERS = ".!?…。！？؟", "\"'»”’)]"
 # The model's source language (ISO 639-1) -> its Snowball stemmer.
 SNOWBALL = {"ar": "arabic", "ca": "catalan", "cs": "czech", "da": "danish", "de": "german", "el": "greek",
             "en": "english", "es": "spanish", "eu": "basque", "fi": "finnish", "fr": "french", "hi": "hindi",
@@ -100,7 +113,7 @@ class Glossary:
                  field: str = "glossary", limit: int = 10_000):
         entries = self.normalized(entries)
         check_entries(entries, field, limit)
-        self.lang, self.field = lang, field
+        self.lang, self.field, self.tok = lang, field, tok
         self.entries: list[tuple[str, str]] = []
         self.keys: list[tuple[str, ...]] = []            # each entry's source stems
         self.ids: list[tuple[int, ...]] = []             # each entry's target token ids
@@ -135,16 +148,24 @@ class Glossary:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def find(self, sentence: str) -> list[Match]:
+    @functools.cached_property
+    def ends(self) -> tuple[int, ...]:
+        """The target ids that end a sentence (``sentence_ends``): terms go before them."""
+        return sentence_ends(self.tok) if self.tok is not None else ()
+
+    def find(self, sentence: str, skip: Sequence[tuple[int, int]] = ()) -> list[Match]:
         """The occurrences of the glossary's source terms in ``sentence``, overlaps resolved
-        (module docstring), in sentence order."""
+        (module docstring), in sentence order; ``skip``: (start, end) of the sentence's protected
+        spans, where nothing is matched."""
         words = stems(sentence, self.lang)
         found = []
         for p, (stem, _, _) in enumerate(words):
             for e in self._by_first.get(stem, ()):
                 key = self.keys[e]
                 if tuple(s for s, _, _ in words[p:p + len(key)]) == key:
-                    found.append(Match(e, words[p][1], words[p + len(key) - 1][2], len(key)))
+                    start, end = words[p][1], words[p + len(key) - 1][2]
+                    if not any(a < end and start < b for a, b in skip):
+                        found.append(Match(e, start, end, len(key)))
         found.sort(key=lambda m: (-m.words, m.start, m.entry))
         kept: list[Match] = []
         for m in found:
@@ -152,7 +173,29 @@ class Glossary:
                 kept.append(m)
         return sorted(kept, key=lambda m: m.start)
 
-    def constraints(self, sentence: str) -> tuple[tuple[int, ...], ...]:
-        """The target-id constraints of ``sentence``: one per distinct target term that occurs, in
-        sentence order."""
-        return tuple(dict.fromkeys(self.ids[m.entry] for m in self.find(sentence)))
+    def terms(self, sentence: str, skip: Sequence[tuple[int, int]] = ()) -> tuple[tuple[int, ...], ...]:
+        """The decoding constraints of ``sentence``: the target ids of every occurrence (``find``), in
+        sentence order; a term that occurs twice is there twice."""
+        return tuple(self.ids[m.entry] for m in self.find(sentence, skip))
+
+    def put_back(self, p: "Protected") -> "Protected":
+        """``p`` with each inner span that is a word the model cannot read (kind "word", ``spans.py``)
+        and exactly one occurrence of a term put back as that term's target instead of verbatim."""
+        if not any(kind == "word" for _, _, kind in p.at):
+            return p
+        targets = {(m.start, m.end): self.entries[m.entry][1] for m in self.find(p.source)}
+        spans = [targets.get((a, b), span) if kind == "word" else span for span, (a, b, kind) in zip(p.spans, p.at)]
+        return p if spans == p.spans else dataclasses.replace(p, spans=spans)
+
+    def constraints(self, sentence: str, skip: Sequence[tuple[int, int]] = ()) -> tuple[tuple[int, ...], ...]:
+        """The target terms that occur in ``sentence`` (as ids), each once, in sentence order."""
+        return tuple(dict.fromkeys(self.terms(sentence, skip)))
+
+
+@functools.lru_cache(maxsize=8)
+def sentence_ends(tok) -> tuple[int, ...]:
+    """The ids of ``tok``'s pieces that end a sentence: final punctuation (".", "?!", "…", "。"), with
+    or without a word boundary before it and closing quotes or brackets after it (".\"")."""
+    pieces = tok.pieces(range(tok.vocab_size))
+    return tuple(i for i, p in enumerate(pieces)
+                 if (t := p.lstrip("\u2581")) and t[0] in _ENDS and not t.strip(_ENDS + _CLOSERS))

@@ -29,6 +29,7 @@ COMMON_LANGUAGES = ("ar", "bg", "cs", "da", "de", "el", "en", "es", "et", "fi", 
 NO_LANGUAGE = "und"         # ISO 639-2 "undetermined": what a text without letters is reported as
 TOP = 3                     # candidates returned per text
 MAX_DETECT_CHARS = 1_000    # characters read per text, from its first letter (a language shows long before)
+CONTEXT_FLOOR = 0.05        # with a context: languages under 1/20 of the text's best are ones the text rules out
 
 _lock = threading.Lock()
 _model = None               # the full py3langid identifier, loaded once per process
@@ -73,16 +74,29 @@ class LanguageDetector:
                 self._identifier = ident
         return self
 
-    def detect(self, text: str, top: Optional[int] = None) -> list[tuple[str, float]]:
+    def detect(self, text: str, top: Optional[int] = None, context: Optional[str] = None) -> list[tuple[str, float]]:
         """[(code, confidence 0-100)] best first (at most ``top``, candidates below 0.1 left out);
         [] when the text has no letter; [("und", 0.0)] when it has letters but nothing the model
-        knows (every candidate equally likely: "A", "ok")."""
+        knows (every candidate equally likely: "A", "ok"). ``context``: text around ``text``, in its
+        language, that chooses among the languages the text leaves open (those at least
+        CONTEXT_FLOOR as likely as its best: "Gift" leaves German and English open, "Привет" only
+        Cyrillic ones): each one's probability given the text times its probability given the
+        context, renormalised over them (naive Bayes over both). A context without letters or of
+        nothing the model knows, or one that gives each open language nothing, changes nothing."""
         start = first_letter(text)
         if start < 0:
             return []
         ident = self._identifier or self.load()._identifier
         ranked = ident.rank(text[start:start + MAX_DETECT_CHARS])
-        if ranked[0][1] - ranked[-1][1] < 1e-6:
+        at = first_letter(context or "")
+        if at >= 0:
+            given = dict(ident.rank(context[at:at + MAX_DETECT_CHARS]))
+            flat = max(given.values()) - min(given.values()) < 1e-6     # nothing known in the context either
+            both = [] if flat else [(lang, p * given[lang]) for lang, p in ranked if p >= CONTEXT_FLOOR * ranked[0][1]]
+            total = sum(p for _, p in both)
+            if total > 0:
+                ranked = sorted(((lang, p / total) for lang, p in both), key=lambda lp: -lp[1])
+        if len(ranked) > 1 and ranked[0][1] - ranked[-1][1] < 1e-6:
             return [(NO_LANGUAGE, 0.0)]
         out = [(lang, min(math.floor(p * 1000), 999) / 10) for lang, p in ranked[:top or self.top]]
         return [(lang, c) for lang, c in out if c > 0] or out[:1]

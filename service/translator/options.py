@@ -27,10 +27,11 @@ def _options(prepared: Protected, options: GenerationOptions, alignment: bool = 
              prefix: tuple[int, ...] = (), glossary: Optional[Glossary] = None) -> GenerationOptions:
     """A sentence with inner protected spans also tracks cross-attention (to place them), as does
     every sentence when the job returns alignments; ``prefix``: its forced target ids; one with
-    glossary terms gets their target ids as decoding constraints (``glossary.py``)."""
+    glossary terms outside its protected spans gets their target ids as decoding constraints, one per
+    occurrence, and the target pieces that end a sentence, which come after them (``glossary.py``)."""
     if (prepared.spans or alignment) and "cross" not in options.attention_kinds:
         options = dataclasses.replace(options, attention_kinds=(*options.attention_kinds, "cross"))
     if prefix:
         options = dataclasses.replace(options, target_prefix=prefix)
-    constraints = glossary.constraints(prepared.source) if glossary else ()
-    return dataclasses.replace(options, constraints=constraints) if constraints else options
+    terms = glossary.terms(prepared.source, prepared.covered) if glossary else ()
+    return dataclasses.replace(options, constraints=terms, sentence_ends=glossary.ends) if terms else options

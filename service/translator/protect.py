@@ -57,7 +57,8 @@ class Protected:
     """One sentence as prepared for the model."""
     source: str                  # the sentence as sent
     model_text: str              # what the model translates (placeholders; recased by ``case``)
-    spans: list[str] = field(default_factory=list)   # inner spans, source order; one placeholder each
+    spans: list[str] = field(default_factory=list)   # inner spans as they go back, source order; one placeholder
+                                                     # each (verbatim; glossary.Glossary.put_back: a term's target)
     kinds: list[str] = field(default_factory=list)   # each span's placeholder kind: "number" or "other"
     prefix: str = ""             # edge spans (and the whitespace after them) before the translation
     suffix: str = ""             # edge spans (and the whitespace before them) after it
@@ -67,6 +68,8 @@ class Protected:
     placeholders: list[str] = field(default_factory=list)   # each span's placeholder word ("5", "Seattle")
     fixed: list[tuple[int, int]] = field(default_factory=list)  # (start, end) of each placeholder in model_text
     bare: str = ""               # the text around the spans, as the model gets it (its case style is judged on it)
+    covered: list[tuple[int, int]] = field(default_factory=list)  # (start, end) in source of every span, edge ones too
+    at: list[tuple[int, int, str]] = field(default_factory=list)  # each inner span's (start, end) in source, its kind
 
 
 class Protector:
@@ -121,6 +124,7 @@ class Protector:
         if not unicodedata.is_normalized("NFC", sentence):
             sentence = unicodedata.normalize("NFC", sentence)
         spans = self.finder.find(sentence, keep=keep) if self.enabled else []
+        covered = [(s.start, s.end) for s in spans]
         lo, hi = 0, len(sentence)
         prefix = suffix = ""
         if spans and spans[-1].end == len(sentence) and sentence[:spans[-1].start].rstrip()[-1:] in tuple(_FINAL):
@@ -153,7 +157,7 @@ class Protector:
         glued = [(sentence[s.start - 1:s.start].isalnum(), sentence[s.end:s.end + 1].isalnum()) for s in spans]
         return Protected(sentence, "".join(parts), [sentence[s.start:s.end] for s in spans], kinds, prefix, suffix,
                          needs_model=any(c.isalpha() for c in bare), glued=glued, placeholders=words, fixed=fixed,
-                         bare=bare)
+                         bare=bare, covered=covered, at=[(s.start, s.end, s.kind) for s in spans])
 
     def placeholder(self, kind: str, text: str) -> str:
         """The placeholder of ``kind`` for a sentence whose text outside its spans is ``text``: the

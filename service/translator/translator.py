@@ -324,12 +324,23 @@ class Translator:
         return text_of
 
     # ---- translate ----------------------------------------------------------------------------
+    def engine_inputs(self, job: TranslateJob) -> tuple[list[Optional[Split]], list[Piece],
+                                                        list[Optional[Protected]], list[Optional[GenerationOptions]]]:
+        """``prepare`` (split -> protect -> case -> memory -> encode), the glossary's terms the model
+        cannot read put back as their targets (``Glossary.put_back``), and each sentence's options
+        (``options.sentence_options``: the glossary's constraints, target_prefix)."""
+        splits, pieces, protected = self.prepare(job)
+        glossary = self.glossary(job)
+        if glossary is not None:
+            protected = [None if p is None else glossary.put_back(p) for p in protected]
+        options = sentence_options(job, pieces, protected, glossary=glossary,
+                                   prefix=self.encode_prefix(job.target_prefix))
+        return splits, pieces, protected, options
+
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
         await self.fuzzy_ready(job)
-        splits, pieces, protected = self.prepare(job)      # split -> protect -> case -> memory -> encode
-        options = sentence_options(job, pieces, protected, glossary=self.glossary(job),
-                                   prefix=self.encode_prefix(job.target_prefix))
+        splits, pieces, protected, options = self.engine_inputs(job)
         results = await self._results(pieces, options)     # engine
         response = build_response(self.name, self.tok, job, splits, pieces, results,       # place spans -> assemble
                                   self._text_of(protected, pieces), self.card.config)
@@ -398,9 +409,7 @@ class Translator:
         streamed. Closing the generator cancels every sentence.
         """
         await self.fuzzy_ready(job)
-        splits, pieces, protected = self.prepare(job)
-        options = sentence_options(job, pieces, protected, glossary=self.glossary(job),
-                                   prefix=self.encode_prefix(job.target_prefix))
+        splits, pieces, protected, options = self.engine_inputs(job)
         streams, group = [], object()   # group: as in _run_all
         run = [k for k, p in enumerate(pieces) if p.stored is None]    # memory hits are answered without the engine
         first = self.in_flight()        # the rest start as these finish (merge_streams)

@@ -1,6 +1,8 @@
 """The DeepL-compatible routes (``router``; deepl.py):
 
     POST /v2/translate, GET|POST /v2/languages, GET|POST /v2/usage
+    /v2/write/*, /v3/style_rules(/*)   any method: 404 naming the feature as not offered here (not in the
+                                       OpenAPI document: nothing is served there)
 
 Errors are DeepL's ``{"message": ...}``; its document routes are in routes_documents.py.
 """
@@ -12,6 +14,7 @@ from service.replica import mapped_errors
 
 from .. import deepl, libre_schemas
 from .. import fields as fields_module
+from ..middleware.caller import caller_of
 from ..services import Services, services
 from .common import RETRY_HEADERS
 
@@ -19,8 +22,9 @@ router = APIRouter()
 
 
 @router.post("/v2/translate", responses={200: {"description": '{"translations": [{"detected_source_language", '
-                                                             '"text", "billed_characters"}]}'},
-                                        400: {"description": 'invalid input: {"message": ...} naming the field'},
+                                                             '"text", "billed_characters"(, "model_type_used")}]}'},
+                                        400: {"description": 'invalid input, or style_id / custom_instructions (not '
+                                                             'offered here): {"message": ...} naming the field'},
                                         403: {"description": "no or a wrong DeepL-Auth-Key (keys on)"},
                                         404: {"description": "glossary_id names no stored glossary"},
                                         409: {"description": "glossary_id names a glossary of other languages"},
@@ -37,17 +41,8 @@ async def deepl_translate(request: Request, svc: Services = Depends(services)):
         return deepl.error_response(e)
     body = deepl.parse(fields)
     translations, chars = await deepl.translate(body, request, svc)
-    _count_usage(request, svc, chars)
+    svc.add_usage(caller_of(request).scope, chars)
     return JSONResponse({"translations": translations}, headers=deepl.ignored(body, fields))
-
-
-def _count_usage(request: Request, svc: Services, chars: int) -> None:
-    """Add ``chars`` to the caller's /v2/usage count: in the memory's store, else in this replica."""
-    if svc.memory is not None:
-        with mapped_errors("memory"):
-            svc.memory.add_usage(svc.memory_scope(request) or "", chars)
-    else:
-        svc.usage_chars += chars
 
 
 @router.get("/v2/languages", responses={400: {"description": 'type other than source or target: {"message"}'}})
@@ -62,9 +57,27 @@ async def deepl_languages(request: Request, svc: Services = Depends(services)):
 @router.get("/v2/usage")
 @router.post("/v2/usage")
 async def deepl_usage(request: Request, svc: Services = Depends(services)):
-    """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) sent to
-    /v2/translate; no limit (DeepL Pro's figure for none)."""
+    """DeepL: ``{"character_count", "character_limit"}``: characters this key (keys off: everyone) had
+    translated by /v2/translate and /v2/document (billed when the document is done); no limit (DeepL
+    Pro's figure for none)."""
     with mapped_errors("memory"):
         chars = (svc.memory.usage(svc.memory_scope(request) or "") if svc.memory is not None
                  else svc.usage_chars)
     return deepl.usage(chars)
+
+
+ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+@router.api_route("/v2/write", methods=ANY_METHOD, include_in_schema=False)
+@router.api_route("/v2/write/{rest:path}", methods=ANY_METHOD, include_in_schema=False)
+async def deepl_write(request: Request):
+    """DeepL Write (rephrase, correct): not offered (deepl.NOT_OFFERED_ROUTES)."""
+    return deepl.not_offered("/v2/write", request)
+
+
+@router.api_route("/v3/style_rules", methods=ANY_METHOD, include_in_schema=False)
+@router.api_route("/v3/style_rules/{rest:path}", methods=ANY_METHOD, include_in_schema=False)
+async def deepl_style_rules(request: Request):
+    """DeepL's style rules: not offered (deepl.NOT_OFFERED_ROUTES)."""
+    return deepl.not_offered("/v3/style_rules", request)
