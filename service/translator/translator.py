@@ -232,10 +232,9 @@ class Translator:
         ``memory_threshold`` the best fuzzy match of each other sentence (``fuzzy.FuzzyMemory``)."""
         if self.memory is None or job.memory_scope is None:
             return Recalled()
-        recalled = self.memory.recall(self.memory_key(job), job.memory_scope, text, split.pieces)
-        if job.memory_threshold is not None:
-            self.fuzzy.complete(recalled, self.memory_key(job), job.memory_scope, split.pieces, job.memory_threshold)
-        return recalled
+        recalled = self.memory.recall(key := self.memory_key(job), job.memory_scope, text, split.pieces)
+        return recalled if job.memory_threshold is None else self.fuzzy.complete(
+            recalled, key, job.memory_scope, split.pieces, job.memory_threshold)
 
     def memory_key(self, job: TranslateJob) -> str:
         """The store's model key of the job's memory (``memory.memory_model``)."""
@@ -244,8 +243,7 @@ class Translator:
     async def fuzzy_ready(self, job: TranslateJob) -> None:
         """Build (in a worker thread) the fuzzy index the job's ``memory_threshold`` reads, when it is
         missing or out of date, before ``prepare`` looks anything up."""
-        if self.fuzzy is not None and job.memory_scope is not None and job.memory_threshold is not None \
-                and job.memory_threshold < 100:
+        if self.fuzzy and job.memory_scope is not None and job.memory_threshold not in (None, 100):
             await self.fuzzy.refresh(self.memory_key(job), job.memory_scope)
 
     def encode(self, i: int, j: int, sentence: str, sources: Sources) -> list[int]:

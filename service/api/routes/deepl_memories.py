@@ -28,6 +28,7 @@ from service.protocol import ServiceError, TranslationError
 from service.replica import mapped_errors
 
 from .. import deepl_memories as tms
+from .. import deepl_memory_files as tm_files
 from .. import fields as fields_module
 from ..middleware.body import parse_content_type
 from ..middleware.caller import caller_of
@@ -100,24 +101,24 @@ async def list_segments(tm_id: str, request: Request, svc: Services = Depends(se
         raise ServiceError(400, f"Value for 'filter_text' not supported: at least 2 characters, got {len(text)}",
                            "filter_text")
     case = tms.bool_param(q.get("filter_case_sensitive"), "filter_case_sensitive")
-    after = tms.cursor_in(q.get("page_cursor"), text, case)
+    after = tm_files.cursor_in(q.get("page_cursor"), text, case)
     reg = tms.registry(svc.memory)
     with mapped_errors("memory"):
         m = reg.get(_owner(request), tm_id, svc.graph)
         segments, last = reg.segments(m, after, size, text, case)
         body = {"segments": [tms.segment(m, s, t) for s, t in segments], "segment_count": reg.count(m)}
     if last is not None:
-        body["next_page_cursor"] = tms.cursor_out(last, text, case)
+        body["next_page_cursor"] = tm_files.cursor_out(last, text, case)
     return body
 
 
 @router.post("/v3/translation_memories/import", responses={**ERRORS, 413: {"description": "MAX_MEMORIES already"}},
-             openapi_extra={"requestBody": tms.openapi_import_body()})
+             openapi_extra={"requestBody": tm_files.openapi_import_body()})
 async def create_import(request: Request, svc: Services = Depends(services)):
     """Declare a file to import as a new memory: answers the job and the URL to PUT the file to."""
     fields = await fields_module.read_fields(request, (), 400)
     reg = tms.registry(svc.memory)
-    req = tms.import_request(dict(fields), svc.graph)
+    req = tm_files.import_request(dict(fields), svc.graph)
     f, p = req.source_file, req.parameters
     with mapped_errors("memory"):
         reg.check_room(_owner(request))
@@ -160,7 +161,7 @@ async def upload_file(job_id: str, request: Request, token: Optional[str] = None
         if not reg.update_job(job_id, when="awaiting_input", status="processing"):
             raise ServiceError(409, f"the file of job {job_id} was uploaded already")
     try:
-        source, targets, skipped = await asyncio.to_thread(tms.read_file, body, job, svc.graph)
+        source, targets, skipped = await asyncio.to_thread(tm_files.read_file, body, job, svc.graph)
         m = await asyncio.to_thread(reg.create, job["owner"], job["display_name"], source, targets)
     except TranslationError as e:
         reg.update_job(job_id, status="failed", error=e.message)
@@ -182,6 +183,6 @@ async def download_file(job_id: str, request: Request, token: Optional[str] = No
         if job["operation"] != "export":
             raise ServiceError(400, f"job {job_id} is an import: its URL takes the file (PUT)")
         m = reg.get(job["owner"], job["tm_id"], svc.graph)
-        data = await asyncio.to_thread(lambda: tms.write_tmx(m, reg.segments(m, None, 10 ** 9, None, False)[0]))
+        data = await asyncio.to_thread(lambda: tm_files.write_tmx(m, reg.segments(m, None, 10 ** 9, None, False)[0]))
     return Response(data, media_type="application/xml",
                     headers={"Content-Disposition": f'attachment; filename="translation_memory_{m.id}.tmx"'})
