@@ -180,6 +180,8 @@ class TranslateJob:
     target_lang: Optional[str] = None          # multilingual models: the >>xx<< token starting each source
     keep: tuple[str, ...] = ()                 # do-not-translate terms: each occurrence comes back verbatim
     memory_scope: Optional[str] = None         # translation memory of this API key's id ("" keys off); None = unused
+    memory_threshold: Optional[float] = None   # 0-100: a sentence's best fuzzy match scoring at least this takes
+                                               # the memory's translation (translator/fuzzy.py); None: exact only
     split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
     glossary: tuple[tuple[str, str], ...] = ()   # (source term, target term): each occurring term's target is in the output
     stored_glossary: bool = False              # the glossary is a stored one's alone (glossary_id): its entry limit
@@ -261,6 +263,13 @@ class Translation(BaseModel):
     path: Optional[list[str]] = Field(None, description='pivoted: the language pair of each leg, e.g. ["de-en", '
                                                         '"en-fr"]; the other fields are the last leg\'s')
     pivot: Optional[PivotLeg] = Field(None, description="pivoted: the first leg (its text is the last leg's source)")
+    # memory_threshold only (service/translator/fuzzy.py):
+    origin: Optional[Literal["memory", "engine", "mixed"]] = Field(
+        None, description="memory_threshold: memory when the translation memory answered every sentence, engine "
+                          "when none, mixed otherwise; absent for a text with nothing to translate")
+    memory_score: Optional[float] = Field(
+        None, description="memory_threshold: the lowest match score (0-100, rapidfuzz fuzz.ratio; 100 = the same "
+                          "text) of the sentences the memory answered")
 
 
 class Usage(BaseModel):

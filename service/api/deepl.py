@@ -7,6 +7,8 @@
                                          splitting_tags, non_splitting_tags, outline_detection,
                                          split_sentences (0|1|nonewlines), preserve_formatting,
                                          formality, glossary_id or glossary_ids (deepl_glossaries.py),
+                                         translation_memory_id and translation_memory_threshold
+                                         (deepl_memories.py),
                                          model_type (``decoding``), context (read by detection only:
                                          ``autodetect.detect_in_context``)
         -> {"translations": [{"detected_source_language": "DE", "text": "...", "billed_characters": n
@@ -51,7 +53,7 @@ from service.protocol import (
 )
 from service.translator import ModelCard
 
-from . import glossaries
+from . import deepl_memories, glossaries
 from .errors import deepl_error_response, format_validation_error
 
 if TYPE_CHECKING:
@@ -78,8 +80,9 @@ NOT_OFFERED = {"style_id": "style rules (style_id)", "custom_instructions": "cus
 LIST_FIELDS = ("text", "non_splitting_tags", "splitting_tags", "ignore_tags", "glossary_ids", "custom_instructions")
 # the fields read once (given twice: 400); others, unknown ones included, may repeat (named in IGNORED_HEADER)
 SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences", "preserve_formatting", "formality",
-                 "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
-NOT_APPLIED = ("formality", "tag_handling_version", "translation_memory_id", "translation_memory_threshold")
+                 "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection",
+                 "translation_memory_id", "translation_memory_threshold")
+NOT_APPLIED = ("formality", "tag_handling_version")
 TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
 MAX_GLOSSARY_IDS = 5      # glossary_ids in one request, as DeepL
 _TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
@@ -176,6 +179,13 @@ class DeepLTranslateBody(BaseModel):
         None, description="text around the texts, never translated nor billed: when source_lang is absent, a text "
                           f"of at most {autodetect.SHORT_TEXT_WORDS} words whose language is unsure alone is "
                           "detected with it; changes nothing else")
+    translation_memory_id: Optional[str] = Field(
+        None, min_length=1, description="a translation memory's id (GET /v3/translation_memories): a sentence whose "
+                                        "best match in it scores at least translation_memory_threshold takes its "
+                                        "translation (deepl_memories.py)")
+    translation_memory_threshold: Optional[int] = Field(
+        None, ge=0, le=100, description="0-100, with translation_memory_id (absent: 75, DeepL's default): the lowest "
+                                        "match score (rapidfuzz fuzz.ratio) that takes the memory's translation")
 
     def tag_options(self) -> TagOptions:
         """How the segmenter reads this request's markup (``markup.TagOptions``)."""
@@ -363,6 +373,10 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
             card = svc.graph.resolve(None, source, target)
             routed = [autodetect.Routed(card.id, source, 100.0)] * len(texts)
     extra = {"memory_scope": svc.memory_scope(request)}
+    extra.update(deepl_memories.job_fields(svc.memory, extra["memory_scope"], svc.graph, body.translation_memory_id,
+                                           body.translation_memory_threshold,
+                                           service_language(body.source_lang) if (body.source_lang or "").strip()
+                                           else None, target))
     glossary_of = await _glossaries(body, request, svc, routed, target)
     by_model = autodetect.groups(routed)
     jobs = svc.pipeline.jobs(by_model, lambda model, idx: (

@@ -60,7 +60,7 @@ def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
     (401 here) is 403; invalid input (404 unknown language pair, 415, 422) is 400, an unknown glossary
     or path 404; 413, 429, 503, 504 stay (Retry-After kept)."""
     status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
-    if err.type in ("glossary_not_found", "path_not_found", "language_not_served"):
+    if err.type in ("glossary_not_found", "path_not_found", "language_not_served", "translation_memory_not_found"):
         status = 404
     hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
     hdrs.pop("WWW-Authenticate", None)

@@ -10,7 +10,8 @@ Middleware, outermost first (each answers what is its own, in the route's error 
     HeadMiddleware        HEAD on every GET route, answered without a body (body.py)
 
 Routers (routes/), in the OpenAPI document's order: native.py, stores.py, libre.py (LibreTranslate),
-deepl.py, deepl_glossaries.py (DeepL's /v2 and /v3 glossaries), documents.py.
+deepl.py, deepl_glossaries.py (DeepL's /v2 and /v3 glossaries), deepl_memories.py (DeepL's
+/v3/translation_memories), documents.py.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .middleware.cors import CorsMiddleware
 from .middleware.guard import GuardMiddleware
 from .routes import deepl as routes_deepl
 from .routes import deepl_glossaries as routes_deepl_glossaries
+from .routes import deepl_memories as routes_deepl_memories
 from .routes import documents as routes_documents
 from .routes import libre as routes_libre
 from .routes import native as routes_native
@@ -33,7 +35,7 @@ from .routes import stores as routes_stores
 from .services import Services
 
 ROUTERS = (routes_native.router, routes_stores.router, routes_libre.router, routes_deepl.router,
-           routes_deepl_glossaries.router, routes_documents.router)
+           routes_deepl_glossaries.router, routes_deepl_memories.router, routes_documents.router)
 
 
 def build_app(svc: Optional[Services]) -> FastAPI:

@@ -117,6 +117,16 @@ def parse_tmx(body: bytes, source_lang: str, target_lang: str) -> list[tuple[str
     """(source, target) of each <tu> holding a <tuv> in ``source_lang`` and one in ``target_lang``
     (matched ignoring case and region: "de-DE" is "de"). Raises ServiceError 422 for XML that is not
     well-formed, has a DTD or entities (defusedxml), is not TMX, or has no unit in those languages."""
+    root = tmx_root(body)
+    try:
+        return _units(root, source_lang, target_lang)
+    except RecursionError:
+        raise ServiceError(422, "body: TMX <seg> elements nested too deep", "body") from None
+
+
+def tmx_root(body: bytes) -> ET.Element:
+    """The <tmx> element of a TMX file. Raises ServiceError 422 for XML that is not well-formed, has
+    a DTD or entities (defusedxml), or is not TMX."""
     try:
         root = DET.fromstring(body, forbid_dtd=True, forbid_entities=True, forbid_external=True)
     except DefusedXmlException as e:
@@ -127,10 +137,7 @@ def parse_tmx(body: bytes, source_lang: str, target_lang: str) -> list[tuple[str
     if root.tag != "tmx" or root.find("body") is None:
         raise ServiceError(422, f"body: not TMX (root element <{str(root.tag)[:40]}>, expected <tmx> with a <body>)",
                            "body")
-    try:
-        return _units(root, source_lang, target_lang)
-    except RecursionError:
-        raise ServiceError(422, "body: TMX <seg> elements nested too deep", "body") from None
+    return root
 
 
 def _units(root: ET.Element, source_lang: str, target_lang: str) -> list[tuple[str, str]]:

@@ -147,6 +147,12 @@ class TranslateRequest(_Strict):
         description="CTranslate2's: no n-gram of this many tokens occurs twice in a sentence's translation; 0 = off")
     return_alignment: bool = Field(False, description="each translation carries alignment: [source word, target "
                                                       "word] pairs from cross-attention (docs/controls.md)")
+    memory_threshold: Optional[float] = Field(
+        None, ge=0.0, le=100.0, allow_inf_nan=False,
+        description="0-100: a sentence the translation memory has no exact entry for takes the stored translation "
+                    "of its most similar stored source when that one scores at least this (rapidfuzz fuzz.ratio; "
+                    "docs/clients.md#translation-memory); each translation then carries origin and memory_score. "
+                    "null = exact entries only")
 
     @field_validator("glossary", mode="before")
     @classmethod
@@ -260,7 +266,7 @@ class TranslateRequest(_Strict):
         return TranslateJob(self.texts, options, selection, target_lang=self.target_lang, keep=tuple(self.keep or ()),
                             glossary=tuple((e.source, e.target) for e in self.glossary or ()),
                             target_prefix=self.target_prefix, min_confidence=self.min_confidence,
-                            return_alignment=self.return_alignment)
+                            return_alignment=self.return_alignment, memory_threshold=self.memory_threshold)
 
     def origin(self) -> JobOrigin:
         """Where the job's texts came from: ``text``, a string or a list."""

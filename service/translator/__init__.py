@@ -12,6 +12,7 @@ Its text pipeline, one module per stage:
     protect.py     protect: spans out, placeholders in (Protected, Protector)
     truecase.py    case: recasing for the model and the translation's style (Truecaser)
     memory.py      memory: the translation memory (MemoryStore.recall) and the result cache
+    fuzzy.py       memory: fuzzy matches at a job's memory_threshold (FuzzyIndex, rapidfuzz)
     sources.py     protect -> case -> encode of one job's sentences, each once
     glossary.py    engine: a glossary's terms as decoding constraints
     placement.py   place spans: where each span goes in the translation (attention, align.py)

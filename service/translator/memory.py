@@ -46,6 +46,17 @@ CREATE TABLE IF NOT EXISTS memory (
     model TEXT NOT NULL, scope TEXT NOT NULL, source TEXT NOT NULL, target TEXT NOT NULL,
     origin TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY (model, scope, source));
 CREATE TABLE IF NOT EXISTS usage (scope TEXT PRIMARY KEY, characters INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS generation (
+    model TEXT NOT NULL, scope TEXT NOT NULL, value INTEGER NOT NULL, PRIMARY KEY (model, scope));
+CREATE TRIGGER IF NOT EXISTS memory_inserted AFTER INSERT ON memory BEGIN
+    INSERT INTO generation VALUES (NEW.model, NEW.scope, 1)
+    ON CONFLICT(model, scope) DO UPDATE SET value = value + 1; END;
+CREATE TRIGGER IF NOT EXISTS memory_updated AFTER UPDATE ON memory BEGIN
+    INSERT INTO generation VALUES (NEW.model, NEW.scope, 1)
+    ON CONFLICT(model, scope) DO UPDATE SET value = value + 1; END;
+CREATE TRIGGER IF NOT EXISTS memory_deleted AFTER DELETE ON memory BEGIN
+    INSERT INTO generation VALUES (OLD.model, OLD.scope, 1)
+    ON CONFLICT(model, scope) DO UPDATE SET value = value + 1; END;
 """
 
 
@@ -62,13 +73,19 @@ def memory_model(model: str, target_lang: Optional[str] = None) -> str:
 
 @dataclass
 class Recalled:
-    """What the translation memory holds for one text (``MemoryStore.recall``)."""
+    """What the translation memory holds for one text (``MemoryStore.recall``, fuzzy matches added by
+    ``fuzzy.FuzzyMemory.complete``)."""
     whole: Optional[str] = None     # the whole text's stored translation, when its sentences are not just it
     stored: dict[str, str] = field(default_factory=dict)    # normalized source -> stored translation
+    scores: dict[str, float] = field(default_factory=dict)  # normalized source -> fuzzy match score (absent: exact, 100)
 
     def of(self, sentence: str) -> Optional[str]:
         """The stored translation of one sentence of the text, or None."""
         return self.stored.get(normalize(sentence))
+
+    def score_of(self, sentence: str) -> float:
+        """The match score (0-100) of a sentence ``of`` answers: 100 for an exact match."""
+        return self.scores.get(normalize(sentence), 100.0)
 
 
 class MemoryStore:
@@ -138,17 +155,28 @@ class MemoryStore:
     def put(self, model: str, scope: str, pairs: Iterable[tuple[str, str]], origin: str = "suggestion") -> int:
         """Store (source, target) pairs (sources normalized here; a stored source is replaced); returns
         how many. ``origin``: suggestion or import."""
-        now = time.time()
-        rows = [(model, scope, normalize(s), t, origin, now) for s, t in pairs]
+        with self.transaction() as db:
+            return insert(db, model, scope, pairs, origin)
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """The connection inside one write transaction (BEGIN IMMEDIATE): committed when the block
+        ends, rolled back when it raises, so that several writes land together or not at all."""
         with self._file() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.executemany("INSERT OR REPLACE INTO memory VALUES (?, ?, ?, ?, ?, ?)", rows)
+                yield db
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-        return len(rows)
+
+    def generation(self, model: str, scope: str) -> int:
+        """A number that changes with every write to the entries of ``model`` and ``scope`` (any
+        process's: triggers keep it), for caches of them (``fuzzy.FuzzyMemory``); 0 before the first."""
+        with self._file() as db:
+            row = db.execute("SELECT value FROM generation WHERE model=? AND scope=?", (model, scope)).fetchone()
+        return row[0] if row else 0
 
     def count(self, model: str, scope: str) -> int:
         with self._file() as db:
@@ -178,6 +206,15 @@ class MemoryStore:
         with self._file() as db:
             row = db.execute("SELECT characters FROM usage WHERE scope=?", (scope,)).fetchone()
         return row[0] if row else 0
+
+
+def insert(db: sqlite3.Connection, model: str, scope: str, pairs: Iterable[tuple[str, str]],
+           origin: str = "suggestion") -> int:
+    """``MemoryStore.put``'s write on an open transaction (``MemoryStore.transaction``)."""
+    now = time.time()
+    rows = [(model, scope, normalize(s), t, origin, now) for s, t in pairs]
+    db.executemany("INSERT OR REPLACE INTO memory VALUES (?, ?, ?, ?, ?, ?)", rows)
+    return len(rows)
 
 
 class ResultCache:

@@ -97,6 +97,7 @@ class Piece:
     piece_index: int    # which sentence of that text's Split
     src_ids: list[int]  # its token ids, EOS included ([] for a memory hit)
     stored: Optional[str] = None    # the translation memory's text for it: not sent to the engine
+    match: Optional[float] = None   # a memory hit's match score, 0-100 (100: exact; fuzzy.py)
 
 
 @functools.lru_cache(maxsize=None)

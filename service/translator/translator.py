@@ -42,6 +42,7 @@ from service.metrics import EngineMetrics
 
 from .card import ModelCard
 from .config import TranslatorSettings
+from .fuzzy import FuzzyMemory, report
 from .glossary import Glossary
 from .memory import MemoryStore, Recalled, ResultCache, cache_key, memory_hit, memory_model
 from .options import sentence_options
@@ -99,6 +100,7 @@ class Translator:
         self.keep = Terms.load(text.keep_file) if text.keep_file else Terms()   # the stored do-not-translate list
         self.metrics = EngineMetrics(self.name)
         self.memory = MemoryStore(settings.memory_file) if settings.memory_file else None
+        self.fuzzy = FuzzyMemory(self.memory) if self.memory else None     # a job's memory_threshold
         self.cache = ResultCache(settings.cache_entries)
         self._glossaries: dict[tuple, Glossary] = {}    # (entries, field) -> compiled, the 32 latest
         self.engine: Optional[Engine] = None
@@ -199,14 +201,14 @@ class Translator:
             memory = self.recall(job, text, split)                                  # memory
             if memory.whole is not None:    # one piece, the whole text's stored translation
                 out.splits.append(one_piece(text))
-                out.pieces.append(Piece(i, 0, [], memory.whole))
+                out.pieces.append(Piece(i, 0, [], memory.whole, 100.0))
                 out.protected.append(None)
                 continue
             out.splits.append(split)
             for j, (sentence, p) in enumerate(zip(split.pieces, protected)):
                 stored = memory.of(sentence)
                 if stored is not None:
-                    out.pieces.append(Piece(i, j, [], stored))
+                    out.pieces.append(Piece(i, j, [], stored, memory.score_of(sentence)))
                     out.protected.append(None)
                 else:
                     out.pieces.append(Piece(i, j, self.encode(i, j, sentence, sources)))   # encode
@@ -226,11 +228,23 @@ class Translator:
 
     def recall(self, job: TranslateJob, text: str, split: Split) -> Recalled:
         """What the translation memory holds for the text and its sentences (nothing without a
-        memory or without the job's ``memory_scope``)."""
+        memory or without the job's ``memory_scope``): exact entries, then with the job's
+        ``memory_threshold`` the best fuzzy match of each other sentence (``fuzzy.FuzzyMemory``)."""
         if self.memory is None or job.memory_scope is None:
             return Recalled()
-        key = memory_model(self.name, job.target_lang if self.tok.target_languages else None)
-        return self.memory.recall(key, job.memory_scope, text, split.pieces)
+        recalled = self.memory.recall(key := self.memory_key(job), job.memory_scope, text, split.pieces)
+        return recalled if job.memory_threshold is None else self.fuzzy.complete(
+            recalled, key, job.memory_scope, split.pieces, job.memory_threshold)
+
+    def memory_key(self, job: TranslateJob) -> str:
+        """The store's model key of the job's memory (``memory.memory_model``)."""
+        return memory_model(self.name, job.target_lang if self.tok.target_languages else None)
+
+    async def fuzzy_ready(self, job: TranslateJob) -> None:
+        """Build (in a worker thread) the fuzzy index the job's ``memory_threshold`` reads, when it is
+        missing or out of date, before ``prepare`` looks anything up."""
+        if self.fuzzy and job.memory_scope is not None and job.memory_threshold not in (None, 100):
+            await self.fuzzy.refresh(self.memory_key(job), job.memory_scope)
 
     def encode(self, i: int, j: int, sentence: str, sources: Sources) -> list[int]:
         """Sentence j of text i as source ids (``Sources.ids``). Raises TooLarge when they are more
@@ -323,10 +337,14 @@ class Translator:
 
     async def translate(self, job: TranslateJob) -> TranslateResponse:
         """Translate every text of the job. Raises the domain errors of ``prepare`` or the engine's."""
+        await self.fuzzy_ready(job)
         splits, pieces, protected, options = self.engine_inputs(job)
         results = await self._results(pieces, options)     # engine
-        return build_response(self.name, self.tok, job, splits, pieces, results,       # place spans -> assemble
-                              self._text_of(protected, pieces), self.card.config)
+        response = build_response(self.name, self.tok, job, splits, pieces, results,       # place spans -> assemble
+                                  self._text_of(protected, pieces), self.card.config)
+        if job.memory_threshold is not None:
+            report(response.translations, pieces)
+        return response
 
     async def _results(self, pieces: list[Piece], options: list[Optional[GenerationOptions]]
                        ) -> list[TranslationResult]:
@@ -388,6 +406,7 @@ class Translator:
         Errors before ``StreamStart`` (validation, a full queue) are raised before anything is
         streamed. Closing the generator cancels every sentence.
         """
+        await self.fuzzy_ready(job)
         splits, pieces, protected, options = self.engine_inputs(job)
         streams, group = [], object()   # group: as in _run_all
         run = [k for k, p in enumerate(pieces) if p.stored is None]    # memory hits are answered without the engine
@@ -424,5 +443,8 @@ class Translator:
                     results[k] = item
                     for ev in state.finish(k, item.hypotheses[0].tokens, item.hypotheses[0]):
                         yield ev
-        yield build_response(self.name, self.tok, job, splits, pieces, results, text_of, self.card.config)
+        response = build_response(self.name, self.tok, job, splits, pieces, results, text_of, self.card.config)
+        if job.memory_threshold is not None:
+            report(response.translations, pieces)
+        yield response
 

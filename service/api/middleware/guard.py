@@ -11,7 +11,7 @@ address when keys are off). Both are off by default (``GuardSettings()``).
     LibreTranslate's ``api_key`` body field itself (``Guard.admit`` again, see libretranslate.py); a
     body that cannot be read (415, 413, unparsable) is a 401 there, before any other error.
     An Authorization header of another scheme than Bearer or DeepL-Auth-Key (Basic, ...) is a 401 on
-    every keyed path; DeepL's paths (/v2/*, deepl.py) answer it, and a missing or wrong key, as 403
+    every keyed path; DeepL's paths (/v2/*, /v3/*, deepl.py) answer it, and a missing or wrong key, as 403
     ``{"message": ...}``. The admitted request's ``Caller`` (caller.py: who is asking, the scope of
     everything kept for it) is stored as ``scope["state"]["caller"]``.
     Failed key checks draw from a bucket per client address (``failed_key_limit``): past it, 429 with
@@ -50,7 +50,8 @@ RELOAD_CHECK_S = 1.0               # at most one stat() of the keys file per thi
 MAX_BUCKETS = 65_536               # token buckets kept (least recently used evicted): bounded memory
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/frontend/settings"})   # the last: a page reads it to learn keyRequired
 BODY_KEY_PATHS = ("/translate", "/detect", "/translate_file", "/suggest")   # LibreTranslate routes whose body may hold the api_key
-QUERY_KEY_PREFIXES = ("/download_file/",)    # routes that check the key themselves (Bearer or ?api_key=)
+QUERY_KEY_PREFIXES = ("/download_file/",    # routes that check the key themselves (Bearer or ?api_key=)
+                      "/v3/translation_memories/files/")   # or a job's token (DeepL's upload and download URLs)
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
 METRICS_PATHS = frozenset({"/metrics"})
 

@@ -92,6 +92,8 @@ async def _job(body: TranslateRequest, request: Request, svc: Services, card: Mo
     job = svc.pipeline.deadline(body.job(), body.timeout_s)
     job = await svc.pipeline.with_glossary(job, body.glossary_id, glossaries.scope_of(request),
                                            card.source_lang if card else None, card.target_lang if card else None)
+    if body.memory_threshold is not None and svc.memory is None:
+        raise ServiceError(422, "memory_threshold: the translation memory is off on this server", "memory_threshold")
     return dataclasses.replace(job, memory_scope=svc.memory_scope(request))
 
 
