@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,7 +17,8 @@ from local_services import local_services
 from model.tokenizer import read_lines
 from service.api.http import build_app
 from service.api.schemas import TranslateRequest
-from service.protocol import TranslateResponse, Translation, Usage
+from service.protocol import ServiceError, TranslateResponse, Translation, Usage
+from service.replica import run_within
 from service.translator import Translator, TranslatorSettings, model_card
 from service.translator.fuzzy import FULL_SCAN, FuzzyIndex, FuzzyMemory
 from service.translator.memory import MemoryStore, normalize
@@ -109,6 +111,31 @@ def test_a_translator_takes_fuzzy_matches_at_the_threshold_and_reports_them(card
         events = [e async for e in t.stream(job([AT_75], 75))]
         assert "".join(e.text for e in events if hasattr(e, "index")) == "A dog (stored)."
         assert events[-1].translations[0].origin == "memory" and events[-1].translations[0].memory_score == 75.0
+        await t.stop()
+    asyncio.run(main())
+
+
+def test_a_deadline_already_passed_cancels_only_texts_with_something_to_translate(card, tmp_path):
+    """memory_threshold with texts without a letter: answered at once, as without it (no index to
+    build, nothing to wait for), even at a deadline already passed (schemathesis: timeout_s 5e-324);
+    a text with letters at that deadline is the deadline's 504, never a 500."""
+    async def main():
+        t = Translator(card, settings=TranslatorSettings(memory_file=str(tmp_path / "m.sqlite3")))
+        await t.reconfigure({"max_num_seqs": 4, "cpu_kernels": False})
+        t.memory.put("tiny", "k", [(STORED, "A dog (stored).")])
+
+        def job(texts):
+            j = TranslateRequest(text=texts, beam_size=1, max_new_tokens=4, memory_threshold=0.0).job()
+            j.memory_scope = "k"
+            return j
+        r = await run_within(t.translate(job(["0", "12 €", ""])), time.time(), 5e-324)
+        assert [x.text for x in r.translations] == ["0", "12 €", ""]
+        assert [x.origin for x in r.translations] == [None, None, None]
+        with pytest.raises(ServiceError) as e:
+            await run_within(t.translate(job(["Ein Hund."])), time.time(), 5e-324)
+        assert (e.value.status, e.value.field) == (504, "timeout_s")
+        r = await t.translate(job(["Ein Hund."]))       # the index was built by then or now: a match at 0
+        assert (r.translations[0].text, r.translations[0].origin) == ("A dog (stored).", "memory")
         await t.stop()
     asyncio.run(main())
 

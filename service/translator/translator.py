@@ -51,7 +51,7 @@ from .protect import Protected, Protector
 from .sources import Sources
 from .spans import Terms
 from .streaming import StreamState, merge_streams
-from .text import Piece, Split, cut_long, has_text, one_piece, split_sentences_of
+from .text import Piece, Split, cut_long, has_text, needs_model, one_piece, split_sentences_of
 from .truecase import Truecaser
 
 logger = logging.getLogger("ray.serve")
@@ -242,8 +242,8 @@ class Translator:
 
     async def fuzzy_ready(self, job: TranslateJob) -> None:
         """Build (in a worker thread) the fuzzy index the job's ``memory_threshold`` reads, when it is
-        missing or out of date, before ``prepare`` looks anything up."""
-        if self.fuzzy and job.memory_scope is not None and job.memory_threshold not in (None, 100):
+        missing or out of date and a text has a letter, before ``prepare`` looks anything up."""
+        if self.fuzzy and job.memory_scope is not None and job.memory_threshold not in (None, 100) and any(map(needs_model, job.texts)):
             await self.fuzzy.refresh(self.memory_key(job), job.memory_scope)
 
     def encode(self, i: int, j: int, sentence: str, sources: Sources) -> list[int]:
