@@ -255,8 +255,14 @@ def test_a_tsv_import_with_its_languages(server):
     r = httpx.post(f"{s.url}/v3/translation_memories/import", headers=hdr, json={
         "source_file": declared, "parameters": {"source_lang": "DE", "target_lang": "FR"}})
     assert r.status_code == 400 and "no model here translates de into fr" in r.json()["message"], r.text
+    langs = {"source_lang": "DE", "target_lang": "EN-GB"}
+    for bad in (len(tsv) + 0.5, str(len(tsv)), True, 0, 2.0 ** 80):
+        r = httpx.post(f"{s.url}/v3/translation_memories/import", headers=hdr, json={
+            "source_file": {**declared, "content_length": bad}, "parameters": langs})
+        assert r.status_code == 400 and "'source_file.content_length'" in r.json()["message"], (bad, r.text)
+    # an integral float is an integer (JSON Schema 2020-12, as the OpenAPI 3.1 document says)
     r = httpx.post(f"{s.url}/v3/translation_memories/import", headers=hdr, json={
-        "source_file": declared, "parameters": {"source_lang": "DE", "target_lang": "EN-GB"}})
+        "source_file": {**declared, "content_length": float(len(tsv))}, "parameters": langs})
     assert r.status_code == 200, r.text
     up = httpx.put(r.json()["upload_url"], content=tsv, headers={"Content-Type": "text/tab-separated-values"})
     assert up.status_code == 200, up.text
@@ -290,16 +296,21 @@ def test_bad_memory_fields_on_translate_are_400s_naming_the_field(server, fields
 def test_v3_routes_answer_in_deepls_shape(server):
     s = server
     hdr = {"Authorization": f"DeepL-Auth-Key {A}"}
+    unknown = "0b6a4c3e-5d1f-4e2a-9c8b-7a6f5e4d3c2b"
     for method, path, params, status, words in [
-            ("GET", "/v3/translation_memories/nope", None, 404, "not found"),
+            ("GET", f"/v3/translation_memories/{unknown}", None, 404, "not found"),
+            ("GET", "/v3/translation_memories/nope", None, 404, "Not Found"),       # no memory id: no such path
             ("GET", "/v3/translation_memories/jobs/nope", None, 404, "not found"),
             ("GET", "/v3/translation_memories", {"page_size": 26}, 400, "page_size"),
-            ("GET", "/v3/translation_memories/x/segments", {"filter_text": "a"}, 400, "filter_text"),
-            ("GET", "/v3/translation_memories/x/segments", {"page_cursor": "garbage"}, 400, "page_cursor"),
+            ("GET", f"/v3/translation_memories/{unknown}/segments", {"filter_text": "a"}, 400, "filter_text"),
+            ("GET", f"/v3/translation_memories/{unknown}/segments", {"page_cursor": "garbage"}, 400, "page_cursor"),
             ("PUT", "/v3/translation_memories/files/nope", {"token": "t"}, 404, "not found")]:
         r = httpx.request(method, s.url + path, params=params, headers=hdr)
         assert r.status_code == status and set(r.json()) == {"message"} and words in r.json()["message"], \
             (path, r.status_code, r.text)
+    for method in ("GET", "DELETE", "OPTIONS"):    # "import" is no memory id: the path takes POST only
+        r = httpx.request(method, f"{s.url}/v3/translation_memories/import", headers=hdr)
+        assert (r.status_code, r.headers["allow"]) == (405, "POST"), (method, r.text)
     r = httpx.get(f"{s.url}/v3/translation_memories")
     assert r.status_code == 403 and set(r.json()) == {"message"}          # keys on: none sent
     created = s.client[A].create_translation_memory_import("t.tmx", 10)

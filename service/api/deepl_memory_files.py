@@ -7,9 +7,9 @@ import io
 import json
 import uuid
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from service.protocol import MAX_MEMORY_ENTRIES, MAX_TEXT_CHARS, ServiceError
 
@@ -44,10 +44,16 @@ _SCHEMA = (
 from .deepl_memories import Memory, served_key, short
 
 
+def _integral(v):
+    """333.0 -> 333: JSON Schema's "integer" is any number without a fraction (2020-12, 6.1.1), as the
+    OpenAPI 3.1 document says; 333.5, "333" and true stay refused (strict)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 class SourceFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     file_name: str = Field(..., min_length=1, max_length=255)
-    content_length: int = Field(..., gt=0, le=MAX_BODY_BYTES, description="bytes of the file (the body cap)")
+    content_length: Annotated[int, BeforeValidator(_integral)] = Field(..., gt=0, le=MAX_BODY_BYTES, description="bytes of the file (the body cap)")
     content_type: Optional[Literal[UPLOAD_TYPES]] = Field(
         None, description=f"{', '.join(TMX_TYPES)} (TMX; absent: application/xml, as DeepL's) or {formats.TSV} "
                           "(source TAB target per line; parameters.source_lang and target_lang say the languages)")

@@ -16,9 +16,12 @@
 
 The two file routes take no key (the client sends none to an upload or download URL): the job's
 token in the URL is the key (middleware/guard.py passes them through). Errors are DeepL's
-``{"message": ...}``; an unknown memory or job is a 404, another key's too.
+``{"message": ...}``; an unknown memory or job is a 404, another key's too. A memory id is a UUID
+(``{tm_id:uuid}``), so that ``import``, ``jobs`` and ``files`` are never one: ``GET .../import`` is a 405
+naming POST, as OPTIONS's ``Allow`` is.
 """
 import asyncio
+import uuid
 from typing import Optional
 
 from fastapi import APIRouter, Depends, Request
@@ -74,25 +77,25 @@ async def get_job(job_id: str, request: Request, svc: Services = Depends(service
     return tms.job_json(job, str(request.base_url))
 
 
-@router.get("/v3/translation_memories/{tm_id}", responses=ERRORS)
-async def get_memory(tm_id: str, request: Request, svc: Services = Depends(services)):
+@router.get("/v3/translation_memories/{tm_id:uuid}", responses=ERRORS)
+async def get_memory(tm_id: uuid.UUID, request: Request, svc: Services = Depends(services)):
     reg = tms.registry(svc.memory)
     with mapped_errors("memory"):
-        m = reg.get(_owner(request), tm_id, svc.graph)
+        m = reg.get(_owner(request), str(tm_id), svc.graph)
         return tms.info(m, reg.count(m))
 
 
-@router.delete("/v3/translation_memories/{tm_id}", status_code=204, responses=ERRORS)
-async def delete_memory(tm_id: str, request: Request, svc: Services = Depends(services)):
+@router.delete("/v3/translation_memories/{tm_id:uuid}", status_code=204, responses=ERRORS)
+async def delete_memory(tm_id: uuid.UUID, request: Request, svc: Services = Depends(services)):
     """Delete the memory and its entries (the key's own memory of a model: that model's entries)."""
     reg = tms.registry(svc.memory)
     with mapped_errors("memory"):
-        reg.delete(reg.get(_owner(request), tm_id, svc.graph))
+        reg.delete(reg.get(_owner(request), str(tm_id), svc.graph))
     return Response(status_code=204)
 
 
-@router.get("/v3/translation_memories/{tm_id}/segments", responses=ERRORS)
-async def list_segments(tm_id: str, request: Request, svc: Services = Depends(services)):
+@router.get("/v3/translation_memories/{tm_id:uuid}/segments", responses=ERRORS)
+async def list_segments(tm_id: uuid.UUID, request: Request, svc: Services = Depends(services)):
     """One page of the memory's segments in source order (sources as the memory keys them: normalized)."""
     q = request.query_params
     size = tms.int_param(q.get("page_size"), "page_size", 50, 1, tms.MAX_SEGMENT_PAGE)
@@ -104,7 +107,7 @@ async def list_segments(tm_id: str, request: Request, svc: Services = Depends(se
     after = tm_files.cursor_in(q.get("page_cursor"), text, case)
     reg = tms.registry(svc.memory)
     with mapped_errors("memory"):
-        m = reg.get(_owner(request), tm_id, svc.graph)
+        m = reg.get(_owner(request), str(tm_id), svc.graph)
         segments, last = reg.segments(m, after, size, text, case)
         body = {"segments": [tms.segment(m, s, t) for s, t in segments], "segment_count": reg.count(m)}
     if last is not None:
@@ -129,12 +132,12 @@ async def create_import(request: Request, svc: Services = Depends(services)):
             "expires_at": tms.timestamp(job["expires"])}
 
 
-@router.post("/v3/translation_memories/{tm_id}/export", status_code=202, responses=ERRORS)
-async def create_export(tm_id: str, request: Request, svc: Services = Depends(services)):
+@router.post("/v3/translation_memories/{tm_id:uuid}/export", status_code=202, responses=ERRORS)
+async def create_export(tm_id: uuid.UUID, request: Request, svc: Services = Depends(services)):
     """Export the memory as TMX: a job, completed at once; its download_url gives the file."""
     reg = tms.registry(svc.memory)
     with mapped_errors("memory"):
-        m = reg.get(_owner(request), tm_id, svc.graph)
+        m = reg.get(_owner(request), str(tm_id), svc.graph)
         job = reg.new_job(_owner(request), "export", "completed", tm_id=m.id)
     return JSONResponse({"job_id": job["id"], "parameters": {"translation_memory_id": m.id}}, status_code=202)
 
