@@ -198,7 +198,7 @@ def test_each_key_sees_and_uses_its_own_memories_only(server):
         assert e.value.http_status_code == 404
     with pytest.raises(deepl.DeepLException, match="translation_memory_id") as e:
         b.translate_text(STORED, source_lang="DE", target_lang="EN-US", translation_memory=tm_id)
-    assert e.value.http_status_code == 400
+    assert e.value.http_status_code == 404         # as an unknown id
     job = s.client[A].create_translation_memory_export(tm_id)
     with pytest.raises(deepl.DeepLException) as e:
         b.get_translation_memory_job(job.job_id)
@@ -280,13 +280,15 @@ def test_a_tsv_import_with_its_languages(server):
     ({"translation_memory_id": "no-such-memory"}, "translation_memory_id"),
     ({"translation_memory_id": None, "translation_memory_threshold": 80}, "translation_memory_threshold"),
 ])
-def test_bad_memory_fields_on_translate_are_400s_naming_the_field(server, fields, field):
+def test_bad_memory_fields_on_translate_are_4xx_naming_the_field(server, fields, field):
+    """400 naming the field; an unknown memory 404 (as an unknown glossary_id)."""
     s = server
     tm_id = imported(s, A, PAIRS[:1], name="fields.tmx")
     body = {"text": [STORED], "source_lang": "DE", "target_lang": "EN-US", "translation_memory_id": tm_id, **fields}
     body = {k: v for k, v in body.items() if v is not None}
+    status = 404 if fields.get("translation_memory_id") == "no-such-memory" else 400
     r = httpx.post(f"{s.url}/v2/translate", headers={"Authorization": f"DeepL-Auth-Key {A}"}, json=body, timeout=300)
-    assert r.status_code == 400 and set(r.json()) == {"message"} and field in r.json()["message"], r.text
+    assert r.status_code == status and set(r.json()) == {"message"} and field in r.json()["message"], r.text
     r = httpx.post(f"{s.url}/v1/translate", headers={"Authorization": f"Bearer {A}"},
                    json={"text": STORED, "memory_threshold": 100.5})
     assert r.status_code == 422 and r.json()["error"]["field"] == "memory_threshold", r.text
@@ -329,4 +331,37 @@ def test_a_key_imports_at_most_max_memories(server, monkeypatch):
         c.create_translation_memory_import("two.tmx", 10)
     assert e.value.http_status_code == 413 and f"at most {n} imported" in str(e.value)
     assert s.client[B].create_translation_memory_import("b.tmx", 10).job_id     # another key's room is its own
+    c.delete_translation_memory(tm_id)
+
+
+def test_a_document_takes_the_memory_at_and_above_the_threshold(server):
+    """translate_document(translation_memory=..., translation_memory_threshold=...) as translate_text:
+    each segment from the memory at and above the threshold, the engine's below; bad fields 4xx."""
+    s, c = server, server.client[A]
+    tm_id = imported(s, A, PAIRS, name="doc.tmx")
+    src = s.tmp / "memory-doc.txt"
+    src.write_text(f"{AT_75}\n\nZwei Männer spielen Fußball.\n", encoding="utf-8")
+
+    def document(**kw) -> list[str]:
+        out = s.tmp / "memory-doc.out.txt"
+        out.unlink(missing_ok=True)
+        c.translate_document_from_filepath(src, out, source_lang="DE", target_lang="EN-GB", **kw)
+        return out.read_text(encoding="utf-8").split("\n")
+    assert document(translation_memory=tm_id) == [STORED_EN, "", "Two men play football (stored).", ""]
+    assert s.jobs[-1].memory_threshold == 75.0 and s.jobs[-1].memory_scope.endswith(f"/tm/{tm_id}")
+    below = document(translation_memory=tm_id, translation_memory_threshold=76)
+    assert below[0] == engine_text(s, A, AT_75) != STORED_EN and below[2] == "Two men play football (stored)."
+    assert document()[2] != "Two men play football (stored)."        # without it: the engine's
+    with pytest.raises(deepl.DeepLException) as e:                    # another key's: as unknown
+        s.client[B].translate_document_from_filepath(src, s.tmp / "b.txt", source_lang="DE", target_lang="EN-GB",
+                                                     translation_memory=tm_id)
+    assert e.value.http_status_code == 404 and "translation_memory_id" in str(e.value)
+    for fields, status, field in [({"translation_memory_id": tm_id, "translation_memory_threshold": "101"}, 400,
+                                   "translation_memory_threshold"),
+                                  ({"translation_memory_threshold": "80"}, 400, "translation_memory_threshold"),
+                                  ({"translation_memory_id": "no-such-memory"}, 404, "translation_memory_id")]:
+        r = httpx.post(f"{s.url}/v2/document", headers={"Authorization": f"DeepL-Auth-Key {A}"},
+                       data={"target_lang": "EN-GB", "source_lang": "DE", **fields},
+                       files={"file": ("d.txt", b"Hallo.")})
+        assert r.status_code == status and field in r.json()["message"], (fields, r.text)
     c.delete_translation_memory(tm_id)

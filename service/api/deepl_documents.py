@@ -4,7 +4,8 @@ clients call it (``deepl.Translator(auth_key, server_url=...).translate_document
     POST /v2/document                       multipart ``file``, ``target_lang`` (EN-GB, DE, ...), optional
                                             ``source_lang``, ``filename``, ``formality``, ``output_format``,
                                             ``glossary_id`` or ``glossary_ids`` (stored glossaries' terms:
-                                            GlossaryClient.resolve_all)
+                                            GlossaryClient.resolve_all), ``translation_memory_id`` and
+                                            ``translation_memory_threshold`` (as /v2/translate's)
                                             -> {"document_id", "document_key"}; translation starts in the
                                             background of the replica that took the upload
     POST /v2/document/{document_id}         ``document_key`` (form or JSON) -> {"document_id", "status":
@@ -18,8 +19,9 @@ The job's record and file live in the shared ``DocumentStore``, so any ingress r
 status and result. ``document_key`` is the capability (only its SHA-256 is stored); with API keys on,
 the same key must also come with every call (``Authorization: DeepL-Auth-Key`` or Bearer). Errors
 are DeepL's ``{"message": ...}``. ``formality`` is accepted and not applied (the ``X-Unsupported``
-header says so); ``output_format`` other than the input's is a 400; ``glossary_id`` is resolved at the
-upload for the document's model (404 unknown, 409 other languages) and applied to every segment.
+header says so); ``output_format`` other than the input's is a 400; ``glossary_id`` and
+``translation_memory_id`` are resolved at the upload for the document's pair (404 unknown; 409, 400
+other languages) and applied to every segment.
 One API key (keys off: one client address) has at most ``max_jobs_per_key`` unfinished jobs, counted
 in the shared store over every ingress replica (``admit``); one more is a 429 with Retry-After.
 Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the served ones
@@ -43,7 +45,7 @@ from pydantic import BaseModel, Field
 from service import documents
 from service.protocol import ServiceError
 
-from . import deepl, deepl_glossaries, glossaries
+from . import deepl, deepl_glossaries, deepl_memories, glossaries
 from . import documents as routes
 from .middleware.caller import caller_of
 from .schemas import ErrorResponse
@@ -72,7 +74,8 @@ class DeepLError(BaseModel):
 
 ERRORS = {status: {"model": DeepLError, "description": what} for status, what in {
     400: "a field missing or invalid (target_lang, output_format, document_key), an unreadable body",
-    404: "unknown document_id, wrong document_key or API key, expired; no model for the languages; unknown glossary_id",
+    404: "unknown document_id, wrong document_key or API key, expired; no model for the languages; unknown "
+         "glossary_id or translation_memory_id",
     409: "glossary_id names a stored glossary of other languages",
     413: "a file over a limit (docs/documents.md#limits)",
     415: "an unsupported extension, or content that is not that format",
@@ -106,8 +109,12 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
                                                         "404; without a dictionary of the document's pair: 409"},
         "glossary_ids": {"type": "string", "pattern": rf"^[^,]*(,[^,]*){{0,{MAX_IDS - 1}}}$",
                          "description": f"up to {MAX_IDS} glossary ids, comma-separated, not with glossary_id"},
+        "translation_memory_id": {"type": "string", "format": "uuid", "description": "GET /v3/translation_memories' "
+                                  "id, of the document's pair (else 400); unknown: 404"},
+        "translation_memory_threshold": {"type": "integer", "minimum": 0, "maximum": 100,
+                                         "description": "with translation_memory_id (absent: 75)"},
         "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
-    "additionalProperties": False,
+    "additionalProperties": False, "dependentRequired": {"translation_memory_threshold": ["translation_memory_id"]},
     "anyOf": [{"properties": {"glossary_id": {"maxLength": 0}}},         # both named: 400
               {"properties": {"glossary_ids": {"pattern": r"^[,\s]*$"}}}]}}}}
 
@@ -115,7 +122,7 @@ JOB_STALE_S = 600        # a job not updated for this long lost its replica: rep
 JOBS_RETRY_AFTER_S = 5   # Retry-After of the 429 for too many unfinished jobs
 MAX_CANCEL_BODY_BYTES = 16 * 1024   # a DELETE's body (its document_key): the body middleware reads POST, PUT, PATCH only
 FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format", "glossary_id", "glossary_ids",
-          "auth_key")
+          "translation_memory_id", "translation_memory_threshold", "auth_key")
 
 
 class Cancelled(Exception):
@@ -187,11 +194,14 @@ async def upload(svc: "Services", request: Request) -> Response:
         ids, field = deepl_glossaries.ids_of(up.fields)
         model, target = await routes.plan(svc, doc, None, source, target, "source_lang")
         glossary: tuple = ()
-        if ids:     # for the model the document goes to (its language detected without source_lang): 404 for
-            # an unknown glossary, 409 for one without that pair (GlossaryClient.resolve_all)
-            card = svc.graph.resolve(model, None, target)
+        card = svc.graph.resolve(model, None, target)       # the pair the document goes to (detected or given)
+        if ids:     # 404 for an unknown glossary, 409 for one without that pair (GlossaryClient.resolve_all)
             glossary = await svc.glossaries.resolve_all(glossaries.scope_of(request), ids, card.source_lang,
                                                         card.target_lang, field=field)
+        memory = deepl_memories.job_fields(     # as /v2/translate's: 404 unknown, 400 another pair
+            svc.memory, svc.memory_scope(request), svc.graph, up.fields.get("translation_memory_id"),
+            deepl_memories.int_param(up.fields.get("translation_memory_threshold"), "translation_memory_threshold",
+                                     None, 0, 100), card.source_lang, card.target_lang)
         record.update(total=len(doc.segments), started=time.time())
         await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
     except BaseException as e:          # the place goes back: the job's record is removed
@@ -203,7 +213,7 @@ async def upload(svc: "Services", request: Request) -> Response:
             return message(e)
         raise
     task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary,
-                                      functools.partial(svc.add_usage, caller_of(request).scope)))
+                                      functools.partial(svc.add_usage, caller_of(request).scope), memory))
     _jobs.running[job_id] = task
     task.add_done_callback(lambda _: _jobs.running.pop(job_id, None))
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
@@ -211,7 +221,8 @@ async def upload(svc: "Services", request: Request) -> Response:
 
 
 async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
-               glossary: tuple = (), bill: Callable[[int], None] = lambda chars: None) -> None:
+               glossary: tuple = (), bill: Callable[[int], None] = lambda chars: None,
+               memory: Optional[dict] = None) -> None:
     store = svc.doc_store
     last = [0.0]
 
@@ -225,7 +236,7 @@ async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, targ
     try:
         record["status"] = "translating"
         await asyncio.to_thread(store.put_job, job_id, record)
-        data, chars = await routes.translated(svc, doc, model, target, progress, glossary)
+        data, chars = await routes.translated(svc, doc, model, target, progress, glossary, memory)
         if await asyncio.to_thread(store.get_job, job_id) is None:
             raise Cancelled(job_id)
         media = documents.FORMATS[documents.extension(filename)].media_type

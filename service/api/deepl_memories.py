@@ -375,8 +375,8 @@ def bool_param(value: Optional[str], name: str) -> bool:
 def job_fields(store: Optional[MemoryStore], owner: Optional[str], graph: "LanguageGraph",
                tm_id: Optional[str], threshold: Optional[int], source: Optional[str], target: str) -> dict:
     """The TranslateJob fields of /v2/translate's translation_memory_id and _threshold: the memory's
-    scope and the threshold (DeepL's default 75). Raises ServiceError 400 naming the field: a
-    threshold without a memory, memories off, an unknown id (another key's too), a memory of other
+    scope and the threshold (DeepL's default 75). Raises ServiceError naming the field: 404 an unknown
+    id (another key's too); 400 a threshold without a memory, memories off, a memory of other
     languages than the request's (``source`` None: detected, not checked)."""
     if tm_id is None:
         if threshold is not None:
@@ -388,9 +388,9 @@ def job_fields(store: Optional[MemoryStore], owner: Optional[str], graph: "Langu
                                 "this server", "translation_memory_id")
     try:
         m = registry(store).get(owner, tm_id, graph, "translation_memory_id")
-    except ServiceError as e:
-        raise ServiceError(400, f"Value for 'translation_memory_id' not supported: {e.message}",
-                           "translation_memory_id") from None
+    except ServiceError as e:       # unknown (another key's too): 404, as an unknown glossary_id
+        raise ServiceError(e.status, f"Value for 'translation_memory_id' not supported: {e.message}",
+                           "translation_memory_id", type=e.type) from None
     if (source is not None and source != m.source_lang) or m.model_of(target) is None:
         raise ServiceError(400, f"Value for 'translation_memory_id' not supported: translation memory {m.id} is "
                                 f"{m.source_lang}->{'|'.join(t for t, _ in m.targets)}, the request "

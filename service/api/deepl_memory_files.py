@@ -73,9 +73,10 @@ class ImportRequest(BaseModel):
     parameters: ImportParameters = Field(default_factory=ImportParameters)
 
 
-def openapi_import_body() -> dict:
+def openapi_import_body(pairs: Optional[list[tuple[str, list[str]]]] = None) -> dict:
     """The requestBody of POST /v3/translation_memories/import: ImportRequest's schema, its
-    references inlined, a TSV's languages required."""
+    references inlined, a TSV's languages required: strings, with ``pairs`` (a served source's DeepL
+    code, its targets' codes) one of those pairs."""
     schema = ImportRequest.model_json_schema()
     defs = schema.pop("$defs", {})
 
@@ -88,8 +89,11 @@ def openapi_import_body() -> dict:
     schema = inline(schema)
     schema["if"] = {"properties": {"source_file": {"properties": {"content_type": {"const": formats.TSV}},
                                                    "required": ["content_type"]}}}
-    schema["then"] = {"properties": {"parameters": {"required": ["source_lang", "target_lang"]}},
-                      "required": ["parameters"]}
+    langs = {"required": ["source_lang", "target_lang"],
+             "properties": {"source_lang": {"type": "string"}, "target_lang": {"type": "string"}}}
+    if pairs:
+        langs["anyOf"] = [{"properties": {"source_lang": {"const": s}, "target_lang": {"enum": ts}}} for s, ts in pairs]
+    schema["then"] = {"properties": {"parameters": langs}, "required": ["parameters"]}
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 

@@ -315,13 +315,16 @@ async def _plan(svc: "Services", doc: Document, model: Optional[str], source: Op
 
 async def translated(svc: "Services", doc: Document, model: str, target: Optional[str],
                      progress: Optional[Callable[[int, int], None]] = None,
-                     glossary: tuple = ()) -> tuple[bytes, int]:
+                     glossary: tuple = (), memory: Optional[dict] = None) -> tuple[bytes, int]:
     """The translated file's bytes and the characters translated; ``glossary``: (source, target) terms
-    every segment's translation keeps (a stored glossary's entries, DeepL's ``glossary_id``). The
+    every segment's translation keeps (a stored glossary's entries, DeepL's ``glossary_id``); ``memory``:
+    the jobs' ``memory_scope`` and ``memory_threshold`` (DeepL's ``translation_memory_id``). The
     document is released at the end (``documents.release``), translated or not."""
     async def run(m: str, job: TranslateJob) -> TranslateResponse:
         if glossary:
             job = dataclasses.replace(job, glossary=tuple(glossary), stored_glossary=True)
+        if memory:
+            job = dataclasses.replace(job, **memory)
         svc.pipeline.check(m, job, FILE_SEGMENTS)
         return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s), FILE_SEGMENTS)
     try:

@@ -286,6 +286,12 @@ def complete(doc: dict, svc) -> dict:
                                                                                      deepl_shape=deepl_shape)}}}
         paths[path]["post"]["requestBody"] = with_upload_encoding(body)
     memory_bodies(doc, svc)
+    if svc is not None and "/v3/translation_memories/import" in paths:    # a TSV import's pair: one served
+        from . import deepl_memories, deepl_memory_files
+        direct = deepl_memories.served_pairs(svc.graph)
+        pairs = [(src.upper(), sorted({c for s, t, _ in direct if s == src for c in (t.upper(), *deepl.deepl_codes(t, True))}))
+                 for src in sorted({s for s, _, _ in direct})]
+        paths["/v3/translation_memories/import"]["post"]["requestBody"] = deepl_memory_files.openapi_import_body(pairs)
     if svc is not None:
         schemas = doc["components"]["schemas"]
         request = schemas["TranslateRequest"]
