@@ -358,10 +358,16 @@ def test_a_document_takes_the_memory_at_and_above_the_threshold(server):
     assert e.value.http_status_code == 404 and "translation_memory_id" in str(e.value)
     for fields, status, field in [({"translation_memory_id": tm_id, "translation_memory_threshold": "101"}, 400,
                                    "translation_memory_threshold"),
-                                  ({"translation_memory_threshold": "80"}, 400, "translation_memory_threshold"),
                                   ({"translation_memory_id": "no-such-memory"}, 404, "translation_memory_id")]:
         r = httpx.post(f"{s.url}/v2/document", headers={"Authorization": f"DeepL-Auth-Key {A}"},
                        data={"target_lang": "EN-GB", "source_lang": "DE", **fields},
                        files={"file": ("d.txt", b"Hallo.")})
         assert r.status_code == status and field in r.json()["message"], (fields, r.text)
+    r = httpx.post(f"{s.url}/v2/document", headers={"Authorization": f"DeepL-Auth-Key {A}"},   # no memory to apply
+                   data={"target_lang": "EN-GB", "source_lang": "DE", "translation_memory_threshold": "80"},
+                   files={"file": ("d.txt", AT_75.encode())})
+    assert r.status_code == 200 and r.headers["x-unsupported"] == "translation_memory_threshold", r.text
+    handle = deepl.DocumentHandle(r.json()["document_id"], r.json()["document_key"])
+    c.translate_document_wait_until_done(handle)
+    assert c.translate_document_download(handle).content.decode() == engine_text(s, A, AT_75)
     c.delete_translation_memory(tm_id)

@@ -18,10 +18,11 @@ clients call it (``deepl.Translator(auth_key, server_url=...).translate_document
 The job's record and file live in the shared ``DocumentStore``, so any ingress replica answers the
 status and result. ``document_key`` is the capability (only its SHA-256 is stored); with API keys on,
 the same key must also come with every call (``Authorization: DeepL-Auth-Key`` or Bearer). Errors
-are DeepL's ``{"message": ...}``. ``formality`` is accepted and not applied (the ``X-Unsupported``
-header says so); ``output_format`` other than the input's is a 400; ``glossary_id`` and
-``translation_memory_id`` are resolved at the upload for the document's pair (404 unknown; 409, 400
-other languages) and applied to every segment.
+are DeepL's ``{"message": ...}``. ``formality``, and ``translation_memory_threshold`` without
+``translation_memory_id``, are accepted and not applied (the ``X-Unsupported`` header names them);
+``output_format`` other than the input's is a 400; ``glossary_id`` and ``translation_memory_id`` are
+resolved at the upload for the document's pair (404 unknown; 409, 400 other languages) and applied
+to every segment.
 One API key (keys off: one client address) has at most ``max_jobs_per_key`` unfinished jobs, counted
 in the shared store over every ingress replica (``admit``); one more is a 429 with Retry-After.
 Language codes: DeepL's upper-case codes with regions (EN-GB, PT-BR) map to the served ones
@@ -111,10 +112,11 @@ OPENAPI_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema"
                          "description": f"up to {MAX_IDS} glossary ids, comma-separated, not with glossary_id"},
         "translation_memory_id": {"type": "string", "format": "uuid", "description": "GET /v3/translation_memories' "
                                   "id, of the document's pair (else 400); unknown: 404"},
-        "translation_memory_threshold": {"type": "integer", "minimum": 0, "maximum": 100,
-                                         "description": "with translation_memory_id (absent: 75)"},
+        "translation_memory_threshold": {"type": "integer", "minimum": 0, "maximum": 100, "description":
+                                         "with translation_memory_id (absent: 75); without it not applied "
+                                         "(named in X-Unsupported)"},
         "auth_key": {"type": "string", "description": "DeepL's legacy key field"}},
-    "additionalProperties": False, "dependentRequired": {"translation_memory_threshold": ["translation_memory_id"]},
+    "additionalProperties": False,
     "anyOf": [{"properties": {"glossary_id": {"maxLength": 0}}},         # both named: 400
               {"properties": {"glossary_ids": {"pattern": r"^[,\s]*$"}}}]}}}}
 
@@ -198,10 +200,12 @@ async def upload(svc: "Services", request: Request) -> Response:
         if ids:     # 404 for an unknown glossary, 409 for one without that pair (GlossaryClient.resolve_all)
             glossary = await svc.glossaries.resolve_all(glossaries.scope_of(request), ids, card.source_lang,
                                                         card.target_lang, field=field)
+        tm_id = up.fields.get("translation_memory_id")
+        threshold = deepl_memories.int_param(up.fields.get("translation_memory_threshold"),
+                                             "translation_memory_threshold", None, 0, 100)
         memory = deepl_memories.job_fields(     # as /v2/translate's: 404 unknown, 400 another pair
-            svc.memory, svc.memory_scope(request), svc.graph, up.fields.get("translation_memory_id"),
-            deepl_memories.int_param(up.fields.get("translation_memory_threshold"), "translation_memory_threshold",
-                                     None, 0, 100), card.source_lang, card.target_lang)
+            svc.memory, svc.memory_scope(request), svc.graph, tm_id, threshold if tm_id else None,
+            card.source_lang, card.target_lang)
         record.update(total=len(doc.segments), started=time.time())
         await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
     except BaseException as e:          # the place goes back: the job's record is removed
@@ -216,7 +220,9 @@ async def upload(svc: "Services", request: Request) -> Response:
                                       functools.partial(svc.add_usage, caller_of(request).scope), memory))
     _jobs.running[job_id] = task
     task.add_done_callback(lambda _: _jobs.running.pop(job_id, None))
-    headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
+    unsupported = [name for name, unused in (("formality", up.fields.get("formality") not in (None, "", "default")),
+                   ("translation_memory_threshold", threshold is not None and not tm_id)) if unused]
+    headers = {"X-Unsupported": ", ".join(unsupported)} if unsupported else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
 
 
