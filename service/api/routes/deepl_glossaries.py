@@ -27,7 +27,8 @@ ERRORS = {status: {"model": DeepLError, "description": what} for status, what in
     415: "a Content-Type the route does not read; entries: an Accept other than text/tab-separated-values",
     429: "over the rate limit of this key or client"}.items()}
 NOT_FOUND = {k: v for k, v in ERRORS.items() if k in (403, 404, 429)}
-_LANG = {"type": "string", "minLength": 1, "description": "DeepL's code (EN, DE, ...): GET /v2/glossary-language-pairs"}
+_LANG = {"type": "string", "minLength": 1, "pattern": r"[^\s\x1c-\x1f\x85]",    # blank (str.strip): not specified
+         "description": "DeepL's code (EN, DE, ...): GET /v2/glossary-language-pairs"}
 _DICTIONARY = {"type": "object", "required": ["source_lang", "target_lang", "entries"], "properties": {
     "source_lang": _LANG, "target_lang": _LANG,
     "entries": {"type": "string", "minLength": 1, "description": "TSV (source TAB target a line) or CSV "
