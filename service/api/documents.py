@@ -42,10 +42,11 @@ from service.protocol import (
 )
 from service.translator.card import match_language
 
-from . import sse
+from . import multipart, sse
 from .document_store import DocumentSettings
 from .errors import error_response, libre_error_response
 from .fields import check_multipart
+from .middleware.body import parse_content_type
 from .middleware.caller import caller_of
 from .middleware.guard import check_body_key
 
@@ -177,6 +178,13 @@ class Upload:
     fields: dict[str, str]
 
 
+def replay(body: bytes):
+    """An ASGI ``receive`` that hands over ``body`` once."""
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+    return receive
+
+
 async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     """The multipart form of a document request: its ``file`` and text fields (each at most once;
     one not in ``allowed`` is a 400 naming it; a body without its boundary or closing ``--boundary--``
@@ -185,7 +193,11 @@ async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     if ctype != "multipart/form-data":
         raise ServiceError(415, f"Content-Type: a document is sent as multipart/form-data with a 'file' field, "
                                 f"got {ctype or 'none'}", "Content-Type")
-    check_multipart(request.headers.get("content-type", ""), await request.body(), 400)   # truncated: not an empty form
+    raw = await request.body()
+    check_multipart(request.headers.get("content-type", ""), raw, 400)   # truncated: not an empty form
+    named = multipart.named_files(raw, parse_content_type(request.headers["content-type"])[1]["boundary"])
+    if named is not raw:       # a file named by filename*: the form is read from the body that names it plainly
+        request = Request(request.scope, replay(named))
     try:
         form = await request.form()
     except Exception as e:  # noqa: BLE001 - the multipart parser's errors are the body's
