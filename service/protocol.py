@@ -43,6 +43,8 @@ MAX_MEMORY_IMPORT = 10_000     # translation-memory entries in one PUT /v1/memor
 MAX_MEMORY_ENTRIES = 100_000   # translation-memory entries stored per model and API key
 MAX_GLOSSARY_ENTRIES = 100     # glossary entries in one request (`glossary`)
 MAX_STORED_GLOSSARY_ENTRIES = 10_000   # entries in one stored glossary (file or POST /v1/glossaries)
+MAX_GLOSSARY_IDS = 5           # stored glossaries in one request (DeepL's glossary_ids)
+MAX_JOB_GLOSSARY_ENTRIES = MAX_GLOSSARY_IDS * MAX_STORED_GLOSSARY_ENTRIES + MAX_GLOSSARY_ENTRIES   # a job's, all told
 MAX_GLOSSARY_TERM_CHARS = 200  # characters in one glossary term (source or target)
 # A JSON Schema pattern: a character that is not whitespace as Python's str.strip() sees it (which the
 # service's blank checks use; a schema's \s, Unicode White_Space, leaves out U+001C-U+001F)
@@ -182,8 +184,7 @@ class TranslateJob:
     memory_scope: Optional[str] = None         # translation memory of this API key's id ("" keys off); None = unused
     split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
     glossary: tuple[tuple[str, str], ...] = ()   # (source term, target term): each occurring term's target is in the output
-    stored_glossary: bool = False              # the glossary is a stored one's alone (glossary_id): its entry limit
-                                               # is MAX_STORED_GLOSSARY_ENTRIES and errors name glossary_id
+    stored_glossary: bool = False              # the glossary is stored ones' alone (glossary_id): errors name glossary_id
     target_prefix: Optional[str] = None        # each text's first sentence starts with it (tokenized by the translator)
     min_confidence: Optional[float] = None     # translations below it carry low_confidence: true
     return_alignment: bool = False             # each translation carries its word alignment

@@ -42,6 +42,7 @@ from service.pipeline import autodetect
 from service.pipeline.autodetect import NAMES
 from service.pipeline.markup_parse import TagOptions, tags
 from service.pipeline.texts import Texts
+from service import protocol
 from service.protocol import (
     JobOrigin,
     ServiceError,
@@ -81,7 +82,7 @@ SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences"
                  "glossary_id", "show_billed_characters", "context", "model_type", "outline_detection")
 NOT_APPLIED = ("formality", "tag_handling_version", "translation_memory_id", "translation_memory_threshold")
 TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
-MAX_GLOSSARY_IDS = 5      # glossary_ids in one request, as DeepL
+MAX_GLOSSARY_IDS = protocol.MAX_GLOSSARY_IDS      # glossary_ids in one request, as DeepL
 _TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
 
 
@@ -336,8 +337,8 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
         raise ServiceError(400, str(e), field) from None
     try:
         autodetect.check_sizes(texts, "text", True)
-    except ServiceError as e:       # a stated limit of the field (maxLength, maxItems): DeepL's 400
-        raise ServiceError(400, f"Value for 'text' not supported: {e.message}", "text") from None
+    except ServiceError as e:       # too many texts or a text too long: 413, as every route here and DeepL's size limit
+        raise ServiceError(413, f"Request too large: {e.message}", "text") from None
     targets = {t for c in svc.graph.cards.values() for t in c.targets}
     sources = set(svc.graph.sources)
     target = service_language(body.target_lang)

@@ -392,7 +392,8 @@ async def libre(svc: "Services", request: Request) -> Response:
             raise unreadable
         for name in ("source", "target"):
             if not up.fields.get(name):
-                raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
+                raise ServiceError(400, f"Invalid request: {'empty' if name in up.fields else 'missing'} {name} "
+                                        "parameter", name)
         doc = await parsed(up)
         model, target = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
         request.state.model = model

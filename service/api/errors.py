@@ -82,8 +82,11 @@ def format_validation_error(err: dict) -> tuple[str, str]:
     if not field:   # a model-level check names its field first ("n_best: ..."); else the body itself
         named = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", msg)
         field = named.group(1) if named else "body"
-    if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):
-        got = repr(err["input"])
+    value = err.get("input")
+    if err.get("type") == "string_too_long" and isinstance(value, str):
+        msg += f" (got {len(value)})"       # the length received beside the limit, not the whole value
+    elif "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(value, (dict, list)):
+        got = repr(value)
         if len(got) <= 40 and f"got {got}" not in msg:     # a message that names the value already: once
             msg += f" (got {got})"
     return field, f"{field}: {msg}" if field and not msg.startswith(field) else msg
