@@ -336,7 +336,7 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
         field = "context" if str(e).startswith("context") else "text"
         raise ServiceError(400, str(e), field) from None
     try:
-        autodetect.check_sizes(texts, "text", True)
+        autodetect.check_sizes(texts, JobOrigin("text", True))
     except ServiceError as e:       # too many texts or a text too long: 413, as every route here and DeepL's size limit
         raise ServiceError(413, f"Request too large: {e.message}", "text") from None
     targets = {t for c in svc.graph.cards.values() for t in c.targets}
@@ -347,12 +347,12 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
                                 f"here: {', '.join(c for t in sorted(targets) for c in deepl_codes(t, True))}",
                            "target_lang")
     # parsed (and rebuilt below) in a worker thread: a large fragment must not hold up the event loop
-    units = await Texts.read(texts, bool(body.tag_handling), "text", True, body.tag_options())
+    units = await Texts.read(texts, bool(body.tag_handling), JobOrigin("text", True), body.tag_options())
     if body.source_lang is None or not body.source_lang.strip():
         detections, read = await autodetect.detect_in_context(svc.detector, units.plain(), body.context, top=0)
         body._context_read = any(read)      # a short text's language was detected with the context
         routed = autodetect.route(texts, detections, target, lambda lang: svc.graph.resolve(None, lang, target).id,
-                                  "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
+                                  JobOrigin("text", True), "source_lang", ", ".join(sorted(s.upper() for s in sources)))
     else:
         source = service_language(body.source_lang)
         if source not in sources and source != target:
