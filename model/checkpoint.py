@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
+from .lang_tokenizer import checkpoint_tokenizer
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
@@ -101,7 +102,6 @@ def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | to
 def _load_ours(d: Path, device, dtype: torch.dtype) -> tuple[Transformer, Union[Tokenizer, VocabTokenizer]]:
     """Model and tokenizer of one of our checkpoint directories. Raises FileNotFoundError."""
     if "multilingual" in (meta := load_metadata(d)):       # NLLB-200, M2M100, mBART-50 (interop/multilingual.py)
-        from .interop.multilingual import checkpoint_tokenizer
         for name in ("config.json", "model.safetensors"):
             if not (d / name).exists():
                 raise FileNotFoundError(f"checkpoint {d} has no {name}")

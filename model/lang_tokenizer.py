@@ -20,7 +20,7 @@ import langcodes
 
 from .tokenizer import clean_up_tokenization
 
-__all__ = ["LangTokenizer", "service_codes"]
+__all__ = ["LangTokenizer", "checkpoint_tokenizer", "service_codes"]
 
 
 def _language_part(family_code: str) -> tuple[str, Optional[str]]:
@@ -152,3 +152,18 @@ class LangTokenizer:
         if self.fast:
             return [self.tk.id_to_token(int(i)) or "<unk>" for i in ids]
         return [self.id_to_piece.get(int(i), "<unk>") for i in ids]
+
+
+def checkpoint_tokenizer(d: Path, cfg, meta: dict) -> LangTokenizer:
+    """The tokenizer of one of our checkpoints imported by ``interop.multilingual.convert_multilingual``
+    (its metadata's ``multilingual`` record; ``cfg`` its ModelConfig). Raises FileNotFoundError for a
+    missing file."""
+    rec = meta["multilingual"]
+    for name in rec["tokenizer"]:
+        if not (d / name).exists():
+            raise FileNotFoundError(f"checkpoint {d} has no {name}")
+    languages = {family: rec["forced_bos"][service] for family, service in rec["languages"].items()}
+    specials = {"pad": cfg.pad_id, "unk": cfg.unk_id, "eos": cfg.eos_id, "bos": cfg.bos_id}
+    tok = LangTokenizer(d, languages, specials, rec["special_ids"], rec["legacy_source"])
+    tok.clean_up_spaces = rec["clean_up_tokenization_spaces"]
+    return tok

@@ -268,17 +268,3 @@ def convert_multilingual(directory: str | Path, out: str | Path, dtype: Optional
     d = Path(directory)
     files = [d / name for name in meta["multilingual"]["tokenizer"]]
     return save_checkpoint(out, model, files, meta, dtype)
-
-
-def checkpoint_tokenizer(d: Path, cfg: ModelConfig, meta: dict) -> LangTokenizer:
-    """The tokenizer of one of our checkpoints imported by ``convert_multilingual`` (its metadata's
-    ``multilingual`` record). Raises FileNotFoundError for a missing file."""
-    rec = meta["multilingual"]
-    for name in rec["tokenizer"]:
-        if not (d / name).exists():
-            raise FileNotFoundError(f"checkpoint {d} has no {name}")
-    languages = {family: rec["forced_bos"][service] for family, service in rec["languages"].items()}
-    specials = {"pad": cfg.pad_id, "unk": cfg.unk_id, "eos": cfg.eos_id, "bos": cfg.bos_id}
-    tok = LangTokenizer(d, languages, specials, rec["special_ids"], rec["legacy_source"])
-    tok.clean_up_spaces = rec["clean_up_tokenization_spaces"]
-    return tok
