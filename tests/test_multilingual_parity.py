@@ -203,3 +203,25 @@ def test_cli_language_errors(dirs, monkeypatch, capsys):
             translate.main(["--checkpoint", str(dirs["nllb"])] + args)
         err = capsys.readouterr().err
         assert needle in err and "zho_Hant" in err, err
+
+
+def test_marian_through_from_transformers(tmp_path, capsys):
+    """``--from-transformers`` of a MarianMT directory is ``--from-marian``: the same files."""
+    from tiny_marian import make_marian_dir
+    d = make_marian_dir(tmp_path / "marian")
+    assert convert(["--from-transformers", str(d), "--out", str(tmp_path / "a")]) == 0
+    assert convert(["--from-marian", str(d), "--out", str(tmp_path / "b")]) == 0
+    for name in ("config.json", "model.safetensors", "vocab.json", "metadata.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_tokenizer_class_refused(dirs, tmp_path, capsys):
+    """An mBART directory whose tokenizer is mBART-cc25's (other source and decoder rules): refused."""
+    import shutil
+    d = tmp_path / "cc25"
+    shutil.copytree(dirs["mbart50"], d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg | {"tokenizer_class": "MBartTokenizer"}))
+    _refused(["--from-transformers", str(d), "--out", str(tmp_path / "out")], capsys, "tokenizer_config.json",
+             "tokenizer_class 'MBartTokenizer'")
+    assert not (tmp_path / "out").exists()

@@ -131,3 +131,19 @@ async def test_engine_mixes_target_languages_in_one_batch(flags):
         assert [h.tokens for h in r.hypotheses] == [h.tokens for h in ref]
         assert r.hypotheses[0].score == pytest.approx(ref[0].score, abs=1e-10)
         assert r.hypotheses[0].tokens[0] == o.target_prefix[0]
+
+
+@pytest.mark.parametrize("flags", ["nllb", "mbart50"])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_gpu_fixed_shape_step_equals_the_packed_step(flags, beam, monkeypatch):
+    """The GPU path's fixed-shape step and a CUDA graph's padded replay (run here on CPU, as
+    tests/test_dense_step.py does) give the packed step's tokens for the new flags."""
+    from model.inference import generate as generate_mod
+    from test_dense_step import dense_step, graph_like_step
+    model = make_model(torch.float64, 3, **FLAGS[flags])
+    ref = run(model, SOURCES, beam, "paged")
+    for fn in (dense_step, graph_like_step):
+        monkeypatch.setattr(generate_mod, "decode_step", fn)
+        got = run(model, SOURCES, beam, "paged")
+        assert [[h[0] for h in r] for r in got] == [[h[0] for h in r] for r in ref], fn.__name__
+        assert [r[0][1] for r in got] == pytest.approx([r[0][1] for r in ref], abs=1e-10)
