@@ -225,3 +225,29 @@ def test_tokenizer_class_refused(dirs, tmp_path, capsys):
     _refused(["--from-transformers", str(d), "--out", str(tmp_path / "out")], capsys, "tokenizer_config.json",
              "tokenizer_class 'MBartTokenizer'")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_ct2_export_translates_as_transformers(dirs, family, tmp_path, capsys):
+    """``--to-ct2`` of the import (exported back to the transformers layout, then CTranslate2's own
+    converter): CTranslate2's greedy ids, the target token as ``target_prefix``, equal transformers'
+    for every sentence (CTranslate2's max_decoding_length counts the prefix, not the forced EOS)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    d = dirs[family]
+    assert convert(["--from-transformers", str(d), "--out", str(tmp_path / "ckpt")]) == 0
+    assert convert(["--to-ct2", str(tmp_path / "ckpt"), "--out", str(tmp_path / "ct2")]) == 0
+    vocab = json.loads((tmp_path / "ct2" / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    hf, tok = hf_loaded(d)
+    tok.src_lang = FAMILIES[family][1][0]
+    fr = lang_id(family, tok, FAMILIES[family][1][1])
+    with torch.no_grad():
+        ids = hf.generate(**tok(SOURCE, return_tensors="pt", padding=True), forced_bos_token_id=fr, num_beams=1,
+                          max_new_tokens=LONG).tolist()
+    want = [[t for t in row[1:] if t != 1] for row in ids]
+    want = [w[: w.index(2)] if 2 in w else w for w in want]
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"))
+    results = translator.translate_batch([[vocab[i] for i in tok(s).input_ids] for s in SOURCE],
+                                         target_prefix=[[vocab[fr]]] * len(SOURCE), beam_size=1,
+                                         max_decoding_length=LONG - 1, suppress_sequences=[["<pad>"]])
+    index = {p: i for i, p in enumerate(vocab)}
+    assert [[index[p] for p in r.hypotheses[0]] for r in results] == want

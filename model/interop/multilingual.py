@@ -254,7 +254,8 @@ def load_multilingual(directory: str | Path) -> tuple[Transformer, LangTokenizer
 
 def convert_multilingual(directory: str | Path, out: str | Path, dtype: Optional[str] = None) -> Path:
     """Write an NLLB-200, M2M100 or mBART-50 directory as our checkpoint: config.json, model.safetensors
-    in ``dtype`` (default: the source weights' own), the tokenizer files as published, metadata.json
+    in ``dtype`` (default: the source weights' own), the tokenizer files as published (with
+    tokenizer_config.json, for ``multilingual_export``), metadata.json
     (languages, forced first token per target language, generation defaults, notes).
     Raises MultilingualImportError; nothing is written then."""
     from .marian import DTYPE_NOTE, WEIGHT_DTYPES
@@ -264,7 +265,9 @@ def convert_multilingual(directory: str | Path, out: str | Path, dtype: Optional
     notes = list(meta.get("notes", []))
     if WEIGHT_DTYPES[dtype].itemsize < WEIGHT_DTYPES[source].itemsize or {dtype, source} == {"float16", "bfloat16"}:
         notes.append(DTYPE_NOTE.format(dtype=dtype, source=source))
-    meta = {**meta, "dtype": dtype} | ({"notes": notes} if notes else {})
     d = Path(directory)
-    files = [d / name for name in meta["multilingual"]["tokenizer"]]
+    extra = [n for n in ("tokenizer_config.json", "special_tokens_map.json") if (d / n).exists()]
+    meta = {**meta, "dtype": dtype, "multilingual": {**meta["multilingual"], "tokenizer_config": extra}} | \
+        ({"notes": notes} if notes else {})
+    files = [d / name for name in meta["multilingual"]["tokenizer"] + extra]
     return save_checkpoint(out, model, files, meta, dtype)
