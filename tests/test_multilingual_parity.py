@@ -251,3 +251,17 @@ def test_ct2_export_translates_as_transformers(dirs, family, tmp_path, capsys):
                                          max_decoding_length=LONG - 1, suppress_sequences=[["<pad>"]])
     index = {p: i for i, p in enumerate(vocab)}
     assert [[index[p] for p in r.hypotheses[0]] for r in results] == want
+
+
+def test_nllb_legacy_source_template(dirs, tmp_path):
+    """NLLB's ``legacy_behaviour`` tokenizers put the language after ``</s>``: so does the import."""
+    import shutil
+    d = tmp_path / "legacy"
+    shutil.copytree(dirs["nllb"], d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg | {"legacy_behaviour": True}))
+    tok = load_model(d, pack=False)[1]
+    hf_tok = AutoTokenizer.from_pretrained(d)
+    hf_tok.src_lang = "deu_Latn"
+    assert [tok.source_ids(s, "de", 512) for s in SOURCE] == [hf_tok(s).input_ids for s in SOURCE]
+    assert tok.source_ids(SOURCE[0], "de", 512)[-2:] == [2, tok.forced_token("de")]
