@@ -2,7 +2,8 @@
 their published files with a well-kept library: ``tokenizers`` where the model ships a
 ``tokenizer.json`` (NLLB-200, mBART-50), else SentencePiece and ``vocab.json`` (M2M100's
 ``sentencepiece.bpe.model``: pieces by SentencePiece, ids by vocab.json, as transformers'
-``M2M100Tokenizer``). No piece table is copied here.
+``M2M100Tokenizer``), or SentencePiece alone with fairseq's id offset (an mBART-50 directory without
+tokenizer.json, as transformers builds it). No piece table is copied here.
 
 The families' rules, all one shape: a source is ``[src_lang] pieces </s>`` (NLLB's legacy
 tokenizers: ``pieces </s> [src_lang]``); the decoder starts at ``</s>`` (``decoder_start_token_id``)
@@ -55,24 +56,34 @@ def service_codes(family_codes: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def fairseq_vocab(sp) -> dict[str, int]:
+    """fairseq's ids of a SentencePiece model's pieces: ``<s> <pad> </s> <unk>`` 0..3, then piece i
+    (i >= 3, after SentencePiece's own ``<unk> <s> </s>``) at i + 1 (the models' ``fairseq_offset``)."""
+    return {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3} | {sp.id_to_piece(i): i + 1 for i in range(3, sp.get_piece_size())}
+
+
 class LangTokenizer:
     """One family's tokenizer: ``encode`` (pieces, no specials), ``source_ids`` (the family's
     source template), ``forced_token`` (a target language's first token), ``decode``
     (transformers' ``batch_decode(skip_special_tokens=True)`` text), ``pieces``.
 
     Args:
-        directory: holds ``tokenizer.json``, or ``sentencepiece.bpe.model`` + ``vocab.json``.
+        directory: holds ``tokenizer.json``, or ``sentencepiece.bpe.model`` + ``vocab.json``, or
+            (``fairseq_offset``) ``sentencepiece.bpe.model`` alone.
         languages: family code -> token id of every language of the model.
         specials: ids of ``pad``, ``unk``, ``eos`` and ``bos`` (the decoder start).
         special_ids: every id ``decode`` drops (transformers' special tokens).
         legacy: NLLB's legacy template (``pieces </s> [src_lang]``).
         clean_up_spaces: tokenizer_config.json's ``clean_up_tokenization_spaces`` (transformers
             skips it for a BPE tokenizer.json, and so does this).
+        fairseq_offset: no tokenizer.json or vocab.json: ids are fairseq's (``fairseq_vocab``), as
+            transformers builds mBART-50's tokenizer from its SentencePiece model.
     Raises ValueError when a file cannot be read.
     """
 
     def __init__(self, directory: str | Path, languages: dict[str, int], specials: dict[str, int],
-                 special_ids: Iterable[int] = (), legacy: bool = False, clean_up_spaces: bool = False):
+                 special_ids: Iterable[int] = (), legacy: bool = False, clean_up_spaces: bool = False,
+                 fairseq_offset: bool = False):
         d = Path(directory)
         self.family_ids = dict(languages)
         self.codes = service_codes(list(languages))                       # family -> service
@@ -81,7 +92,7 @@ class LangTokenizer:
         self.special = set(special_ids) | {self.pad_id, self.unk_id, self.eos_id, self.bos_id} | set(languages.values())
         self.target_languages = self.source_languages = tuple(sorted(self.lang_ids))
         self.legacy = legacy
-        self.fast = (d / "tokenizer.json").exists()
+        self.fast = (d / "tokenizer.json").exists() and not fairseq_offset
         if self.fast:
             from tokenizers import Tokenizer as HFTokenizer
             self.tk = HFTokenizer.from_file(str(d / "tokenizer.json"))
@@ -91,7 +102,8 @@ class LangTokenizer:
         else:
             import sentencepiece as spm
             self.sp = spm.SentencePieceProcessor(model_file=str(d / "sentencepiece.bpe.model"))
-            self.vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+            self.vocab = (fairseq_vocab(self.sp) if fairseq_offset
+                          else json.loads((d / "vocab.json").read_text(encoding="utf-8")))
             self.id_to_piece = {i: p for p, i in self.vocab.items()} | {i: c for c, i in languages.items()}
             self.special_pieces = {self.id_to_piece[i] for i in self.special if i in self.id_to_piece}
             self.size = len(self.vocab) + len(languages)
@@ -164,6 +176,7 @@ def checkpoint_tokenizer(d: Path, cfg, meta: dict) -> LangTokenizer:
             raise FileNotFoundError(f"checkpoint {d} has no {name}")
     languages = {family: rec["forced_bos"][service] for family, service in rec["languages"].items()}
     specials = {"pad": cfg.pad_id, "unk": cfg.unk_id, "eos": cfg.eos_id, "bos": cfg.bos_id}
-    tok = LangTokenizer(d, languages, specials, rec["special_ids"], rec["legacy_source"])
+    tok = LangTokenizer(d, languages, specials, rec["special_ids"], rec["legacy_source"],
+                        fairseq_offset=rec.get("fairseq_offset", False))
     tok.clean_up_spaces = rec["clean_up_tokenization_spaces"]
     return tok

@@ -265,3 +265,22 @@ def test_nllb_legacy_source_template(dirs, tmp_path):
     hf_tok.src_lang = "deu_Latn"
     assert [tok.source_ids(s, "de", 512) for s in SOURCE] == [hf_tok(s).input_ids for s in SOURCE]
     assert tok.source_ids(SOURCE[0], "de", 512)[-2:] == [2, tok.forced_token("de")]
+
+
+def test_mbart50_without_tokenizer_json(tmp_path, monkeypatch, capsys):
+    """An mBART-50 directory with sentencepiece.bpe.model and no tokenizer.json (fairseq's id
+    offset, as transformers builds the tokenizer): the same source ids, decoding and translations
+    (greedy and beam 4) as transformers."""
+    d = make_dir(tmp_path / "mbart", "mbart50-spm", seed=1)
+    assert convert(["--from-transformers", str(d), "--out", str(tmp_path / "ckpt")]) == 0
+    tok = load_model(tmp_path / "ckpt", pack=False)[1]
+    hf_tok = AutoTokenizer.from_pretrained(d)
+    hf_tok.src_lang = "de_DE"
+    assert [tok.source_ids(s, "de", 512) for s in SOURCE] == [hf_tok(s).input_ids for s in SOURCE]
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, tok.vocab_size + 1, (int(n),), generator=g).tolist()
+            for n in torch.randint(1, 12, (100,), generator=g)]
+    assert [tok.decode(s) for s in seqs] == hf_tok.batch_decode(seqs, skip_special_tokens=True)
+    for beam in (1, 4):
+        want = hf_reference(d, "mbart50", SOURCE, ["fr_XX"] * len(SOURCE), beam, LONG)
+        assert cli_translate(tmp_path / "ckpt", SOURCE, "fr", beam, LONG, monkeypatch, capsys) == want

@@ -86,7 +86,8 @@ def _mbart50_tokenizer(d: Path):
 
 def make_dir(directory: Path, family: str, seed: int = 0, eos_boost: float = 0.5, generation: dict | None = None
              ) -> Path:
-    """Write a tiny random model of ``family`` ("nllb", "m2m100", "mbart50"; d_model 32, 2+2 layers,
+    """Write a tiny random model of ``family`` ("nllb", "m2m100", "mbart50", "mbart50-spm": mBART-50 with
+    sentencepiece.bpe.model and no tokenizer.json; d_model 32, 2+2 layers,
     4 heads) to directory with its tokenizer files and generation config (``published_generation``
     with ``generation`` over it). Weights are drawn wider than transformers' init, so outputs depend
     on the source; ``eos_boost`` makes EOS likelier (the decoder's final LayerNorm bias points at
@@ -101,9 +102,18 @@ def make_dir(directory: Path, family: str, seed: int = 0, eos_boost: float = 0.5
         tok = _nllb_tokenizer(scratch)
     elif family == "m2m100":
         tok, extra = _m2m100_tokenizer(scratch)
+    elif family == "mbart50-spm":   # mBART-50 as published without tokenizer.json: its SentencePiece model alone
+        from transformers import MBart50Tokenizer
+        from transformers.models.mbart50.tokenization_mbart50 import FAIRSEQ_LANGUAGE_CODES
+        _spm(scratch, "unigram").rename(d / "sentencepiece.bpe.model")
+        (d / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "MBart50Tokenizer", "src_lang": "de_DE", "bos_token": "<s>", "eos_token": "</s>",
+            "additional_special_tokens": list(FAIRSEQ_LANGUAGE_CODES)}))
+        tok = MBart50Tokenizer.from_pretrained(d)
     else:
         tok = _mbart50_tokenizer(scratch)
-    tok.save_pretrained(d)
+    if family != "mbart50-spm":
+        tok.save_pretrained(d)
     if family == "m2m100":   # the published tokenizer_config.json lists the language tokens (transformers 5 writes none)
         cfg = json.loads((d / "tokenizer_config.json").read_text())
         cfg["additional_special_tokens"] = [tok.get_lang_token(c) for c in tok.lang_code_to_id]
@@ -118,7 +128,7 @@ def make_dir(directory: Path, family: str, seed: int = 0, eos_boost: float = 0.5
                   pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
                   dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
     torch.manual_seed(seed)
-    if family == "mbart50":
+    if family.startswith("mbart50"):
         model = MBartForConditionalGeneration(MBartConfig(activation_function="gelu", **common)).eval()
     else:
         model = M2M100ForConditionalGeneration(M2M100Config(activation_function="relu", **common)).eval()
@@ -136,7 +146,7 @@ def make_dir(directory: Path, family: str, seed: int = 0, eos_boost: float = 0.5
         emb.copy_(emb / emb.norm(dim=1, keepdim=True))
         eos = emb[2] / emb[2].norm()
         model.model.decoder.layer_norm.bias.add_(eos_boost * eos)
-        if family == "mbart50":
+        if family.startswith("mbart50"):
             model.final_logits_bias.normal_(0.0, 0.5)
     model.save_pretrained(d)
     (d / "generation_config.json").write_text(json.dumps(published_generation(**(generation or {})), indent=2))

@@ -36,7 +36,8 @@ TOKENIZERS = {"NllbTokenizer": "nllb", "NllbTokenizerFast": "nllb", "M2M100Token
               "MBart50Tokenizer": "mbart50", "MBart50TokenizerFast": "mbart50"}
 CODE_PATTERNS = {"nllb": r"[a-z]{3}_[A-Z][a-z]{3}", "m2m100": r"__[a-z]{2,3}__", "mbart50": r"[a-z]{2}_[A-Z]{2}"}
 TOKENIZER_FILES = {"nllb": ("tokenizer.json",), "mbart50": ("tokenizer.json",),
-                   "m2m100": ("sentencepiece.bpe.model", "vocab.json")}
+                   "m2m100": ("sentencepiece.bpe.model", "vocab.json"), "mbart50-spm": ("sentencepiece.bpe.model",)}
+CODE_PATTERNS["mbart50-spm"] = CODE_PATTERNS["mbart50"]
 
 
 class MultilingualImportError(MarianImportError):
@@ -142,6 +143,8 @@ def _tokenizer_files(d: Path, hf: dict) -> tuple[str, dict]:
         names = [c for c, f in TOKENIZERS.items() if f in allowed]
         raise MultilingualImportError(f"{d / 'tokenizer_config.json'}: tokenizer_class {cls!r} is not supported for "
                                       f"model_type {hf['model_type']!r} (choose from {', '.join(names)})")
+    if flavour == "mbart50" and not (d / "tokenizer.json").exists() and (d / "sentencepiece.bpe.model").exists():
+        return "mbart50-spm", tok_cfg            # SentencePiece alone, fairseq's ids (lang_tokenizer.fairseq_vocab)
     for name in TOKENIZER_FILES[flavour]:
         if not (d / name).exists():
             raise MultilingualImportError(f"{d / name}: missing (the {cls} tokenizer needs "
@@ -152,8 +155,8 @@ def _tokenizer_files(d: Path, hf: dict) -> tuple[str, dict]:
 def _languages(d: Path, flavour: str, tok_cfg: dict) -> dict[str, int]:
     """family code -> token id of every language token of the tokenizer files."""
     pattern = re.compile(CODE_PATTERNS[flavour])
-    if flavour == "m2m100":
-        vocab = _read_json(d / "vocab.json")
+    if flavour in ("m2m100", "mbart50-spm"):
+        vocab = _read_json(d / "vocab.json") if flavour == "m2m100" else _fairseq(d)
         listed = tok_cfg.get("additional_special_tokens") or tok_cfg.get("extra_special_tokens") or []
         listed = [t.get("content") if isinstance(t, dict) else t for t in listed]
         codes = [t for t in listed if isinstance(t, str) and pattern.fullmatch(t)]
@@ -166,18 +169,32 @@ def _languages(d: Path, flavour: str, tok_cfg: dict) -> dict[str, int]:
     return {t.content: i for i, t in tk.get_added_tokens_decoder().items() if pattern.fullmatch(t.content)}
 
 
+def _fairseq(d: Path) -> dict[str, int]:
+    import sentencepiece as spm
+    from ..lang_tokenizer import fairseq_vocab
+    try:
+        return fairseq_vocab(spm.SentencePieceProcessor(model_file=str(d / "sentencepiece.bpe.model")))
+    except (OSError, RuntimeError) as e:
+        raise MultilingualImportError(f"{d / 'sentencepiece.bpe.model'}: cannot read ({e})") from None
+
+
 def load_tokenizer(d: Path, cfg: ModelConfig, flavour: str, tok_cfg: dict, languages: dict[str, int],
                    special_ids: list[int], legacy: bool) -> LangTokenizer:
     clean_up = tok_cfg.get("clean_up_tokenization_spaces") is True
     specials = {"pad": cfg.pad_id, "unk": cfg.unk_id, "eos": cfg.eos_id, "bos": cfg.bos_id}
     try:
-        return LangTokenizer(d, languages, specials, special_ids, legacy, clean_up)
+        return LangTokenizer(d, languages, specials, special_ids, legacy, clean_up,
+                             fairseq_offset=flavour == "mbart50-spm")
     except (OSError, RuntimeError, ValueError) as e:
         raise MultilingualImportError(f"{d}: cannot load the {flavour} tokenizer ({e})") from None
 
 
 def _special_ids(d: Path, flavour: str, tok_cfg: dict, cfg: ModelConfig) -> list[int]:
     """Ids of the tokenizer's special tokens (``batch_decode(skip_special_tokens=True)`` drops them)."""
+    if flavour == "mbart50-spm":                 # specials, languages and <mask> after them
+        n = len(_fairseq(d))
+        mask = [n + len(_languages(d, flavour, tok_cfg))]
+        return [0, 1, 2, 3] + mask
     if flavour == "m2m100":
         vocab = _read_json(d / "vocab.json")
         names = [tok_cfg.get(f"{k}_token", dflt) for k, dflt in (("bos", "<s>"), ("eos", "</s>"), ("unk", "<unk>"),
@@ -245,7 +262,8 @@ def load_multilingual(directory: str | Path) -> tuple[Transformer, LangTokenizer
     meta = {"imported_from": f"{FAMILIES[hf['model_type']]} directory {d.name}", "dtype": "float32",
             "multilingual": {"family": flavour, "tokenizer": list(TOKENIZER_FILES[flavour]),
                              "languages": tok.codes, "forced_bos": tok.lang_ids, "special_ids": sorted(special_ids),
-                             "legacy_source": legacy, "clean_up_tokenization_spaces": tok.clean_up_spaces},
+                             "legacy_source": legacy, "clean_up_tokenization_spaces": tok.clean_up_spaces,
+                             "fairseq_offset": flavour == "mbart50-spm"},
             "source_languages": list(tok.source_languages), "target_languages": list(tok.target_languages),
             "generation": rules["defaults"], "notes": rules["notes"] or None, "default_target_lang": default_target,
             "source_dtype": source_dtype(weights)}

@@ -55,7 +55,7 @@ def export_multilingual(checkpoint: str | Path, out: str | Path) -> Path:
     if rec is None:
         raise ValueError(f"{d / 'metadata.json'}: not an imported NLLB-200 / M2M100 / mBART-50 checkpoint")
     model, _, _ = load_checkpoint(d)
-    cfg, mbart = model.cfg, rec["family"] == "mbart50"
+    cfg, mbart = model.cfg, rec["family"].startswith("mbart50")
     if cfg.final_logits_bias and not mbart:
         raise ValueError(f"{d / 'config.json'}: final_logits_bias (banned generation tokens) has no place in "
                          f"M2M100ForConditionalGeneration")
