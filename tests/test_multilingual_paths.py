@@ -147,3 +147,16 @@ def test_gpu_fixed_shape_step_equals_the_packed_step(flags, beam, monkeypatch):
         got = run(model, SOURCES, beam, "paged")
         assert [[h[0] for h in r] for r in got] == [[h[0] for h in r] for r in ref], fn.__name__
         assert [r[0][1] for r in got] == pytest.approx([r[0][1] for r in ref], abs=1e-10)
+
+
+def test_free_prefix_checked_by_the_engine():
+    """``free_prefix`` beyond the target prefix: the engine's validation error names the field."""
+    from service.engine import EngineConfig, EngineValidationError, GenerationOptions
+    from service.engine.validation import resolve_options
+    model = make_model(torch.float32, **FLAGS["nllb"])
+    ok = resolve_options([5, 3], GenerationOptions(target_prefix=(10,), free_prefix=1), model.cfg, EngineConfig(), 64, 64)
+    assert ok.free_prefix == 1
+    for bad in (2, -1, "1"):
+        with pytest.raises(EngineValidationError, match="free_prefix: must be an integer in 0..1"):
+            resolve_options([5, 3], GenerationOptions(target_prefix=(10,), free_prefix=bad), model.cfg,
+                            EngineConfig(), 64, 64)
