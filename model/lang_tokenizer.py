@@ -123,8 +123,16 @@ class LangTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def resolve(self, code: Optional[str]) -> Optional[str]:
+        """The service code of ``code``, a service code or the family's own (``deu_Latn``, ``__de__``,
+        ``de``, ``de_DE``); other values unchanged."""
+        if code in self.lang_ids:
+            return code
+        return self.codes.get(code, self.codes.get(f"__{code}__", code))
+
     def check_language(self, code: Optional[str], field: str) -> int:
-        """The token id of the service code ``code``; ValueError naming ``field`` and the model's languages."""
+        """The token id of ``code`` (see ``resolve``); ValueError naming ``field`` and the model's languages."""
+        code = self.resolve(code)
         if code not in self.lang_ids:
             raise ValueError(f"{field}: {'no language given' if code is None else f'unknown language {code!r}'}; "
                              f"the model knows {', '.join(self.target_languages)}")

@@ -52,7 +52,8 @@ def load_for_cli(ap: argparse.ArgumentParser, args: argparse.Namespace):
         args.length_penalty = generation.get("length_penalty", 1.0)
     tok = loaded[1]
     if hasattr(tok, "forced_token"):          # NLLB-200, M2M100, mBART-50: both languages named
-        args.target_lang = args.target_lang or loaded[2].get("default_target_lang")
+        args.target_lang = tok.resolve(args.target_lang or loaded[2].get("default_target_lang"))
+        args.source_lang = tok.resolve(getattr(args, "source_lang", None))
         if getattr(args, "source_lang", None) not in tok.source_languages:
             ap.error(f"--source-lang: {'required' if getattr(args, 'source_lang', None) is None else 'unknown'} "
                      f"for this multilingual model; choose from {', '.join(tok.source_languages)}")
@@ -95,7 +96,8 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
                          "model that forces EOS at the limit (OPUS-MT) gives at most N - 1 tokens, then EOS")
     ap.add_argument("--target-lang", default=None,
                     help="multilingual models: the target language (MarianMT: its >>xx<< token starts each source; "
-                         "NLLB-200, M2M100, mBART-50: its token is forced first), as the service names it (de, zho_Hant)")
+                         "NLLB-200, M2M100, mBART-50: its token is forced first), as the service names it (de, zho_Hant) "
+                         "or as the family does (deu_Latn, de_DE)")
     ap.add_argument("--source-lang", default=None,
                     help="NLLB-200, M2M100, mBART-50: the source language (its token starts each source)")
 

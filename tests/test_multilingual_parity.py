@@ -144,7 +144,8 @@ def test_tokenizer_equals_transformers(dirs, family):
     for text in SOURCE:
         assert tok.source_ids(text, "de", 512) == hf_tok(text).input_ids
     for service, code in zip(*FAMILIES[family]):
-        assert tok.forced_token(service) == lang_id(family, hf_tok, code)
+        assert tok.forced_token(service) == tok.forced_token(code) == lang_id(family, hf_tok, code)
+        assert tok.resolve(code) == service
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, tok.vocab_size, (int(n),), generator=g).tolist()
             for n in torch.randint(1, 12, (200,), generator=g)]
