@@ -285,3 +285,30 @@ def test_mbart50_without_tokenizer_json(tmp_path, monkeypatch, capsys):
     for beam in (1, 4):
         want = hf_reference(d, "mbart50", SOURCE, ["fr_XX"] * len(SOURCE), beam, LONG)
         assert cli_translate(tmp_path / "ckpt", SOURCE, "fr", beam, LONG, monkeypatch, capsys) == want
+
+
+@pytest.mark.parametrize("family", ["nllb", "mbart50"])
+async def test_engine_translates_as_transformers(dirs, family, monkeypatch):
+    """The serving engine (continuous batching) on the import: French and English requests in one
+    batch, greedy and beam 4, each text equal to transformers' (the language token as a free prefix,
+    max_new_tokens counted after it)."""
+    import asyncio
+    from service.engine import Engine, EngineConfig, GenerationOptions
+    float32_linear(monkeypatch)
+    model, tok, _ = load_model(dirs[family], pack=False)
+    pack_for_inference(model, dtype=torch.float32)
+    (de, fr, en), (_, fr_code, en_code) = FAMILIES[family]
+    targets = [fr if i % 2 else en for i in range(len(SOURCE))]
+    engine = Engine(model, EngineConfig(max_num_seqs=128))
+    await engine.start()
+    try:
+        for beam in (1, 4):
+            opts = [GenerationOptions(beam_size=beam, max_new_tokens=LONG - 1, target_prefix=(tok.forced_token(t),),
+                                      free_prefix=1) for t in targets]
+            got = await asyncio.gather(*[engine.translate(tok.source_ids(s, de, model.cfg.max_len), o)
+                                         for s, o in zip(SOURCE, opts)])
+            want = hf_reference(dirs[family], family, SOURCE, [fr_code if t == fr else en_code for t in targets],
+                                beam, LONG)
+            assert [tok.decode(r.hypotheses[0].tokens) for r in got] == want, beam
+    finally:
+        await engine.stop()
