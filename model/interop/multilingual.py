@@ -1,6 +1,6 @@
 """Import of the multilingual encoder-decoder families from a local transformers directory:
-``model_type`` ``m2m_100`` (NLLB-200 and M2M100; ``m2m100`` accepted too) and ``mbart`` (mBART-50), onto the one network's
-flags (``ModelConfig``):
+``model_type`` ``m2m_100`` (NLLB-200 and M2M100; ``m2m100`` accepted too) and ``mbart`` (mBART-50),
+onto the one network's flags (``ModelConfig``):
 
 | family | blocks | positions | embeddings | output |
 |---|---|---|---|---|
@@ -9,7 +9,8 @@ flags (``ModelConfig``):
 
 A directory is config.json, model.safetensors or pytorch_model.bin, generation_config.json (else
 config.json's generation fields) and the tokenizer (``model/lang_tokenizer.py``): tokenizer.json
-(NLLB, mBART-50) or sentencepiece.bpe.model + vocab.json (M2M100), with tokenizer_config.json. The
+(NLLB, mBART-50), sentencepiece.bpe.model + vocab.json (M2M100) or an mBART-50
+sentencepiece.bpe.model alone, with tokenizer_config.json. The
 generation config is applied as for MarianMT (``marian.generation_rules``); its
 ``forced_bos_token_id``, a fixed target language, must be a language token and becomes the default
 target. Anything else this project cannot reproduce, and any missing or mismatched file, raises
@@ -35,9 +36,9 @@ FAMILIES = {"m2m_100": "NLLB-200 / M2M100", "m2m100": "NLLB-200 / M2M100", "mbar
 TOKENIZERS = {"NllbTokenizer": "nllb", "NllbTokenizerFast": "nllb", "M2M100Tokenizer": "m2m100",
               "MBart50Tokenizer": "mbart50", "MBart50TokenizerFast": "mbart50"}
 CODE_PATTERNS = {"nllb": r"[a-z]{3}_[A-Z][a-z]{3}", "m2m100": r"__[a-z]{2,3}__", "mbart50": r"[a-z]{2}_[A-Z]{2}"}
+CODE_PATTERNS["mbart50-spm"] = CODE_PATTERNS["mbart50"]    # mBART-50 without tokenizer.json
 TOKENIZER_FILES = {"nllb": ("tokenizer.json",), "mbart50": ("tokenizer.json",),
                    "m2m100": ("sentencepiece.bpe.model", "vocab.json"), "mbart50-spm": ("sentencepiece.bpe.model",)}
-CODE_PATTERNS["mbart50-spm"] = CODE_PATTERNS["mbart50"]
 
 
 class MultilingualImportError(MarianImportError):
