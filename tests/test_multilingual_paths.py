@@ -160,3 +160,13 @@ def test_free_prefix_checked_by_the_engine():
         with pytest.raises(EngineValidationError, match="free_prefix: must be an integer in 0..1"):
             resolve_options([5, 3], GenerationOptions(target_prefix=(10,), free_prefix=bad), model.cfg,
                             EngineConfig(), 64, 64)
+
+
+@pytest.mark.parametrize("field, value", [("sinusoid_layout", "fairseq"), ("position_offset", 2),
+                                          ("layernorm_embedding", True), ("separate_output", True)])
+def test_marian_export_refuses_the_new_flags_by_name(field, value):
+    """A post-LN model with one of the families' flags has no MarianMT equivalent: refused, named."""
+    from model.interop.marian_export import MarianExportError, check_exportable
+    from model.config import ModelConfig
+    with pytest.raises(MarianExportError, match=f"config.json: {field}: "):
+        check_exportable(ModelConfig.from_name("tiny", **{field: value}))
