@@ -231,7 +231,7 @@ def test_tokenizer_class_refused(dirs, tmp_path, capsys):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_ct2_export_translates_as_transformers(dirs, family, tmp_path, capsys):
     """``--to-ct2`` of the import (exported back to the transformers layout, then CTranslate2's own
-    converter): CTranslate2's greedy ids, the target token as ``target_prefix``, equal transformers'
+    converter) and of the directory itself: CTranslate2's greedy ids, the target token as ``target_prefix``, equal transformers'
     for every sentence (CTranslate2's max_decoding_length counts the prefix, not the forced EOS)."""
     ctranslate2 = pytest.importorskip("ctranslate2")
     d = dirs[family]
@@ -246,12 +246,17 @@ def test_ct2_export_translates_as_transformers(dirs, family, tmp_path, capsys):
                           max_new_tokens=LONG).tolist()
     want = [[t for t in row[1:] if t != 1] for row in ids]
     want = [w[: w.index(2)] if 2 in w else w for w in want]
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"))
-    results = translator.translate_batch([[vocab[i] for i in tok(s).input_ids] for s in SOURCE],
-                                         target_prefix=[[vocab[fr]]] * len(SOURCE), beam_size=1,
-                                         max_decoding_length=LONG - 1, suppress_sequences=[["<pad>"]])
     index = {p: i for i, p in enumerate(vocab)}
-    assert [[index[p] for p in r.hypotheses[0]] for r in results] == want
+    outs = ["ct2"]
+    if family != "mbart50":       # the published directory itself (transformers 5's mBART-50 files: see docs)
+        assert convert(["--to-ct2", str(d), "--out", str(tmp_path / "ct2-dir")]) == 0
+        outs.append("ct2-dir")
+    for out in outs:
+        translator = ctranslate2.Translator(str(tmp_path / out))
+        results = translator.translate_batch([[vocab[i] for i in tok(s).input_ids] for s in SOURCE],
+                                             target_prefix=[[vocab[fr]]] * len(SOURCE), beam_size=1,
+                                             max_decoding_length=LONG - 1, suppress_sequences=[["<pad>"]])
+        assert [[index[p] for p in r.hypotheses[0]] for r in results] == want, out
 
 
 def test_nllb_legacy_source_template(dirs, tmp_path):
