@@ -157,6 +157,8 @@ class GenerationOptions:
     sentence_ends: tuple[int, ...] = ()       # with constraints: target ids that end a sentence (final
                                               # punctuation), written only once every constraint is met
     target_prefix: tuple[int, ...] = ()       # target ids every hypothesis starts with (forced), then free decoding
+    free_prefix: int = 0                      # the first this many target_prefix ids are forced at log-prob 0 (a
+                                              # multilingual model's target-language token, as transformers forces it)
     repetition_penalty: float = 1.0           # CTranslate2's: logits of generated tokens / p (> 0) or * p (< 0); 1 = off
     no_repeat_ngram_size: int = 0             # CTranslate2's: no n-gram of this many tokens twice; 0 = off
 
