@@ -29,6 +29,7 @@ MAX_KEEP_TERMS = 100           # do-not-translate terms in one request (`keep`)
 MAX_KEEP_CHARS = 200           # characters in one do-not-translate term (a request's or the stored list's)
 # Documents (POST /v1/documents, /translate_file, /v2/document; service/documents, docs/documents.md)
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024 - 64 * 1024   # bytes of an uploaded file (the body cap, less the form's room)
+MAX_FILENAME_CHARS = 255        # characters of a document's file name (its download header stays small for proxies)
 MAX_UNCOMPRESSED_BYTES = 48 * 1024 * 1024          # bytes of all members of an archive (docx, pptx, odt) unpacked
 MAX_XML_BYTES = 32 * 1024 * 1024                   # bytes of an archive's XML parts unpacked (what the parsers read)
 MAX_XML_ELEMENTS = 1_000_000                        # elements in an archive's XML parts (the parsers' trees: ~250 B each)

@@ -70,3 +70,23 @@ def test_a_page_on_another_origin_can_read_the_downloads_file_name(tmp_path):
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
     exposed = {h.strip().lower() for h in r.headers["access-control-expose-headers"].split(",")}
     assert "content-disposition" in exposed and 'filename="brief.txt"' in r.headers["content-disposition"]
+
+
+def test_a_file_name_over_the_limit_is_a_400_naming_the_field_and_the_download_header_stays_small(tmp_path):
+    from service.api.documents import file_response
+    from service.protocol import MAX_FILENAME_CHARS
+    client = keyed_client(tmp_path)
+    long = "z" * (MAX_FILENAME_CHARS + 1) + ".txt"
+    r = client.post("/v1/documents", files={"file": ("a.txt", "Ein Hund.\n".encode())},
+                    data={"source_lang": "de", "target_lang": "en", "filename": long}, headers=A)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "filename", r.text
+    assert f"at most {MAX_FILENAME_CHARS} characters, got {len(long)}" in r.json()["error"]["message"]
+    r = client.post("/v2/document", files={"file": (long, "Ein Hund.\n".encode())}, data={"target_lang": "EN"},
+                    headers=A)
+    assert r.status_code == 400 and "file:" in r.json()["message"], r.text
+    ok = "😀" * MAX_FILENAME_CHARS
+    r = client.post("/v1/documents", files={"file": ("a.txt", "Ein Hund.\n".encode())},
+                    data={"source_lang": "de", "target_lang": "en", "filename": ok[:-4] + ".txt"}, headers=A)
+    assert r.status_code == 200 and len(r.headers["content-disposition"]) < 4096, r.text
+    header = file_response(b"x", "%" * 5000 + ".txt", "text/plain").headers["content-disposition"]
+    assert len(header) < 4096 and header.endswith(".txt")      # a stored long name: cut, its extension kept

@@ -247,6 +247,7 @@ def parse(fields: dict) -> DeepLTranslateBody:
         field, message = format_validation_error(err)
         if err.get("type") == "missing":      # DeepL's words for it
             raise ServiceError(400, f"Parameter '{field}' not specified.", field) from None
+        message = message[len(field) + 2:] if message.startswith(f"{field}: ") else message     # named once
         raise ServiceError(400, f"Value for '{field}' not supported: {message}", field) from None
     if body.glossary_id and body.glossary_ids:
         raise ServiceError(400, "Value for 'glossary_ids' not supported: it cannot be used together with glossary_id",

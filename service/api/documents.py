@@ -33,6 +33,7 @@ from service import documents
 from service.documents import Document
 from service.pipeline import autodetect
 from service.protocol import (
+    MAX_FILENAME_CHARS,
     GenerationOptions,
     JobOrigin,
     ServiceError,
@@ -223,6 +224,10 @@ async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     if len(data) > documents.MAX_DOCUMENT_BYTES:
         raise ServiceError(413, f"file: at most {documents.MAX_DOCUMENT_BYTES} bytes (MAX_DOCUMENT_BYTES)", "file")
     name = fields["filename"] if "filename" in fields else upload.filename or ""    # an empty field: no name
+    if len(name) > MAX_FILENAME_CHARS:      # its Content-Disposition must fit a proxy's header buffer
+        field = "filename" if "filename" in fields else "file"
+        raise ServiceError(400, f"{field}: a file name has at most {MAX_FILENAME_CHARS} characters, got {len(name)}",
+                           field)
     return Upload(data, name, fields)
 
 
@@ -254,7 +259,7 @@ def file_response(data: bytes, filename: str, media_type: str, headers: Optional
     """The file as an attachment (RFC 6266 / 5987 file name): the upload's base name only (RFC 6266
     section 4.3: no directories, "../../etc/passwd.txt" -> "passwd.txt"), without control characters."""
     filename = re.split(r"[/\\]", filename)[-1]
-    filename = "".join(c for c in filename if c.isprintable()).strip(". ") or "document"
+    filename = "".join(c for c in filename if c.isprintable()).strip(". ")[-MAX_FILENAME_CHARS:] or "document"
     ascii_name = filename.encode("ascii", "replace").decode().replace('"', "'").replace("\\", "_")
     disposition = f'attachment; filename="{ascii_name}"; filename*=UTF-8\'\'{urllib.parse.quote(filename)}'
     return Response(data, media_type=media_type, headers={"Content-Disposition": disposition, **(headers or {})})
