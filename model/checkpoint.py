@@ -1,6 +1,8 @@
 """Checkpoint directories: ``config.json``, ``model.safetensors``, the tokenizer and ``metadata.json``.
 The tokenizer is ``tokenizer.model`` (our joint SentencePiece model) or, for models imported from
-MarianMT (``model/interop/marian.py``), ``source.spm`` + ``target.spm`` + ``vocab.json``. Loading
+MarianMT (``model/interop/marian.py``), ``source.spm`` + ``target.spm`` + ``vocab.json``, or for
+NLLB-200, M2M100 and mBART-50 (``model/interop/multilingual.py``) their published tokenizer files,
+named in metadata.json's ``multilingual`` record. Loading
 reads JSON and safetensors only; nothing is unpickled. ``model.load.load_model`` also takes a
 MarianMT directory itself (converted at load)."""
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
+from .lang_tokenizer import checkpoint_tokenizer
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
@@ -90,13 +93,22 @@ def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | to
     Raises FileNotFoundError when the directory lacks a required file, ValueError when its files disagree.
     """
     model, tok = _load_ours(Path(directory), device, dtype)
-    if tok.vocab_size != model.cfg.target_vocab_size:
+    if tok.vocab_size != model.cfg.target_vocab_size and not (
+            getattr(tok, "lang_ids", None) and tok.vocab_size < model.cfg.target_vocab_size):   # NLLB: spare rows
         raise ValueError(f"tokenizer has {tok.vocab_size} pieces, config says {model.cfg.target_vocab_size}")
     return model.eval(), tok, load_metadata(directory)
 
 
 def _load_ours(d: Path, device, dtype: torch.dtype) -> tuple[Transformer, Union[Tokenizer, VocabTokenizer]]:
     """Model and tokenizer of one of our checkpoint directories. Raises FileNotFoundError."""
+    if "multilingual" in (meta := load_metadata(d)):       # NLLB-200, M2M100, mBART-50 (interop/multilingual.py)
+        for name in ("config.json", "model.safetensors"):
+            if not (d / name).exists():
+                raise FileNotFoundError(f"checkpoint {d} has no {name}")
+        cfg = ModelConfig.from_dict(json.loads((d / "config.json").read_text()))
+        model = Transformer(cfg).to(device=device, dtype=dtype)
+        load_weights(model, d / "model.safetensors")
+        return model, checkpoint_tokenizer(d, cfg, meta)
     marian_tok = not (d / "tokenizer.model").exists() and (d / "vocab.json").exists()
     tok_files = ("source.spm", "target.spm", "vocab.json") if marian_tok else ("tokenizer.model",)
     tok_files += ("target_vocab.json",) if marian_tok and (d / "target_vocab.json").exists() else ()

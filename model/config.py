@@ -20,14 +20,21 @@ class ModelConfig:
     dropout: float = 0.1            # P_drop on sub-layer outputs and on embeddings + positions
     attention_dropout: float = 0.0  # dropout on attention weights (not in the paper; 0 = off)
     activation: str = "relu"        # FFN non-linearity: "relu" (paper), "gelu" or "swish" (= SiLU, most OPUS-MT)
-    norm_first: bool = False        # False = post-LN, LayerNorm(x + Sublayer(x)) as in the paper
+    norm_first: bool = False        # False = post-LN, LayerNorm(x + Sublayer(x)) as in the paper;
+                                    # True = pre-LN, x + Sublayer(LayerNorm(x)), a LayerNorm closing each stack
     positional: str = "sinusoidal"  # "sinusoidal" (paper section 3.5) or "learned"
-    sinusoid_layout: str = "interleaved"  # sin/cos alternate (paper); "split": sines then cosines (Marian)
+    sinusoid_layout: str = "interleaved"  # sin/cos alternate (paper); "split": sines then cosines (Marian);
+                                    # "fairseq": sines then cosines at 10000^(-i/(d/2-1)), pad_id's row zero (M2M100, NLLB)
+    position_offset: int = 0        # table row of position 0 (fairseq sinusoid: pad_id + 1; mBART's learned: 2)
+    layernorm_embedding: bool = False  # LayerNorm on embeddings + positions, before dropout (mBART)
+    share_positions: bool = True    # with share_embeddings, the decoder shares the encoder's positions and
+                                    # embedding LayerNorm too (False: each stack its own, tokens shared: mBART)
     scale_embedding: bool = True    # token embeddings × √d_model (section 3.4); Marian's scale_embedding
     max_len: int = 512              # longest source or target sequence in tokens, specials included
     share_embeddings: bool = True   # tie source, target and pre-softmax weights (section 3.4)
     tgt_vocab_size: int = 0         # a separate target vocabulary's size (0: vocab_size; needs share_embeddings off)
     tie_target_output: bool = False  # without share_embeddings: pre-softmax weights = target embedding (Marian)
+    separate_output: bool = False   # pre-softmax weights a matrix of their own even so (untied: tie_word_embeddings off)
     final_logits_bias: bool = False  # a bias [vocab_size] added to the logits (Marian's final_logits_bias)
     layer_norm_eps: float = 1e-5    # epsilon of every LayerNorm
     pad_id: int = 0                 # padding token id (never attended to)
@@ -51,8 +58,10 @@ class ModelConfig:
                              "separate vocabularies need share_embeddings=False")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
-        if self.sinusoid_layout not in ("interleaved", "split"):
-            raise ValueError(f"sinusoid_layout must be 'interleaved' or 'split', got {self.sinusoid_layout!r}")
+        if self.sinusoid_layout not in ("interleaved", "split", "fairseq"):
+            raise ValueError(f"sinusoid_layout must be 'interleaved', 'split' or 'fairseq', got {self.sinusoid_layout!r}")
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset must be >= 0, got {self.position_offset}")
 
     @property
     def target_vocab_size(self) -> int:

@@ -1,11 +1,14 @@
 """Convert between this project's checkpoints and published formats.
 
     python -m model.convert --from-marian DIR --out CHECKPOINT_DIR [--dtype float16]
+    python -m model.convert --from-transformers DIR --out CHECKPOINT_DIR [--dtype float16]
     python -m model.convert --to-marian CHECKPOINT_DIR --out DIR [--dtype float32]
     python -m model.convert --to-ct2 CHECKPOINT_DIR --out DIR [--quantization int8]
 
 The formats are read and written by ``model/interop/`` (``marian.py``, ``marian_export.py``,
-``ct2.py``). A bad directory prints one line naming the file or field and exits with status 2.
+``ct2.py``, ``multilingual.py``). --from-transformers picks the importer by config.json's ``model_type``:
+``marian`` (as --from-marian), ``m2m100`` (NLLB-200, M2M100) or ``mbart`` (mBART-50); another type is
+refused. A bad directory prints one line naming the file or field and exits with status 2, writing nothing.
 --from-marian stores the source's weight dtype unless --dtype says otherwise, applies the model's
 ``generation_config.json`` (or refuses a setting it does not implement, naming it) and prints a
 ``note:`` line (stderr) for each way the import may translate differently from transformers: a
@@ -15,11 +18,28 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Optional
 
 from .checkpoint import load_metadata
 from .interop.ct2 import convert_to_ct2
-from .interop.marian import convert_marian
+from .interop.marian import MarianImportError, convert_marian
+from .interop.multilingual import FAMILIES, convert_multilingual, model_type
 from .interop.marian_export import export_marian
+
+
+def convert_transformers(directory: str, out: str, dtype: Optional[str]) -> Path:
+    """--from-transformers: the importer of config.json's ``model_type``. Raises ValueError naming
+    another type (nothing written)."""
+    kind = model_type(directory)
+    if not (Path(directory) / "config.json").exists():
+        raise MarianImportError(f"{Path(directory) / 'config.json'}: missing")
+    if kind == "marian":
+        return convert_marian(directory, out, dtype)
+    if kind in FAMILIES:
+        return convert_multilingual(directory, out, dtype)
+    raise MarianImportError(f"{Path(directory) / 'config.json'}: model_type {kind!r} is not supported (choose from "
+                            f"marian, {', '.join(FAMILIES)})")
 
 
 def main(argv=None) -> int:
@@ -27,6 +47,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     way = ap.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-marian", metavar="DIR", help="import a local MarianMT (OPUS-MT) directory")
+    way.add_argument("--from-transformers", metavar="DIR", help="import a local transformers directory by its "
+                     "config.json model_type: marian (as --from-marian), m2m100 (NLLB-200, M2M100), mbart (mBART-50)")
     way.add_argument("--to-marian", metavar="CHECKPOINT_DIR", help="export our checkpoint as a MarianMT directory")
     way.add_argument("--to-ct2", metavar="DIR", help="convert our checkpoint, or a MarianMT export of one, to "
                      "CTranslate2 (model/interop/ct2.py; needs the ctranslate2 package)")
@@ -42,13 +64,15 @@ def main(argv=None) -> int:
             out = convert_to_ct2(args.to_ct2, args.out, args.quantization)
         elif args.to_marian:
             out = export_marian(args.to_marian, args.out, args.dtype or "float32")
+        elif args.from_transformers:
+            out = convert_transformers(args.from_transformers, args.out, args.dtype)
         else:
             out = convert_marian(args.from_marian, args.out, args.dtype)
     except (ValueError, FileNotFoundError, ImportError) as e:   # Marian{Import,Export}Error, a missing file/package
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
-    if args.from_marian:
+    if args.from_marian or args.from_transformers:
         meta = load_metadata(out)
         print(f"weights stored as {meta['dtype']} (source: {meta['source_dtype']})")
         for note in meta.get("notes", []):

@@ -66,7 +66,8 @@ def main(argv=None) -> dict:
     with tqdm(total=len(src), file=sys.stderr, desc="translating", unit="sent") as bar:
         hyps = translate_lines(model, tok, src, beam_size=args.beam_size, batch_size=args.batch_size,
                                length_penalty=args.length_penalty, progress=bar.update,
-                               max_new_tokens=args.max_new_tokens, target_lang=args.target_lang)
+                               max_new_tokens=args.max_new_tokens, target_lang=args.target_lang,
+                               source_lang=args.source_lang)
     seconds = time.time() - t0
     if args.output:
         try:

@@ -12,13 +12,26 @@ from torch import Tensor, nn
 from .attention import CacheAttend, MultiHeadAttention
 
 
-def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> Tensor:
+def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved", pad_row: Optional[int] = None) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)  (section 3.5).
 
     ``layout="split"`` puts the same sines in the first ceil(d_model/2) dimensions and the cosines in
-    the rest (Marian, and transformers' ``MarianSinusoidalPositionalEmbedding``).
+    the rest (Marian, and transformers' ``MarianSinusoidalPositionalEmbedding``). ``layout="fairseq"``
+    is fairseq's table (M2M100, NLLB-200: transformers' ``M2M100SinusoidalPositionalEmbedding``,
+    computed in float32 as it is, bit for bit): sin(pos · 10000^(-i/(h-1))) for i < h = d_model // 2,
+    then the cosines, a zero column for an odd d_model, and row ``pad_row`` zero.
     Returns [max_len, d_model] float32.
     """
+    if layout == "fairseq":
+        half = d_model // 2
+        freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+        ang = torch.arange(max_len, dtype=torch.int64).float().unsqueeze(1) * freq.unsqueeze(0)   # [T, h]
+        table = torch.cat([torch.sin(ang), torch.cos(ang)], dim=1)
+        if d_model % 2:
+            table = torch.cat([table, torch.zeros(max_len, 1)], dim=1)
+        if pad_row is not None and pad_row < max_len:
+            table[pad_row] = 0
+        return table
     pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)               # [T, 1]
     inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     sin, cos = torch.sin(pos * inv_freq), torch.cos(pos * inv_freq[: d_model // 2])
@@ -38,20 +51,24 @@ def _capturing(x: Tensor) -> bool:
 
 class Embeddings(nn.Module):
     """Token embedding × √d_model (× 1 without ``scale_embedding``) plus positional encoding, then
-    dropout (sections 3.4, 3.5)."""
+    dropout (sections 3.4, 3.5); with ``layernorm`` a LayerNorm before the dropout (mBART's
+    ``layernorm_embedding``). Position p reads row p + ``offset`` of the table (fairseq's padding
+    offset, mBART's 2). ``tok`` may be another Embeddings' token embedding (shared tokens, own positions)."""
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, positional: str,
-                 dropout: float, pad_id: int, layout: str = "interleaved", scale_embedding: bool = True):
+                 dropout: float, pad_id: int, layout: str = "interleaved", scale_embedding: bool = True,
+                 offset: int = 0, layernorm: bool = False, eps: float = 1e-5, tok: Optional[nn.Embedding] = None):
         super().__init__()
-        self.tok = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.tok = nn.Embedding(vocab_size, d_model, padding_idx=pad_id) if tok is None else tok
         self.scale = math.sqrt(d_model) if scale_embedding else 1.0
         self.learned = positional == "learned"
         if self.learned:
-            self.pos = nn.Embedding(max_len, d_model)
+            self.pos = nn.Embedding(max_len + offset, d_model)
         else:
-            self.register_buffer("pe", sinusoidal_table(max_len, d_model, layout), persistent=False)
+            self.register_buffer("pe", sinusoidal_table(max_len + offset, d_model, layout, pad_id), persistent=False)
+        self.norm = nn.LayerNorm(d_model, eps=eps) if layernorm else None
         self.drop = nn.Dropout(dropout)
-        self.max_len = max_len
+        self.max_len, self.offset = max_len, offset
 
     def forward(self, tokens: Tensor, positions: Optional[Tensor] = None) -> Tensor:
         """tokens [B, T] -> [B, T, d_model]. positions [B, T] (default 0..T-1) index the encodings."""
@@ -61,8 +78,11 @@ class Embeddings(nn.Module):
             positions = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
         elif positions.numel() and not _capturing(positions) and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} exceeds max_len {self.max_len}")
+        if self.offset:
+            positions = positions + self.offset
         pos = self.pos(positions) if self.learned else self.pe[positions]
-        return self.drop(self.tok(tokens) * self.scale + pos.to(self.tok.weight.dtype))
+        x = self.tok(tokens) * self.scale + pos.to(self.tok.weight.dtype)
+        return self.drop(x if self.norm is None else self.norm(x))
 
 
 class FeedForward(nn.Module):

@@ -1,6 +1,6 @@
 """Load any model directory the service and the tools accept, ready for inference: one of this
-project's checkpoints (``model/checkpoint.py``) or a MarianMT (OPUS-MT) directory, converted at load
-(``model/interop/marian.py``), with the linear layers prepared for CPU inference
+project's checkpoints (``model/checkpoint.py``), a MarianMT (OPUS-MT) directory or an NLLB-200,
+M2M100 or mBART-50 directory, converted at load (``model/interop/marian.py``, ``multilingual.py``), with the linear layers prepared for CPU inference
 (``model/inference/linear.py``)."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from .checkpoint import DEFAULT_CHECKPOINT, SHIPPED_CHECKPOINTS, load_checkpoint
 from .inference.linear import pack_for_inference
 from .interop.marian import is_marian_dir, load_marian
+from .interop.multilingual import is_multilingual_dir, load_multilingual
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
@@ -29,7 +30,10 @@ def load_model(directory: str | Path = DEFAULT_CHECKPOINT, device: str | torch.d
     ``MarianImportError`` for MarianMT directories) when its files disagree or ``linear_dtype`` is unknown.
     """
     d = Path(directory)
-    if is_marian_dir(d):
+    if is_multilingual_dir(d):
+        model, tok, meta = load_multilingual(d)
+        model = model.to(device=device, dtype=dtype)
+    elif is_marian_dir(d):
         model, tok, meta = load_marian(d)
         model = model.to(device=device, dtype=dtype)
         if tok.vocab_size != model.cfg.target_vocab_size:

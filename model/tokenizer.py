@@ -176,7 +176,8 @@ def encode_target(tok, text: str) -> list[int]:
 
 def check_target_lang(tok: Tokenizer, target_lang: Optional[str]) -> None:
     """Raise ValueError unless target_lang fits the model: one of ``tok.target_languages`` for a
-    multilingual model (required there), None otherwise."""
+    multilingual model (required there), None otherwise (the languages are service codes for
+    ``lang_tokenizer.LangTokenizer``)."""
     langs = tok.target_languages
     if target_lang is None and langs:
         raise ValueError(f"the model is multilingual: name a target language, one of {', '.join(langs)}")

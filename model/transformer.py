@@ -35,14 +35,20 @@ class Transformer(nn.Module):
         self.cfg = cfg
         emb = (cfg.vocab_size, cfg.d_model, cfg.max_len, cfg.positional, cfg.dropout, cfg.pad_id,
                cfg.sinusoid_layout, cfg.scale_embedding)
-        self.src_embed = Embeddings(*emb)
-        self.tgt_embed = self.src_embed if cfg.share_embeddings else Embeddings(cfg.target_vocab_size, *emb[1:])
+        extra = dict(offset=cfg.position_offset, layernorm=cfg.layernorm_embedding, eps=cfg.layer_norm_eps)
+        self.src_embed = Embeddings(*emb, **extra)
+        if not cfg.share_embeddings:
+            self.tgt_embed = Embeddings(cfg.target_vocab_size, *emb[1:], **extra)
+        elif cfg.share_positions:
+            self.tgt_embed = self.src_embed
+        else:   # shared token embedding, each stack its own positions and embedding LayerNorm (mBART)
+            self.tgt_embed = Embeddings(*emb, **extra, tok=self.src_embed.tok)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN stacks end with a LayerNorm; post-LN layers already end normalised.
         self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        tied = cfg.share_embeddings or cfg.tie_target_output
+        tied = (cfg.share_embeddings or cfg.tie_target_output) and not cfg.separate_output
         self.out_proj = None if tied else nn.Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
         # [vocab_size] added to the logits (Marian's final_logits_bias); None: no bias (the paper)
         self.logits_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.final_logits_bias else None

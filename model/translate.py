@@ -2,6 +2,7 @@
 ``model.inference.generate.translate_lines``).
 
     python -m model.translate --checkpoint DIR [--beam-size N] < input.de > output.en
+    python -m model.translate --checkpoint NLLB_DIR --source-lang de --target-lang fr [--max-new-tokens N]
 
 One output line per input line; empty (or whitespace-only) lines stay empty. Input is read and
 translated in chunks of 1,024 lines, and each chunk's output is written before the next is read, so
@@ -49,8 +50,15 @@ def load_for_cli(ap: argparse.ArgumentParser, args: argparse.Namespace):
         args.beam_size = generation.get("num_beams", 4)
     if args.length_penalty is None:
         args.length_penalty = generation.get("length_penalty", 1.0)
+    tok = loaded[1]
+    if hasattr(tok, "forced_token"):          # NLLB-200, M2M100, mBART-50: both languages named
+        args.target_lang = tok.resolve(args.target_lang or loaded[2].get("default_target_lang"))
+        args.source_lang = tok.resolve(getattr(args, "source_lang", None))
+        if getattr(args, "source_lang", None) not in tok.source_languages:
+            ap.error(f"--source-lang: {'required' if getattr(args, 'source_lang', None) is None else 'unknown'} "
+                     f"for this multilingual model; choose from {', '.join(tok.source_languages)}")
     try:
-        check_target_lang(loaded[1], args.target_lang)
+        check_target_lang(tok, args.target_lang)
     except ValueError as e:
         ap.error(f"--target-lang: {e}")
     limit = loaded[0].cfg.max_len - 1
@@ -87,7 +95,11 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
                          "to compare outputs with other tools at one length, as transformers' max_new_tokens: a "
                          "model that forces EOS at the limit (OPUS-MT) gives at most N - 1 tokens, then EOS")
     ap.add_argument("--target-lang", default=None,
-                    help="multilingual MarianMT models: the target language (its >>xx<< token starts each source)")
+                    help="multilingual models: the target language (MarianMT: its >>xx<< token starts each source; "
+                         "NLLB-200, M2M100, mBART-50: its token is forced first), as the service names it (de, zho_Hant) "
+                         "or as the family does (deu_Latn, de_DE)")
+    ap.add_argument("--source-lang", default=None,
+                    help="NLLB-200, M2M100, mBART-50: the source language (its token starts each source)")
 
 
 def main(argv=None) -> None:
@@ -102,7 +114,8 @@ def main(argv=None) -> None:
     lines = (line.rstrip("\n") for line in sys.stdin)
     while batch := list(itertools.islice(lines, chunk)):
         for line in translate_lines(model, tok, batch, args.beam_size, args.batch_size, args.length_penalty,
-                                    max_new_tokens=args.max_new_tokens, target_lang=args.target_lang):
+                                    max_new_tokens=args.max_new_tokens, target_lang=args.target_lang,
+                                    source_lang=args.source_lang):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
 

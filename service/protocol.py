@@ -29,6 +29,7 @@ MAX_KEEP_TERMS = 100           # do-not-translate terms in one request (`keep`)
 MAX_KEEP_CHARS = 200           # characters in one do-not-translate term (a request's or the stored list's)
 # Documents (POST /v1/documents, /translate_file, /v2/document; service/documents, docs/documents.md)
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024 - 64 * 1024   # bytes of an uploaded file (the body cap, less the form's room)
+MAX_FILENAME_CHARS = 255        # characters of a document's file name (its download header stays small for proxies)
 MAX_UNCOMPRESSED_BYTES = 48 * 1024 * 1024          # bytes of all members of an archive (docx, pptx, odt) unpacked
 MAX_XML_BYTES = 32 * 1024 * 1024                   # bytes of an archive's XML parts unpacked (what the parsers read)
 MAX_XML_ELEMENTS = 1_000_000                        # elements in an archive's XML parts (the parsers' trees: ~250 B each)
@@ -43,6 +44,8 @@ MAX_MEMORY_IMPORT = 10_000     # translation-memory entries in one PUT /v1/memor
 MAX_MEMORY_ENTRIES = 100_000   # translation-memory entries stored per model and API key
 MAX_GLOSSARY_ENTRIES = 100     # glossary entries in one request (`glossary`)
 MAX_STORED_GLOSSARY_ENTRIES = 10_000   # entries in one stored glossary (file or POST /v1/glossaries)
+MAX_GLOSSARY_IDS = 5           # stored glossaries in one request (DeepL's glossary_ids)
+MAX_JOB_GLOSSARY_ENTRIES = MAX_GLOSSARY_IDS * MAX_STORED_GLOSSARY_ENTRIES + MAX_GLOSSARY_ENTRIES   # a job's, all told
 MAX_GLOSSARY_TERM_CHARS = 200  # characters in one glossary term (source or target)
 # A JSON Schema pattern: a character that is not whitespace as Python's str.strip() sees it (which the
 # service's blank checks use; a schema's \s, Unicode White_Space, leaves out U+001C-U+001F)
@@ -155,6 +158,8 @@ class GenerationOptions:
     sentence_ends: tuple[int, ...] = ()       # with constraints: target ids that end a sentence (final
                                               # punctuation), written only once every constraint is met
     target_prefix: tuple[int, ...] = ()       # target ids every hypothesis starts with (forced), then free decoding
+    free_prefix: int = 0                      # the first this many target_prefix ids are forced at log-prob 0 (a
+                                              # multilingual model's target-language token, as transformers forces it)
     repetition_penalty: float = 1.0           # CTranslate2's: logits of generated tokens / p (> 0) or * p (< 0); 1 = off
     no_repeat_ngram_size: int = 0             # CTranslate2's: no n-gram of this many tokens twice; 0 = off
 
@@ -184,8 +189,7 @@ class TranslateJob:
                                                # the memory's translation (translator/fuzzy.py); None: exact only
     split_sentences: str = "1"                 # "1" at punctuation and line breaks, "nonewlines", "0" (DeepL's)
     glossary: tuple[tuple[str, str], ...] = ()   # (source term, target term): each occurring term's target is in the output
-    stored_glossary: bool = False              # the glossary is a stored one's alone (glossary_id): its entry limit
-                                               # is MAX_STORED_GLOSSARY_ENTRIES and errors name glossary_id
+    stored_glossary: bool = False              # the glossary is stored ones' alone (glossary_id): errors name glossary_id
     target_prefix: Optional[str] = None        # each text's first sentence starts with it (tokenized by the translator)
     min_confidence: Optional[float] = None     # translations below it carry low_confidence: true
     return_alignment: bool = False             # each translation carries its word alignment

@@ -105,7 +105,7 @@ def test_deepl_translate_on_a_translator_text_html_and_errors(card):
         for fields, status, field in (({"text": "a", "target_lang": "FR"}, 400, "target_lang"),
                                       ({"text": "a", "source_lang": "JA", "target_lang": "EN-GB"}, 400, "source_lang"),
                                       ({"text": "a" * (MAX_TEXT_CHARS + 1), "source_lang": "DE", "target_lang": "EN-GB"},
-                                       400, "text"),
+                                       413, "text"),
                                       ({"text": "a", "source_lang": "DE", "target_lang": "EN-GB",
                                         "glossary_id": "g1"}, 404, "glossary_id")):
             with pytest.raises(ServiceError) as e:

@@ -236,3 +236,35 @@ def test_a_translators_error_names_the_text_as_the_request_did():
         with pytest.raises(ServiceError) as e:
             asyncio.run(svc.pipeline.run("de-en", job, origin))
         assert (e.value.status, e.value.message, e.value.field) == (413, f"{head}: {tail}", field)
+
+
+def test_deepl_too_many_texts_or_too_long_a_text_is_a_413_naming_the_limit():
+    from fastapi.testclient import TestClient
+    from local_services import local_services, upper_cased
+
+    from service.api.http import build_app
+    from service.protocol import MAX_TEXT_CHARS, MAX_TEXTS
+    card = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    client = TestClient(build_app(local_services([card], upper_cased([]))))
+    for texts, limit, got in ((["Hallo"] * (MAX_TEXTS + 1), f"at most {MAX_TEXTS} texts", f"got {MAX_TEXTS + 1}"),
+                              (["Hallo", "x" * (MAX_TEXT_CHARS + 1)], f"at most {MAX_TEXT_CHARS} characters",
+                               f"got {MAX_TEXT_CHARS + 1}")):
+        r = client.post("/v2/translate", json={"text": texts, "target_lang": "EN-GB", "source_lang": "DE"})
+        assert r.status_code == 413 and limit in r.json()["message"] and got in r.json()["message"], r.text
+    r = client.post("/v2/translate", json={"text": ["Hallo"] * MAX_TEXTS, "target_lang": "EN-GB", "source_lang": "DE"})
+    assert r.status_code == 200 and [t["text"] for t in r.json()["translations"]] == ["HALLO"] * MAX_TEXTS
+
+
+def test_deepl_text_whose_language_cannot_be_told_is_a_400_naming_source_lang():
+    """DeepL's clients report a 404 as a wrong server_url: an undetectable text is a 400 there (a 404
+    on the native route, which names it the same way)."""
+    from fastapi.testclient import TestClient
+    from local_services import local_services, upper_cased
+
+    from service.api.http import build_app
+    card = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+    client = TestClient(build_app(local_services([card], upper_cased([]))))
+    r = client.post("/v2/translate", json={"text": ["x"], "target_lang": "EN-GB"})
+    assert r.status_code == 400 and "cannot tell the language of text[0]" in r.json()["message"], r.text
+    r = client.post("/v1/translate", json={"text": ["x"], "source_lang": "auto", "target_lang": "en"})
+    assert r.status_code == 404 and r.json()["error"]["field"] == "source_lang", r.text

@@ -113,3 +113,29 @@ def test_cookie_key(header, key):
 def test_app_args_pass_protect_explorer_to_the_guard():
     assert guard_settings(AppArgs(protect_explorer=True), {}).protect_explorer is True
     assert guard_settings(AppArgs(), {}).protect_explorer is False
+
+
+@pytest.mark.parametrize("root_path", ["", "/mt"])
+def test_docs_pages_load_every_file_from_this_app(root_path):
+    """/docs and /redoc reference only this app's files (an air-gapped machine has no CDN), under
+    the proxy's prefix, and each of them is served; a path out of the assets folder is not."""
+    from service.api.docs_pages import add_docs_pages
+    app = FastAPI(docs_url=None, redoc_url=None, root_path=root_path)
+    add_docs_pages(app)
+    c = TestClient(app)
+    for page, needed in (("/docs", {"swagger-ui-bundle.js", "swagger-ui.css"}), ("/redoc", {"redoc.standalone.js"})):
+        r = c.get(page)
+        urls = re.findall(r'(?:src|href)="([^"]+)"|url: ?\'([^\']+)\'', r.text)
+        urls = [a or b for a, b in urls]
+        assert r.status_code == 200 and urls and all(u.startswith(root_path + "/") for u in urls), urls
+        assert needed <= {u.rsplit("/", 1)[-1] for u in urls}
+        for u in urls:
+            got = c.get(u)             # as a browser asks: the path with the prefix
+            assert got.status_code == 200 and len(got.content) > (50 if u.endswith(".json") else 1000), u
+    assert c.get("/docs/assets/../../pyproject.toml").status_code == 404
+
+
+def test_docs_files_are_open_like_the_docs_and_keyed_with_protect_docs():
+    g, keyed = Guard(GuardSettings(), env=KEY), Guard(GuardSettings(protect_docs=True), env=KEY)
+    for path in ("/docs", "/redoc", "/docs/assets/swagger-ui-bundle.js"):
+        assert not g.needs_key(path) and not g.limited(path) and keyed.needs_key(path)

@@ -251,3 +251,16 @@ def test_405_allow_names_every_route_of_the_path():
                                 ("PUT", "/v1/glossaries/x", "GET, DELETE, HEAD"), ("GET", "/v1/translate", "POST")):
         r = client.request(method, path)
         assert r.status_code == 405 and r.headers["allow"] == allow, (path, r.headers)
+
+
+def test_stored_glossaries_and_a_requests_entries_apply_together_past_the_requests_limit(card):
+    """A stored glossary (up to MAX_STORED_GLOSSARY_ENTRIES) with a request's own entries (up to
+    MAX_GLOSSARY_ENTRIES) is one glossary of both; only past every source's limit together is it refused."""
+    from service.protocol import MAX_GLOSSARY_ENTRIES, MAX_JOB_GLOSSARY_ENTRIES
+    t = Translator(card, device="cpu")
+    entries = tuple((f"Wort{i}", f"word{i}") for i in range(MAX_GLOSSARY_ENTRIES + 50))
+    g = t.glossary(TranslateJob(["Wort3 und Wort120."], GenerationOptions(), glossary=entries))
+    assert len(g.entries) == MAX_GLOSSARY_ENTRIES + 50 and [m.entry for m in g.find("Wort3 und Wort120.")] == [3, 120]
+    too_many = tuple((f"Wort{i}", f"word{i}") for i in range(MAX_JOB_GLOSSARY_ENTRIES + 1))
+    with pytest.raises(InvalidRequest, match=f"at most {MAX_JOB_GLOSSARY_ENTRIES} entries"):
+        t.glossary(TranslateJob(["Wort3."], GenerationOptions(), glossary=too_many, stored_glossary=True))

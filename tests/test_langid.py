@@ -19,7 +19,7 @@ from service.pipeline import LanguageGraph, autodetect
 from local_services import local_services
 from service.api.middleware.body import BodyMiddleware
 from service.api.errors import add_exception_handlers
-from service.protocol import ServiceError, TranslateResponse, Translation, Usage
+from service.protocol import JobOrigin, ServiceError, TranslateResponse, Translation, Usage
 from service.translator import ModelCard
 from service.translator.langid import (
     COMMON_LANGUAGES,
@@ -80,12 +80,12 @@ def _detections(texts):
 def test_route_sends_each_text_to_its_model_and_passes_through_the_rest():
     texts = [DE[0], EN[0], "12345", DE[1]]
     models = {"de": "de-en", "en": "en-de"}
-    routed = autodetect.route(texts, _detections(texts), "en", lambda lang: models[lang], "q", "source", True)
+    routed = autodetect.route(texts, _detections(texts), "en", lambda lang: models[lang], JobOrigin("q", True), "source")
     assert [(r.card_id, r.language, r.passthrough) for r in routed] == [
         ("de-en", "de", False), (None, "en", True), (None, NO_LANGUAGE, True), ("de-en", "de", False)]
     assert routed[2].confidence == 0.0 and 50 < routed[0].confidence < 100
     assert autodetect.groups(routed) == {"de-en": [0, 3]}
-    routed = autodetect.route(texts, _detections(texts), None, lambda lang: models[lang], "text", "source_lang", True)
+    routed = autodetect.route(texts, _detections(texts), None, lambda lang: models[lang], JobOrigin("text", True), "source_lang")
     assert autodetect.groups(routed) == {"de-en": [0, 3], "en-de": [1]}
 
 
@@ -94,13 +94,13 @@ def test_route_refuses_a_language_no_model_reads_naming_the_text_the_detection_a
         raise ServiceError(404, f"source_lang: no model for {lang}->en; available pairs: de->en (de-en)", "source_lang")
     with pytest.raises(ServiceError) as e:
         autodetect.route([DE[0], FR[0]], _detections([DE[0], FR[0]]), "en",
-                         lambda lang: "de-en" if lang == "de" else pick(lang), "text", "source_lang", True)
+                         lambda lang: "de-en" if lang == "de" else pick(lang), JobOrigin("text", True), "source_lang")
     assert (e.value.status, e.value.field, e.value.type) == (404, "source_lang", autodetect.NOT_SERVED)
     msg = e.value.message
     assert "French (fr)" in msg and "text[1]" in msg and "confidence" in msg and "de->en (de-en)" in msg, msg
     assert "source_lang: source_lang" not in msg
     with pytest.raises(ServiceError) as e:
-        autodetect.route(["A"], [[(NO_LANGUAGE, 0.0)]], "en", lambda lang: "x", "q", "source", False, "de, en")
+        autodetect.route(["A"], [[(NO_LANGUAGE, 0.0)]], "en", lambda lang: "x", JobOrigin("q", False), "source", "de, en")
     assert (e.value.status, e.value.field) == (404, "source") and "cannot tell" in e.value.message
     assert "served: de, en" in e.value.message
 
@@ -117,22 +117,22 @@ def test_an_unsure_guess_no_model_reads_gives_way_to_the_likeliest_served_langua
     texts = ["A dog.", DE[0], "Danke"]
     every = [DETECTOR.detect(t, len(DETECTOR.requested)) for t in texts]
     assert every[0][0][0] not in models and every[0][0][1] < autodetect.UNSURE   # the case itself
-    routed = autodetect.route(texts, every, "fr", pick, "text", "source_lang", True)
+    routed = autodetect.route(texts, every, "fr", pick, JobOrigin("text", True), "source_lang")
     first_served = [next((lang, c) for lang, c in cands if lang in models) for cands in every]
     assert [(r.card_id, r.language, r.confidence) for r in routed] == [
         (models[lang], lang, c) for lang, c in first_served]
     assert routed[0].language == "en" and routed[1].language == "de"
     # the target among the candidates: passed through, as a text detected in it is
-    routed = autodetect.route(["A dog."], every[:1], "en", pick, "text", "source_lang", False)
+    routed = autodetect.route(["A dog."], every[:1], "en", pick, JobOrigin("text", False), "source_lang")
     assert (routed[0].card_id, routed[0].language, routed[0].passthrough) == (None, "en", True)
     # at UNSURE or above, no model reading the language is still a 404 naming it
     sure = [("es", autodetect.UNSURE), ("en", 10.0)]
     with pytest.raises(ServiceError) as e:
-        autodetect.route(["Hola amigo"], [sure], "fr", pick, "text", "source_lang", False)
+        autodetect.route(["Hola amigo"], [sure], "fr", pick, JobOrigin("text", False), "source_lang")
     assert e.value.status == 404 and "Spanish (es)" in e.value.message
     # under UNSURE with no served language among the candidates: refused too
     with pytest.raises(ServiceError) as e:
-        autodetect.route(["Ciao"], [[("vi", 9.0), ("it", 8.8)]], "fr", pick, "text", "source_lang", False)
+        autodetect.route(["Ciao"], [[("vi", 9.0), ("it", 8.8)]], "fr", pick, JobOrigin("text", False), "source_lang")
     assert e.value.status == 404 and "Vietnamese (vi)" in e.value.message and "it 8.8%" in e.value.message
 
 

@@ -148,6 +148,32 @@ def test_attention_over_the_response_limit_is_a_413_counting_the_weights(card, m
     asyncio.run(main())
 
 
+def test_attention_that_cannot_fit_whatever_is_decoded_is_refused_before_decoding(card, monkeypatch):
+    """The encoder's weights depend on the source alone: over the limit, the 413 comes before the
+    engine runs (the engine is never called); at the limit the request is decoded as before."""
+    from service.translator import output
+
+    async def main():
+        t = Translator(card)
+        await t.reconfigure({"max_num_seqs": 4})
+        req = request(["Ein Hund läuft. Zwei Männer.", "Hallo."], return_attention=True,
+                      attention={"kinds": ["encoder"], "heads": [1]})
+        res = await t.translate(req)
+        held = sum(len(m) * len(m[0]) * len(m[0][0]) * len(m[0][0][0])
+                   for tr in res.translations for m in tr.attention.values() if m)
+        monkeypatch.setattr(output, "MAX_ATTENTION_VALUES", held)
+        assert (await t.translate(req)).translations == res.translations
+        monkeypatch.setattr(output, "MAX_ATTENTION_VALUES", held - 1)
+        calls = []
+        real = t._results
+        monkeypatch.setattr(t, "_results", lambda *a: calls.append(a) or real(*a))
+        with pytest.raises(TooLarge) as e:
+            await t.translate(req)
+        assert calls == [] and f"would hold at least {held:,} weights" in e.value.message
+        await t.stop()
+    asyncio.run(main())
+
+
 def test_card_config_lists_every_model_config_field(tmp_path):
     """/v1/models shows a card's config: a config.json written before some fields existed still
     lists all of them, at their defaults."""

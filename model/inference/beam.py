@@ -8,7 +8,9 @@ it has k finished hypotheses or reaches max_new_tokens. Greedy search is beam se
 Scores: log_prob is the sum of token log-probabilities (EOS included); score = log_prob / length **
 length_penalty, where length counts generated tokens including EOS. A ``prefix`` (target ids) is
 forced first: while it lasts the search keeps one alive hypothesis, extended by the next prefix
-token at the model's log-prob for it (counted in log_prob), so every beam starts with it.
+token at the model's log-prob for it (counted in log_prob), so every beam starts with it; the first
+``free_prefix`` of them (a multilingual model's target-language token) at log-prob 0, as
+transformers' ``forced_bos_token_id`` forces it (they count in the length all the same).
 
 Two rules of transformers' ``generate()``, for models whose generation config asks for them
 (``ModelConfig.forced_eos`` / ``early_stopping``, set by the MarianMT import):
@@ -78,6 +80,8 @@ class BeamSearch:
     forced_eos: bool = False                # the last step a budget allows emits EOS (module docstring)
     early_stopping: object = True           # True, False or "never" (module docstring)
     prefix: tuple = ()                      # target ids forced first (``force``), then free decoding
+    free_prefix: int = 0                    # the first this many prefix ids are forced at log-prob 0 (a
+                                            # language token: transformers' forced_bos_token_id)
     alive: list = field(default_factory=lambda: [PartialHypothesis()])
     finished: list = field(default_factory=list)
     done: bool = False
@@ -109,6 +113,8 @@ class BeamSearch:
             return self._end_with_eos()
         beam = self.alive[0]
         tok = self.prefix[len(beam.tokens)]
+        if len(beam.tokens) < self.free_prefix:
+            log_prob = 0.0                       # transformers: every other score -inf, the forced one's 0
         new = self._extend(beam, 0, tok, beam.log_prob + log_prob, cross, decoder)
         if len(new.tokens) >= self.max_new_tokens:
             self.finished.append(self._final(new, "length"))

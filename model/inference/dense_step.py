@@ -150,12 +150,13 @@ def dense_forward(model, cache: PagedKVCache, x: DenseInputs) -> Tensor:
 
 def step_logits(model, logits: Tensor) -> Tensor:
     """A step's logits [N, V] as its log-probabilities are computed from: float32 (half precision is
-    upcast first: beam scores add these up), padding and BOS at -inf (never generated). In place
-    where already float32."""
+    upcast first: beam scores add these up), padding and BOS at -inf (never generated; a BOS that is
+    the EOS token, as NLLB's and mBART's decoder start ``</s>``, stays). In place where already float32."""
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
     logits[:, model.cfg.pad_id] = float("-inf")
-    logits[:, model.cfg.bos_id] = float("-inf")
+    if model.cfg.bos_id != model.cfg.eos_id:
+        logits[:, model.cfg.bos_id] = float("-inf")
     return logits
 
 

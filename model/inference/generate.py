@@ -35,7 +35,7 @@ def default_max_new_tokens(src_len: int, max_len: int) -> int:
 def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: int = 1, n_best: int = 1,
              max_new_tokens: int | Sequence[int] = 128, length_penalty: float = 1.0, attention_kinds: Sequence[str] = (),
              cache: Optional[KVCache] = None, target_prefix: Optional[Sequence[Sequence[int]]] = None,
-             controls: Optional[RepetitionControls] = None) -> list[list[Hypothesis]]:
+             controls: Optional[RepetitionControls] = None, free_prefix: int = 0) -> list[list[Hypothesis]]:
     """Translate a static batch: every sentence is prefilled together and decoded until the last ends.
 
     Args:
@@ -45,6 +45,8 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
         attention_kinds: any of "cross", "encoder", "decoder" to return per-head weights.
         target_prefix: per sentence, target ids every hypothesis starts with (``BeamSearch.prefix``).
         controls: repetition controls of every sentence (``logits.RepetitionControls``).
+        free_prefix: the first this many ids of each target prefix are forced at log-prob 0 (a
+            multilingual model's target-language token: ``BeamSearch.free_prefix``).
     Returns per sentence its n_best hypotheses, best first.
     Raises ValueError for an empty source, a source longer than max_len, or bad search options.
     """
@@ -71,7 +73,8 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
     if len(prefixes) != B:
         raise ValueError(f"got {len(prefixes)} target prefixes for {B} sources")
     searches = [BeamSearch(beam_size, cfg.eos_id, m, n_best, length_penalty, kinds, len(s),
-                           forced_eos=cfg.forced_eos, early_stopping=cfg.early_stopping, prefix=p)
+                           forced_eos=cfg.forced_eos, early_stopping=cfg.early_stopping, prefix=p,
+                           free_prefix=min(free_prefix, len(p)))
                 for s, m, p in zip(sources, budgets, prefixes)]
     todo = [b for b in range(B) if not searches[b].done]
     if todo:
@@ -171,23 +174,30 @@ def length_groups(lengths: Sequence[int], call_cost: int) -> list[list[int]]:
 
 def translate_lines(model: Transformer, tok: Tokenizer, lines: Sequence[str], beam_size: int = 1,
                     batch_size: int = 64, length_penalty: float = 1.0, progress=None,
-                    max_new_tokens: Optional[int] = None, target_lang: Optional[str] = None) -> list[str]:
+                    max_new_tokens: Optional[int] = None, target_lang: Optional[str] = None,
+                    source_lang: Optional[str] = None) -> list[str]:
     """Translate lines in length-sorted batches; returns one string per line, in order.
-    ``max_new_tokens``: one target budget for every line (EOS included), default
-    ``default_max_new_tokens`` of each source. ``target_lang``: see ``check_target_lang`` (raises
-    ValueError)."""
+    ``max_new_tokens``: one target budget for every line (EOS included, a forced language token
+    too), default ``default_max_new_tokens`` of each source. ``target_lang``: see
+    ``check_target_lang`` (raises ValueError); with a multilingual family's tokenizer
+    (``lang_tokenizer.LangTokenizer``: NLLB-200, M2M100, mBART-50) its target-language token is
+    forced first and ``source_lang`` starts the source (both required)."""
     cfg = model.cfg
     check_target_lang(tok, target_lang)
+    family = hasattr(tok, "forced_token")
+    prefix = [(tok.forced_token(target_lang),)] if family else None
     out = [""] * len(lines)
     todo = [i for i, line in enumerate(lines) if line.strip()]
-    encoded = {i: encode_source(tok, lines[i], cfg.max_len, target_lang) for i in todo}
+    encoded = {i: tok.source_ids(lines[i], source_lang, cfg.max_len) if family
+               else encode_source(tok, lines[i], cfg.max_len, target_lang) for i in todo}
     todo.sort(key=lambda i: len(encoded[i]))
     for start in range(0, len(todo), batch_size):
         idx = todo[start: start + batch_size]
         srcs = [encoded[i] for i in idx]
         max_new = [default_max_new_tokens(len(s), cfg.max_len) if max_new_tokens is None else max_new_tokens
                    for s in srcs]
-        hyps = generate(model, srcs, beam_size=beam_size, max_new_tokens=max_new, length_penalty=length_penalty)
+        hyps = generate(model, srcs, beam_size=beam_size, max_new_tokens=max_new, length_penalty=length_penalty,
+                        target_prefix=None if prefix is None else prefix * len(srcs), free_prefix=1)
         for i, h in zip(idx, hyps):
             out[i] = tok.decode(h[0].tokens)
         if progress is not None:

@@ -56,6 +56,10 @@ def check_exportable(cfg: ModelConfig) -> None:
            ("norm_first", cfg.norm_first, "pre-LN (transformers' MarianMTModel is post-LN)"),
            ("share_embeddings", not (cfg.share_embeddings or cfg.tie_target_output),
             "an output layer untied from the target embedding"),
+           ("separate_output", cfg.separate_output, "an output layer untied from the embeddings"),
+           ("sinusoid_layout", cfg.sinusoid_layout == "fairseq", "fairseq's sinusoid (M2M100, NLLB)"),
+           ("position_offset", cfg.position_offset != 0, f"a position offset of {cfg.position_offset}"),
+           ("layernorm_embedding", cfg.layernorm_embedding, "a LayerNorm on the embeddings (mBART)"),
            ("layer_norm_eps", cfg.layer_norm_eps != 1e-5, f"LayerNorm epsilon {cfg.layer_norm_eps} (Marian: 1e-5)")]
     for field, is_bad, what in bad:
         if is_bad:

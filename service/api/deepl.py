@@ -44,6 +44,7 @@ from service.pipeline import autodetect
 from service.pipeline.autodetect import NAMES
 from service.pipeline.markup_parse import TagOptions, tags
 from service.pipeline.texts import Texts
+from service import protocol
 from service.protocol import (
     JobOrigin,
     ServiceError,
@@ -84,7 +85,7 @@ SINGLE_FIELDS = ("target_lang", "source_lang", "tag_handling", "split_sentences"
                  "translation_memory_id", "translation_memory_threshold")
 NOT_APPLIED = ("formality", "tag_handling_version")
 TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")     # DeepL's lists of element names
-MAX_GLOSSARY_IDS = 5      # glossary_ids in one request, as DeepL
+MAX_GLOSSARY_IDS = protocol.MAX_GLOSSARY_IDS      # glossary_ids in one request, as DeepL
 _TAG_NAME = re.compile(r"(?:[^\W\d]|:)[\w.:-]*")      # an XML name (letters, digits, _ . : -)
 
 
@@ -256,6 +257,7 @@ def parse(fields: dict) -> DeepLTranslateBody:
         field, message = format_validation_error(err)
         if err.get("type") == "missing":      # DeepL's words for it
             raise ServiceError(400, f"Parameter '{field}' not specified.", field) from None
+        message = message[len(field) + 2:] if message.startswith(f"{field}: ") else message     # named once
         raise ServiceError(400, f"Value for '{field}' not supported: {message}", field) from None
     if body.glossary_id and body.glossary_ids:
         raise ServiceError(400, "Value for 'glossary_ids' not supported: it cannot be used together with glossary_id",
@@ -345,9 +347,9 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
         field = "context" if str(e).startswith("context") else "text"
         raise ServiceError(400, str(e), field) from None
     try:
-        autodetect.check_sizes(texts, "text", True)
-    except ServiceError as e:       # a stated limit of the field (maxLength, maxItems): DeepL's 400
-        raise ServiceError(400, f"Value for 'text' not supported: {e.message}", "text") from None
+        autodetect.check_sizes(texts, JobOrigin("text", True))
+    except ServiceError as e:       # too many texts or a text too long: 413, as every route here and DeepL's size limit
+        raise ServiceError(413, f"Request too large: {e.message}", "text") from None
     targets = {t for c in svc.graph.cards.values() for t in c.targets}
     sources = set(svc.graph.sources)
     target = service_language(body.target_lang)
@@ -356,12 +358,12 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
                                 f"here: {', '.join(c for t in sorted(targets) for c in deepl_codes(t, True))}",
                            "target_lang")
     # parsed (and rebuilt below) in a worker thread: a large fragment must not hold up the event loop
-    units = await Texts.read(texts, bool(body.tag_handling), "text", True, body.tag_options())
+    units = await Texts.read(texts, bool(body.tag_handling), JobOrigin("text", True), body.tag_options())
     if body.source_lang is None or not body.source_lang.strip():
         detections, read = await autodetect.detect_in_context(svc.detector, units.plain(), body.context, top=0)
         body._context_read = any(read)      # a short text's language was detected with the context
         routed = autodetect.route(texts, detections, target, lambda lang: svc.graph.resolve(None, lang, target).id,
-                                  "text", "source_lang", True, ", ".join(sorted(s.upper() for s in sources)))
+                                  JobOrigin("text", True), "source_lang", ", ".join(sorted(s.upper() for s in sources)))
     else:
         source = service_language(body.source_lang)
         if source not in sources and source != target:

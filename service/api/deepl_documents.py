@@ -275,7 +275,7 @@ async def _job(svc: "Services", request: Request, job_id: str) -> dict:
     if (job is None or not hmac.compare_digest(job["key"], _hash(key))
             or (svc.guard.keys_on and job["owner"] != caller_of(request).owner)):
         raise ServiceError(404, "Document not found: unknown document_id, wrong document_key, another API key, "
-                                f"or expired (kept {svc.doc_settings.ttl_s:g} s)", "document_id")
+                                f"already downloaded, or expired (kept {svc.doc_settings.ttl_s:g} s)", "document_id")
     if job["status"] in ("queued", "translating") and time.time() - job["updated"] > JOB_STALE_S:
         job.update(status="error", error_message=f"the replica translating it stopped (no progress for "
                                                  f"{JOB_STALE_S} s); upload the document again")
@@ -299,6 +299,9 @@ async def status(svc: "Services", request: Request, job_id: str) -> Response:
 
 
 async def result(svc: "Services", request: Request, job_id: str) -> Response:
+    """POST /v2/document/{id}/result: the translated file, once (as DeepL's API: the job and its file
+    are removed when they are handed over; a second download is the 404 of an unknown job); 503 with
+    Retry-After until the job is done."""
     try:
         job = await _job(svc, request, job_id)
         if job["status"] != "done":
@@ -308,6 +311,7 @@ async def result(svc: "Services", request: Request, job_id: str) -> Response:
         rec, data = await asyncio.to_thread(svc.doc_store.get, job["result"], job["owner"], False)
     except ServiceError as e:
         return message(e)
+    await asyncio.to_thread(svc.doc_store.remove_job, job_id)     # as DeepL: downloaded once, then gone
     return routes.file_response(data, rec.filename, rec.media_type)
 
 
@@ -332,7 +336,4 @@ async def capped(request: Request, cap: int) -> Request:
         data += chunk
         if len(data) > cap:
             raise ServiceError(413, f"body: at most {cap} bytes (a document_key)", "body")
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": data, "more_body": False}
-    return Request(request.scope, receive)
+    return Request(request.scope, routes.replay(data))

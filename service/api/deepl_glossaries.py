@@ -91,8 +91,8 @@ def glossary_name(fields: dict) -> str:
 
 
 def served_pairs(svc: "Services") -> list[tuple[str, str]]:
-    """The (source, target) pairs a served model or pivot route translates: the glossary language pairs."""
-    return sorted({(c.source_lang, t) for c in svc.graph.cards.values() for t in c.targets} | set(svc.graph.routes))
+    """The glossary language pairs: those a served model or pivot route translates."""
+    return svc.graph.pairs()
 
 
 def pair(svc: "Services", fields: dict, where: str = "") -> tuple[str, str]:

@@ -33,6 +33,7 @@ from service import documents
 from service.documents import Document
 from service.pipeline import autodetect
 from service.protocol import (
+    MAX_FILENAME_CHARS,
     GenerationOptions,
     JobOrigin,
     ServiceError,
@@ -42,10 +43,11 @@ from service.protocol import (
 )
 from service.translator.card import match_language
 
-from . import sse
+from . import multipart, sse
 from .document_store import DocumentSettings
 from .errors import error_response, libre_error_response
 from .fields import check_multipart
+from .middleware.body import parse_content_type
 from .middleware.caller import caller_of
 from .middleware.guard import check_body_key
 
@@ -177,6 +179,13 @@ class Upload:
     fields: dict[str, str]
 
 
+def replay(body: bytes):
+    """An ASGI ``receive`` that hands over ``body`` once."""
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+    return receive
+
+
 async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     """The multipart form of a document request: its ``file`` and text fields (each at most once;
     one not in ``allowed`` is a 400 naming it; a body without its boundary or closing ``--boundary--``
@@ -185,7 +194,11 @@ async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     if ctype != "multipart/form-data":
         raise ServiceError(415, f"Content-Type: a document is sent as multipart/form-data with a 'file' field, "
                                 f"got {ctype or 'none'}", "Content-Type")
-    check_multipart(request.headers.get("content-type", ""), await request.body(), 400)   # truncated: not an empty form
+    raw = await request.body()
+    check_multipart(request.headers.get("content-type", ""), raw, 400)   # truncated: not an empty form
+    named = multipart.named_files(raw, parse_content_type(request.headers["content-type"])[1]["boundary"])
+    if named is not raw:       # a file named by filename*: the form is read from the body that names it plainly
+        request = Request(request.scope, replay(named))
     try:
         form = await request.form()
     except Exception as e:  # noqa: BLE001 - the multipart parser's errors are the body's
@@ -211,6 +224,10 @@ async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     if len(data) > documents.MAX_DOCUMENT_BYTES:
         raise ServiceError(413, f"file: at most {documents.MAX_DOCUMENT_BYTES} bytes (MAX_DOCUMENT_BYTES)", "file")
     name = fields["filename"] if "filename" in fields else upload.filename or ""    # an empty field: no name
+    if len(name) > MAX_FILENAME_CHARS:      # its Content-Disposition must fit a proxy's header buffer
+        field = "filename" if "filename" in fields else "file"
+        raise ServiceError(400, f"{field}: a file name has at most {MAX_FILENAME_CHARS} characters, got {len(name)}",
+                           field)
     return Upload(data, name, fields)
 
 
@@ -242,7 +259,7 @@ def file_response(data: bytes, filename: str, media_type: str, headers: Optional
     """The file as an attachment (RFC 6266 / 5987 file name): the upload's base name only (RFC 6266
     section 4.3: no directories, "../../etc/passwd.txt" -> "passwd.txt"), without control characters."""
     filename = re.split(r"[/\\]", filename)[-1]
-    filename = "".join(c for c in filename if c.isprintable()).strip(". ") or "document"
+    filename = "".join(c for c in filename if c.isprintable()).strip(". ")[-MAX_FILENAME_CHARS:] or "document"
     ascii_name = filename.encode("ascii", "replace").decode().replace('"', "'").replace("\\", "_")
     disposition = f'attachment; filename="{ascii_name}"; filename*=UTF-8\'\'{urllib.parse.quote(filename)}'
     return Response(data, media_type=media_type, headers={"Content-Disposition": disposition, **(headers or {})})
@@ -383,7 +400,8 @@ async def libre(svc: "Services", request: Request) -> Response:
             raise unreadable
         for name in ("source", "target"):
             if not up.fields.get(name):
-                raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
+                raise ServiceError(400, f"Invalid request: {'empty' if name in up.fields else 'missing'} {name} "
+                                        "parameter", name)
         doc = await parsed(up)
         model, target = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
         request.state.model = model

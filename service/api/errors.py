@@ -57,10 +57,11 @@ def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
 
 def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
     """DeepL's error shape ``{"message": ...}`` with its statuses (deepl.py): a missing or wrong key
-    (401 here) is 403; invalid input (404 unknown language pair, 415, 422) is 400, an unknown glossary
-    or path 404; 413, 429, 503, 504 stay (Retry-After kept)."""
+    (401 here) is 403; invalid input (404 unknown language pair, a text whose language detection
+    cannot tell or no model reads, 415, 422) is 400 (DeepL's clients report a 404 as a wrong
+    server_url), an unknown glossary or path 404; 413, 429, 503, 504 stay (Retry-After kept)."""
     status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
-    if err.type in ("glossary_not_found", "path_not_found", "language_not_served", "translation_memory_not_found"):
+    if err.type in ("glossary_not_found", "path_not_found", "translation_memory_not_found"):
         status = 404
     hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
     hdrs.pop("WWW-Authenticate", None)
@@ -82,11 +83,15 @@ def format_validation_error(err: dict) -> tuple[str, str]:
     if not field:   # a model-level check names its field first ("n_best: ..."); else the body itself
         named = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", msg)
         field = named.group(1) if named else "body"
-    if "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err["input"], (dict, list)):
-        got = repr(err["input"])
+    value = err.get("input")
+    if err.get("type") == "string_too_long" and isinstance(value, str):
+        msg += f" (got {len(value)})"       # the length received beside the limit, not the whole value
+    elif "input" in err and err.get("type") not in ("missing", "extra_forbidden") and not isinstance(value, (dict, list)):
+        got = repr(value)
         if len(got) <= 40 and f"got {got}" not in msg:     # a message that names the value already: once
             msg += f" (got {got})"
-    return field, f"{field}: {msg}" if field and not msg.startswith(field) else msg
+    named = msg.startswith(field) or f" {field} parameter" in msg or f"'{field}'" in msg    # named already: once
+    return field, f"{field}: {msg}" if field and not named else msg
 
 
 def route_path(scope) -> str:

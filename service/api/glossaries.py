@@ -81,6 +81,28 @@ class GlossaryCreate(BaseModel):
                                        description="target language; when set, only models writing it may use it")
 
 
+def check_served(body: GlossaryCreate, pairs: list[tuple[str, str]]) -> None:
+    """A glossary's languages must be ones a served model (or pivot route) translates, as a pair when
+    both are given: one no request could ever use is refused. Raises ServiceError 422 naming the
+    field and the served codes or pairs."""
+    sources, targets = sorted({s for s, _ in pairs}), sorted({t for _, t in pairs})
+    for field, code, served in (("source_lang", body.source_lang, sources), ("target_lang", body.target_lang, targets)):
+        if code is not None and code not in served:
+            raise ServiceError(422, f"{field}: {shown(code)} is not a language served here; served: "
+                                    f"{', '.join(served)}", field)
+    if body.source_lang is not None and body.target_lang is not None and (body.source_lang, body.target_lang) not in pairs:
+        raise ServiceError(422, f"target_lang: no model here translates {body.source_lang}->{body.target_lang}; "
+                                f"served pairs: {', '.join(f'{s}->{t}' for s, t in pairs)}", "target_lang")
+
+
+def openapi_rules(pairs: list[tuple[str, str]]) -> dict:
+    """The anyOf of GlossaryCreate's OpenAPI schema that ``check_served`` enforces."""
+    null = {"type": "null"}
+    return {"anyOf": [{"properties": {"source_lang": null, "target_lang": {"enum": sorted({t for _, t in pairs})}}},
+                      {"properties": {"source_lang": {"enum": sorted({s for s, _ in pairs})}, "target_lang": null}},
+                      *({"properties": {"source_lang": {"const": s}, "target_lang": {"const": t}}} for s, t in pairs)]}
+
+
 class GlossaryInfo(BaseModel):
     name: str
     entry_count: int

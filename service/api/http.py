@@ -20,6 +20,7 @@ from typing import Optional
 from fastapi import FastAPI
 
 from . import openapi
+from .docs_pages import add_docs_pages
 from .errors import LIBRE_PATHS, add_exception_handlers
 from .middleware.access_log import AccessLogMiddleware
 from .middleware.body import BodyMiddleware, HeadMiddleware
@@ -47,7 +48,9 @@ def build_app(svc: Optional[Services]) -> FastAPI:
         description="Machine translation with the original Transformer, continuous batching on Ray Serve. "
                     "Native API under /v1, LibreTranslate-compatible /translate and /languages, Prometheus /metrics.",
         redirect_slashes=False,   # "/v1/translate/" is a 404 naming the path, not a redirect built from the Host header
+        docs_url=None, redoc_url=None,    # served from the package's files instead of a CDN (docs_pages.py)
     )
+    add_docs_pages(app)
     app.state.services = svc
     for router in ROUTERS:
         app.include_router(router)

@@ -30,8 +30,10 @@ def _json_type(v: Any) -> str:
 
 def _texts(v: Any) -> Any:
     """q: a string or a non-empty list of strings; an empty one is missing (as LibreTranslate says)."""
-    if v is None or v == "" or v == []:
+    if v is None:
         raise ValueError("Invalid request: missing q parameter")
+    if v == "" or v == []:
+        raise ValueError("Invalid request: empty q parameter; send the text to translate")
     if isinstance(v, list):
         bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
         if bad is not None:

@@ -116,14 +116,14 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
         return libre_error_response(e)
     try:
         if req.html:    # an HTML text's characters count its tags, as LibreTranslate's char_limit does
-            autodetect.check_sizes(req.texts, "q", req.batch)
+            autodetect.check_sizes(req.texts, req.origin())
         # parsed in a worker thread: a large fragment must not hold up the replica's event loop
-        units = await Texts.read(req.texts, req.html, "q", req.batch)
+        units = await Texts.read(req.texts, req.html, req.origin())
         if req.auto:
-            autodetect.check_sizes(req.texts, "q", req.batch)
+            autodetect.check_sizes(req.texts, req.origin())
             detections = await autodetect.detect_texts(svc.detector, units.plain(), top=0)
             routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(svc.graph, lang, req.target).id,
-                                      "q", "source", req.batch,
+                                      req.origin(), "source",
                                       "source languages " + ", ".join(sorted({c.source_lang for c in cards})))
         else:
             routed = [autodetect.Routed(req.card.id, req.card.source_lang, 0.0)] * len(req.texts)
@@ -178,7 +178,7 @@ async def detect(request: Request, detector: LanguageDetector) -> JSONResponse:
         if denied is not None:
             return denied
         texts = validate(LibreDetectBody, fields, 400).texts
-        autodetect.check_sizes(texts, "q", isinstance(fields.get("q"), list))
+        autodetect.check_sizes(texts, JobOrigin("q", isinstance(fields.get("q"), list)))
         detections = await autodetect.detect_texts(detector, texts)
     except ServiceError as e:
         return libre_error_response(e)

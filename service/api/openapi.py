@@ -28,7 +28,7 @@ from service.protocol import (
     ServiceError,
 )
 
-from . import deepl, libre_schemas, suggest
+from . import deepl, glossaries, libre_schemas, suggest
 
 UPLOAD_NAME = "document.txt"    # the file part's name the document declares (encoding: Content-Disposition)
 # a file name whose extension is a supported format (any case)
@@ -294,6 +294,7 @@ def complete(doc: dict, svc) -> dict:
         paths["/v3/translation_memories/import"]["post"]["requestBody"] = deepl_memory_files.openapi_import_body(pairs)
     if svc is not None:
         schemas = doc["components"]["schemas"]
+        schemas["GlossaryCreate"].update(glossaries.openapi_rules(svc.graph.pairs()))
         request = schemas["TranslateRequest"]
         request["allOf"] = [native_rules(svc)]     # (beside if/then: JSON Schema generators give up on more)
         most = [_limits_of(l) for l in svc.pipeline.limits.values()]

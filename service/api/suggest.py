@@ -86,8 +86,10 @@ def frontend_settings(cards: list[ModelCard], keys_on: bool, suggestions: bool) 
 
 def _text_field(fields: dict, name: str) -> str:
     value = fields.get(name)
-    if value is None or value == "" or value == []:
+    if value is None:
         raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
+    if value == "" or value == []:
+        raise ServiceError(400, f"Invalid request: empty {name} parameter", name)
     if not isinstance(value, str):
         raise ServiceError(400, f"Invalid request: {name} must be a string", name)
     if name in ("q", "s") and len(value) > MAX_TEXT_CHARS:
@@ -118,7 +120,13 @@ async def suggest(request: Request, graph: LanguageGraph, store: Optional[Memory
         if source.strip().lower() == "auto":
             raise ServiceError(400, "Invalid request: source auto is not supported here: a suggestion names the "
                                     f"language of q (one of {', '.join(sorted(sources))})", "source")
-        card = pick(graph, match_language(source, sources), match_language(target, targets | sources), direct=True)
+        source, target = match_language(source, sources), match_language(target, targets | graph.targets)
+        route = graph.routes.get((source, target))
+        if route is not None:       # no model of its own: its translations come from the legs' memories
+            legs = ", ".join(f"{c.card.source_lang}->{c.card.target_lang}" for c in route.legs)
+            raise ServiceError(400, f"Invalid request: {route.describe()} has no model of its own, and suggestions "
+                                    f"are stored per model: send one for each pair of its legs ({legs})", "target")
+        card = pick(graph, source, target, direct=True)
         request.state.model = card.id
         model = memory_model(card.id, match_language(target, targets) if card.target_languages else None)
         with mapped_errors("memory"):     # a file that cannot be written: 503 naming it

@@ -145,7 +145,7 @@ class ModelRunner:
                 if o.constraints:                    # glossary terms
                     search = ConstrainedBeamSearch(*args, constraints=o.constraints, ends=o.sentence_ends, **kw)
                 else:
-                    search = BeamSearch(*args, prefix=tuple(o.target_prefix), **kw)
+                    search = BeamSearch(*args, prefix=tuple(o.target_prefix), free_prefix=o.free_prefix, **kw)
                 controls = RepetitionControls(o.repetition_penalty, o.no_repeat_ngram_size)
                 seq = _Sequence(search, list(r.slots), [self.cfg.bos_id], min_new_tokens=forced + o.min_new_tokens,
                                 controls=controls if controls.active else None,

@@ -120,6 +120,9 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
     prefix = o.target_prefix
     if not isinstance(prefix, (tuple, list)) or not all(_is_int(t) for t in prefix):
         raise EngineValidationError("target_prefix", f"must be a sequence of token ids, got {_got(prefix)}")
+    if not _is_int(o.free_prefix) or not 0 <= o.free_prefix <= len(prefix):
+        raise EngineValidationError("free_prefix", f"must be an integer in 0..{len(prefix)} (the target_prefix "
+                                                   f"ids), got {_got(o.free_prefix)}")
     rp = o.repetition_penalty
     if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0 < rp <= MAX_REPETITION_PENALTY:
         raise EngineValidationError("repetition_penalty", f"must be a number in (0, {MAX_REPETITION_PENALTY:g}], "
@@ -136,7 +139,8 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
                             max_new_tokens=None if max_new is None else int(max_new),
                             min_new_tokens=int(o.min_new_tokens), length_penalty=float(lp),
                             attention_kinds=tuple(k for k in ATTENTION_KINDS if k in kinds),
-                            target_prefix=tuple(int(t) for t in prefix), repetition_penalty=float(rp),
+                            target_prefix=tuple(int(t) for t in prefix), free_prefix=int(o.free_prefix),
+                            repetition_penalty=float(rp),
                             no_repeat_ngram_size=int(ng))
     if o.constraints and o.target_prefix:
         raise EngineValidationError("target_prefix", "cannot be combined with glossary terms in one sentence "

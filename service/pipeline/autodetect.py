@@ -29,6 +29,7 @@ from typing import Callable, Optional, Sequence
 from service.protocol import (
     MAX_TEXT_CHARS,
     MAX_TEXTS,
+    JobOrigin,
     ServiceError,
     TranslateResponse,
     Translation,
@@ -69,15 +70,16 @@ class Routed:
     passthrough: bool = False
 
 
-def check_sizes(texts: Sequence[str], field: str, is_list: bool) -> None:
-    """The service-wide limits checked before any detection (each model's check follows per group).
-    Raises ServiceError 413."""
+def check_sizes(texts: Sequence[str], origin: JobOrigin) -> None:
+    """The service-wide limits checked before any detection (each model's check follows per group);
+    messages name the texts as ``origin`` does. Raises ServiceError 413."""
+    field = origin.field
     if len(texts) > MAX_TEXTS:
         raise ServiceError(413, f"{field}: at most {MAX_TEXTS} texts per request, got {len(texts)}", field)
     for i, t in enumerate(texts):
         if len(t) > MAX_TEXT_CHARS:
-            where = f"{field}[{i}]" if is_list else field
-            raise ServiceError(413, f"{where}: at most {MAX_TEXT_CHARS} characters per text, got {len(t)}", field)
+            raise ServiceError(413, f"{origin.where(i)}: at most {MAX_TEXT_CHARS} characters per text, got {len(t)}",
+                               field)
 
 
 def context_helps(text: str, cands: Sequence[tuple[str, float]]) -> bool:
@@ -115,7 +117,7 @@ async def detect_in_context(detector: LanguageDetector, texts: Sequence[str], co
 
 
 def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], target: Optional[str],
-          pick: Callable[[str], str], field: str, source_field: str, is_list: bool, served: str = "") -> list[Routed]:
+          pick: Callable[[str], str], origin: JobOrigin, source_field: str, served: str = "") -> list[Routed]:
     """Each text's destination. ``pick(language)`` is the id of the model that translates it into the
     target, or raises ServiceError saying what is served (re-raised naming the text and its detection,
     on ``source_field``); ``served`` names what is served where no language was found. ``detections``:
@@ -128,7 +130,7 @@ def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], t
             out.append(Routed(None, NO_LANGUAGE, 0.0, True))
             continue
         lang, conf = cands[0]
-        where = f"{field}[{i}]" if is_list else field
+        where = origin.where(i)
         if lang == NO_LANGUAGE:
             raise ServiceError(404, f"{source_field}: auto cannot tell the language of {where} (too little text the "
                                     f"detector knows); send {source_field} to choose"

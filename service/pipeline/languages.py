@@ -37,6 +37,10 @@ class LanguageGraph:
         self.sources = frozenset(c.source_lang for c in cards)          # the codes match_language maps to
         self.targets = frozenset(t for c in cards for t in c.targets) | {t for _, t in self.routes}
 
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (source, target) pairs a served model or a pivot route translates, sorted."""
+        return sorted({(c.source_lang, t) for c in self.cards.values() for t in c.targets} | set(self.routes))
+
     def all_cards(self) -> list[ModelCard]:
         """The served models' cards, then a card per pivot route (``pivot.PivotRoute.card``)."""
         return list(self.cards.values()) + [r.card for r in self.pivots.values()]

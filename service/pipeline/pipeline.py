@@ -85,7 +85,7 @@ class Pipeline:
     async def with_glossary(self, job: TranslateJob, glossary_id: Optional[str], scope: str,
                             source_lang: Optional[str] = None, target_lang: Optional[str] = None) -> TranslateJob:
         """The job with stored glossary ``glossary_id``'s entries (None: as it is), and the job's own
-        entries after them (then the request's limit holds them all, and errors name ``glossary``).
+        entries after them (then errors name ``glossary``).
         Raises ServiceError 404 for an unknown name, 409 for a glossary of other languages than
         source_lang -> target_lang."""
         if glossary_id is None:

@@ -35,8 +35,7 @@ from typing import Awaitable, Callable, Iterable, Optional
 from service.engine.validation import ModelLimits
 from service.protocol import (
     MAX_ATTENTION_VALUES,
-    MAX_GLOSSARY_ENTRIES,
-    MAX_STORED_GLOSSARY_ENTRIES,
+    MAX_JOB_GLOSSARY_ENTRIES,
     JobOrigin,
     PivotLeg,
     ServiceError,
@@ -143,7 +142,7 @@ def leg_job(job: TranslateJob, route: PivotRoute, i: int, texts: Optional[list[s
     elif kept:
         entries = set(Glossary.normalized(job.glossary))
         extra = tuple((s, t) for s, t in kept.items() if (s, t) not in entries)
-        limit = MAX_STORED_GLOSSARY_ENTRIES if job.stored_glossary else MAX_GLOSSARY_ENTRIES
+        limit = MAX_JOB_GLOSSARY_ENTRIES
         # over the entry limit with them: the occurring forms alone are what the last leg can match
         fields["glossary"] = job.glossary + extra if len(job.glossary) + len(extra) <= limit else tuple(kept.items())
     return dataclasses.replace(job, options=options, target_lang=leg.target_lang,
@@ -167,7 +166,7 @@ def occurring_terms(job: TranslateJob, lang: str) -> dict[str, str]:
 @functools.lru_cache(maxsize=32)
 def _source_glossary(entries: tuple, lang: str, field: str) -> Glossary:
     """A glossary compiled for matching only (no tokenizer: the first leg's model writes none of its terms)."""
-    return Glossary(entries, lang, None, 0, field, MAX_STORED_GLOSSARY_ENTRIES)
+    return Glossary(entries, lang, None, 0, field, MAX_JOB_GLOSSARY_ENTRIES)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Sequence
 
-from service.protocol import Translation
+from service.protocol import JobOrigin, Translation
 
 from .markup import HtmlText
 from .markup_parse import HTML, TagOptions
@@ -20,15 +20,14 @@ class Texts:
     markup: list[HtmlText]          # each text's segments and markup; [] for plain text
 
     @classmethod
-    async def read(cls, texts: Sequence[str], markup: bool, field: str, is_list: bool,
-                   options: TagOptions = HTML) -> "Texts":
-        """The texts; with ``markup``, parsed with ``options`` (errors name ``field[i]``, or ``field``
-        for one text). Raises ServiceError as ``HtmlText`` does."""
+    async def read(cls, texts: Sequence[str], markup: bool, origin: JobOrigin, options: TagOptions = HTML) -> "Texts":
+        """The texts; with ``markup``, parsed with ``options`` (errors name each text as ``origin``
+        does: ``field[i]``, or ``field`` for one text). Raises ServiceError as ``HtmlText`` does."""
         texts = list(texts)
         if not markup:
             return cls(texts, [])
         return cls(texts, await asyncio.to_thread(
-            lambda: [HtmlText(t, field, f"{field}[{i}]" if is_list else field, options) for i, t in enumerate(texts)]))
+            lambda: [HtmlText(t, origin.field, origin.where(i), options) for i, t in enumerate(texts)]))
 
     def plain(self) -> list[str]:
         """Each text's words without markup (what language detection reads)."""

@@ -38,11 +38,7 @@ def build_response(model: str, tok, job: TranslateJob, splits: Sequence[Optional
         n = sum(attention_values(kind, [r.hypotheses[0] for _, r in items], [p.src_ids for p, _ in items],
                                  job.attention) for items in by_text.values() for kind in kinds)
         if n > MAX_ATTENTION_VALUES:
-            raise TooLarge(f"return_attention: the attention asked for holds {n:,} weights, at most "
-                           f"{MAX_ATTENTION_VALUES:,} per response (each text's matrix is layers x heads "
-                           "x its tokens x its tokens, per kind): select fewer attention.kinds, "
-                           "attention.layers or attention.heads, or send shorter texts",
-                           "return_attention")
+            raise _too_large(f"holds {n:,}")
     translations, src_total, gen_total = [], 0, 0
     for i, split in enumerate(splits):
         items = by_text.get(i, [])
@@ -137,6 +133,39 @@ def _extent(kind: str, hyps: list, sources: list[list[int]]) -> tuple[list[int],
     rows = [len(h.tokens) if kind != "encoder" else len(s) for h, s in zip(hyps, sources)]
     cols = [len(s) if kind != "decoder" else len(h.tokens) for h, s in zip(hyps, sources)]
     return rows, cols
+
+
+def _too_large(held: str) -> TooLarge:
+    return TooLarge(f"return_attention: the attention asked for {held} weights, at most {MAX_ATTENTION_VALUES:,} "
+                    "per response (each text's matrix is layers x heads x its tokens x its tokens, per kind): "
+                    "select fewer attention.kinds, attention.layers or attention.heads, or send shorter texts",
+                    "return_attention")
+
+
+def check_attention_floor(job: TranslateJob, pieces: list, options: list, config) -> None:
+    """Raises TooLarge before decoding when the attention ``job`` asks for must hold more than
+    MAX_ATTENTION_VALUES weights whatever the translations' lengths: the encoder's weights depend on
+    the source alone, and each hypothesis holds at least its target_prefix and min_new_tokens
+    (``options[k]``: piece k's, None for the job's). A memory hit has no attention."""
+    kinds, sel = job.options.attention_kinds, job.attention
+    if not kinds:
+        return
+    lengths: dict[int, list[int]] = {}        # text -> [source tokens, least target tokens]
+    for p, o in zip(pieces, options):
+        if p.stored is None:
+            o = o or job.options
+            t = lengths.setdefault(p.text_index, [0, 0])
+            t[0] += len(p.src_ids)
+            t[1] += len(o.target_prefix) + o.min_new_tokens
+    heads = len(sel.heads or range(config.n_heads))
+    n = 0
+    for src, tgt in lengths.values():
+        for kind in kinds:
+            layers = len(sel.layers or range(config.n_encoder_layers if kind == "encoder" else config.n_decoder_layers))
+            rows, cols = {"encoder": (src, src), "cross": (tgt, src), "decoder": (tgt, tgt)}[kind]
+            n += layers * heads * rows * cols
+    if n > MAX_ATTENTION_VALUES:
+        raise _too_large(f"would hold at least {n:,}")
 
 
 def attention_values(kind: str, hyps: list, sources: list[list[int]], selection: AttentionSelection) -> int:

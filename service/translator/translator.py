@@ -33,7 +33,7 @@ import torch
 from model.load import load_model
 from model.tokenizer import check_target_lang, encode_target
 from model.inference.linear import linear_dtype
-from service.protocol import (MAX_GLOSSARY_ENTRIES, MAX_SENTENCES, MAX_STORED_GLOSSARY_ENTRIES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
+from service.protocol import (MAX_JOB_GLOSSARY_ENTRIES, MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
                               TranslateResponse, Unavailable)
 from service.engine import (Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads,
                             tune_process)
@@ -46,7 +46,7 @@ from .fuzzy import FuzzyMemory, report
 from .glossary import Glossary
 from .memory import MemoryStore, Recalled, ResultCache, cache_key, memory_hit, memory_model
 from .options import sentence_options
-from .output import TextOf, build_response
+from .output import TextOf, build_response, check_attention_floor
 from .protect import Protected, Protector
 from .sources import Sources
 from .spans import Terms
@@ -227,9 +227,8 @@ class Translator:
         return split.translatable(sources.needs_model)
 
     def recall(self, job: TranslateJob, text: str, split: Split) -> Recalled:
-        """What the translation memory holds for the text and its sentences (nothing without a
-        memory or without the job's ``memory_scope``): exact entries, then with the job's
-        ``memory_threshold`` the best fuzzy match of each other sentence (``fuzzy.FuzzyMemory``)."""
+        """What the memory holds for the text and its sentences (nothing without a memory or ``memory_scope``):
+        exact entries, then with ``memory_threshold`` each other sentence's best fuzzy match (``fuzzy.py``)."""
         if self.memory is None or job.memory_scope is None:
             return Recalled()
         recalled = self.memory.recall(key := self.memory_key(job), job.memory_scope, text, split.pieces)
@@ -241,8 +240,7 @@ class Translator:
         return memory_model(self.name, job.target_lang if self.tok.target_languages else None)
 
     async def fuzzy_ready(self, job: TranslateJob) -> None:
-        """Build (in a worker thread) the fuzzy index the job's ``memory_threshold`` reads, when it is
-        missing or out of date and a text has a letter, before ``prepare`` looks anything up."""
+        """Build the fuzzy index ``memory_threshold`` reads (worker thread) if stale and a text has a letter."""
         if self.fuzzy and job.memory_scope is not None and job.memory_threshold not in (None, 100) and any(map(needs_model, job.texts)):
             await self.fuzzy.refresh(self.memory_key(job), job.memory_scope)
 
@@ -299,8 +297,9 @@ class Translator:
         key = (job.glossary, job.stored_glossary)
         cache = self._glossaries
         if key not in cache:
-            field, limit = ("glossary_id", MAX_STORED_GLOSSARY_ENTRIES) if job.stored_glossary else \
-                ("glossary", MAX_GLOSSARY_ENTRIES)
+            # each source of entries was held to its own limit (a request's, a stored glossary's): this
+            # bounds their sum (stored glossaries and a request's entries together apply)
+            field, limit = ("glossary_id" if job.stored_glossary else "glossary"), MAX_JOB_GLOSSARY_ENTRIES
             max_tokens = min(self.engine.max_tgt_len, self.model.cfg.max_len - 1) - 1 if self.engine else \
                 self.model.cfg.max_len - 2
             while len(cache) >= 32:
@@ -333,6 +332,7 @@ class Translator:
             protected = [None if p is None else glossary.put_back(p) for p in protected]
         options = sentence_options(job, pieces, protected, glossary=glossary,
                                    prefix=self.encode_prefix(job.target_prefix))
+        check_attention_floor(job, pieces, options, self.card.config)     # too large whatever is decoded: now
         return splits, pieces, protected, options
 
     async def translate(self, job: TranslateJob) -> TranslateResponse:

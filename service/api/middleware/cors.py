@@ -19,7 +19,7 @@ from starlette.middleware.cors import CORSMiddleware
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS")
 # Answer headers a cross-origin script may read (besides the CORS-safelisted ones)
 EXPOSED = ("X-Request-ID", "Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset",
-           "X-Ignored-Fields", "WWW-Authenticate")
+           "X-Ignored-Fields", "WWW-Authenticate", "Content-Disposition")   # the last: a translated file's name
 PREFLIGHT_MAX_AGE_S = 600     # seconds a browser may reuse a preflight's answer
 
 

@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse
 
 from service.protocol import ServiceError
 
+from ..docs_pages import is_docs_path
 from ..errors import DEEPL_PREFIX, deepl_error_response, error_response, libre_error_response, route_path
 from ..explorer import cookie_key, is_explorer_path, key_page
 from .caller import ANONYMOUS, Caller, KeyHasher, anonymous, load_secret
@@ -52,7 +53,6 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/frontend/settings"})   # the la
 BODY_KEY_PATHS = ("/translate", "/detect", "/translate_file", "/suggest")   # LibreTranslate routes whose body may hold the api_key
 QUERY_KEY_PREFIXES = ("/download_file/",    # routes that check the key themselves (Bearer or ?api_key=)
                       "/v3/translation_memories/files/")   # or a job's token (DeepL's upload and download URLs)
-DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
 METRICS_PATHS = frozenset({"/metrics"})
 
 
@@ -179,7 +179,7 @@ class Guard:
         """Whether ``path`` (without the route prefix) is behind the keys, when they are on."""
         if path in OPEN_PATHS:
             return False
-        if path in DOCS_PATHS:
+        if is_docs_path(path):
             return self.settings.protect_docs
         if path in METRICS_PATHS:
             return self.settings.protect_metrics
@@ -190,7 +190,7 @@ class Guard:
     @staticmethod
     def limited(path: str) -> bool:
         """Whether requests to ``path`` draw from the rate limit (everything but health, docs, metrics, explorer)."""
-        return path not in OPEN_PATHS | DOCS_PATHS | METRICS_PATHS and not is_explorer_path(path)
+        return path not in OPEN_PATHS | METRICS_PATHS and not is_explorer_path(path) and not is_docs_path(path)
 
     def admit(self, key: Optional[str], client: str, field: str = "Authorization") -> Decision:
         """Check the key (when keys are on) and take one token. ``field`` is named in a 401's message;

@@ -103,7 +103,7 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
     target_lang already (autodetect.py)."""
     graph = svc.graph
     texts, is_list = body.texts, isinstance(body.text, list)
-    autodetect.check_sizes(texts, "text", is_list)
+    autodetect.check_sizes(texts, JobOrigin("text", is_list))
     known = graph.targets | graph.sources
     target = match_language(body.target_lang, known)
     if target is not None and target not in known:
@@ -115,7 +115,7 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
     detections = await autodetect.detect_texts(svc.detector, texts, top=0)
     routed = autodetect.route(texts, detections, target,
                               lambda lang: graph.resolve(body.model, lang, body.target_lang).id,
-                              "text", "source_lang", is_list, graph.describe())
+                              JobOrigin("text", is_list), "source_lang", graph.describe())
     base = await _job(body, request, svc)
 
     def job_of(model: str, idx: list[int]) -> tuple[TranslateJob, JobOrigin]:   # errors name text[i] when alone in its job

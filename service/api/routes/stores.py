@@ -26,7 +26,8 @@ GLOSSARY_ERRORS = error_responses(ErrorResponse, {
     409: "POST: a glossary of that name exists, or two of its entries give one source term different targets",
     413: "POST: the key has MAX_GLOSSARIES glossaries already",
     415: "a Content-Type, charset or Content-Encoding other than the accepted ones",
-    422: "invalid fields: a bad name, blank or over-long terms, conflicting entries (the message names them)",
+    422: "invalid fields: a bad name, blank or over-long terms, conflicting entries, languages not served (the "
+         "message names them)",
     429: "over the rate limit of this key or client (Retry-After, RateLimit-* headers)"})
 
 
@@ -42,7 +43,9 @@ async def list_glossaries(request: Request, svc: Services = Depends(services)):
 
 @router.post("/v1/glossaries", status_code=201, response_model=glossaries.GlossaryInfo, responses=GLOSSARY_ERRORS)
 async def create_glossary(body: glossaries.GlossaryCreate, request: Request, svc: Services = Depends(services)):
-    """Store a glossary under a name for the caller's API key; 409 when the name is taken."""
+    """Store a glossary under a name for the caller's API key; 409 when the name is taken; 422 for
+    languages no served model translates."""
+    glossaries.check_served(body, svc.graph.pairs())
     return (await svc.glossaries.create(glossaries.scope_of(request), body)).info()
 
 
