@@ -255,9 +255,8 @@ def test_deepl_too_many_texts_or_too_long_a_text_is_a_413_naming_the_limit():
     assert r.status_code == 200 and [t["text"] for t in r.json()["translations"]] == ["HALLO"] * MAX_TEXTS
 
 
-def test_deepl_text_whose_language_cannot_be_told_is_a_400_naming_source_lang():
-    """DeepL's clients report a 404 as a wrong server_url: an undetectable text is a 400 there (a 404
-    on the native route, which names it the same way)."""
+def test_a_text_whose_language_cannot_be_told_is_a_404_naming_source_lang_on_deepls_route_too():
+    """The text is valid; this server has no model for it: 404 on every route, named the same way."""
     from fastapi.testclient import TestClient
     from local_services import local_services, upper_cased
 
@@ -265,6 +264,6 @@ def test_deepl_text_whose_language_cannot_be_told_is_a_400_naming_source_lang():
     card = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
     client = TestClient(build_app(local_services([card], upper_cased([]))))
     r = client.post("/v2/translate", json={"text": ["x"], "target_lang": "EN-GB"})
-    assert r.status_code == 400 and "cannot tell the language of text[0]" in r.json()["message"], r.text
+    assert r.status_code == 404 and "cannot tell the language of text[0]" in r.json()["message"], r.text
     r = client.post("/v1/translate", json={"text": ["x"], "source_lang": "auto", "target_lang": "en"})
     assert r.status_code == 404 and r.json()["error"]["field"] == "source_lang", r.text

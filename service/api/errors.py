@@ -57,11 +57,12 @@ def libre_error_response(err: ServiceError, headers: Optional[dict[str, str]] = 
 
 def deepl_error_response(err: ServiceError, headers: Optional[dict[str, str]] = None) -> JSONResponse:
     """DeepL's error shape ``{"message": ...}`` with its statuses (deepl.py): a missing or wrong key
-    (401 here) is 403; invalid input (404 unknown language pair, a text whose language detection
-    cannot tell or no model reads, 415, 422) is 400 (DeepL's clients report a 404 as a wrong
-    server_url), an unknown glossary or path 404; 413, 429, 503, 504 stay (Retry-After kept)."""
+    (401 here) is 403; invalid input (404 unknown language pair, 415, 422) is 400; an unknown
+    glossary, memory or path, and a text whose language detection cannot tell or no model reads
+    (autodetect.NOT_SERVED: 404 on every route; the text is valid, this server lacks its model), 404;
+    413, 429, 503, 504 stay (Retry-After kept)."""
     status = {401: 403, 404: 400, 415: 400, 422: 400}.get(err.status, err.status)
-    if err.type in ("glossary_not_found", "path_not_found", "translation_memory_not_found"):
+    if err.type in ("glossary_not_found", "path_not_found", "translation_memory_not_found", "language_not_served"):
         status = 404
     hdrs = {**(_retry_header(err.retry_after) or {}), **(headers or {})}
     hdrs.pop("WWW-Authenticate", None)
