@@ -182,7 +182,7 @@ async def upload(svc: "Services", request: Request) -> Response:
         if out_fmt != ext:
             raise ServiceError(400, f"output_format: converting .{ext} to .{out_fmt} is not supported; "
                                     "the translated file has the input's format", "output_format")
-        doc = await routes.parsed(up)
+        doc = await routes.parsed(up, svc)
         source = deepl_language(up.fields.get("source_lang")) or "auto"
         ids, field = deepl_glossaries.ids_of(up.fields)
         model, target = await routes.plan(svc, doc, None, source, target, "source_lang")

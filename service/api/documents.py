@@ -219,8 +219,27 @@ def parse_document(upload: Upload) -> Document:
     return documents.load(upload.data, upload.filename)
 
 
-async def parsed(upload: Upload) -> Document:
-    return await asyncio.to_thread(parse_document, upload)
+async def parsed(upload: Upload, svc: Optional["Services"] = None) -> Document:
+    """``parse_document``; a refused file counted in ``svc``'s documents metric (outcome refused)."""
+    try:
+        return await asyncio.to_thread(parse_document, upload)
+    except ServiceError:
+        count(svc, format_of(upload.filename), "refused")
+        raise
+
+
+def format_of(filename: str) -> str:
+    """The metric's format label: the supported extension of ``filename``, else ``other``."""
+    try:
+        return documents.extension(filename)
+    except ServiceError:
+        return "other"
+
+
+def count(svc: Optional["Services"], fmt: str, outcome: str) -> None:
+    """One document ended with ``outcome`` (ok, refused, failed, cancelled) in ``svc``'s metrics, if any."""
+    if svc is not None and svc.doc_metrics is not None:
+        svc.doc_metrics.record(fmt, outcome)
 
 
 async def detected_source(detector, doc: Document, field: str) -> str:
@@ -295,6 +314,7 @@ async def plan(svc: "Services", doc: Document, model: Optional[str], source: Opt
     try:
         return await _plan(svc, doc, model, source, target, source_field)
     except BaseException:
+        count(svc, getattr(doc, "extension", "other"), "refused")
         documents.release(doc)
         raise
 
@@ -324,12 +344,20 @@ async def translated(svc: "Services", doc: Document, model: str, target: Optiona
             job = dataclasses.replace(job, glossary=tuple(glossary), stored_glossary=True)
         svc.pipeline.check(m, job, FILE_SEGMENTS)
         return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s), FILE_SEGMENTS)
+    fmt = getattr(doc, "extension", "other")
     try:
         out, chars = await translate_segments(doc.segments, model, target, run, svc.doc_settings, progress)
-    except BaseException:
+    except BaseException as e:
+        count(svc, fmt, "cancelled" if isinstance(e, asyncio.CancelledError) else "failed")
         documents.release(doc)
         raise
-    return await asyncio.to_thread(rebuilt, doc, out), chars
+    try:
+        data = await asyncio.to_thread(rebuilt, doc, out)      # rebuilt releases the document
+    except BaseException as e:
+        count(svc, fmt, "cancelled" if isinstance(e, asyncio.CancelledError) else "failed")
+        raise
+    count(svc, fmt, "ok")
+    return data, chars
 
 
 def rebuilt(doc: Document, translations: list[str]) -> bytes:
@@ -345,7 +373,7 @@ async def native(svc: "Services", request: Request) -> Response:
     """POST /v1/documents (module docstring). Errors: ServiceError (the native error shape)."""
     up = await read_upload(request, ("source_lang", "target_lang", "model", "stream", "filename"))
     stream = truthy(up.fields.get("stream"), "stream")
-    doc = await parsed(up)
+    doc = await parsed(up, svc)
     model, target = await plan(svc, doc, up.fields.get("model"), up.fields.get("source_lang"),
                                up.fields.get("target_lang"), "source_lang")
     request.state.model = model
@@ -381,7 +409,7 @@ async def libre(svc: "Services", request: Request) -> Response:
         for name in ("source", "target"):
             if not up.fields.get(name):
                 raise ServiceError(400, f"Invalid request: missing {name} parameter", name)
-        doc = await parsed(up)
+        doc = await parsed(up, svc)
         model, target = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
         request.state.model = model
         data, _ = await translated(svc, doc, model, target)
