@@ -4,6 +4,7 @@ tests/test_prometheus.py reads them through a real Prometheus)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -97,3 +98,35 @@ def test_a_text_read_with_its_context_is_counted_once():
     found, read = asyncio.run(autodetect.detect_in_context(detector, ["Gift", "12345"], GERMAN, top=0))
     assert read == [True, False] and found[0][0][0] == "de"
     assert seen.calls == [("de", found[0][0][1] >= autodetect.UNSURE), ("und", False)]
+
+
+def test_a_deepl_job_cancelled_by_its_owner_is_counted_cancelled(tmp_path):
+    from service.api import deepl_documents
+    gate = asyncio.Event()
+    upper = upper_cased([])
+
+    async def held(model, job):
+        for _ in range(3000):          # at most 30 s
+            if gate.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return await upper(model, job)
+    svc = local_services([card()], held, store_dir=str(tmp_path))
+    svc.doc_metrics = docs = Recorder()
+    with TestClient(build_app(svc)) as client:
+        def upload():
+            r = client.post("/v2/document", files={"file": ("a.txt", b"Ein Hund.\n")},
+                            data={"target_lang": "EN-GB", "source_lang": "DE"})
+            assert r.status_code == 200, r.text
+            return r.json()
+        first = upload()
+        r = client.request("DELETE", f"/v2/document/{first['document_id']}", json={"document_key": first["document_key"]})
+        assert r.status_code == 204, r.text
+        client.portal.call(gate.set)
+        second = upload()
+        for _ in range(400):
+            if not deepl_documents._jobs.running and len(docs.calls) == 2:
+                break
+            time.sleep(0.05)
+    assert sorted(docs.calls) == [("txt", "cancelled"), ("txt", "ok")], docs.calls
+    assert second["document_id"] != first["document_id"]

@@ -118,7 +118,7 @@ FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format"
           "auth_key")
 
 
-class Cancelled(Exception):
+class Cancelled(routes.JobCancelled):
     """The job's record is gone from the store: its owner cancelled it (on any replica)."""
 
 
@@ -197,7 +197,8 @@ async def upload(svc: "Services", request: Request) -> Response:
     except BaseException as e:          # the place goes back: the job's record is removed
         if admitted:
             svc.doc_store.remove_job(job_id)
-        if doc is not None:
+        if doc is not None and vars(doc):   # refused after plan (which counts and releases what it refuses)
+            routes.count(svc, getattr(doc, "extension", "other"), "refused")
             documents.release(doc)
         if isinstance(e, ServiceError):
             return message(e)
@@ -206,8 +207,16 @@ async def upload(svc: "Services", request: Request) -> Response:
                                       functools.partial(svc.add_usage, caller_of(request).scope)))
     _jobs.running[job_id] = task
     task.add_done_callback(lambda _: _jobs.running.pop(job_id, None))
+    task.add_done_callback(functools.partial(_never_ran, svc, record, doc))
     headers = {"X-Unsupported": "formality"} if up.fields.get("formality") not in (None, "", "default") else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
+
+
+def _never_ran(svc: "Services", record: dict, doc, task: asyncio.Task) -> None:
+    """A job cancelled before ``_run`` began (its record still queued): its document counted and released."""
+    if task.cancelled() and record.get("status") == "queued":
+        routes.count(svc, getattr(doc, "extension", "other"), "cancelled")
+        documents.release(doc)
 
 
 async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,

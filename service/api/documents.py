@@ -236,6 +236,15 @@ def format_of(filename: str) -> str:
         return "other"
 
 
+class JobCancelled(Exception):
+    """A document's translation stopped because its job was cancelled (raised by ``progress``)."""
+
+
+def ended(e: BaseException) -> str:
+    """The documents metric's outcome of a translation that raised ``e``: cancelled or failed."""
+    return "cancelled" if isinstance(e, (asyncio.CancelledError, JobCancelled)) else "failed"
+
+
 def count(svc: Optional["Services"], fmt: str, outcome: str) -> None:
     """One document ended with ``outcome`` (ok, refused, failed, cancelled) in ``svc``'s metrics, if any."""
     if svc is not None and svc.doc_metrics is not None:
@@ -348,13 +357,13 @@ async def translated(svc: "Services", doc: Document, model: str, target: Optiona
     try:
         out, chars = await translate_segments(doc.segments, model, target, run, svc.doc_settings, progress)
     except BaseException as e:
-        count(svc, fmt, "cancelled" if isinstance(e, asyncio.CancelledError) else "failed")
+        count(svc, fmt, ended(e))
         documents.release(doc)
         raise
     try:
         data = await asyncio.to_thread(rebuilt, doc, out)      # rebuilt releases the document
     except BaseException as e:
-        count(svc, fmt, "cancelled" if isinstance(e, asyncio.CancelledError) else "failed")
+        count(svc, fmt, ended(e))
         raise
     count(svc, fmt, "ok")
     return data, chars

@@ -110,17 +110,19 @@ async def detect_in_context(detector: LanguageDetector, texts: Sequence[str], co
             cands = detector.detect(t, every)
             read.append(use and context_helps(t, cands))
             out.append(detector.detect(t, every, context) if read[-1] else cands)
-        return counted(detector, out), read
-    return await asyncio.to_thread(run)
+        return out, read
+    out, read = await asyncio.to_thread(run)
+    return counted(detector, out), read
 
 
 def counted(detector: LanguageDetector, detections: list[list[tuple[str, float]]]) -> list[list[tuple[str, float]]]:
     """``detections``, each text's best candidate (``und`` for none) handed to ``detector.on_detect``
     (the replica's ``DetectionMetrics.record``: language, whether at least UNSURE) when it is set."""
-    if detector.on_detect is not None:
+    on_detect = getattr(detector, "on_detect", None)     # a stand-in detector may have none
+    if on_detect is not None:
         for cands in detections:
             lang, conf = cands[0] if cands else (NO_LANGUAGE, 0.0)
-            detector.on_detect(lang, conf >= UNSURE)
+            on_detect(lang, conf >= UNSURE)
     return detections
 
 
