@@ -3,8 +3,10 @@ config Serve's own code writes for two replicas, as the service's wrapper rewrit
 retry settings the service exports (``service.ray_env.RETRY``), in front of two small HTTP servers
 (0.3 s per request); one is killed (SIGKILL) while 16 closed-loop clients keep about 8 requests on
 it. With Serve's default retry policy (``conn-failure`` only) those in-flight requests are cut; with
-the service's, each is sent again to the live server and answered. The whole service under the same
-kill: ``python -m service.loadtest.replica_kill`` (docs/deploy.md#replica-loss).
+the service's, each is sent again to the live server and answered. (An answer cut after its first
+bytes cannot be retried; the servers here write each answer at once, so a kill never lands inside
+one.) The whole service under the same kill: ``python -m service.loadtest.replica_kill``
+(docs/deploy.md#replica-loss).
 """
 from __future__ import annotations
 
@@ -34,11 +36,8 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def reply(self, body: bytes):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def reply(self, body: bytes):      # one write: a kill lands before the answer or after it, never inside
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
     def do_GET(self):          # the health check
         self.reply(b"ok")
