@@ -206,6 +206,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("-d", "--duration", type=float, default=30.0)
     ap.add_argument("--kill-at", type=float, default=10.0, help="seconds into the load (default %(default)s)")
     ap.add_argument("--port", type=int, default=8010)
+    ap.add_argument("--replicas", type=int, default=2, help="ingress replicas to wait for (default %(default)s)")
     ap.add_argument("--log", default="replica_kill_service.log", help="the service's output")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--keep-haproxy-logs", metavar="DIR", help="copy HAProxy's config and logs here after the load")
@@ -215,6 +216,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     proc = start_service(args.port, Path(args.log), args.service_args)
     try:
         wait_ready(url, proc, 900)
+        deadline = time.time() + 300      # /readyz answers once one replica is ready: wait for the others
+        while len(ingress_replicas(proc.pid)) < args.replicas and time.time() < deadline:
+            time.sleep(1)
+        time.sleep(5)                      # their health checks pass in HAProxy
         before = ingress_replicas(proc.pid)
         print(f"ingress replicas: {before}; HAProxy: {haproxy_retry_lines(proc.pid)}", flush=True)
 
