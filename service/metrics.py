@@ -81,6 +81,13 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mt_memory_lookups_total": ("counter", "sentences answered by the translation memory (memory: a stored "
                                 "translation), the result cache (cache) or the engine (model), by model",
                                 ("model", "result")),
+    # documents and language detection (recorded by the ingress replica that answered)
+    "mt_documents_total": ("counter", "documents the service finished, by format (the file's extension; other: an "
+                           "unsupported one) and outcome (ok; refused: the file was refused before translation; "
+                           "failed: translation raised; cancelled: the client left)", ("format", "outcome")),
+    "mt_language_detections_total": ("counter", "texts whose language was detected (source auto, /detect, documents), "
+                                     "by the detected language (und: none found) and confidence (high: at least "
+                                     "50%, low)", ("language", "confidence")),
 }
 
 _BUCKETS = {"mt_request_duration_seconds": LATENCY_BUCKETS_S, "mt_queue_wait_seconds": LATENCY_BUCKETS_S,
@@ -119,6 +126,27 @@ class GuardMetrics:
 
     def record(self, key: str, decision: str) -> None:
         self.requests.inc(1, tags={"key": key, "decision": decision})
+
+
+class DocumentMetrics:
+    """Documents finished, refused, failed or cancelled (``service.api.documents``); one per ingress replica."""
+
+    def __init__(self):
+        self.documents = _make("mt_documents_total")
+
+    def record(self, fmt: str, outcome: str) -> None:
+        self.documents.inc(1, tags={"format": fmt, "outcome": outcome})
+
+
+class DetectionMetrics:
+    """Language detections (``service.pipeline.autodetect``); one per ingress replica. ``language``
+    is one of the detector's candidates or ``und``, so the series stay as few as its languages."""
+
+    def __init__(self):
+        self.detections = _make("mt_language_detections_total")
+
+    def record(self, language: str, sure: bool) -> None:
+        self.detections.inc(1, tags={"language": language, "confidence": "high" if sure else "low"})
 
 
 class RetryMetrics:

@@ -32,6 +32,13 @@ THROUGHPUT = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY"
 #  - the controller's loop ran every 0.1 s; at 0.5 s a replica start, a scale step or a redeploy is seen
 #    up to 0.4 s later, against autoscaling delays of seconds.
 LEAN = {"RAY_SERVE_HAPROXY_METRICS_ENABLED": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+# HAProxy's layer-7 retries (Serve's config template: `retry-on` and `retries` in its defaults, with `option
+# redispatch 1`, so each retry goes to another replica): Serve retries only connections that failed before the
+# request was sent; a request whose ingress replica died under it (a closed connection, no answer) is sent again
+# too, since a translation is idempotent (docs/deploy.md#replica-loss). Not 503 (the engine's deliberate
+# backpressure) and not a timeout (a long translation would run twice). A stream already under way is not
+# retried (HAProxy retries only before a response began).
+RETRY = {"RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response", "RAY_SERVE_HAPROXY_RETRIES": "3"}
 # Serve's proxy callback, in both data planes: a header check ahead of Serve's own request handling.
 HEADER_CHECK_VAR, HEADER_CHECK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "service.api.middleware.headers:ingress_middlewares"
 # Deployment handles call over gRPC in that mode, and a replica accepts messages of at most 4 MiB by
@@ -62,7 +69,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
         raise ValueError(f"proxy: expected one of {PROXIES}, got {proxy!r}")
     workdir = workdir or tempfile.mkdtemp(prefix="mt-haproxy-")
     os.makedirs(workdir, exist_ok=True)      # a kept directory may have been removed (remove_workdir)
-    env.update(THROUGHPUT, **GRPC_MESSAGE, **LEAN,
+    env.update(THROUGHPUT, **GRPC_MESSAGE, **LEAN, **RETRY,
                # A stopping ingress replica stays reachable this long before it refuses new connections
                # (Serve's default 30 s is for external load balancers; its own HAProxy learns within
                # seconds: at 2 s a loaded 2-core machine dropped a connection now and then, docs/deploy.md).
@@ -88,7 +95,7 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
 
 
 # HAProxy runs through a short wrapper script (Serve runs ``RAY_SERVE_HAPROXY_BINARY_PATH`` with its
-# arguments, ``-db -f haproxy.cfg ...``), for two settings Serve does not offer:
+# arguments, ``-db -f haproxy.cfg ...``), for settings Serve does not offer:
 #  - no kernel splicing (HAProxy's -dS): Serve's config template turns on `option splice-request` /
 #    `option splice-response`, and with them HAProxy, under load, did not pass a client's abort on to the
 #    ingress replica, which then computed answers nobody would read (40 clients giving up after 0.3 s: 0 of
@@ -106,6 +113,10 @@ def serve_env(proxy: str = "haproxy", stats_port: Optional[int] = None, metrics_
 #    choose the address its rate limits and failed key checks are counted by, and the scheme of the
 #    URLs built for it. The script drops those headers (and Forwarded) unless the request comes from an
 #    address in TRUSTED_PROXIES_VAR, and HAProxy adds the client's address (`option forwardfor`).
+#  - whole requests: the frontend waits for a request's body before choosing a replica (`option
+#    http-buffer-request`); without it HAProxy forwards the headers at once and keeps no copy of the body it
+#    can send again, so RETRY's `empty-response` never applies to a POST and a request whose replica died
+#    under it was cut (32 clients, a backend killed: 7-16 connections closed unanswered; with it, 0).
 HAPROXY_BINARY_VAR = "RAY_SERVE_HAPROXY_BINARY_PATH"
 STATS_HOST_VAR = "MT_HAPROXY_STATS_HOST"            # an address; * = every interface (Serve's binding)
 FRONTEND_HOST_VAR = "MT_HAPROXY_FRONTEND_HOST"      # set by python -m service from --host
@@ -113,8 +124,9 @@ TRUSTED_PROXIES_VAR = "MT_TRUSTED_PROXIES"          # addresses (space- or comma
 HAPROXY_WRAPPER = r"""#!/bin/sh
 # HAProxy as Ray Serve runs it, without kernel splicing (-dS), and in the config Serve wrote (-f) the stats
 # page and Prometheus exporter bound to $%(stats)s (default 127.0.0.1), the HTTP frontend to
-# $%(front)s where set, a client's forwarded headers dropped unless it is one of $%(trusted)s, and
-# the client's address added as X-Forwarded-For (service/ray_env.py)
+# $%(front)s where set, a client's forwarded headers dropped unless it is one of $%(trusted)s,
+# the client's address added as X-Forwarded-For, and whole requests buffered so that a request whose
+# replica died is retried (service/ray_env.py)
 stats="${%(stats)s:-127.0.0.1}"
 front="${%(front)s:-}"
 trusted=$(echo $(printf '%%s' "${%(trusted)s:-}" | tr ',' ' '))
@@ -139,7 +151,7 @@ if [ -n "$cfg" ] && ! grep -q '^    # mt: forwarded headers' "$cfg"; then
   for h in x-forwarded-for x-forwarded-proto x-forwarded-host forwarded; do
     rules="$rules\n    http-request del-header $h$unless"
   done
-  sed -i -E "/^frontend http_frontend\$/,/^[^[:space:]]/ s|^([[:space:]]*bind .*)\$|\1\n$rules\n    option forwardfor|" "$cfg" || exit 2
+  sed -i -E "/^frontend http_frontend\$/,/^[^[:space:]]/ s|^([[:space:]]*bind .*)\$|\1\n$rules\n    option forwardfor\n    option http-buffer-request|" "$cfg" || exit 2
 fi
 exec "%(binary)s" -dS "$@"
 """

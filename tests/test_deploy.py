@@ -17,6 +17,7 @@ import importlib.resources
 import json
 import os
 import re
+import shlex
 import subprocess
 import warnings
 from pathlib import Path
@@ -33,7 +34,7 @@ from conftest import exported_names
 from service.__main__ import load_config
 from service.app import LOGGING_CONFIG, AppArgs, ModelSpec, PoolSpec, build_app, deployment_options
 from service.engine import EngineConfig
-from service.ray_env import (GRPC_MESSAGE, HAPROXY_BINARY_VAR, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, REPLICA_GRPC_HOOK,
+from service.ray_env import (GRPC_MESSAGE, HAPROXY_BINARY_VAR, HEADER_CHECK, HEADER_CHECK_VAR, LEAN, REPLICA_GRPC_HOOK, RETRY,
                              SETUP_HOOK_VAR, THROUGHPUT, serve_env)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -377,12 +378,12 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 def test_image_and_cluster_carry_the_data_plane_settings(tmp_path):
     """What ``python -m service`` sets for Ray Serve (service/ray_env.py), minus per-instance paths and
     ports, is in the image's environment and in both pod templates of the RayService."""
-    wanted = {**THROUGHPUT, **GRPC_MESSAGE, **LEAN, HEADER_CHECK_VAR: HEADER_CHECK}
+    wanted = {**THROUGHPUT, **GRPC_MESSAGE, **LEAN, **RETRY, HEADER_CHECK_VAR: HEADER_CHECK}
     assert {k: serve_env("haproxy", workdir=str(tmp_path))[k] for k in wanted} == wanted
     # HAProxy without splicing (the image's wrapper at a fixed path; python -m service writes its own)
     assert serve_env("haproxy", workdir=str(tmp_path))[HAPROXY_BINARY_VAR] == str(tmp_path / "haproxy")
     wanted[HAPROXY_BINARY_VAR] = "/opt/venv/bin/haproxy"
-    image = dict(kv.split("=", 1) for op, a in dockerfile_instructions() if op == "ENV" for kv in a.split())
+    image = dict(kv.split("=", 1) for op, a in dockerfile_instructions() if op == "ENV" for kv in shlex.split(a))
     assert {k: image.get(k) for k in wanted} == wanted
     # the engine's choices (linear_dtype, kernels) are in the serve config's args, not in the image
     assert not [k for k in image if k.startswith("MT_")]

@@ -146,7 +146,7 @@ def test_haproxy_wrapper_binds_each_listener_where_chosen(tmp_path, monkeypatch,
     assert {line.split()[1] for line in lines if line.strip().startswith("bind ")} == want
     added = [line.strip() for line in lines if line not in before and not line.strip().startswith("bind ")]
     assert added == ["# mt: forwarded headers"] + [f"http-request del-header {h}" for h in FORWARDED] + [
-        "option forwardfor"]                                 # once, whatever the reloads
+        "option forwardfor", "option http-buffer-request"]   # once, whatever the reloads
     assert [line for line in lines if not line.strip().startswith("bind ") and line.strip() not in added] == before
     assert (tmp_path / "args").read_text().split() == ["-dS", "-db", "-f", config, "-dR"]
 

@@ -3,10 +3,13 @@
 Prometheus (Debian's ``prometheus`` package; ``deploy/install_prometheus.sh`` installs it when it is
 missing, and the test fails if that does not work) runs as this test's own process on a free
 127.0.0.1 port. Its config is ``deploy/prometheus.yml`` with the targets swapped for the test
-service's Ray metrics agent on 127.0.0.1. After successful, 4xx and 503 traffic, every PromQL
-expression of the Grafana dashboard (template variables substituted) must return at least one
-non-NaN sample through Prometheus's HTTP API, and every metric name docs/metrics.md lists must be
-among Prometheus's ``__name__`` label values.
+service's Ray metrics agent on 127.0.0.1. Beside the shared service runs a small pool app (the
+separate layout: a gateway, a pinned model, one pool replica holding one of two models at a time),
+so that the pool's, the gateway's retry and every other declared family has series. After
+successful, 4xx and 503 traffic, documents, language detection and pool loads and evictions, every
+PromQL expression of the Grafana dashboard (template variables substituted) must return at least
+one non-NaN sample through Prometheus's HTTP API, and every metric name docs/metrics.md lists must
+be among Prometheus's ``__name__`` label values.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import SECOND_MODEL, free_port
+from conftest import SECOND_MODEL, build_tiny_checkpoint, free_port, wait_until_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -109,6 +112,32 @@ def prometheus(service_info, tmp_path_factory):
         log.close()
 
 
+POOL_APP, POOL_MODELS = "dashpool", ("pool-a", "pool-b")
+
+
+@pytest.fixture(scope="module")
+def pool_url(service_info, tmp_path_factory):
+    """URL of a pool app beside the shared service: a pinned model and one pool replica that holds
+    one of POOL_MODELS at a time (a request for the other loads it and evicts the first)."""
+    from ray import serve
+    from service.app import build_app
+    root = tmp_path_factory.mktemp("dashboard-pool")
+    models = [{"name": n, "checkpoint": str(build_tiny_checkpoint(root / n, "de", "en", seed=20 + i, max_len=64))}
+              for i, n in enumerate(POOL_MODELS)]
+    args = {"models": [{"name": "dash-pinned", "checkpoint": service_info.models[SECOND_MODEL]}],
+            "ingress": "separate", "num_cpus": 0.02, "translator": {"num_replicas": 1},
+            "gateway": {"ray_actor_options": {"num_cpus": 0.02}},
+            "engine": {"max_num_seqs": 8, "max_waiting": 64, "linear_dtype": "float32"},
+            "pool": {"models": models, "max_models_per_replica": 1, "deployment": {"num_replicas": 1}}}
+    serve.run(build_app(args), name=POOL_APP, route_prefix="/" + POOL_APP, blocking=False)
+    url = f"{service_info.url}/{POOL_APP}"
+    try:
+        wait_until_ready(url, what="the pool app", interval_s=1)
+        yield url
+    finally:
+        serve.delete(POOL_APP, _blocking=False)
+
+
 def query(prom: str, expr: str) -> list[dict]:
     r = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
     body = r.json()
@@ -126,8 +155,9 @@ def scalar(prom: str, expr: str) -> float:
     return samples[0] if samples else float("nan")
 
 
-async def send_traffic(url: str) -> dict[int, int]:
-    """One round of successful, client-error and overload traffic; returns status -> count."""
+async def send_traffic(url: str, pool: str) -> dict[int, int]:
+    """One round of successful, client-error and overload traffic, documents, detection, and each pool
+    model in turn (a load and an eviction each); returns status -> count."""
     statuses: dict[int, int] = {}
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         async def post(path: str, body: dict) -> int:
@@ -149,6 +179,17 @@ async def send_traffic(url: str) -> dict[int, int]:
             post("/v1/translate", {"text": GERMAN[0], "model": "no-such-model"}),
             post("/v1/translate", {"text": GERMAN[0], "max_new_tokens": -1}))
         assert bad == [422, 404, 422]
+        auto = await asyncio.gather(
+            post("/v1/translate", {"text": GERMAN[:2], "source_lang": "auto", "max_new_tokens": 24}),
+            post("/detect", {"q": ENGLISH}))
+        assert auto == [200, 200]
+        for name, data in (("a.txt", GERMAN[0].encode()), ("a.pdf", b"%PDF-1.4")):
+            r = await client.post("/v1/documents", files={"file": (name, data)}, data={"target_lang": "en"})
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+        for model in POOL_MODELS:      # one at a time: each loads its model and evicts the other
+            r = await client.post(pool + "/v1/translate", json={"text": GERMAN[0], "model": model,
+                                                                "max_new_tokens": 16})
+            assert r.status_code == 200, r.text
         # The second test model has 4 ongoing + 4 queued requests and 8 engine slots: a burst of
         # 48 concurrent requests overloads it, and the overflow must get 503 (never a hang or a 500).
         burst = await asyncio.gather(*(post("/v1/translate", {"text": ENGLISH, "model": SECOND_MODEL, "beam_size": 4,
@@ -189,7 +230,7 @@ def documented_metric_names() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def scraped_traffic(prometheus, service_url) -> dict[int, int]:
+def scraped_traffic(prometheus, service_url, pool_url) -> dict[int, int]:
     """Two rounds of traffic, both scraped by Prometheus; returns status -> count of round 2."""
     prom = prometheus
     # The target is up, scraped with the config from deploy/.
@@ -203,18 +244,20 @@ def scraped_traffic(prometheus, service_url) -> dict[int, int]:
 
     # Round 1 creates the series; round 2 makes every counter and histogram move inside the rate
     # window (a rate over a series whose first sample already holds all counts is 0, a quantile NaN).
-    first = asyncio.run(send_traffic(service_url))
-    assert {200, 404, 422, 503} <= set(first)
+    first = asyncio.run(send_traffic(service_url, pool_url))
+    assert {200, 404, 415, 422, 503} <= set(first)
+    moved = ("sum(ray_mt_sentences_total)", "sum(ray_mt_pool_model_loads_total)", "sum(ray_mt_documents_total)",
+             "sum(ray_mt_pool_model_evictions_total)", "sum(ray_mt_language_detections_total)")
     deadline = time.time() + 60
     while math.isnan(before := scalar(prom, 'sum(ray_mt_requests_total{status="503"})')) or \
-            math.isnan(scalar(prom, "sum(ray_mt_decode_batch_size_count)")):
-        assert time.time() < deadline, "request and engine metrics did not reach prometheus within 60 s"
+            any(math.isnan(scalar(prom, e)) for e in ("sum(ray_mt_decode_batch_size_count)", *moved)):
+        assert time.time() < deadline, "round-1 metrics did not reach prometheus within 60 s"
         time.sleep(1)
-    sentences_before = scalar(prom, "sum(ray_mt_sentences_total)")
-    second = asyncio.run(send_traffic(service_url))
+    counts = {e: scalar(prom, e) for e in moved}
+    second = asyncio.run(send_traffic(service_url, pool_url))
     deadline = time.time() + 60
     while not (scalar(prom, 'sum(ray_mt_requests_total{status="503"})') >= before + second[503] and
-               scalar(prom, "sum(ray_mt_sentences_total)") > sentences_before):
+               all(scalar(prom, e) > counts[e] for e in moved)):
         assert time.time() < deadline, "round-2 traffic did not reach prometheus within 60 s"
         time.sleep(1)
     return second
@@ -223,7 +266,7 @@ def scraped_traffic(prometheus, service_url) -> dict[int, int]:
 def test_every_dashboard_query_returns_samples(prometheus, scraped_traffic):
     prom = prometheus
     queries = dashboard_queries()
-    assert len(queries) >= 11
+    assert len(queries) >= 30
     deadline = time.time() + 30
     while True:
         failing = {}
@@ -254,9 +297,7 @@ def test_documented_metric_names_are_exported(prometheus, scraped_traffic):
     deadline = time.time() + 60
     while True:
         present = set(httpx.get(f"{prometheus}/api/v1/label/__name__/values", timeout=10).json()["data"])
-        # the pool's series (ray_mt_pool_*) come from a pool deployment, which the shared service has
-        # not: tests/test_pool.py checks them in a scrape of its own
-        missing = [n for n in names if n not in present and not n.startswith("ray_mt_pool_")]
+        missing = [n for n in names if n not in present]
         if not missing or time.time() > deadline:
             break
         time.sleep(2)

@@ -148,6 +148,8 @@ def test_metrics_move_after_requests(service_url):
     gen0 = metric_sum(before, "ray_mt_generated_tokens_total", model="de-en")
     dur0 = metric_sum(before, "ray_mt_request_duration_seconds_count", model="de-en", endpoint="/v1/translate")
     fallbacks0 = metric_sum(before, "ray_mt_sentence_split_fallbacks_total", model="de-en")
+    docs0 = metric_sum(before, "ray_mt_documents_total", format="txt", outcome="ok")
+    detected0 = metric_sum(before, "ray_mt_language_detections_total", language="de", confidence="high")
     r = httpx.post(service_url + "/v1/translate", json={"text": SENTENCES[:3], "beam_size": 2}, timeout=60)
     assert r.status_code == 200
     usage = r.json()["usage"]
@@ -158,6 +160,11 @@ def test_metrics_move_after_requests(service_url):
     assert httpx.post(service_url + "/v1/translate", json={"text": "Er hat einen B.A. in Sport. Dazu eine B(asic) "
                                                                    "Lizenz.", "max_new_tokens": 8},
                       timeout=60).status_code == 200
+    # A document and a detection: their counters (mt_documents_total, mt_language_detections_total) move.
+    doc = httpx.post(service_url + "/v1/documents", files={"file": ("a.txt", SENTENCES[0].encode())},
+                     data={"target_lang": "en"}, timeout=60)
+    assert doc.status_code == 200, doc.text
+    assert httpx.post(service_url + "/detect", json={"q": SENTENCES[1]}, timeout=60).json()[0]["language"] == "de"
 
     def moved(text: str) -> bool:
         return (metric_sum(text, "ray_mt_requests_total", model="de-en", endpoint="/v1/translate", status="200")
@@ -170,7 +177,10 @@ def test_metrics_move_after_requests(service_url):
                 and metric_sum(text, "ray_mt_request_duration_seconds_count", model="de-en",
                                endpoint="/v1/translate") >= dur0 + 2
                 # (with two replicas the fallback's request may have gone to the other one)
-                and metric_sum(text, "ray_mt_sentence_split_fallbacks_total", model="de-en") >= fallbacks0 + 1)
+                and metric_sum(text, "ray_mt_sentence_split_fallbacks_total", model="de-en") >= fallbacks0 + 1
+                and metric_sum(text, "ray_mt_documents_total", format="txt", outcome="ok") >= docs0 + 1
+                and metric_sum(text, "ray_mt_language_detections_total", language="de", confidence="high")
+                >= detected0 + 1)
     text = wait_for_metric(service_url, moved, timeout_s=30)
     assert moved(text)
     # One series per replica, each 0 or 1. A replica that Serve replaced earlier in the run (the load

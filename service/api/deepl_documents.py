@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field
 from service import documents
 from service.protocol import ServiceError
 
-from . import deepl, deepl_glossaries, deepl_memories, glossaries
+from . import deepl, deepl_glossaries, deepl_memories, glossaries, multipart
 from . import documents as routes
 from .middleware.caller import caller_of
 from .schemas import ErrorResponse
@@ -127,7 +127,7 @@ FIELDS = ("target_lang", "source_lang", "filename", "formality", "output_format"
           "translation_memory_id", "translation_memory_threshold", "auth_key")
 
 
-class Cancelled(Exception):
+class Cancelled(routes.JobCancelled):
     """The job's record is gone from the store: its owner cancelled it (on any replica)."""
 
 
@@ -177,7 +177,7 @@ async def upload(svc: "Services", request: Request) -> Response:
     doc, admitted = None, False
     job_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
     try:
-        up = await routes.read_upload(request, FIELDS)
+        up = await multipart.read_upload(request, FIELDS)
         caller = caller_of(request)
         record = {"status": "queued", "key": _hash(key), "owner": caller.owner, "filename": up.filename, "total": 0,
                   "done": 0, "started": time.time(), "billed_characters": None, "error_message": None, "result": None}
@@ -191,7 +191,7 @@ async def upload(svc: "Services", request: Request) -> Response:
         if out_fmt != ext:
             raise ServiceError(400, f"output_format: converting .{ext} to .{out_fmt} is not supported; "
                                     "the translated file has the input's format", "output_format")
-        doc = await routes.parsed(up)
+        doc = await routes.parsed(up, svc)
         source = deepl_language(up.fields.get("source_lang")) or "auto"
         ids, field = deepl_glossaries.ids_of(up.fields)
         model, target = await routes.plan(svc, doc, None, source, target, "source_lang")
@@ -211,7 +211,8 @@ async def upload(svc: "Services", request: Request) -> Response:
     except BaseException as e:          # the place goes back: the job's record is removed
         if admitted:
             svc.doc_store.remove_job(job_id)
-        if doc is not None:
+        if doc is not None and vars(doc):   # refused after plan (which counts and releases what it refuses)
+            routes.count(svc, getattr(doc, "extension", "other"), "refused")
             documents.release(doc)
         if isinstance(e, ServiceError):
             return message(e)
@@ -220,10 +221,18 @@ async def upload(svc: "Services", request: Request) -> Response:
                                       functools.partial(svc.add_usage, caller_of(request).scope), memory))
     _jobs.running[job_id] = task
     task.add_done_callback(lambda _: _jobs.running.pop(job_id, None))
+    task.add_done_callback(functools.partial(_never_ran, svc, record, doc))
     unsupported = [name for name, unused in (("formality", up.fields.get("formality") not in (None, "", "default")),
                    ("translation_memory_threshold", threshold is not None and not tm_id)) if unused]
     headers = {"X-Unsupported": ", ".join(unsupported)} if unsupported else None
     return JSONResponse({"document_id": job_id, "document_key": key}, headers=headers)
+
+
+def _never_ran(svc: "Services", record: dict, doc, task: asyncio.Task) -> None:
+    """A job cancelled before ``_run`` began (its record still queued): its document counted and released."""
+    if task.cancelled() and record.get("status") == "queued":
+        routes.count(svc, getattr(doc, "extension", "other"), "cancelled")
+        documents.release(doc)
 
 
 async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
@@ -336,4 +345,4 @@ async def capped(request: Request, cap: int) -> Request:
         data += chunk
         if len(data) > cap:
             raise ServiceError(413, f"body: at most {cap} bytes (a document_key)", "body")
-    return Request(request.scope, routes.replay(data))
+    return Request(request.scope, multipart.replay(data))

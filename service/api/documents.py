@@ -43,13 +43,12 @@ from service.protocol import (
 )
 from service.translator.card import match_language
 
-from . import multipart, sse
+from . import sse
 from .document_store import DocumentSettings
 from .errors import error_response, libre_error_response
-from .fields import check_multipart
-from .middleware.body import parse_content_type
 from .middleware.caller import caller_of
 from .middleware.guard import check_body_key
+from .multipart import Upload, read_upload
 
 if TYPE_CHECKING:
     from .services import Services
@@ -172,72 +171,41 @@ async def _split(texts: list[str], model: str, target_lang: Optional[str], run: 
 
 
 # ---- the request side ----------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Upload:
-    data: bytes
-    filename: str
-    fields: dict[str, str]
-
-
-def replay(body: bytes):
-    """An ASGI ``receive`` that hands over ``body`` once."""
-    async def receive() -> dict:
-        return {"type": "http.request", "body": body, "more_body": False}
-    return receive
-
-
-async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
-    """The multipart form of a document request: its ``file`` and text fields (each at most once;
-    one not in ``allowed`` is a 400 naming it; a body without its boundary or closing ``--boundary--``
-    is a 400 naming the malformed body). Raises ServiceError."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "multipart/form-data":
-        raise ServiceError(415, f"Content-Type: a document is sent as multipart/form-data with a 'file' field, "
-                                f"got {ctype or 'none'}", "Content-Type")
-    raw = await request.body()
-    check_multipart(request.headers.get("content-type", ""), raw, 400)   # truncated: not an empty form
-    named = multipart.named_files(raw, parse_content_type(request.headers["content-type"])[1]["boundary"])
-    if named is not raw:       # a file named by filename*: the form is read from the body that names it plainly
-        request = Request(request.scope, replay(named))
-    try:
-        form = await request.form()
-    except Exception as e:  # noqa: BLE001 - the multipart parser's errors are the body's
-        raise ServiceError(400, f"body: the multipart/form-data body cannot be read: {e}", "body") from None
-    fields: dict[str, str] = {}
-    upload = None
-    for k, v in form.multi_items():
-        if k in fields or (k == "file" and upload is not None):
-            raise ServiceError(400, f"{shown(k)}: given twice; send it once", k)
-        if k == "file":
-            if isinstance(v, str):
-                raise ServiceError(400, "file: must be a file part (with a filename), not a text field", "file")
-            upload = v
-        elif not isinstance(v, str):
-            raise ServiceError(400, f"{shown(k)}: a file was sent where a text field is expected", k)
-        elif k not in allowed:
-            raise ServiceError(400, f"{shown(k)}: unknown field; this route reads file, {', '.join(allowed)}", k)
-        else:
-            fields[k] = v
-    if upload is None:
-        raise ServiceError(400, "file: missing; send the document as the multipart field 'file'", "file")
-    data = await upload.read(documents.MAX_DOCUMENT_BYTES + 1)
-    if len(data) > documents.MAX_DOCUMENT_BYTES:
-        raise ServiceError(413, f"file: at most {documents.MAX_DOCUMENT_BYTES} bytes (MAX_DOCUMENT_BYTES)", "file")
-    name = fields["filename"] if "filename" in fields else upload.filename or ""    # an empty field: no name
-    if len(name) > MAX_FILENAME_CHARS:      # its Content-Disposition must fit a proxy's header buffer
-        field = "filename" if "filename" in fields else "file"
-        raise ServiceError(400, f"{field}: a file name has at most {MAX_FILENAME_CHARS} characters, got {len(name)}",
-                           field)
-    return Upload(data, name, fields)
-
-
 def parse_document(upload: Upload) -> Document:
     """The document, off the event loop (parsing a large file takes a while). Raises DocumentError."""
     return documents.load(upload.data, upload.filename)
 
 
-async def parsed(upload: Upload) -> Document:
-    return await asyncio.to_thread(parse_document, upload)
+async def parsed(upload: Upload, svc: Optional["Services"] = None) -> Document:
+    """``parse_document``; a refused file counted in ``svc``'s documents metric (outcome refused)."""
+    try:
+        return await asyncio.to_thread(parse_document, upload)
+    except ServiceError:
+        count(svc, format_of(upload.filename), "refused")
+        raise
+
+
+def format_of(filename: str) -> str:
+    """The metric's format label: the supported extension of ``filename``, else ``other``."""
+    try:
+        return documents.extension(filename)
+    except ServiceError:
+        return "other"
+
+
+class JobCancelled(Exception):
+    """A document's translation stopped because its job was cancelled (raised by ``progress``)."""
+
+
+def ended(e: BaseException) -> str:
+    """The documents metric's outcome of a translation that raised ``e``: cancelled or failed."""
+    return "cancelled" if isinstance(e, (asyncio.CancelledError, JobCancelled)) else "failed"
+
+
+def count(svc: Optional["Services"], fmt: str, outcome: str) -> None:
+    """One document ended with ``outcome`` (ok, refused, failed, cancelled) in ``svc``'s metrics, if any."""
+    if svc is not None and svc.doc_metrics is not None:
+        svc.doc_metrics.record(fmt, outcome)
 
 
 async def detected_source(detector, doc: Document, field: str) -> str:
@@ -312,6 +280,7 @@ async def plan(svc: "Services", doc: Document, model: Optional[str], source: Opt
     try:
         return await _plan(svc, doc, model, source, target, source_field)
     except BaseException:
+        count(svc, getattr(doc, "extension", "other"), "refused")
         documents.release(doc)
         raise
 
@@ -344,12 +313,20 @@ async def translated(svc: "Services", doc: Document, model: str, target: Optiona
             job = dataclasses.replace(job, **memory)
         svc.pipeline.check(m, job, FILE_SEGMENTS)
         return await svc.pipeline.run(m, svc.pipeline.deadline(job, job.timeout_s), FILE_SEGMENTS)
+    fmt = getattr(doc, "extension", "other")
     try:
         out, chars = await translate_segments(doc.segments, model, target, run, svc.doc_settings, progress)
-    except BaseException:
+    except BaseException as e:
+        count(svc, fmt, ended(e))
         documents.release(doc)
         raise
-    return await asyncio.to_thread(rebuilt, doc, out), chars
+    try:
+        data = await asyncio.to_thread(rebuilt, doc, out)      # rebuilt releases the document
+    except BaseException as e:
+        count(svc, fmt, ended(e))
+        raise
+    count(svc, fmt, "ok")
+    return data, chars
 
 
 def rebuilt(doc: Document, translations: list[str]) -> bytes:
@@ -365,7 +342,7 @@ async def native(svc: "Services", request: Request) -> Response:
     """POST /v1/documents (module docstring). Errors: ServiceError (the native error shape)."""
     up = await read_upload(request, ("source_lang", "target_lang", "model", "stream", "filename"))
     stream = truthy(up.fields.get("stream"), "stream")
-    doc = await parsed(up)
+    doc = await parsed(up, svc)
     model, target = await plan(svc, doc, up.fields.get("model"), up.fields.get("source_lang"),
                                up.fields.get("target_lang"), "source_lang")
     request.state.model = model
@@ -402,7 +379,7 @@ async def libre(svc: "Services", request: Request) -> Response:
             if not up.fields.get(name):
                 raise ServiceError(400, f"Invalid request: {'empty' if name in up.fields else 'missing'} {name} "
                                         "parameter", name)
-        doc = await parsed(up)
+        doc = await parsed(up, svc)
         model, target = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
         request.state.model = model
         data, _ = await translated(svc, doc, model, target)

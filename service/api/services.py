@@ -10,7 +10,7 @@ from typing import Optional
 from fastapi import Request
 from ray.serve.handle import DeploymentHandle
 
-from service.metrics import GuardMetrics, RetryMetrics
+from service.metrics import DetectionMetrics, DocumentMetrics, GuardMetrics, RetryMetrics
 from service.pipeline import LanguageGraph, Pipeline, pivot
 from service.replica import mapped_errors
 from service.translator import ModelCard, TranslatorSettings
@@ -56,6 +56,7 @@ class Services:
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     ready_seen: set[str] = field(default_factory=set)   # models that have answered /readyz's probe once
     usage_chars: int = 0                    # /v2/usage's count when there is no memory store
+    doc_metrics: Optional[DocumentMetrics] = None   # documents by format and outcome; None: not counted
 
     @classmethod
     def build(cls, cards: list[ModelCard], handles: Optional[dict[str, DeploymentHandle]] = None,
@@ -71,6 +72,7 @@ class Services:
             backend = LocalBackend(cards, config.num_threads, config.translator)
         # source "auto": detects among common languages and the served ones; loads in the background (~2 s)
         detector = LanguageDetector(sorted(graph.sources | graph.targets))
+        detector.on_detect = DetectionMetrics().record
         threading.Thread(target=detector.load, name="langid-load", daemon=True).start()
         store = glossaries.GlossaryClient.cluster(config.glossary_dir)
         memory_file = config.translator.memory_file
@@ -79,7 +81,7 @@ class Services:
                    guard=Guard(config.guard, metrics=GuardMetrics()),
                    doc_settings=config.documents, doc_store=DocumentStore(config.documents),
                    memory=MemoryStore(memory_file) if memory_file else None,
-                   cors_origins=list(config.cors_origins))
+                   cors_origins=list(config.cors_origins), doc_metrics=DocumentMetrics())
 
     async def reconfigure(self, user_config: dict) -> None:
         """The engine settings of the in-process translators ({"engine": fields for every model,

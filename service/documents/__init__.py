@@ -88,6 +88,7 @@ def load(data: bytes, filename: str) -> Document:
             release_memory()
         raise
     doc.parsed_bytes = max(getattr(doc, "parsed_bytes", 0), len(data))   # an archive's: its members unpacked
+    doc.extension = ext     # its format, as the documents metric names it
     return doc
 
 

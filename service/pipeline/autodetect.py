@@ -95,7 +95,7 @@ async def detect_texts(detector: LanguageDetector, texts: Sequence[str],
     number, 0: every candidate, as ``route`` reads them), off the event loop (a list of long texts
     takes milliseconds; the model loads on first use)."""
     every = len(detector.requested) if top == 0 else top
-    return await asyncio.to_thread(lambda: [detector.detect(t, every) for t in texts])
+    return counted(detector, await asyncio.to_thread(lambda: [detector.detect(t, every) for t in texts]))
 
 
 async def detect_in_context(detector: LanguageDetector, texts: Sequence[str], context: Optional[str],
@@ -113,7 +113,19 @@ async def detect_in_context(detector: LanguageDetector, texts: Sequence[str], co
             read.append(use and context_helps(t, cands))
             out.append(detector.detect(t, every, context) if read[-1] else cands)
         return out, read
-    return await asyncio.to_thread(run)
+    out, read = await asyncio.to_thread(run)
+    return counted(detector, out), read
+
+
+def counted(detector: LanguageDetector, detections: list[list[tuple[str, float]]]) -> list[list[tuple[str, float]]]:
+    """``detections``, each text's best candidate (``und`` for none) handed to ``detector.on_detect``
+    (the replica's ``DetectionMetrics.record``: language, whether at least UNSURE) when it is set."""
+    on_detect = getattr(detector, "on_detect", None)     # a stand-in detector may have none
+    if on_detect is not None:
+        for cands in detections:
+            lang, conf = cands[0] if cands else (NO_LANGUAGE, 0.0)
+            on_detect(lang, conf >= UNSURE)
+    return detections
 
 
 def route(texts: Sequence[str], detections: Sequence[list[tuple[str, float]]], target: Optional[str],

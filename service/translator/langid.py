@@ -20,7 +20,7 @@ import copy
 import math
 import threading
 import unicodedata
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 # Widely used languages (all known to py3langid and lingua): the candidates besides the served ones.
 COMMON_LANGUAGES = ("ar", "bg", "cs", "da", "de", "el", "en", "es", "et", "fi", "fr", "he", "hi", "hr", "hu",
@@ -61,6 +61,8 @@ class LanguageDetector:
         self._lock = threading.Lock()
         self.languages: tuple[str, ...] = ()     # the candidates, once loaded
         self.unknown: tuple[str, ...] = ()       # requested codes the model does not know
+        # called per text by service.pipeline.autodetect with (best language, at least 50% sure); None: not counted
+        self.on_detect: Optional[Callable[[str, bool], None]] = None
 
     def load(self) -> "LanguageDetector":
         with self._lock:
