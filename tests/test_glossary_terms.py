@@ -70,8 +70,12 @@ def test_pivot_legs_keep_each_occurrence_as_written_and_the_last_leg_matches_it(
     first, last = pivot.leg_job(job, route, 0), pivot.leg_job(job, route, 1, ["Two HUNDE and the Verträge."])
     assert first.keep == ("ACME", "HUNDE", "Verträge") and first.glossary == ()
     assert last.glossary == job.glossary + (("HUNDE", "chien"), ("Verträge", "contrat")) and last.keep == ("ACME",)
-    full = dataclasses.replace(job, glossary=job.glossary + tuple((f"Wort{i}", "x") for i in range(97)))
-    assert pivot.leg_job(full, route, 1, ["x"]).glossary == (("HUNDE", "chien"), ("Verträge", "contrat"))   # 100 + 2
+    from service.protocol import MAX_JOB_GLOSSARY_ENTRIES
+    more = dataclasses.replace(job, glossary=job.glossary + tuple((f"Wort{i}", "x") for i in range(97)))
+    assert pivot.leg_job(more, route, 1, ["x"]).glossary == more.glossary + last.glossary[3:]     # 100 + 2: all
+    full = dataclasses.replace(job, glossary=job.glossary + tuple(
+        (f"Wort{i}", "x") for i in range(MAX_JOB_GLOSSARY_ENTRIES - len(job.glossary) - 1)))
+    assert pivot.leg_job(full, route, 1, ["x"]).glossary == (("HUNDE", "chien"), ("Verträge", "contrat"))  # past it
 
 
 # ---- real outputs of the shipped models ------------------------------------------------------------------
