@@ -75,7 +75,7 @@ async def translate(body: TranslateRequest, request: Request, svc: Services = De
         return response
     card = svc.graph.resolve(body.model, body.source_lang, body.target_lang)
     request.state.model = card.id
-    job, origin = await _job(body, request, svc, card), body.origin()
+    job, origin = svc.graph.bind(card, await _job(body, request, svc, card), body.source_lang), body.origin()
     svc.pipeline.check(card.id, job, origin)
     if not body.stream:
         result = await svc.pipeline.run(card.id, job, origin)
@@ -118,7 +118,8 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
 
     def job_of(model: str, idx: list[int]) -> tuple[TranslateJob, JobOrigin]:   # errors name text[i] when alone in its job
         one = is_list and len(idx) == 1
-        return (dataclasses.replace(base, texts=[texts[i] for i in idx]),
+        job = dataclasses.replace(base, texts=[texts[i] for i in idx])
+        return (graph.bind(graph.cards.get(model), job, None, [routed[i].language for i in idx]),
                 JobOrigin(f"text[{idx[0]}]" if one else "text", is_list and not one))
     by_model = autodetect.groups(routed)
     jobs = svc.pipeline.jobs(by_model, job_of)
