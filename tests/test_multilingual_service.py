@@ -26,6 +26,7 @@ from service.api.http import build_app  # noqa: E402
 from service.engine import GenerationOptions  # noqa: E402
 from service.pipeline import LanguageGraph  # noqa: E402
 from service.protocol import ServiceError, TranslateJob  # noqa: E402
+from service.replica import mapped_errors  # noqa: E402
 from service.translator import Translator, model_card  # noqa: E402
 from service.translator.config import TextConfig, TranslatorSettings  # noqa: E402
 from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
@@ -133,3 +134,89 @@ def test_translator_equals_transformers_alone_and_batched(served, ckpts, family,
         return await asyncio.gather(*(t.translate(job(sources, tgt, beam=beam)) for tgt in ("fr", "en")))
     fr, en = loop.run_until_complete(both())
     assert (texts_of(fr), texts_of(en)) == (want["fr"], want["en"])
+
+
+@pytest.fixture(scope="module")
+def client(served, ckpts):
+    """The native, LibreTranslate and DeepL APIs in this process over the NLLB and M2M100 translators
+    and a bilingual de->en model card (never run here)."""
+    loop, translators = served
+    cards = [model_card("de-en", ckpts["de-en"][1])] + [t.card for t in translators.values()]
+
+    async def run(model, job):
+        with mapped_errors(model):      # as a replica answers: domain errors as ServiceError
+            return await translators[model].translate(job)
+    app = build_app(local_services(cards, run))
+    return loop, httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+def post(client, path, **kw):
+    loop, c = client
+    return loop.run_until_complete(c.post(path, **kw))
+
+
+def get(client, path, **kw):
+    loop, c = client
+    return loop.run_until_complete(c.get(path, **kw))
+
+
+def test_v1_translate_with_the_family_codes_and_source_auto(client, served, ckpts):
+    loop, translators = served
+    want = hf_text(ckpts["nllb"][0], "nllb", DE[:4], "de", "fr", 1)
+    for src, tgt in (("de", "fr"), ("deu_Latn", "fra_Latn"), ("DE", "fr-FR")):
+        r = post(client, "/v1/translate", json={"text": DE[:4], "model": "nllb", "source_lang": src, "target_lang": tgt,
+                                                "beam_size": 1, "max_new_tokens": N - 1})
+        assert r.status_code == 200, r.text
+        assert [t["text"] for t in r.json()["translations"]] == want, (src, tgt)
+    # by languages alone: de -> fr is served by nllb (first in order among the family models), de -> en by de-en
+    body = {"text": DE[:4], "source_lang": "de", "target_lang": "fr", "beam_size": 1, "max_new_tokens": N - 1}
+    r = post(client, "/v1/translate", json=body)
+    assert r.status_code == 200 and r.json()["model"] == "nllb"
+    assert [t["text"] for t in r.json()["translations"]] == want
+    # source_lang auto: detected German, routed to the model of the pair, the German token on each source
+    r = post(client, "/v1/translate", json={**body, "source_lang": "auto", "text": DE[:3]})
+    assert r.status_code == 200, r.text
+    assert [t["text"] for t in r.json()["translations"]] == want[:3]
+    assert {t["detected_language"] for t in r.json()["translations"]} == {"de"}
+
+
+def test_v1_translate_target_prefix_comes_after_the_forced_token(client):
+    body = {"text": DE[0], "model": "m2m100", "source_lang": "de", "target_lang": "fr", "beam_size": 1,
+            "max_new_tokens": N - 1}
+    free = post(client, "/v1/translate", json=body).json()["translations"][0]["text"]
+    r = post(client, "/v1/translate", json={**body, "target_prefix": "Un homme"})
+    assert r.status_code == 200, r.text
+    text = r.json()["translations"][0]["text"]
+    assert text.startswith("Un homme") and text != free
+    same = post(client, "/v1/translate", json={**body, "target_prefix": "__fr__ Un homme"})   # the forced token, again
+    assert same.json()["translations"][0]["text"] == text
+
+
+@pytest.mark.parametrize("body, field, words", [
+    ({"source_lang": "de", "target_lang": "xx"}, "target_lang", ["zho_Hant", "fr"]),
+    ({"source_lang": "xx", "target_lang": "fr"}, "source_lang", ["zho_Hant", "de"]),
+    ({"target_lang": "fr"}, "source_lang", ["name a source language", "zho_Hant"]),
+    ({"source_lang": "de", "target_lang": "fr", "target_prefix": "eng_Latn Hello"}, "target_prefix", ["eng_Latn"]),
+])
+def test_v1_translate_bad_languages_are_4xx_naming_the_field_and_the_languages(client, body, field, words):
+    r = post(client, "/v1/translate", json={"text": DE[0], "model": "nllb", **body})
+    assert 400 <= r.status_code < 500, r.text
+    err = r.json()["error"]
+    assert err["field"] == field and all(w in err["message"] for w in words), err
+
+
+def test_listings_show_every_language_of_the_model(client, ckpts):
+    models = {m["id"]: m for m in get(client, "/v1/models").json()["data"]}
+    card = model_card("nllb", ckpts["nllb"][1])
+    assert set(models["nllb"]["source_langs"]) == set(card.sources) and set(models["nllb"]["target_langs"]) == set(card.targets)
+    assert models["de-en"]["source_langs"] == ["de"] and models["de-en"]["target_langs"] == ["en"]
+    libre = {x["code"]: x["targets"] for x in get(client, "/languages").json()}
+    assert {"fr", "en", "zho_Hant"} <= set(libre["de"]) and "de" in libre["zho_Hant"] and "de" not in libre["de"]
+    deepl_src = {x["language"] for x in get(client, "/v2/languages", params={"type": "source"}).json()}
+    assert {"DE", "FR", "EN", "ZH"} <= deepl_src
+    r = post(client, "/translate", json={"q": DE[0], "source": "de", "target": "fr"})
+    assert r.status_code == 200, r.text
+    r = post(client, "/v2/translate", json={"text": [DE[0]], "source_lang": "DE", "target_lang": "FR"})
+    assert r.status_code == 200, r.text
+    spec = get(client, "/openapi.json").json()
+    assert len(str(spec)) < 2_000_000

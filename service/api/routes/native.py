@@ -176,7 +176,7 @@ async def models(svc: Services = Depends(services)):
             engine = (await asyncio.wait_for(svc.backend.info(c.id), timeout=5)).engine
         except Exception:  # noqa: BLE001 - still loading: the configured settings
             engine = {**svc.pipeline.engine, **c.engine}
-        return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config.to_dict(),
+        return ModelInfo(id=c.id, source_lang=c.source_lang, source_langs=list(c.sources), config=c.config.to_dict(),
                          target_lang=None if c.target_languages else c.target_lang, target_langs=list(c.targets),
                          test_bleu=c.test_bleu, metadata=c.metadata, engine=engine,
                          **({"pool": True, "loaded_on": loaded_on.get(c.id, [])} if c.id in pooled else {}))
