@@ -220,3 +220,22 @@ def test_listings_show_every_language_of_the_model(client, ckpts):
     assert r.status_code == 200, r.text
     spec = get(client, "/openapi.json").json()
     assert len(str(spec)) < 2_000_000
+
+
+def test_the_pool_knows_a_family_models_size_before_loading(ckpts, tmp_path):
+    """Before its first load the pool counts an imported model's float32 weights, read from the
+    safetensors header (the parameters the loaded model holds); a bilingual model stays unknown (0)
+    until loaded, as before; ``pool.models_dir`` finds the converted checkpoint."""
+    import shutil
+    import types
+
+    from model.load import load_model
+    from service.pool import Pool, discover_models, weights_bytes
+    model, _, _ = load_model(ckpts["nllb"][1], pack=False)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert weights_bytes(ckpts["nllb"][1]) == params
+    cards = [model_card("nllb", ckpts["nllb"][1]), model_card("de-en", ckpts["de-en"][1])]
+    pool = types.SimpleNamespace(cards={c.id: c for c in cards}, _sizes={})   # a Pool's state before any load
+    assert Pool.cards_bytes(pool, "nllb") == params and Pool.cards_bytes(pool, "de-en") == 0
+    shutil.copytree(ckpts["nllb"][1], tmp_path / "nllb-tiny")
+    assert list(discover_models(tmp_path)) == ["nllb-tiny"]
