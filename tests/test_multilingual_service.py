@@ -25,7 +25,7 @@ from model.convert import main as convert  # noqa: E402
 from service.api.http import build_app  # noqa: E402
 from service.engine import GenerationOptions  # noqa: E402
 from service.pipeline import LanguageGraph  # noqa: E402
-from service.protocol import ServiceError, TranslateJob  # noqa: E402
+from service.protocol import ServiceError, StreamToken, TranslateJob  # noqa: E402
 from service.replica import mapped_errors  # noqa: E402
 from service.translator import Translator, model_card  # noqa: E402
 from service.translator.config import TextConfig, TranslatorSettings  # noqa: E402
@@ -125,15 +125,26 @@ def test_translator_equals_transformers_alone_and_batched(served, ckpts, family,
     sources = DE[:8]
     want = {tgt: hf_text(d, family, sources, "de", tgt, beam) for tgt in ("fr", "en")}
     assert want["fr"] != want["en"]
+    steps = {}
     for tgt in ("fr", "en"):
         alone = [texts_of(loop.run_until_complete(t.translate(job([s], tgt, beam=beam))))[0] for s in sources]
         assert alone == want[tgt], (tgt, alone, want[tgt])
+        before = t.engine.stats().steps
         assert texts_of(loop.run_until_complete(t.translate(job(sources, tgt, beam=beam)))) == want[tgt]
+        steps[tgt] = t.engine.stats().steps - before
 
     async def both():
         return await asyncio.gather(*(t.translate(job(sources, tgt, beam=beam)) for tgt in ("fr", "en")))
+    before = t.engine.stats().steps
     fr, en = loop.run_until_complete(both())
     assert (texts_of(fr), texts_of(en)) == (want["fr"], want["en"])
+    assert t.engine.stats().steps - before < steps["fr"] + steps["en"]      # the two targets shared steps
+
+    async def streamed():     # the stream's tokens and its closing response: the same text
+        items = [x async for x in t.stream(job(sources[:2], "fr", beam=beam))]
+        return "".join(x.text for x in items if isinstance(x, StreamToken) and x.index == 0), items[-1]
+    first, final = loop.run_until_complete(streamed())
+    assert texts_of(final) == want["fr"][:2] and first == want["fr"][0]
 
 
 @pytest.fixture(scope="module")
