@@ -9,7 +9,6 @@ listings."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 
 import httpx

@@ -126,7 +126,7 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
             detections = await autodetect.detect_texts(svc.detector, units.plain(), top=0)
             routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(svc.graph, lang, req.target).id,
                                       req.origin(), "source",
-                                      "source languages " + ", ".join(sorted(svc.graph.sources)))
+                                      "source languages " + ", ".join(sorted({s for c in cards for s in c.sources})))
         else:
             lang = req.source if req.card.lang_tokens else req.card.source_lang
             routed = [autodetect.Routed(req.card.id, lang, 0.0)] * len(req.texts)
@@ -301,7 +301,7 @@ def pick(graph: LanguageGraph, source: str, target: str, direct: bool = False) -
     naming the field and what is served."""
     cards = list(graph.cards.values()) if direct else graph.all_cards()
     targets = {t for c in cards for t in c.targets}
-    choices = sorted({t for c in cards if source in c.sources for t in c.targets if t != source})
+    choices = sorted({t for c in cards if source in c.sources for t in c.targets if t != source or not c.lang_tokens})
     if source not in graph.sources:
         raise ServiceError(400, f"{short_name(source)} is not supported (source languages: "
                                 f"{', '.join(sorted(graph.sources))})", "source")

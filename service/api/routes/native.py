@@ -24,7 +24,6 @@ from service.protocol import (
     shown,
 )
 from service.translator import ModelCard
-from service.translator.card import match_language
 
 from .. import explorer, glossaries, libretranslate, sse
 from ..backends import PoolBackend
@@ -103,7 +102,7 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
     texts, is_list = body.texts, isinstance(body.text, list)
     autodetect.check_sizes(texts, JobOrigin("text", is_list))
     known = graph.targets | graph.sources
-    target = match_language(body.target_lang, known)
+    target = graph.code(body.target_lang, known)      # match_language, and a family model's codes
     if target is not None and target not in known:
         raise ServiceError(404, f"target_lang: no model translates into {shown(body.target_lang)}; target "
                                 f"languages: {', '.join(sorted(graph.targets))}", "target_lang")
