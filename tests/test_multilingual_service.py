@@ -215,7 +215,7 @@ def test_v1_translate_bad_languages_are_4xx_naming_the_field_and_the_languages(c
     assert err["field"] == field and all(w in err["message"] for w in words), err
 
 
-def test_listings_show_every_language_of_the_model(client, ckpts):
+def test_listings_show_every_language_of_the_model(client, served, ckpts):
     models = {m["id"]: m for m in get(client, "/v1/models").json()["data"]}
     card = model_card("nllb", ckpts["nllb"][1])
     assert set(models["nllb"]["source_langs"]) == set(card.sources) and set(models["nllb"]["target_langs"]) == set(card.targets)
@@ -224,10 +224,18 @@ def test_listings_show_every_language_of_the_model(client, ckpts):
     assert {"fr", "en", "zho_Hant"} <= set(libre["de"]) and "de" in libre["zho_Hant"] and "de" not in libre["de"]
     deepl_src = {x["language"] for x in get(client, "/v2/languages", params={"type": "source"}).json()}
     assert {"DE", "FR", "EN", "ZH"} <= deepl_src
-    r = post(client, "/translate", json={"q": DE[0], "source": "de", "target": "fr"})
+    loop, translators = served
+    t = translators["nllb"]
+
+    def direct(options: GenerationOptions) -> str:
+        return texts_of(loop.run_until_complete(t.translate(TranslateJob([DE[0]], options, target_lang="fr",
+                                                                         source_lang="de"))))[0]
+    r = post(client, "/translate", json={"q": DE[0], "source": "de", "target": "fr"})     # de -> fr: nllb's
     assert r.status_code == 200, r.text
+    assert r.json()["translatedText"] == direct(GenerationOptions(beam_size=4, n_best=1, length_penalty=1.0))
     r = post(client, "/v2/translate", json={"text": [DE[0]], "source_lang": "DE", "target_lang": "FR"})
     assert r.status_code == 200, r.text
+    assert r.json()["translations"][0]["text"] == direct(GenerationOptions())
     spec = get(client, "/openapi.json").json()
     assert len(str(spec)) < 2_000_000
 
