@@ -31,7 +31,8 @@ from service.translator.config import TextConfig, TranslatorSettings  # noqa: E4
 from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
 from tiny_multilingual import DE, make_dir  # noqa: E402
 
-HF_CODES = {"nllb": {"de": "deu_Latn", "fr": "fra_Latn", "en": "eng_Latn"}, "m2m100": {"de": "de", "fr": "fr", "en": "en"}}
+HF_CODES = {"nllb": {"de": "deu_Latn", "fr": "fra_Latn", "en": "eng_Latn"}, "m2m100": {"de": "de", "fr": "fr", "en": "en"},
+            "mbart50": {"de": "de_DE", "fr": "fr_XX", "en": "en_XX"}}
 N = 12          # transformers' max_new_tokens (the forced language token counted); the service's is N - 1
 PLAIN = TranslatorSettings(text=TextConfig(protect_spans=False, truecase=False))   # the model sees the text as sent
 
@@ -178,6 +179,9 @@ def test_v1_translate_with_the_family_codes_and_source_auto(client, served, ckpt
                                                 "beam_size": 1, "max_new_tokens": N - 1})
         assert r.status_code == 200, r.text
         assert [t["text"] for t in r.json()["translations"]] == want, (src, tgt)
+    r = post(client, "/v1/translate", json={"text": DE[:4], "model": "mbart50", "source_lang": "de_DE",
+                                            "target_lang": "fr_XX", "beam_size": 1, "max_new_tokens": N - 1})
+    assert [t["text"] for t in r.json()["translations"]] == hf_text(ckpts["mbart50"][0], "mbart50", DE[:4], "de", "fr", 1)
     # by languages alone: de -> fr is served by nllb (first in order among the family models), de -> en by de-en
     body = {"text": DE[:4], "source_lang": "de", "target_lang": "fr", "beam_size": 1, "max_new_tokens": N - 1}
     r = post(client, "/v1/translate", json=body)
