@@ -261,3 +261,22 @@ def test_the_pool_knows_a_family_models_size_before_loading(ckpts, tmp_path):
     assert Pool.cards_bytes(pool, "nllb") == params and Pool.cards_bytes(pool, "de-en") == 0
     shutil.copytree(ckpts["nllb"][1], tmp_path / "nllb-tiny")
     assert list(discover_models(tmp_path)) == ["nllb-tiny"]
+
+
+def test_controls_work_on_a_family_model(client):
+    """glossary (its target term in the text: the constrained search after the forced language
+    token), alignment and attention (shapes of the tokens returned), min_confidence on /v1/translate."""
+    body = {"text": "Zwei Hunde spielen im Schnee.", "model": "nllb", "source_lang": "de", "target_lang": "fr",
+            "max_new_tokens": N - 1}
+    r = post(client, "/v1/translate", json={**body, "glossary": [{"source": "Hunde", "target": "chiens"}]})
+    assert r.status_code == 200, r.text
+    assert "chiens" in r.json()["translations"][0]["text"]
+    r = post(client, "/v1/translate", json={**body, "return_alignment": True, "return_attention": True,
+                                            "min_confidence": 0.5})
+    assert r.status_code == 200, r.text
+    tr = r.json()["translations"][0]
+    assert tr["alignment"] and all(0 <= s < len(tr["source_tokens"]) and 0 <= t < len(tr["tokens"])
+                                   for s, t in tr["alignment"])
+    cross = tr["attention"]["cross"][0][0]         # layer 0, head 0: [len(tokens)][len(source_tokens)]
+    assert len(cross) == len(tr["tokens"]) and all(len(row) == len(tr["source_tokens"]) for row in cross)
+    assert tr["source_tokens"][0] == "deu_Latn" and isinstance(tr["low_confidence"], bool)
