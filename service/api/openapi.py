@@ -28,7 +28,7 @@ from service.protocol import (
     ServiceError,
 )
 
-from . import deepl, glossaries, libre_schemas, suggest
+from . import deepl, libre_schemas, suggest
 
 UPLOAD_NAME = "document.txt"    # the file part's name the document declares (encoding: Content-Disposition)
 # a file name whose extension is a supported format (any case)
@@ -91,6 +91,18 @@ def native_rules(svc) -> dict:
                                             "target_lang": {"enum": list(c.targets)}, **_model_rules(limits[c.id])}})
     branches.append({"properties": _model_rules(_smallest(list(limits.values())))})
     return {"anyOf": branches}
+
+
+def glossary_rules(pairs: list[tuple[str, str]], groups: list[tuple] = ()) -> dict:
+    """The anyOf of GlossaryCreate's schema that ``glossaries.check_served`` enforces: a branch per
+    pair, and one per group (sources, targets) of a model that serves every pair of them."""
+    null, groups = {"type": "null"}, [({"enum": list(a)}, {"enum": list(b)}) for a, b in groups]
+    sources = sorted({s for s, _ in pairs} | {s for a, _ in groups for s in a["enum"]})
+    targets = sorted({t for _, t in pairs} | {t for _, b in groups for t in b["enum"]})
+    return {"anyOf": [{"properties": {"source_lang": null, "target_lang": {"enum": targets}}},
+                      {"properties": {"source_lang": {"enum": sources}, "target_lang": null}},
+                      *({"properties": {"source_lang": {"const": s}, "target_lang": {"const": t}}} for s, t in pairs),
+                      *({"properties": {"source_lang": a, "target_lang": b}} for a, b in groups)]}
 
 
 def _family(svc) -> tuple[list[str], list[str]]:
@@ -308,7 +320,10 @@ def complete(doc: dict, svc) -> dict:
     memory_bodies(doc, svc)
     if svc is not None:
         schemas = doc["components"]["schemas"]
-        schemas["GlossaryCreate"].update(glossaries.openapi_rules(svc.graph.pairs()))
+        family = [c for c in svc.graph.cards.values() if c.lang_tokens]     # one branch each, not one per pair
+        schemas["GlossaryCreate"].update(glossary_rules(
+            [(s, t) for s, t in svc.graph.pairs() if not any(s in c.sources and t in c.targets for c in family)],
+            [(c.sources, c.targets) for c in family]))
         request = schemas["TranslateRequest"]
         request["allOf"] = [native_rules(svc)]     # (beside if/then: JSON Schema generators give up on more)
         most = [_limits_of(l) for l in svc.pipeline.limits.values()]
