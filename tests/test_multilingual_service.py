@@ -265,11 +265,16 @@ def test_the_pool_knows_a_family_models_size_before_loading(ckpts, tmp_path):
 
 
 def test_controls_work_on_a_family_model(client):
-    """glossary (its target term in the text: the constrained search after the forced language
-    token), alignment and attention (shapes of the tokens returned), min_confidence on /v1/translate."""
+    """glossary and glossary_id (its target term in the text: the constrained search after the
+    forced language token), alignment and attention (shapes of the tokens returned), min_confidence on /v1/translate."""
     body = {"text": "Zwei Hunde spielen im Schnee.", "model": "nllb", "source_lang": "de", "target_lang": "fr",
             "max_new_tokens": N - 1}
     r = post(client, "/v1/translate", json={**body, "glossary": [{"source": "Hunde", "target": "chiens"}]})
+    assert r.status_code == 200, r.text
+    assert "chiens" in r.json()["translations"][0]["text"]
+    stored = {"name": "hunde", "source_lang": "de", "target_lang": "fr", "entries": [{"source": "Hunde", "target": "chiens"}]}
+    assert post(client, "/v1/glossaries", json=stored).status_code == 201
+    r = post(client, "/v1/translate", json={**body, "glossary_id": "hunde"})      # a stored glossary of the pair
     assert r.status_code == 200, r.text
     assert "chiens" in r.json()["translations"][0]["text"]
     r = post(client, "/v1/translate", json={**body, "return_alignment": True, "return_attention": True,

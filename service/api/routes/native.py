@@ -89,8 +89,10 @@ async def _job(body: TranslateRequest, request: Request, svc: Services, card: Mo
     """The request's job: its deadline, stored glossary (checked against ``card``'s languages) and
     memory scope."""
     job = svc.pipeline.deadline(body.job(), body.timeout_s)
-    job = await svc.pipeline.with_glossary(job, body.glossary_id, glossaries.scope_of(request),
-                                           card.source_lang if card else None, card.target_lang if card else None)
+    source, target = (card.source_lang, card.target_lang) if card else (None, None)
+    if card is not None and card.lang_tokens:      # NLLB-200 / M2M100 / mBART-50: the request's pair
+        source, target = svc.graph.code(body.source_lang, svc.graph.sources), svc.graph.code(body.target_lang, svc.graph.targets)
+    job = await svc.pipeline.with_glossary(job, body.glossary_id, glossaries.scope_of(request), source, target)
     return dataclasses.replace(job, memory_scope=svc.memory_scope(request))
 
 
