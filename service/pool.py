@@ -14,7 +14,9 @@ of requests in flight; here each ``ResidentModel`` counts its in-flight requests
 only takes it out of the routing: its engine keeps serving what it holds and is stopped (KV cache and
 weights freed) once the count drops to 0 (``drain_timeout_s`` at most). A request for a model whose
 eviction is still draining takes it back (no reload). A memory budget (``memory_budget_mb``) evicts
-further LRU models until the resident ones' weights and KV caches fit.
+further LRU models until the resident ones' weights and KV caches fit; an NLLB-200 / M2M100 /
+mBART-50 model's size is known before its first load (``weights_bytes``: its weights in float32,
+from the safetensors header), so room is made for it before it is read.
 
 Loads run in a worker thread (checkpoint read, weight packing), so the requests of the other resident
 models on that replica go on meanwhile. A failed load (unknown model, a folder that is not a model or
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from pathlib import Path
 from typing import AsyncIterator, Iterator, Optional, Union
@@ -78,6 +81,14 @@ def model_bytes(translator: Translator) -> int:
     weights = sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
     kv = translator.engine.stats().kv_cache_bytes if translator.engine is not None else 0
     return int(weights + (kv or 0))
+
+
+def weights_bytes(checkpoint: str | Path) -> int:
+    """Bytes of a checkpoint's weights as loaded (float32), from ``model.safetensors``'s header (its
+    tensors' shapes; nothing is read beyond it). Raises FileNotFoundError without the file."""
+    from safetensors import safe_open
+    with safe_open(str(Path(checkpoint) / "model.safetensors"), framework="pt") as f:
+        return sum(4 * math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
 class ResidentModel:
@@ -225,7 +236,11 @@ class Pool:
         return rm
 
     def cards_bytes(self, model_id: str) -> int:
-        """The bytes ``model_id`` held when last loaded here (0 before its first load)."""
+        """The bytes ``model_id`` held when last loaded here; before its first load, an NLLB-200 /
+        M2M100 / mBART-50 model's float32 weights (``weights_bytes``), any other model's 0."""
+        if model_id not in self._sizes and model_id in self.cards and self.cards[model_id].lang_tokens:
+            with contextlib.suppress(OSError):
+                self._sizes[model_id] = weights_bytes(self.cards[model_id].checkpoint)
         return self._sizes.get(model_id, 0)
 
     def _construct(self, card: ModelCard) -> Translator:

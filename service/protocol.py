@@ -193,6 +193,8 @@ class TranslateJob:
     target_prefix: Optional[str] = None        # each text's first sentence starts with it (tokenized by the translator)
     min_confidence: Optional[float] = None     # translations below it carry low_confidence: true
     return_alignment: bool = False             # each translation carries its word alignment
+    source_lang: Optional[str] = None          # NLLB-200 / M2M100 / mBART-50: the source-language token of every text
+    source_langs: tuple[str, ...] = ()         # ... or one per text (source_lang "auto"); () = source_lang for all
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def languages(cards: Iterable[ModelCard], kind: str) -> list[dict]:
     """``GET /v2/languages`` for ``kind`` "source" or "target": ``[{"language", "name"}]`` (targets
     with ``supports_formality``: false: no model here has a formality control)."""
     cards = list(cards)
-    langs = sorted({c.source_lang for c in cards} if kind == "source" else {t for c in cards for t in c.targets})
+    langs = sorted({s for c in cards for s in c.sources} if kind == "source" else {t for c in cards for t in c.targets})
     out = []
     for lang in langs:
         for code in deepl_codes(lang, kind == "target"):
@@ -382,9 +382,9 @@ async def translate(body: DeepLTranslateBody, request: Request, svc: "Services")
     glossary_of = await _glossaries(body, request, svc, routed, target)
     by_model = autodetect.groups(routed)
     jobs = svc.pipeline.jobs(by_model, lambda model, idx: (
-        svc.pipeline.deadline(_job(units.units(idx), target, body,
-                                   {**extra, **glossary_of.get(routed[idx[0]].language, {})},
-                                   decoding(body.model_type, _card(svc.graph, model)))),
+        svc.pipeline.deadline(svc.graph.bind(svc.graph.cards.get(model), _job(
+            units.units(idx), target, body, {**extra, **glossary_of.get(routed[idx[0]].language, {})},
+            decoding(body.model_type, _card(svc.graph, model))), None, [routed[i].language for i in idx])),
         JobOrigin("text", True, len(idx))))
     results = (await svc.pipeline.run_all(jobs)).values()
     out = list(texts)

@@ -95,14 +95,6 @@ def check_served(body: GlossaryCreate, pairs: list[tuple[str, str]]) -> None:
                                 f"served pairs: {', '.join(f'{s}->{t}' for s, t in pairs)}", "target_lang")
 
 
-def openapi_rules(pairs: list[tuple[str, str]]) -> dict:
-    """The anyOf of GlossaryCreate's OpenAPI schema that ``check_served`` enforces."""
-    null = {"type": "null"}
-    return {"anyOf": [{"properties": {"source_lang": null, "target_lang": {"enum": sorted({t for _, t in pairs})}}},
-                      {"properties": {"source_lang": {"enum": sorted({s for s, _ in pairs})}, "target_lang": null}},
-                      *({"properties": {"source_lang": {"const": s}, "target_lang": {"const": t}}} for s, t in pairs)]}
-
-
 class GlossaryInfo(BaseModel):
     name: str
     entry_count: int

@@ -140,16 +140,21 @@ def request_schema(model: type[BaseModel], cards: Iterable[ModelCard] = (),
     def most(chosen: list[ModelCard]) -> dict:
         n = min([MAX_BEAM_SIZE] + [seqs[c.id] for c in chosen if c.id in seqs]) - 1
         return {"alternatives": {"maximum": n}} if n < MAX_BEAM_SIZE - 1 and "alternatives" in props else {}
-    sources = sorted({c.source_lang for c in cards})
-    targets = sorted({t for c in cards for t in c.targets})
+    family = [c for c in cards if c.lang_tokens]     # NLLB-200 / M2M100 / mBART-50: one branch each, of enums
+    cards = [c for c in cards if not c.lang_tokens]
+    sources = sorted({c.source_lang for c in cards} | {s for c in family for s in c.sources})
+    targets = sorted({t for c in cards for t in c.targets} | {t for c in family for t in c.targets})
     props = schema["properties"]
     props["source"] = {**props["source"], "enum": sources + ([autodetect.AUTO] if auto else [])}
     props["target"] = {**props["target"], "enum": targets}
     pairs = []
-    for s in sources:
+    for s in sorted({c.source_lang for c in cards}):
         for t in sorted({t for c in cards if c.source_lang == s for t in c.targets}):
             chosen = min((c for c in cards if c.source_lang == s and t in c.targets), key=lambda c: bool(c.target_languages))
             pairs.append({"properties": {"source": {"const": s}, "target": {"const": t}, **most([chosen])}})
+    pairs += [{"properties": {"source": {"enum": list(c.sources)}, "target": {"enum": list(c.targets)}, **most([c])}}
+              for c in family]
+    cards += family
     schema["anyOf"] = pairs + ([{"properties": {"source": {"const": autodetect.AUTO}, **most(cards)}}] if auto else [])
     return schema
 

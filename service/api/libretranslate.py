@@ -73,6 +73,7 @@ class LibreRequest:
     keep: tuple[str, ...] = ()      # do-not-translate terms (as /v1/translate's keep)
     glossary: tuple = ()            # (source term, target term) entries (``glossary`` or ``glossary_id``)
     stored_glossary: bool = False   # the entries are ``glossary_id``'s alone (TranslateJob.stored_glossary)
+    source: Optional[str] = None    # the source language as served (an NLLB-200 / M2M100 / mBART-50 model's token)
 
     def job(self, texts: list[str], memory_scope: Optional[str] = None) -> TranslateJob:
         n_best = self.alternatives + 1
@@ -91,7 +92,8 @@ def languages(cards: Iterable[ModelCard], pivots: Iterable = ()) -> list[LibreLa
     codes: dict[str, set] = {}
     via: dict[str, dict[str, str]] = {}
     for c in cards:
-        codes.setdefault(c.source_lang, set()).update(c.targets)
+        for s in c.sources:     # an NLLB-200 / M2M100 / mBART-50 model: each of its languages into every other
+            codes.setdefault(s, set()).update(t for t in c.targets if t != s or not c.lang_tokens)
         for t in c.targets:
             codes.setdefault(t, set())
     for r in pivots:
@@ -124,13 +126,15 @@ async def translate(request: Request, svc: "Services") -> JSONResponse:
             detections = await autodetect.detect_texts(svc.detector, units.plain(), top=0)
             routed = autodetect.route(req.texts, detections, req.target, lambda lang: pick(svc.graph, lang, req.target).id,
                                       req.origin(), "source",
-                                      "source languages " + ", ".join(sorted({c.source_lang for c in cards})))
+                                      "source languages " + ", ".join(sorted({s for c in cards for s in c.sources})))
         else:
-            routed = [autodetect.Routed(req.card.id, req.card.source_lang, 0.0)] * len(req.texts)
+            lang = req.source if req.card.lang_tokens else req.card.source_lang
+            routed = [autodetect.Routed(req.card.id, lang, 0.0)] * len(req.texts)
         by_model = autodetect.groups(routed)
         request.state.model = next(iter(by_model)) if len(by_model) == 1 else "auto"
         scope = svc.memory_scope(request)
-        jobs = svc.pipeline.jobs(by_model, lambda model, idx: checked_job(req, units.units(idx), len(idx), scope))
+        jobs = svc.pipeline.jobs(by_model, lambda model, idx: bound(svc.graph, model, [routed[i].language for i in idx],
+                                                                    *checked_job(req, units.units(idx), len(idx), scope)))
         results = list((await svc.pipeline.run_all({m: (svc.pipeline.deadline(j), o)
                                                     for m, (j, o) in jobs.items()})).values())
     except ServiceError as e:
@@ -216,6 +220,13 @@ async def read_admitted(request: Request) -> tuple[Fields, Optional[JSONResponse
     return fields, None
 
 
+def bound(graph: LanguageGraph, model: str, langs: list[str], job: TranslateJob, origin: JobOrigin
+          ) -> tuple[TranslateJob, JobOrigin]:
+    """The job with an NLLB-200 / M2M100 / mBART-50 model's languages (``LanguageGraph.bind``): each
+    text's source (``langs``) and the target."""
+    return graph.bind(graph.cards.get(model), job, None, langs), origin
+
+
 def checked_job(req: LibreRequest, texts: list[str], n_texts: Optional[int] = None,
                 memory_scope: Optional[str] = None) -> tuple[TranslateJob, JobOrigin]:
     """The job for these texts (``q``, or the segments of format=html) and its origin; ``n_texts``:
@@ -280,7 +291,8 @@ def parse(f: Fields, graph: LanguageGraph) -> LibreRequest:
                                "target")
         return LibreRequest(texts, batch, None, n_alt, fmt == "html", True, target, keep)
     source, target = match_language(source, sources), match_language(target, targets | sources)
-    return LibreRequest(texts, batch, pick(graph, source, target), n_alt, fmt == "html", False, target, keep)
+    source, target = graph.code(source, sources), graph.code(target, targets | sources)
+    return LibreRequest(texts, batch, pick(graph, source, target), n_alt, fmt == "html", False, target, keep, source=source)
 
 
 def pick(graph: LanguageGraph, source: str, target: str, direct: bool = False) -> ModelCard:
@@ -289,7 +301,7 @@ def pick(graph: LanguageGraph, source: str, target: str, direct: bool = False) -
     naming the field and what is served."""
     cards = list(graph.cards.values()) if direct else graph.all_cards()
     targets = {t for c in cards for t in c.targets}
-    choices = sorted({t for c in cards if c.source_lang == source for t in c.targets})
+    choices = sorted({t for c in cards if source in c.sources for t in c.targets if t != source or not c.lang_tokens})
     if source not in graph.sources:
         raise ServiceError(400, f"{short_name(source)} is not supported (source languages: "
                                 f"{', '.join(sorted(graph.sources))})", "source")

@@ -28,7 +28,7 @@ from service.protocol import (
     ServiceError,
 )
 
-from . import deepl, glossaries, libre_schemas, suggest
+from . import deepl, libre_schemas, suggest
 
 UPLOAD_NAME = "document.txt"    # the file part's name the document declares (encoding: Content-Disposition)
 # a file name whose extension is a supported format (any case)
@@ -85,14 +85,37 @@ def native_rules(svc) -> dict:
                 continue
             branches.append({"properties": {"model": {"type": "null"}, "source_lang": _code(s), "target_lang": _code(t),
                                             **_model_rules(limits[card.id])}})
+    for c in svc.graph.cards.values():      # NLLB-200 / M2M100 / mBART-50: one branch of enums, not a branch per pair
+        if c.lang_tokens:
+            branches.append({"properties": {"model": {"type": "null"}, "source_lang": {"enum": list(c.sources)},
+                                            "target_lang": {"enum": list(c.targets)}, **_model_rules(limits[c.id])}})
     branches.append({"properties": _model_rules(_smallest(list(limits.values())))})
     return {"anyOf": branches}
+
+
+def glossary_rules(pairs: list[tuple[str, str]], groups: list[tuple] = ()) -> dict:
+    """The anyOf of GlossaryCreate's schema that ``glossaries.check_served`` enforces: a branch per
+    pair, and one per group (sources, targets) of a model that serves every pair of them."""
+    null, groups = {"type": "null"}, [({"enum": list(a)}, {"enum": list(b)}) for a, b in groups]
+    sources = sorted({s for s, _ in pairs} | {s for a, _ in groups for s in a["enum"]})
+    targets = sorted({t for _, t in pairs} | {t for _, b in groups for t in b["enum"]})
+    return {"anyOf": [{"properties": {"source_lang": null, "target_lang": {"enum": targets}}},
+                      {"properties": {"source_lang": {"enum": sources}, "target_lang": null}},
+                      *({"properties": {"source_lang": {"const": s}, "target_lang": {"const": t}}} for s, t in pairs),
+                      *({"properties": {"source_lang": a, "target_lang": b}} for a, b in groups)]}
+
+
+def _family(svc) -> tuple[list[str], list[str]]:
+    """(sources, targets) of the NLLB-200 / M2M100 / mBART-50 models, which serve every pair of them
+    (one schema branch of enums, not one per pair)."""
+    family = [c for c in svc.graph.cards.values() if c.lang_tokens]
+    return sorted({s for c in family for s in c.sources}), sorted({t for c in family for t in c.targets})
 
 
 def _pairs(svc, deepl_codes: bool) -> list[tuple[str, str]]:
     """(source, target) pairs the service translates (a model or a pivot route)."""
     out = []
-    sources = sorted({c.source_lang for c in svc.graph.cards.values()})
+    sources = sorted({c.source_lang for c in svc.graph.cards.values() if not c.lang_tokens})
     targets = sorted({t for c in svc.graph.cards.values() for t in c.targets} | {t for _, t in svc.graph.routes})
     for s in sources:
         for t in targets:
@@ -140,10 +163,15 @@ def deepl_translate_schema(svc) -> dict:
     targets = sorted({t for _, t in pairs})
     tcodes = {t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in targets}
     sources = sorted({s for s, _ in pairs})
-    props["target_lang"]["enum"] = sorted({c for t in targets for c in tcodes[t]})
-    props["source_lang"]["enum"] = [None, ""] + [s.upper() for s in sources]
+    fsources, ftargets = _family(svc)
+    tcodes.update({t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in ftargets})
+    props["target_lang"]["enum"] = sorted({c for t in {*targets, *ftargets} for c in tcodes[t]})
+    props["source_lang"]["enum"] = [None, ""] + sorted({s.upper() for s in {*sources, *fsources}})
     branches = [{"properties": {"source_lang": {"const": s.upper()}, "target_lang": {"enum": sorted(
         {c for t in targets if (s, t) in pairs or t == s for c in tcodes[t]})}}} for s in sources]
+    if fsources:
+        branches.append({"properties": {"source_lang": {"enum": [s.upper() for s in fsources]}, "target_lang": {
+            "enum": sorted({c for t in ftargets for c in tcodes[t]})}}})
     branches.append({"properties": {"source_lang": {"enum": ["", None]}}})      # (absent: the same branch)
     schema["anyOf"] = branches
     return schema
@@ -182,20 +210,24 @@ def upload_schema(schema: dict, svc, source: Optional[str], target: Optional[str
                                             + ", ".join(EXTENSIONS) + ")"}
     if svc is not None and source and target:
         pairs = _pairs(svc, deepl_shape)
+        fsources, ftargets = _family(svc)
         if deepl_shape:
             targets = sorted({t for _, t in pairs})
-            codes = {t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in targets}
-            props[target] = {**props[target], "enum": sorted({c for t in targets for c in codes[t]})}
-            props[source] = {**props[source], "enum": [""] + sorted({s.upper() for s, _ in pairs})}
+            codes = {t: sorted({t.upper(), *deepl.deepl_codes(t, True)}) for t in {*targets, *ftargets}}
+            props[target] = {**props[target], "enum": sorted({c for t in {*targets, *ftargets} for c in codes[t]})}
+            props[source] = {**props[source], "enum": [""] + sorted({s.upper() for s, _ in pairs} | {s.upper() for s in fsources})}
             languages = [{"properties": {source: {"const": s.upper()}, target: {"enum": sorted(
                 {c for t in targets if (s, t) in pairs for c in codes[t]})}}} for s in sorted({s for s, _ in pairs})] + [
                 {"properties": {source: {"const": ""}}}]       # (absent: the same branch)
+            languages += [{"properties": {source: {"enum": [s.upper() for s in fsources]}, target: {
+                "enum": sorted({c for t in ftargets for c in codes[t]})}}}] if fsources else []
             schema["allOf"] = [{"anyOf": languages}, {"anyOf": _output_format_branches()}]
         else:
-            props[source] = {**props[source], "enum": sorted({s for s, _ in pairs}) + ["auto"]}
-            props[target] = {**props[target], "enum": sorted({t for _, t in pairs})}
+            props[source] = {**props[source], "enum": sorted({s for s, _ in pairs} | set(fsources)) + ["auto"]}
+            props[target] = {**props[target], "enum": sorted({t for _, t in pairs} | set(ftargets))}
             schema["anyOf"] = [{"properties": {source: {"const": s}, target: {"enum": sorted({t for s2, t in pairs if s2 == s})}}}
-                               for s in sorted({s for s, _ in pairs})] + [{"properties": {source: {"const": "auto"}}}]
+                               for s in sorted({s for s, _ in pairs})] + [{"properties": {source: {"const": "auto"}}}] + (
+                [{"properties": {source: {"enum": fsources}, target: {"enum": ftargets}}}] if fsources else [])
     return schema
 
 
@@ -294,7 +326,10 @@ def complete(doc: dict, svc) -> dict:
         paths["/v3/translation_memories/import"]["post"]["requestBody"] = deepl_memory_files.openapi_import_body(pairs)
     if svc is not None:
         schemas = doc["components"]["schemas"]
-        schemas["GlossaryCreate"].update(glossaries.openapi_rules(svc.graph.pairs()))
+        family = [c for c in svc.graph.cards.values() if c.lang_tokens]     # one branch each, not one per pair
+        schemas["GlossaryCreate"].update(glossary_rules(
+            [(s, t) for s, t in svc.graph.pairs() if not any(s in c.sources and t in c.targets for c in family)],
+            [(c.sources, c.targets) for c in family]))
         request = schemas["TranslateRequest"]
         request["allOf"] = [native_rules(svc)]     # (beside if/then: JSON Schema generators give up on more)
         most = [_limits_of(l) for l in svc.pipeline.limits.values()]

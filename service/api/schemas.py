@@ -286,7 +286,9 @@ class ErrorResponse(BaseModel):
 
 class ModelInfo(BaseModel):
     id: str
-    source_lang: str
+    source_lang: str = Field(..., description='the source language; "mul" for an NLLB-200 / M2M100 / mBART-50 model')
+    source_langs: list[str] = Field(default_factory=list, description="the source languages a request may name: "
+                                    "[source_lang], or every language of an NLLB-200 / M2M100 / mBART-50 model")
     target_lang: Optional[str] = Field(..., description="the target language; null for a multilingual model")
     target_langs: list[str] = Field(..., description="the target languages a request may name: a multilingual "
                                                      "model's >>xx<< codes, else [target_lang]")

@@ -143,7 +143,8 @@ class ModelRunner:
                         len(r.src_ids))
                 kw = dict(forced_eos=self.cfg.forced_eos, early_stopping=self.cfg.early_stopping)
                 if o.constraints:                    # glossary terms
-                    search = ConstrainedBeamSearch(*args, constraints=o.constraints, ends=o.sentence_ends, **kw)
+                    search = ConstrainedBeamSearch(*args, constraints=o.constraints, ends=o.sentence_ends,
+                                                   prefix=tuple(o.target_prefix), free_prefix=o.free_prefix, **kw)
                 else:
                     search = BeamSearch(*args, prefix=tuple(o.target_prefix), free_prefix=o.free_prefix, **kw)
                 controls = RepetitionControls(o.repetition_penalty, o.no_repeat_ngram_size)

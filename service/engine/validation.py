@@ -142,7 +142,7 @@ def check_options(o: GenerationOptions, limits: ModelLimits, default_max_new: Op
                             target_prefix=tuple(int(t) for t in prefix), free_prefix=int(o.free_prefix),
                             repetition_penalty=float(rp),
                             no_repeat_ngram_size=int(ng))
-    if o.constraints and o.target_prefix:
+    if o.constraints and len(o.target_prefix) > o.free_prefix:     # a forced language token alone combines
         raise EngineValidationError("target_prefix", "cannot be combined with glossary terms in one sentence "
                                                      "(send the glossary or the prefix)")
     return check_constraints(o, limits, default) if o.constraints else o

@@ -104,14 +104,16 @@ class PivotRoute:
 def routes(cards: Iterable[ModelCard], pivot_lang: Optional[str] = DEFAULT_PIVOT_LANG) -> dict[tuple[str, str], PivotRoute]:
     """Every (source, target) pair that no card translates but source -> pivot_lang -> target does,
     with the models of its two legs (models of one target before multilingual ones, then in the
-    order given, as ``Gateway.resolve`` picks). {} when pivot_lang is None."""
+    order given, as ``Gateway.resolve`` picks). {} when pivot_lang is None. An NLLB-200 / M2M100 /
+    mBART-50 model is no leg: its pairs are direct."""
     cards = list(cards)
     if not pivot_lang:
         return {}
-    direct = {(c.source_lang, t) for c in cards for t in c.targets}
-    first = sorted((c for c in cards if pivot_lang in c.targets and c.source_lang != pivot_lang),
+    direct = {(s, t) for c in cards for s in c.sources for t in c.targets}
+    legs = [c for c in cards if not c.lang_tokens]      # an NLLB-200 / M2M100 / mBART-50 model serves its pairs directly
+    first = sorted((c for c in legs if pivot_lang in c.targets and c.source_lang != pivot_lang),
                    key=lambda c: bool(c.target_languages))
-    second = sorted((c for c in cards if c.source_lang == pivot_lang), key=lambda c: bool(c.target_languages))
+    second = sorted((c for c in legs if c.source_lang == pivot_lang), key=lambda c: bool(c.target_languages))
     out: dict[tuple[str, str], PivotRoute] = {}
     for a in first:
         for b in second:

@@ -5,7 +5,13 @@ A MarianMT (OPUS-MT) directory served as it is has the same card: its ``config.j
 
 Multilingual MarianMT models (a vocabulary with ``>>xx<<`` target-language tokens, ``vocab.json`` of
 the directory or of its converted checkpoint) list those codes as ``target_languages``; a request
-names one of them (``model.translate.check_target_lang`` reads the card as it reads the tokenizer)."""
+names one of them (``model.translate.check_target_lang`` reads the card as it reads the tokenizer).
+
+An imported NLLB-200, M2M100 or mBART-50 checkpoint (metadata.json's ``multilingual`` record,
+``model/interop/multilingual.py``) lists every language it reads as ``source_languages`` and every
+one it writes as ``target_languages``, in service codes; ``aliases`` maps the family's own codes
+(``deu_Latn``, ``__de__``, ``de_DE``) to them. Its ``source_lang`` / ``target_lang`` are labels
+(``mul``, or its generation config's fixed target)."""
 from __future__ import annotations
 
 import json
@@ -30,6 +36,19 @@ class ModelCard:
     test_bleu: Optional[float] = None                 # BLEU on the test set, from the metadata
     engine: dict = field(default_factory=dict)        # EngineConfig overrides for this model
     target_languages: tuple = ()                      # multilingual: the >>xx<< codes (else one target_lang)
+    source_languages: tuple = ()                      # NLLB-200 / M2M100 / mBART-50: every source code (else ())
+    aliases: dict = field(default_factory=dict)       # the family's codes -> service codes (deu_Latn -> de)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The source languages a request may name: the family model's codes, or the one source_lang."""
+        return self.source_languages or (self.source_lang,)
+
+    @property
+    def lang_tokens(self) -> bool:
+        """Whether the model reads a source-language token and forces a target-language token
+        (NLLB-200, M2M100, mBART-50): the request's source_lang and target_lang are both required."""
+        return bool(self.source_languages)
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -38,8 +57,22 @@ class ModelCard:
 
     @property
     def pair(self) -> str:
-        """``source->target`` for messages (``de->fra|ita`` for a multilingual model)."""
+        """``source->target`` for messages (``de->fra|ita`` for a multilingual model; ``N languages``
+        for an NLLB-200 / M2M100 / mBART-50 model, whose languages ``languages`` lists)."""
+        if self.lang_tokens:
+            return f"{len(set(self.sources) | set(self.targets))} languages, any pair"
         return f"{self.source_lang}->{'|'.join(self.targets)}"
+
+    def languages(self) -> str:
+        """Every language of the model, comma-separated, for messages."""
+        return ", ".join(sorted(set(self.sources) | set(self.targets)))
+
+    def check_source(self, source_lang: Optional[str]) -> None:
+        """An NLLB-200 / M2M100 / mBART-50 model: raise ValueError naming its languages unless
+        source_lang is one of them (required). Other models check nothing here."""
+        if self.lang_tokens and source_lang not in self.source_languages:
+            what = "name a source language" if source_lang is None else f"unknown source language {source_lang!r}"
+            raise ValueError(f"{what}; the model knows {', '.join(self.source_languages)}")
 
     def check_target(self, target_lang: Optional[str]) -> None:
         """A multilingual model: raise ValueError naming the choices unless target_lang is one of its
@@ -68,6 +101,11 @@ def model_card(name: str, checkpoint: str | Path, source_lang: Optional[str] = N
     else:   # the fields an older config.json leaves out take their defaults
         config = ModelConfig.from_dict(config)
         meta = json.loads((d / "metadata.json").read_text()) if (d / "metadata.json").exists() else {}
+    if "multilingual" in meta:      # NLLB-200, M2M100, mBART-50: every pair of its languages
+        return ModelCard(name, str(d), source_lang or "mul", target_lang or meta.get("default_target_lang") or "mul",
+                         config, meta, _test_bleu(meta), target_languages=tuple(meta["target_languages"]),
+                         source_languages=tuple(meta["source_languages"]),
+                         aliases=dict(meta["multilingual"]["languages"]))
     codes = target_language_codes(json.loads((d / "vocab.json").read_text(encoding="utf-8"))) \
         if (d / "vocab.json").exists() else ()
     src = source_lang or meta.get("source_lang")

@@ -1,15 +1,49 @@
-"""Each sentence's decoding options: the job's, adjusted to what the sentence needs from the engine."""
+"""Each sentence's decoding options: the job's, adjusted to what the sentence needs from the engine;
+the ids a source starts with (``source_prefix``) and ``target_prefix``'s (``prefix_ids``)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
+from model.tokenizer import check_target_lang, encode_target
 from service.engine import GenerationOptions
-from service.protocol import TranslateJob
+from service.protocol import InvalidRequest, TranslateJob
 
 from .glossary import Glossary
 from .protect import Protected
 from .text import Piece
+
+
+def source_prefix(tok, model: str, target_lang: Optional[str]) -> list[int]:
+    """The ids every source starts with: a multilingual model's ``>>target_lang<<`` token, as
+    ``model.tokenizer.encode_source`` puts it; [] for a model of one target (the gateway has
+    matched target_lang to it). Raises InvalidRequest naming the choices for a multilingual
+    model's missing or unknown target_lang."""
+    if not tok.target_languages:
+        return []
+    try:
+        check_target_lang(tok, target_lang)
+    except ValueError as e:
+        raise InvalidRequest(f"target_lang: model {model!r}: {e}", "target_lang") from None
+    return tok.encode(f">>{target_lang}<<")
+
+
+def prefix_ids(tok, model: str, prefix: Optional[str]) -> tuple[int, ...]:
+    """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None. Any length:
+    max_new_tokens counts the tokens after it, and a prefix that fills the model's target window
+    is the sentence's answer (finish_reason "length"; ``service.engine.validation``).
+    Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>)."""
+    if prefix is None:
+        return ()
+    ids = encode_target(tok, prefix)
+    if not ids:
+        raise InvalidRequest(f"target_prefix: has no tokens for model {model} (got {prefix!r}); leave it out",
+                             "target_prefix")
+    unknown = [p for p, i in zip(tok.pieces(ids), ids) if i == tok.unk_id or p == "<unk>"]
+    if unknown:
+        raise InvalidRequest(f"target_prefix: model {model}'s target vocabulary cannot produce it: "
+                             f"{len(unknown)} unknown piece(s) (<unk>) in {prefix!r}", "target_prefix")
+    return tuple(ids)
 
 
 def sentence_options(job: TranslateJob, pieces: list[Piece], protected: list[Optional[Protected]],

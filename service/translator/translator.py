@@ -15,7 +15,9 @@ once, the next going in as one ends.
 The gateway has checked the job's fields against the model's limits (``ModelLimits.check``); what
 needs tokenization is the translator's: a sentence over the model's source window is cut into parts
 that fit (``text.cut_long``). A multilingual MarianMT model's sources start with the job's
-target-language token (``target_prefix``). Its errors and the engine's are the domain errors of
+target-language token (``target_prefix``); an NLLB-200 / M2M100 / mBART-50 model's start with the
+text's source-language token and every sentence's decoder with the forced target-language token
+(``lang_tokens.py``). Its errors and the engine's are the domain errors of
 ``service/protocol.py``; the API maps them to HTTP statuses (``service.replica.to_service_error``).
 """
 from __future__ import annotations
@@ -30,11 +32,10 @@ from typing import AsyncIterator, NamedTuple, Optional
 
 import torch
 
-from model.load import load_model
-from model.tokenizer import check_target_lang, encode_target
 from model.inference.linear import linear_dtype
-from service.protocol import (MAX_JOB_GLOSSARY_ENTRIES, MAX_SENTENCES, RETRY_AFTER_S, InvalidRequest, StreamItem, StreamStart, TooLarge, TranslateJob,
-                              TranslateResponse, Unavailable)
+from model.load import load_model
+from service.protocol import (MAX_JOB_GLOSSARY_ENTRIES, MAX_SENTENCES, RETRY_AFTER_S, StreamItem, StreamStart, TooLarge,
+                              TranslateJob, TranslateResponse, Unavailable)
 from service.engine import (Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads,
                             tune_process)
 from service.engine.process import prepare_model
@@ -44,8 +45,9 @@ from .card import ModelCard
 from .config import TranslatorSettings
 from .fuzzy import FuzzyMemory, report
 from .glossary import Glossary
+from .lang_tokens import LangTokens, has_lang_tokens
 from .memory import MemoryStore, Recalled, ResultCache, cache_key, memory_hit, memory_model
-from .options import sentence_options
+from .options import prefix_ids, sentence_options, source_prefix
 from .output import TextOf, build_response, check_attention_floor
 from .protect import Protected, Protector
 from .sources import Sources
@@ -190,12 +192,13 @@ class Translator:
         """
         if self.engine is None:
             raise Unavailable(f"model {self.name} is loading", retry_after=RETRY_AFTER_S)
-        sources = Sources(self.protector, self.keep + Terms(job.keep), self.target_prefix(job.target_lang))
+        sources_of = self.sources_of(job)
         out = Prepared([], [], [])
         for i, text in enumerate(job.texts):
             if not has_text(text):   # whitespace or other invisible characters only
                 out.splits.append(None)
                 continue
+            sources = sources_of(i)
             split = self.split(text, job.split_sentences, sources)                  # split
             protected = [sources.protected(s) for s in split.pieces]                # protect -> case
             memory = self.recall(job, text, split)                                  # memory
@@ -215,12 +218,23 @@ class Translator:
                     out.protected.append(p)
         return out
 
+    def sources_of(self, job: TranslateJob):
+        """text index -> its ``Sources``: one for the job, or (NLLB-200 / M2M100 / mBART-50) one per
+        source language, its token around each source (``lang_tokens.LangTokens``)."""
+        keep = self.keep + Terms(job.keep)
+        if not has_lang_tokens(self.tok):
+            sources = Sources(self.protector, keep, source_prefix(self.tok, self.name, job.target_lang))
+            return lambda i: sources
+        tokens = LangTokens(self.tok, self.name, job)
+        by_lang = {lang: Sources(self.protector, keep, *tokens.around(lang), lang=lang) for lang in set(tokens.source_langs)}
+        return lambda i: by_lang[tokens.source_langs[i]]
+
     def split(self, text: str, mode: str, sources: Sources) -> Split:
         """A text's sentences (``text.split_sentences_of``; ``mode``: DeepL's split_sentences), those a
         protected span runs across joined again (a URL the splitter cut at its "?"), each longer than
         the model reads (its source window, ``max_src_len``) cut into parts that fit (``text.cut_long``),
         and those without letters for the model moved into the glue (they come back verbatim)."""
-        split = split_sentences_of(text, self.card.source_lang, mode)
+        split = split_sentences_of(text, sources.lang or self.card.source_lang, mode)
         split = self.protector.rejoin(split, sources.keep)
         split = cut_long(split, lambda s: len(sources.ids(s)) <= self.engine.max_src_len, sources.spans)
         self.metrics.split_fallbacks(split.fallbacks)
@@ -259,42 +273,12 @@ class Translator:
         ``MAX_SENTENCES``, at most the engine's queue (``max_waiting``), so a request of any size fits."""
         return max(1, min(MAX_SENTENCES, self.engine_config.max_waiting))
 
-    def target_prefix(self, target_lang: Optional[str]) -> list[int]:
-        """The ids every source starts with: a multilingual model's ``>>target_lang<<`` token, as
-        ``model.tokenizer.encode_source`` puts it; [] for a model of one target (the gateway has
-        matched target_lang to it). Raises InvalidRequest naming the choices for a multilingual
-        model's missing or unknown target_lang."""
-        if not self.tok.target_languages:
-            return []
-        try:
-            check_target_lang(self.tok, target_lang)
-        except ValueError as e:
-            raise InvalidRequest(f"target_lang: model {self.name!r}: {e}", "target_lang") from None
-        return self.tok.encode(f">>{target_lang}<<")
-
-    def encode_prefix(self, prefix: Optional[str]) -> tuple[int, ...]:
-        """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None. Any length:
-        max_new_tokens counts the tokens after it, and a prefix that fills the model's target window
-        is the sentence's answer (finish_reason "length"; ``service.engine.validation``).
-        Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>)."""
-        if prefix is None:
-            return ()
-        ids = encode_target(self.tok, prefix)
-        if not ids:
-            raise InvalidRequest(f"target_prefix: has no tokens for model {self.name} (got {prefix!r}); leave it out",
-                                 "target_prefix")
-        unknown = [p for p, i in zip(self.tok.pieces(ids), ids) if i == self.tok.unk_id or p == "<unk>"]
-        if unknown:
-            raise InvalidRequest(f"target_prefix: model {self.name}'s target vocabulary cannot produce it: "
-                                 f"{len(unknown)} unknown piece(s) (<unk>) in {prefix!r}", "target_prefix")
-        return tuple(ids)
-
     def glossary(self, job: TranslateJob) -> Optional[Glossary]:
         """The job's glossary compiled for this model (cached by its entries), or None.
         Raises InvalidRequest for a bad or conflicting entry (``glossary.Glossary``)."""
         if not job.glossary:
             return None
-        key = (job.glossary, job.stored_glossary)
+        key = (job.glossary, job.stored_glossary, job.source_lang, job.source_langs[:1])
         cache = self._glossaries
         if key not in cache:
             # each source of entries was held to its own limit (a request's, a stored glossary's): this
@@ -304,7 +288,8 @@ class Translator:
                 self.model.cfg.max_len - 2
             while len(cache) >= 32:
                 cache.pop(next(iter(cache)))
-            cache[key] = Glossary(job.glossary, self.card.source_lang, self.tok, max_tokens, field, limit)
+            lang = (job.source_langs[0] if job.source_langs else job.source_lang) or self.card.source_lang
+            cache[key] = Glossary(job.glossary, lang, self.tok, max_tokens, field, limit)
         return cache[key]
 
     # ---- after the engine: place spans -> assemble -------------------------------------------
@@ -330,8 +315,12 @@ class Translator:
         glossary = self.glossary(job)
         if glossary is not None:
             protected = [None if p is None else glossary.put_back(p) for p in protected]
-        options = sentence_options(job, pieces, protected, glossary=glossary,
-                                   prefix=self.encode_prefix(job.target_prefix))
+        langs = LangTokens(self.tok, self.name, job) if has_lang_tokens(self.tok) else None
+        prefix = prefix_ids(self.tok, self.name, langs.prefix_text(job.target_prefix) if langs else job.target_prefix)
+        if langs:
+            langs.check_prefix_ids(prefix)
+        options = sentence_options(job, pieces, protected, glossary=glossary, prefix=prefix)
+        options = langs.options(options) if langs else options
         check_attention_floor(job, pieces, options, self.card.config)     # too large whatever is decoded: now
         return splits, pieces, protected, options
 

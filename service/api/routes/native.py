@@ -24,7 +24,6 @@ from service.protocol import (
     shown,
 )
 from service.translator import ModelCard
-from service.translator.card import match_language
 
 from .. import explorer, glossaries, libretranslate, sse
 from ..backends import PoolBackend
@@ -75,7 +74,7 @@ async def translate(body: TranslateRequest, request: Request, svc: Services = De
         return response
     card = svc.graph.resolve(body.model, body.source_lang, body.target_lang)
     request.state.model = card.id
-    job, origin = await _job(body, request, svc, card), body.origin()
+    job, origin = svc.graph.bind(card, await _job(body, request, svc, card), body.source_lang), body.origin()
     svc.pipeline.check(card.id, job, origin)
     if not body.stream:
         result = await svc.pipeline.run(card.id, job, origin)
@@ -90,8 +89,10 @@ async def _job(body: TranslateRequest, request: Request, svc: Services, card: Mo
     """The request's job: its deadline, stored glossary (checked against ``card``'s languages) and
     memory scope."""
     job = svc.pipeline.deadline(body.job(), body.timeout_s)
-    job = await svc.pipeline.with_glossary(job, body.glossary_id, glossaries.scope_of(request),
-                                           card.source_lang if card else None, card.target_lang if card else None)
+    source, target = (card.source_lang, card.target_lang) if card else (None, None)
+    if card is not None and card.lang_tokens:      # NLLB-200 / M2M100 / mBART-50: the request's pair
+        source, target = svc.graph.code(body.source_lang, svc.graph.sources), svc.graph.code(body.target_lang, svc.graph.targets)
+    job = await svc.pipeline.with_glossary(job, body.glossary_id, glossaries.scope_of(request), source, target)
     if body.memory_threshold is not None and svc.memory is None:
         raise ServiceError(422, "memory_threshold: the translation memory is off on this server", "memory_threshold")
     return dataclasses.replace(job, memory_scope=svc.memory_scope(request))
@@ -105,7 +106,7 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
     texts, is_list = body.texts, isinstance(body.text, list)
     autodetect.check_sizes(texts, JobOrigin("text", is_list))
     known = graph.targets | graph.sources
-    target = match_language(body.target_lang, known)
+    target = graph.code(body.target_lang, known)      # match_language, and a family model's codes
     if target is not None and target not in known:
         raise ServiceError(404, f"target_lang: no model translates into {shown(body.target_lang)}; target "
                                 f"languages: {', '.join(sorted(graph.targets))}", "target_lang")
@@ -120,7 +121,8 @@ async def _translate_auto(body: TranslateRequest, request: Request, svc: Service
 
     def job_of(model: str, idx: list[int]) -> tuple[TranslateJob, JobOrigin]:   # errors name text[i] when alone in its job
         one = is_list and len(idx) == 1
-        return (dataclasses.replace(base, texts=[texts[i] for i in idx]),
+        job = dataclasses.replace(base, texts=[texts[i] for i in idx])
+        return (graph.bind(graph.cards.get(model), job, None, [routed[i].language for i in idx]),
                 JobOrigin(f"text[{idx[0]}]" if one else "text", is_list and not one))
     by_model = autodetect.groups(routed)
     jobs = svc.pipeline.jobs(by_model, job_of)
@@ -177,7 +179,7 @@ async def models(svc: Services = Depends(services)):
             engine = (await asyncio.wait_for(svc.backend.info(c.id), timeout=5)).engine
         except Exception:  # noqa: BLE001 - still loading: the configured settings
             engine = {**svc.pipeline.engine, **c.engine}
-        return ModelInfo(id=c.id, source_lang=c.source_lang, config=c.config.to_dict(),
+        return ModelInfo(id=c.id, source_lang=c.source_lang, source_langs=list(c.sources), config=c.config.to_dict(),
                          target_lang=None if c.target_languages else c.target_lang, target_langs=list(c.targets),
                          test_bleu=c.test_bleu, metadata=c.metadata, engine=engine,
                          **({"pool": True, "loaded_on": loaded_on.get(c.id, [])} if c.id in pooled else {}))
