@@ -156,7 +156,13 @@ def test_long_attention_crosses_the_hop_and_too_much_is_a_413(service_url, servi
     assert r.status_code == 413, r.text[:300]
     err = r.json()["error"]
     assert err["field"] == "return_attention" and f"at most {MAX_ATTENTION_VALUES:,}" in err["message"]
+    assert "would hold at least" in err["message"]          # the encoder's weights alone: before decoding
     r = post(service_url, {**body, "stream": True})
+    assert r.status_code == 413 and r.json()["error"]["field"] == "return_attention", r.text[:300]
+    cross = {"text": [text] * 4, "return_attention": True}       # cross only: known to be too much once decoded
+    r = post(service_url, cross)
+    assert r.status_code == 413 and "holds" in r.json()["error"]["message"], r.text[:300]
+    r = post(service_url, {**cross, "stream": True})
     assert r.status_code == 200 and sse_events(r.text)[-1][0] == "error"
     assert "return_attention" in sse_events(r.text)[-1][1]["error"]["message"]
 

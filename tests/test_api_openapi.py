@@ -82,6 +82,8 @@ def test_openapi_json_is_that_document(service_url):
     attention = served["components"]["schemas"]["AttentionOptions"]["properties"]   # the largest model's counts
     assert all(attention[k]["anyOf"][0]["items"]["maximum"] >= 0 for k in ("layers", "heads"))
     served["components"]["schemas"]["AttentionOptions"] = local["components"]["schemas"]["AttentionOptions"]
+    rules = served["components"]["schemas"]["GlossaryCreate"].pop("anyOf")     # a stored glossary's languages: served
+    assert {"properties": {"source_lang": {"const": "de"}, "target_lang": {"const": "en"}}} in rules
     assert served == local
     assert "enum" not in libre_schemas.request_schema(libre_schemas.LibreTranslateBody)["properties"]["source"]
 
