@@ -112,6 +112,7 @@ class HtmlText:
             if kind == "markup":
                 out.append(unit)
             elif id(unit) in self._seg:
+                self._forms = _Written(unit, self._refs)
                 out.append(self._render(unit, tr[self._seg[id(unit)]], tr))
             else:
                 out.append(_raw(unit))
@@ -184,7 +185,7 @@ class HtmlText:
                     else:
                         words = words or WordBounds(whole)
                         at = empty_at(whole, pos, following, done / total, words)
-                    out += [escape(whole[pos:at], quote=False), _raw([n])]
+                    out += [self._forms.written(whole[pos:at]), _raw([n])]
                     pos, prev = at, n
                     continue
                 if id(n) in self._seg:
@@ -197,12 +198,62 @@ class HtmlText:
                     push(n.children)
                     done -= size
                     continue
-                out += [escape(whole[pos:span[0]], quote=False),
+                out += [self._forms.written(whole[pos:span[0]]),
                         n.start + self._render(n.children, whole[span[0]:span[1]], tr) + n.end]
                 pos, prev = span[1], n
-            out.append(escape(whole[pos:], quote=False))
+            out.append(self._forms.written(whole[pos:]))
         out += [trail, _raw(nodes[last + 1:])]
         return "".join(out)
+
+
+class _Written:
+    """A run's text as the translator got it (whitespace collapsed, references decoded), each
+    character with its source form (a run of whitespace: all of it, as written; a reference: as
+    written), so that text a translation keeps is written as the source wrote it (``written``)."""
+
+    def __init__(self, nodes: list[Node], refs: dict[str, str]):
+        chars: list[tuple[str, str]] = []
+        for node in _texts(nodes):
+            if node.raw is node or isinstance(node, Kept):      # no references: as written
+                chars += [(c, c) for c in node]
+                continue
+            for piece in re.findall(REF.pattern + r"|[\s\S]", node.raw):
+                text = refs.get(piece) or unescape(piece)
+                chars += [(text[0], piece)] + [(c, "") for c in text[1:]]
+        text: list[str] = []
+        self.forms: list[str] = []
+        for c, form in chars:               # as ``_collapse``: whitespace runs one space, none at the ends
+            if not c.isspace():
+                text.append(c)
+                self.forms.append(form)
+            elif text and text[-1] == " ":
+                self.forms[-1] += form
+            elif text:
+                text.append(" ")
+                self.forms.append(form)
+        if text and text[-1] == " ":
+            text.pop()
+            self.forms.pop()
+        self.text, self.pos = "".join(text), 0
+
+    def written(self, piece: str) -> str:
+        """``piece`` (of a translation) escaped, or as the source wrote it where it continues the
+        source's text from the last piece so written."""
+        at = self.text.find(piece, self.pos) if piece else -1
+        end = at + len(piece)
+        if at < 0 or self.forms[at] == "" or (end < len(self.forms) and self.forms[end] == ""):
+            return escape(piece, quote=False)
+        self.pos = end
+        return "".join(self.forms[at:end])
+
+
+def _texts(nodes: list[Node]):
+    """The text nodes under ``nodes``, in order."""
+    for n in nodes:
+        if isinstance(n, str):
+            yield n
+        else:
+            yield from _texts(n.children)
 
 
 def _void_unclosed(parts: list[Part], options: TagOptions = HTML) -> list[Part]:
