@@ -185,7 +185,11 @@ class HtmlText:
                     else:
                         words = words or WordBounds(whole)
                         at = empty_at(whole, pos, following, done / total, words)
-                    out += [self._forms.written(whole[pos:at]), _raw([n])]
+                    out.append(self._forms.written(whole[pos:at]))
+                    if (isinstance(prev, str) and prev[-1:].isspace() and 0 < at < len(whole)
+                            and whole[at].isspace() and not whole[at - 1].isspace()):
+                        out.append(" ")         # spaced on both sides in the source: so here
+                    out.append(_raw([n]))
                     pos, prev = at, n
                     continue
                 if id(n) in self._seg:
