@@ -264,17 +264,26 @@ class _Forms:
         self.kept = False                           # whether the last text written was the source's
 
     def written(self, text: str) -> str:
-        """``text`` as the source wrote it, where it continues the source's text; else escaped."""
-        at = self.text.find(text, self.pos) if text else -1
-        end = at + len(text)
-        self.kept = not (at < 0 or self.chars[at] == "" or (end < len(self.chars) and self.chars[end] == ""))
-        if not self.kept:
-            return _ESCAPE.sub(r"\\\1", text)
-        self.pos = end
-        return "".join(self.chars[at:end])
+        """``text`` escaped, each character that continues the source's text (from where the last one
+        did) written as the source wrote it; ``kept``: whether its first one did."""
+        out, i = [], 0
+        self.kept = False
+        while i < len(text):
+            k = 1           # the characters of the source form at pos (an entity may decode to more)
+            while self.pos + k < len(self.chars) and self.chars[self.pos + k] == "":
+                k += 1
+            if (self.pos < len(self.chars) and self.chars[self.pos] != "" and len(text) - i >= k
+                    and self.text.startswith(text[i:i + k], self.pos)):
+                self.kept = self.kept or i == 0
+                out.append(self.chars[self.pos])
+                self.pos, i = self.pos + k, i + k
+            else:
+                out.append(_ESCAPE.sub(r"\\\1", text[i]))
+                i += 1
+        return "".join(out)
 
 
-def _render(items: list[Item], keys: dict, forms: _Forms, used: set = None) -> str:
+def _render(items: list[Item], keys: dict, forms: _Forms, used: Optional[set] = None) -> str:
     """Markdown of items: text as written or escaped, verbatim keys once each (a later piece of one:
     nothing)."""
     used = set() if used is None else used

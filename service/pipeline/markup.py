@@ -184,7 +184,8 @@ class HtmlText:
                         at = pos
                     else:
                         words = words or WordBounds(whole)
-                        at = empty_at(whole, pos, following, done / total, words)
+                        ends = isinstance(prev, str) and re.search(r"[.!?\u2026:;]\s*$", prev) is not None
+                        at = empty_at(whole, pos, following, done / total, words, ends)
                     out.append(self._forms.written(whole[pos:at]))
                     if (isinstance(prev, str) and prev[-1:].isspace() and 0 < at < len(whole)
                             and whole[at].isspace() and not whole[at - 1].isspace()):
@@ -216,39 +217,47 @@ class _Written:
     written), so that text a translation keeps is written as the source wrote it (``written``)."""
 
     def __init__(self, nodes: list[Node], refs: dict[str, str]):
-        chars: list[tuple[str, str]] = []
-        for node in _texts(nodes):
+        chars: list[tuple[str, str, int]] = []         # (character, its form, its node)
+        for n, node in enumerate(_texts(nodes)):
             if node.raw is node or isinstance(node, Kept):      # no references: as written
-                chars += [(c, c) for c in node]
+                chars += [(c, c, n) for c in node]
                 continue
             for piece in re.findall(REF.pattern + r"|[\s\S]", node.raw):
                 text = refs.get(piece) or unescape(piece)
-                chars += [(text[0], piece)] + [(c, "") for c in text[1:]]
+                chars += [(text[0], piece, n)] + [(c, "", n) for c in text[1:]]
         text: list[str] = []
         self.forms: list[str] = []
-        for c, form in chars:               # as ``_collapse``: whitespace runs one space, none at the ends
+        first = -1                          # the node of the whitespace being collapsed: its own is its form
+        for c, form, n in chars:            # as ``_collapse``: whitespace runs one space, none at the ends
             if not c.isspace():
                 text.append(c)
                 self.forms.append(form)
             elif text and text[-1] == " ":
-                self.forms[-1] += form
+                self.forms[-1] += form if n == first else ""
             elif text:
                 text.append(" ")
                 self.forms.append(form)
+                first = n
         if text and text[-1] == " ":
             text.pop()
             self.forms.pop()
         self.text, self.pos = "".join(text), 0
 
     def written(self, piece: str) -> str:
-        """``piece`` (of a translation) escaped, or as the source wrote it where it continues the
-        source's text from the last piece so written."""
-        at = self.text.find(piece, self.pos) if piece else -1
-        end = at + len(piece)
-        if at < 0 or self.forms[at] == "" or (end < len(self.forms) and self.forms[end] == ""):
-            return escape(piece, quote=False)
-        self.pos = end
-        return "".join(self.forms[at:end])
+        """``piece`` (of a translation) escaped, each character that continues the source's text
+        (from where the last one did) written as the source wrote it."""
+        out, i = [], 0
+        while i < len(piece):
+            k = 1           # the characters of the source form at pos (a reference may decode to more)
+            while self.pos + k < len(self.forms) and self.forms[self.pos + k] == "":
+                k += 1
+            if self.text.startswith(piece[i:i + k], self.pos) and len(piece) - i >= k and self.forms[self.pos:self.pos + 1] != [""]:
+                out.append(self.forms[self.pos])
+                self.pos, i = self.pos + k, i + k
+            else:
+                out.append(escape(piece[i], quote=False))
+                i += 1
+        return "".join(out)
 
 
 def _texts(nodes: list[Node]):

@@ -25,18 +25,25 @@ def nearest(points: list[int], lo: int, target: float, default: int) -> int:
     return min(near, key=lambda i: abs(i - target), default=default)
 
 
-def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds) -> int:
+def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds, sentence_end: bool = False) -> int:
     """Where an element without text goes in ``whole`` (at or after ``pos``): before the word that
-    follows it in the source (``after``, the start of its text) where that word is there, else at the
-    word start (glued to the next word) or word end (else) nearest to ``frac`` of its length
-    (``words``: whole's word bounds)."""
+    follows it in the source (``after``, the start of its text) where that word is there (of its
+    occurrences, the nearest to ``frac`` of whole's length), else, when it follows the end of a
+    sentence in the source (``sentence_end``), after the sentence end nearest to that place, else at
+    the word start (glued to the next word) or word end (else) nearest to it (``words``: whole's word
+    bounds)."""
+    target = frac * len(whole)
     word = re.match(r"\w+", after)
     if word:
-        m = re.compile(rf"\b{re.escape(word.group())}\b", re.I).search(whole, pos)
-        if m:
-            return m.start()
+        hits = [m.start() for m in re.finditer(rf"\b{re.escape(word.group())}\b", whole[pos:], re.I)]
+        if hits:
+            return pos + min(hits, key=lambda i: abs(pos + i - target))
+    if sentence_end:
+        ends = [m.end() for m in re.finditer(r"[.!?\u2026:;]+(?=\s|$)", whole) if m.end() >= pos]
+        if ends:
+            return min(ends, key=lambda i: abs(i - target))
     glued = bool(after[:1].strip())
-    return nearest(words.starts if glued else words.ends, pos if glued else max(pos, 1), frac * len(whole), pos)
+    return nearest(words.starts if glued else words.ends, pos if glued else max(pos, 1), target, pos)
 
 
 def find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:
@@ -53,7 +60,31 @@ def find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:
         return None
     first = min(m.start() for m in hits)
     last = max(m.end() for m in hits if m.start() - first <= 40)
-    return pos + first, pos + last
+    return _widened(low, tr.lower(), pos + first, pos + last, pos)
+
+
+def _widened(low: str, tr: str, start: int, end: int, pos: int) -> tuple[int, int]:
+    """``start``..``end`` (found by ``tr``'s long words) widened over the words of ``tr`` before and
+    after them that stand right there (short words: "im Garten"), and over the punctuation ``tr`` ends
+    with that follows."""
+    words = re.findall(r"\w+", tr)
+    inside = re.findall(r"\w+", low[start:end])
+    if inside and inside[0] in words:
+        for w in reversed(words[:words.index(inside[0])]):
+            m = re.search(rf"\b{re.escape(w)}\s+$", low[pos:start])
+            if not m:
+                break
+            start = pos + m.start()
+    if inside and inside[-1] in words:
+        for w in words[len(words) - words[::-1].index(inside[-1]):]:
+            m = re.match(rf"\s+{re.escape(w)}\b", low[end:])
+            if not m:
+                break
+            end += m.end()
+    tail = re.search(r"[.!?,;:]+(?=\W*$)", tr)
+    if tail and low.startswith(tail.group(), end):
+        end += len(tail.group())
+    return start, end
 
 
 def words_at(whole: str, pos: int, a: float, b: float) -> Optional[tuple[int, int]]:
