@@ -1,7 +1,9 @@
 """``round_trip``: a document through the document route's translation (``routes.translated``, the
 pipeline, a test double of the translator from ``local_services``) and the checks the round-trip
 tests share: text formats byte for byte, office formats as the same XML once normalised (runs of one
-formatting merged, ``xml:space`` dropped: what python-docx, python-pptx and odfpy may write either way)."""
+formatting merged, ``xml:space`` dropped: what python-docx, python-pptx and odfpy may write either way;
+whitespace at a run's edge moved to the next run, or the run before: where it goes is the placement's
+choice, as it cannot follow words)."""
 from __future__ import annotations
 
 import asyncio
@@ -93,8 +95,10 @@ def normalised(data: bytes, unmark: bool = False) -> dict[str, bytes]:
             if unmark and el.tail:
                 el.tail = el.tail.replace(OPEN, "").replace(CLOSE, "")
             el.attrib.pop(_SPACE, None)
-        for ns, t, props in ((_W, "t", "rPr"), (_A, "t", "rPr")):
-            _merge_runs(root, ns, t, props)
+        for ns in (_W, _A):
+            _merge_runs(root, ns, "t", "rPr")
+            _shift_spaces(root, ns)
+            _merge_runs(root, ns, "t", "rPr")
         _merge_odf(root)
         out[name] = etree.tostring(root, method="c14n", exclusive=True)
     return out
@@ -119,6 +123,26 @@ def _merge_runs(root, ns: str, t: str, props: str) -> None:
                 prev.find(f"{{{ns}}}{t}").text += ts[0].text
                 r.getparent().remove(r)
         if r.getparent() is not None and not ts[0].text:
+            r.getparent().remove(r)
+
+
+def _shift_spaces(root, ns: str) -> None:
+    """The whitespace at the end of a text run moved to the start of the next text run (where a
+    run's edge whitespace goes is the translator's choice: it cannot follow the words)."""
+    def text_only(r) -> bool:
+        return r is not None and r.tag == f"{{{ns}}}r" and [c.tag for c in r if c.tag != f"{{{ns}}}rPr"] == [f"{{{ns}}}t"]
+    for r in list(root.iter(f"{{{ns}}}r")):
+        nxt = r.getnext()
+        if text_only(r) and text_only(nxt):
+            t, t2 = r.find(f"{{{ns}}}t"), nxt.find(f"{{{ns}}}t")
+            core = (t.text or "").rstrip()
+            t2.text, t.text = (t.text or "")[len(core):] + (t2.text or ""), core
+            if not core:
+                r.getparent().remove(r)
+    for r in list(root.iter(f"{{{ns}}}r")):           # a run of whitespace only: the run before's
+        prev = r.getprevious()
+        if text_only(r) and text_only(prev) and not (r.find(f"{{{ns}}}t").text or "").strip():
+            prev.find(f"{{{ns}}}t").text = (prev.find(f"{{{ns}}}t").text or "") + r.find(f"{{{ns}}}t").text
             r.getparent().remove(r)
 
 

@@ -161,6 +161,7 @@ class Run:
     text: str
     style: Optional[object] = ""
     space: bool = False          # an atomic run that separates words (a tab, a line break)
+    kept: bool = False           # a text run kept as it is in the sentence (Markdown's inline code): not translated
 
 
 @dataclass
@@ -179,7 +180,8 @@ class RichText:
     own translation where the paragraph's translation holds it, else around the words at its place).
 
     In each container the style with the most characters is the plain text (``<p>`` text); every
-    other run is an inline element ``<span data-k=key>`` around its text; an atomic run is an empty
+    other run is an inline element ``<span data-k=key>`` around its text (a ``kept`` run's with
+    ``translate="no"``: in the sentence as a placeholder the translator keeps); an atomic run is an empty
     ``<span data-k=key></span>`` (kept at its place, never translated); a group is ``<a data-k=key>``.
     ``rebuild`` gives the new items: plain text as runs of the container's first plain run's key (so a
     key may occur more than once, or not at all when its text merged into another), every other key
@@ -202,7 +204,7 @@ class RichText:
     def _html(self, items: list[Item]) -> str:
         weight: dict[object, int] = {}
         for it in items:
-            if isinstance(it, Run) and it.style is not None:
+            if isinstance(it, Run) and it.style is not None and not it.kept:
                 weight[it.style] = weight.get(it.style, 0) + len(it.text.strip())
         base = max(weight, key=lambda s: weight[s]) if weight else None
         self.base[id(items)] = next((it.key for it in items if isinstance(it, Run) and it.style == base
@@ -220,7 +222,8 @@ class RichText:
                 core = it.text.strip()
                 lead = it.text[:len(it.text) - len(it.text.lstrip())] if core else it.text
                 trail = it.text[len(lead) + len(core):]
-                out.append(f'{escape(lead, quote=False)}<span data-k="{it.key}">{escape(core, quote=False)}</span>'
+                no = ' translate="no"' if it.kept else ""
+                out.append(f'{escape(lead, quote=False)}<span data-k="{it.key}"{no}>{escape(core, quote=False)}</span>'
                            f'{escape(trail, quote=False)}')
         return "".join(out)
 

@@ -241,12 +241,20 @@ def _items(tokens: list, keys: dict, src: _Source, forms: list) -> list[Item]:
                 a -= 1
             keys[key] = src.text(a, b)
             out.append(Run(key, "", None, space=True))
-        elif t.type == "code_inline":         # in the sentence for context; written back verbatim
+        elif t.type == "code_inline":         # in the sentence as a placeholder; written back verbatim
             keys[key] = src.text(*t.meta["span"])
-            out.append(Run(key, t.content, ("code", key)))
-        else:                                 # image, inline HTML: verbatim (a <br> between words)
+            out.append(Run(key, t.content, ("code", key), kept=True))
+        elif t.type == "html_inline" and _BR.match(t.content):     # a <br> between words, its spaces with it
+            a, b = t.meta["span"]
+            while a > 0 and src.text(a - 1, a) == " ":
+                a -= 1
+            while src.text(b, b + 1) == " ":
+                b += 1
+            keys[key] = src.text(a, b)
+            out.append(Run(key, "", None, space=True))
+        else:                                 # image, inline HTML: verbatim
             keys[key] = src.text(*t.meta["span"])
-            out.append(Run(key, "", None, space=t.type == "html_inline" and bool(_BR.match(t.content))))
+            out.append(Run(key, "", None))
         i += 1
     return out
 
@@ -269,6 +277,11 @@ class _Forms:
         out, i = [], 0
         self.kept = False
         while i < len(text):
+            j = self.pos
+            while self.text[j:j + 1] == " " and text[i] != " ":
+                j += 1
+            if j > self.pos and self.text.startswith(text[i], j):
+                self.pos = j       # a space the line break next to it stands for
             k = 1           # the characters of the source form at pos (an entity may decode to more)
             while self.pos + k < len(self.chars) and self.chars[self.pos + k] == "":
                 k += 1

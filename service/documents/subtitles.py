@@ -27,7 +27,8 @@ from .common import DocumentError, Nodes, Segments, decode_text
 _MARK = re.compile(r"<[^<>\n]*>|\{\\[^{}\n]*\}")     # a tag, a timestamp, an override block {\an8}
 _NAME = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9]*)")    # a tag's name (WebVTT's class after a dot: not its name)
 _BREAK = re.compile(r"[ \t]*\r?\n[ \t]*")
-_PLACED = re.compile(r'[ \t]*<!--c(\d+)-->[ \t]*|<span data-c="(\d+)">|</span>|&[^;\s<&]*;?')
+_PLACED = re.compile(r'<!--c(\d+)-->|<span data-c="(\d+)">|</span>|&[^;\s<&]*;?')
+_BROKE = re.compile("[ \t]*\x00(\\d+)\x00[ \t]*")     # a line break placed, with the spaces around it
 
 
 class Cue:
@@ -87,14 +88,14 @@ class Cue:
         def put(m: re.Match) -> str:
             if m.group(1) is not None:
                 k = int(m.group(1))
-                return self.raw[k] if k in self.breaks else m.group().replace(f"<!--c{k}-->", self.raw[k])
+                return f"\x00{k}\x00" if k in self.breaks else self.raw[k]
             if m.group(2) is not None:
                 opened.append(int(m.group(2)))
                 return self.raw[int(m.group(2))]
             if m.group() == "</span>":
                 return self.ends[opened.pop()]
             return unescape(m.group()) if self.literal else m.group()
-        out = _PLACED.sub(put, html)
+        out = _BROKE.sub(lambda m: self.raw[int(m.group(1))], _PLACED.sub(put, html))
         lines = out.split("\n")
         if len(lines) > 1 and not all(line.strip() for line in lines):    # a break at an edge: no blank line
             out = "\n".join(line for line in lines if line.strip())

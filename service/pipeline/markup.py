@@ -27,6 +27,7 @@ from .markup_parse import (
 )
 from .placement import WordBounds, empty_at, find, words_at
 
+_SPACE_END = re.compile(r"\s(?:<[^<>]*>)*$")     # rendered text ending in whitespace (and tags only after it)
 _LOOKAHEAD = 100           # characters of the text after an empty element read to place it (its next word)
 
 
@@ -163,7 +164,7 @@ class HtmlText:
 
             def after() -> str:     # the start of the text after the current node: its first word or character
                 got, k = "", with_text[-1] if with_text else -1
-                while k >= 0 and (not got or re.fullmatch(r"\w+", got)) and len(got) < _LOOKAHEAD:
+                while k >= 0 and (not got.strip() or re.fullmatch(r"\s*\w+", got)) and len(got) < _LOOKAHEAD:
                     got += text_of(todo[k])
                     k = with_text[k - 1] if k > 0 else -1
                 return got
@@ -187,14 +188,14 @@ class HtmlText:
                         ends = isinstance(prev, str) and re.search(r"[.!?\u2026:;]\s*$", prev) is not None
                         at = empty_at(whole, pos, following, done / total, words, ends)
                     out.append(self._forms.written(whole[pos:at]))
-                    if (isinstance(prev, str) and prev[-1:].isspace() and 0 < at < len(whole)
-                            and whole[at].isspace() and not whole[at - 1].isspace()):
+                    spaced = isinstance(prev, str) and prev[-1:].isspace() and following[:1].isspace()
+                    if spaced and 0 < at < len(whole) and whole[at].isspace() and not whole[at - 1].isspace():
                         out.append(" ")         # spaced on both sides in the source: so here
                     out.append(_raw([n]))
                     pos, prev = at, n
                     continue
                 if id(n) in self._seg:
-                    span = find(low, tr[self._seg[id(n)]], pos)
+                    span = find(low, tr[self._seg[id(n)]], pos, (done - size) / total * len(whole))
                 else:       # elements not translated only (their sentinels are in ``whole``), or none
                     span = None if _has_words(n.children) else find(low, _collapse(text_of(n)), pos)
                 span = span or words_at(whole, pos, (done - size) / total, done / total)
@@ -203,9 +204,12 @@ class HtmlText:
                     push(n.children)
                     done -= size
                     continue
-                out += [self._forms.written(whole[pos:span[0]]),
-                        n.start + self._render(n.children, whole[span[0]:span[1]], tr) + n.end]
+                before = self._forms.written(whole[pos:span[0]])
+                inner = self._render(n.children, whole[span[0]:span[1]], tr)
+                out += [before, n.start + inner + n.end]
                 pos, prev = span[1], n
+                while _SPACE_END.search(inner) and whole[pos:pos + 1].isspace():      # its space inside it: once
+                    pos += 1
             out.append(self._forms.written(whole[pos:]))
         out += [trail, _raw(nodes[last + 1:])]
         return "".join(out)
@@ -248,6 +252,11 @@ class _Written:
         (from where the last one did) written as the source wrote it."""
         out, i = [], 0
         while i < len(piece):
+            j = self.pos
+            while self.text[j:j + 1] == " " and piece[i] != " ":
+                j += 1
+            if j > self.pos and self.text.startswith(piece[i], j):
+                self.pos = j       # a space written inside an element, not here
             k = 1           # the characters of the source form at pos (a reference may decode to more)
             while self.pos + k < len(self.forms) and self.forms[self.pos + k] == "":
                 k += 1
