@@ -3,7 +3,7 @@ pipeline, a test double of the translator from ``local_services``) and the check
 tests share: text formats byte for byte, office formats as the same XML once normalised (runs of one
 formatting merged, ``xml:space`` dropped: what python-docx, python-pptx and odfpy may write either way;
 whitespace at a run's edge moved to the next run, or the run before: where it goes is the placement's
-choice, as it cannot follow words)."""
+choice, as it cannot follow words; whitespace next to a tab or break dropped: it stands for it)."""
 from __future__ import annotations
 
 import asyncio
@@ -63,10 +63,10 @@ def marked_once(data: bytes, name: str, kept: list[str], words: list[str] = WORD
 
 
 def xml_text(data: bytes) -> str:
-    """The text of every XML member of an archive (its elements' text, in order)."""
+    """The text of every XML member of an archive (its text nodes, in order, a line each)."""
     zf = zipfile.ZipFile(io.BytesIO(data))
-    return "\n".join("".join(etree.fromstring(zf.read(n)).itertext()) for n in sorted(zf.namelist())
-                     if n.endswith(".xml"))
+    return "\n".join("\n".join(etree.fromstring(zf.read(n)).itertext()) for n in sorted(zf.namelist())
+                      if n.endswith(".xml"))
 
 
 _W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
@@ -139,6 +139,12 @@ def _shift_spaces(root, ns: str) -> None:
             t2.text, t.text = (t.text or "")[len(core):] + (t2.text or ""), core
             if not core:
                 r.getparent().remove(r)
+    breaks = {f"{{{ns}}}{b}" for b in ("tab", "br", "cr")}
+    for r in list(root.iter(f"{{{ns}}}r")):           # whitespace next to a tab or break: it stands for it
+        if any(c.tag in breaks for c in r):
+            for other, strip in ((r.getprevious(), str.rstrip), (r.getnext(), str.lstrip)):
+                if text_only(other):
+                    other.find(f"{{{ns}}}t").text = strip(other.find(f"{{{ns}}}t").text or "")
     for r in list(root.iter(f"{{{ns}}}r")):           # a run of whitespace only: the run before's
         prev = r.getprevious()
         if text_only(r) and text_only(prev) and not (r.find(f"{{{ns}}}t").text or "").strip():

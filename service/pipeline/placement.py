@@ -34,9 +34,10 @@ def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds, s
     the word start (glued to the next word) or word end (else) nearest to it (``words``: whole's word
     bounds)."""
     target = frac * len(whole)
-    word = re.match(r"\s*(\w+)", after)
+    word = re.match(r"\s*(\w+|\S)", after)          # its next word, or a mark (punctuation, a placeholder)
     if word:
-        hits = [m.start() for m in re.finditer(rf"\b{re.escape(word.group(1))}\b", whole[pos:], re.I)]
+        anchor = rf"\b{re.escape(word.group(1))}\b" if re.match(r"\w", word.group(1)) else re.escape(word.group(1))
+        hits = [m.start() for m in re.finditer(anchor, whole[pos:], re.I)]
         if hits:
             at = pos + min(hits, key=lambda i: abs(pos + i - target))
             while word.start(1) and at > pos and whole[at - 1].isspace():     # space between: after the word before
