@@ -140,8 +140,8 @@ def _shift_spaces(root, ns: str) -> None:
             if not core:
                 r.getparent().remove(r)
     breaks = {f"{{{ns}}}{b}" for b in ("tab", "br", "cr")}
-    for r in list(root.iter(f"{{{ns}}}r")):           # whitespace next to a tab or break: it stands for it
-        if any(c.tag in breaks for c in r):
+    for r in list(root.iter(f"{{{ns}}}r", f"{{{ns}}}br")):    # whitespace next to a tab or break: it stands for it
+        if r.tag in breaks or any(c.tag in breaks for c in r):
             for other, strip in ((r.getprevious(), str.rstrip), (r.getnext(), str.lstrip)):
                 if text_only(other):
                     other.find(f"{{{ns}}}t").text = strip(other.find(f"{{{ns}}}t").text or "")
@@ -156,6 +156,21 @@ def _merge_odf(root) -> None:
     for s in list(root.iter(f"{{{_TEXT}}}s")):        # text:s c=N as N spaces
         n = int(s.get(f"{{{_TEXT}}}c", "1"))
         _put_text(s, " " * n + (s.tail or ""))
+    for span in list(root.iter(f"{{{_TEXT}}}span", f"{{{_TEXT}}}a")):   # adjacent spans of one style: one
+        prev = span.getprevious()
+        if (prev is not None and prev.tag == span.tag and dict(prev.attrib) == dict(span.attrib)
+                and not (prev.tail or "").strip() and len(prev) == 0 and len(span) == 0):
+            prev.text = (prev.text or "") + (prev.tail or "") + (span.text or "")
+            prev.tail = span.tail
+            span.getparent().remove(span)
+    for el in root.iter():                            # whitespace next to a tab or line break: it stands for it
+        if el.tag in (f"{{{_TEXT}}}tab", f"{{{_TEXT}}}line-break"):
+            el.tail = (el.tail or "").lstrip() or None
+            prev, parent = el.getprevious(), el.getparent()
+            if prev is not None:
+                prev.tail = (prev.tail or "").rstrip() or None
+            else:
+                parent.text = (parent.text or "").rstrip() or None
 
 
 def _put_text(el, text: str) -> None:

@@ -187,3 +187,20 @@ def test_an_image_between_words_keeps_the_space_on_both_sides():
     d.save(buf)
     out = docx.Document(io.BytesIO(translated(buf.getvalue(), "a.docx", answering(str.upper))))
     assert [r.text for r in out.paragraphs[0].runs] == ["EIN BILD ", "", " HIER."]
+
+
+def test_odt_runs_of_spaces_a_translation_keeps_are_written_as_odf_shows_them():
+    from odf.opendocument import OpenDocumentText
+    from odf.opendocument import load as odf_load
+    from odf.text import P, S
+    doc = OpenDocumentText()
+    p = P(text="Ein")
+    p.addElement(S(c=3))
+    p.addText("Hund.")
+    doc.text.addElement(p)
+    buf = io.BytesIO()
+    doc.write(buf)
+    out = odf_load(io.BytesIO(translated(buf.getvalue(), "a.odt", answering(lambda t: t))))
+    para = out.text.getElementsByType(P)[0]
+    assert [(n.qname[1], n.attributes.get((n.qname[0], "c"))) if n.nodeType == 1 else str(n)
+            for n in para.childNodes] == ["Ein ", ("s", "2"), "Hund."]      # 3 spaces, as ODF writes them

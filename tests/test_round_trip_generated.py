@@ -176,3 +176,81 @@ def test_deepl_xml(pars):
     assert not any(k in t for job in seen for t in job.texts for k in KEPT)
     for w in used:
         assert out.count(w) == xml.count(w) == 1
+
+
+# ---- pptx ------------------------------------------------------------------------------------------
+A = 'xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main"'
+BOLD = ' b="1"'
+pptx_run = st.tuples(words, st.booleans()).map(lambda t: f'<a:r><a:rPr lang="de-DE"{BOLD if t[1] else ""}/>'
+                                                         f'<a:t>{t[0]} </a:t></a:r>')
+pptx_item = st.one_of(pptx_run, pptx_run, st.sampled_from([
+    "<a:br/>", '<a:fld id="{B6F15528-21DE-4FAA-801E-634DDDAF4B2B}" type="slidenum"><a:t>ERGEBNIS</a:t></a:fld>']))
+
+
+def pptx_of(text: str) -> bytes:
+    """A one-slide presentation whose text box holds these ``a:p`` contents (``\\x01`` between them)."""
+    import io
+
+    import pptx
+    from lxml import etree
+    prs = pptx.Presentation()
+    slide = prs.slides.add_slide(prs.slide_layouts[6])
+    body = slide.shapes.add_textbox(0, 0, 100, 100).text_frame._txBody
+    for p in body.findall("{*}p"):
+        body.remove(p)
+    for xml in text.split("\x01"):
+        body.append(etree.fromstring(f"<a:p {A}>{xml}</a:p>"))
+    out = io.BytesIO()
+    prs.save(out)
+    return out.getvalue()
+
+
+@examples(6)
+@given(st.lists(st.lists(pptx_item, min_size=1, max_size=4).map("".join), min_size=1, max_size=3))
+def test_pptx(paragraphs):
+    check("\x01".join(paragraphs), "a.pptx", pptx_of)
+
+
+# ---- odt -------------------------------------------------------------------------------------------
+odt_item = st.one_of(
+    words.map(lambda w: ("text", w)), words.map(lambda w: ("span", w)), words.map(lambda w: ("a", w)),
+    st.sampled_from([("tab", ""), ("break", ""), ("s", "")]))
+
+
+def odt_of(text: str) -> bytes:
+    """An odt whose paragraphs hold these items (``kind\\x02text``, ``\\x03`` between, ``\\x01`` between paragraphs)."""
+    import io
+
+    from odf.opendocument import OpenDocumentText
+    from odf.style import Style, TextProperties
+    from odf.text import A as Link
+    from odf.text import LineBreak, P, S, Span, Tab
+    doc = OpenDocumentText()
+    bold = Style(name="Bold", family="text")
+    bold.addElement(TextProperties(fontweight="bold"))
+    doc.automaticstyles.addElement(bold)
+    for para in text.split("\x01"):
+        p = P()
+        for k, item in enumerate(para.split("\x03")):
+            kind, words_ = item.split("\x02")
+            if k:
+                p.addText(" ")         # items apart: their words are words of their own
+            if kind == "text":
+                p.addText(words_)
+            elif kind == "span":
+                p.addElement(Span(stylename=bold, text=words_))
+            elif kind == "a":
+                p.addElement(Link(href="http://x.de/CODE", text=words_))
+            else:
+                p.addElement({"tab": Tab, "break": LineBreak}.get(kind, lambda: S(c=2))())
+        doc.text.addElement(p)
+    out = io.BytesIO()
+    doc.write(out)
+    return out.getvalue()
+
+
+@examples(6)
+@given(st.lists(st.lists(odt_item, min_size=1, max_size=4).map(lambda items: "\x03".join(f"{k}\x02{t}" for k, t in items)),
+                min_size=1, max_size=3))
+def test_odt(paragraphs):
+    check("\x01".join(paragraphs), "a.odt", odt_of)
