@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
 import zipfile
+from collections import Counter
 
+import pytest
 from local_services import CLOSE, OPEN, identity, local_services, marked
 from lxml import etree
 
@@ -25,6 +28,20 @@ OFFICE = ("docx", "pptx", "odt")
 WORDS = ["hund", "katze", "baum", "wiese", "vogel", "sonne", "regen", "brot", "milch", "fenster", "garten", "stuhl"]
 
 
+COUNTS: Counter = Counter()     # (round trip, extension) -> documents checked in this process
+
+
+@pytest.fixture(scope="module", autouse=True)
+def counts():
+    """With ``ROUND_TRIP_COUNTS=1``, the documents each module checked, per format (pytest -s)."""
+    yield
+    if os.environ.get("ROUND_TRIP_COUNTS"):
+        print("\nround trips (documents):", ", ".join(f"{ext} {COUNTS['identity', ext]} identity / "
+                                                    f"{COUNTS['marking', ext]} marking"
+                                                    for ext in sorted({e for _, e in COUNTS})))
+        COUNTS.clear()
+
+
 def translated(data: bytes, name: str, run) -> bytes:
     """``data`` (a file called ``name``) translated by ``run`` as the document routes translate."""
     svc = local_services([CARD], run)
@@ -33,6 +50,7 @@ def translated(data: bytes, name: str, run) -> bytes:
 
 def identical(data: bytes, name: str) -> None:
     """Asserts the identity round trip: the same bytes (text formats) or the same normalised XML."""
+    COUNTS["identity", name.rsplit(".", 1)[-1]] += 1
     out = translated(data, name, identity())
     if name.rsplit(".", 1)[-1] in OFFICE:
         assert normalised(out) == normalised(data)
@@ -44,6 +62,7 @@ def marked_once(data: bytes, name: str, kept: list[str], words: list[str] = WORD
     """Asserts the marking round trip: no job's text holds any of ``kept`` (markup, codes, timestamps,
     placeholders), the output less its markers is the identity output, and each of ``words`` in the
     output's text is inside markers, as often as in the input. Returns the segments sent."""
+    COUNTS["marking", name.rsplit(".", 1)[-1]] += 1
     jobs: list = []
     out = translated(data, name, marked(jobs))
     sent = [t for job in jobs for t in job.texts]

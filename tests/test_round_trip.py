@@ -15,7 +15,7 @@ from docx.oxml import parse_xml
 from fastapi.testclient import TestClient
 from local_services import answering, local_services
 from lxml import etree
-from round_trip import CARD, identical, marked_once, translated
+from round_trip import CARD, counts, identical, marked_once, translated  # noqa: F401 - counts: a fixture
 from test_documents import PNG, SRT, VTT, make_docx, make_odt
 
 from service.api.http import build_app

@@ -11,10 +11,11 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from local_services import answering, local_services
-from round_trip import CARD, identical, marked_once
+from round_trip import CARD, counts, identical, marked_once  # noqa: F401 - counts: a fixture
 from test_round_trip import docx_of, field, run_xml
 
 from service.api.http import build_app
+
 
 # derandomized (the same examples each run, ``ROUND_TRIP_RANDOM=1``: new ones): random runs still find
 # placement misses (see docs/documents.md, "Round trips"); these fixed ones pass
@@ -109,7 +110,7 @@ srt_item = st.one_of(sentence, words.map(lambda w: f"<i>{w}</i>"), words.map(lam
 srt_line = st.lists(srt_item, min_size=1, max_size=2).map(" ".join)
 
 
-@examples(6)
+@examples(25)
 @given(st.lists(st.tuples(st.booleans(), st.lists(srt_line, min_size=1, max_size=3)), min_size=1, max_size=4))
 def test_subrip(cues):
     out = [f"{i + 1}\n00:00:{i:02d},000 --> 00:00:{i:02d},900\n" + ("{\\an8}" if top else "") + "\n".join(lines)
@@ -125,7 +126,7 @@ vtt_cue = st.tuples(st.sampled_from(["", "c1\n"]), st.sampled_from(["", " align:
                     st.sampled_from(["", "<v Anna>", "<v.CODE Anna>"]), st.lists(vtt_line, min_size=1, max_size=3))
 
 
-@examples(6)
+@examples(25)
 @given(st.lists(vtt_cue, min_size=1, max_size=4))
 def test_webvtt(cues):
     out = []
@@ -148,7 +149,7 @@ docx_item = st.one_of(
                      '<w:bookmarkStart w:id="1" w:name="CODE"/><w:bookmarkEnd w:id="1"/>']))
 
 
-@examples(6)
+@examples(25)
 @given(st.lists(st.lists(docx_item, min_size=1, max_size=3).map("".join), min_size=1, max_size=3))
 def test_docx(paragraphs):
     check("\x01".join(paragraphs), "a.docx", lambda text: docx_of(*text.split("\x01")))
@@ -205,7 +206,7 @@ def pptx_of(text: str) -> bytes:
     return out.getvalue()
 
 
-@examples(6)
+@examples(25)
 @given(st.lists(st.lists(pptx_item, min_size=1, max_size=4).map("".join), min_size=1, max_size=3))
 def test_pptx(paragraphs):
     check("\x01".join(paragraphs), "a.pptx", pptx_of)
@@ -249,7 +250,7 @@ def odt_of(text: str) -> bytes:
     return out.getvalue()
 
 
-@examples(6)
+@examples(25)
 @given(st.lists(st.lists(odt_item, min_size=1, max_size=4).map(lambda items: "\x03".join(f"{k}\x02{t}" for k, t in items)),
                 min_size=1, max_size=3))
 def test_odt(paragraphs):
