@@ -190,6 +190,7 @@ class RichText:
     def __init__(self, items: list[Item], nodes: Optional[Nodes] = None):
         self.items = items
         self.atomic: dict[int, Run] = {}
+        self.kept: set[int] = {it.key for it in flat(items) if isinstance(it, Run) and it.kept}
         self.base: dict[int, Optional[int]] = {}      # id(container items) -> key of its plain text
         self.html = self._html(items)
         try:
@@ -334,10 +335,12 @@ class _Items(HTMLParser):
             return
         key = self.rich.base.get(id(source))
         if key is None:   # a container without plain text: the text joins the run before it (else after)
-            key = next((it.key for it in reversed(out) if isinstance(it, Run) and it.key not in self.rich.atomic),
-                       next((it.key for it in source if isinstance(it, Run) and it.style is not None), None))
-        if key is None:     # no run of its own at all: the paragraph's first text run
-            key = next((k for k, _ in _runs(self.rich.items)), None)
+            key = next((it.key for it in reversed(out) if isinstance(it, Run) and it.key not in self.rich.atomic
+                        and it.key not in self.rich.kept),
+                       next((it.key for it in source if isinstance(it, Run) and it.style is not None
+                             and it.key not in self.rich.kept), None))
+        if key is None:     # no run of its own at all: the paragraph's first text run (not one kept as it is)
+            key = next((k for k, _ in _runs(self.rich.items) if k not in self.rich.kept), None)
         if out and isinstance(out[-1], Run) and out[-1].key == key:
             out[-1].text += data
         else:

@@ -192,6 +192,7 @@ class HtmlText:
                     if spaced and 0 < at < len(whole) and whole[at].isspace() and not whole[at - 1].isspace():
                         out.append(" ")         # spaced on both sides in the source: so here
                     out.append(_raw([n]))
+                    self._forms.placed = True
                     pos, prev = at, n
                     continue
                 if id(n) in self._seg:
@@ -207,6 +208,7 @@ class HtmlText:
                 before = self._forms.written(whole[pos:span[0]])
                 inner = self._render(n.children, whole[span[0]:span[1]], tr)
                 out += [before, n.start + inner + n.end]
+                self._forms.placed = True
                 pos, prev = span[1], n
                 while _SPACE_END.search(inner) and whole[pos:pos + 1].isspace():      # its space inside it: once
                     pos += 1
@@ -231,6 +233,8 @@ class _Written:
                 chars += [(text[0], piece, n)] + [(c, "", n) for c in text[1:]]
         text: list[str] = []
         self.forms: list[str] = []
+        self.placed = False                 # an element was written since the last text
+        runs: dict[int, list[list]] = {}    # a collapsed space -> [node, its whitespace] of each node in it
         first = -1                          # the node of the whitespace being collapsed: its own is its form
         for c, form, n in chars:            # as ``_collapse``: whitespace runs one space, none at the ends
             if not c.isspace():
@@ -238,10 +242,18 @@ class _Written:
                 self.forms.append(form)
             elif text and text[-1] == " ":
                 self.forms[-1] += form if n == first else ""
+                run = runs[len(text) - 1]
+                if run[-1][0] == n:
+                    run[-1][1] += form
+                else:
+                    run.append([n, form])
             elif text:
                 text.append(" ")
                 self.forms.append(form)
                 first = n
+                runs[len(text) - 1] = [[n, form]]
+        # after an element placed inside such a space, the space is written as its last node's
+        self.last = {k: run[-1][1] for k, run in runs.items() if len(run) > 1}
         if text and text[-1] == " ":
             text.pop()
             self.forms.pop()
@@ -252,6 +264,8 @@ class _Written:
         (from where the last one did) written as the source wrote it."""
         out, i = [], 0
         while i < len(piece):
+            if i:
+                self.placed = False
             j = self.pos
             while self.text[j:j + 1] == " " and piece[i] != " ":
                 j += 1
@@ -261,11 +275,13 @@ class _Written:
             while self.pos + k < len(self.forms) and self.forms[self.pos + k] == "":
                 k += 1
             if self.text.startswith(piece[i:i + k], self.pos) and len(piece) - i >= k and self.forms[self.pos:self.pos + 1] != [""]:
-                out.append(self.forms[self.pos])
+                out.append(self.last.get(self.pos, self.forms[self.pos]) if i == 0 and self.placed
+                           else self.forms[self.pos])
                 self.pos, i = self.pos + k, i + k
             else:
                 out.append(escape(piece[i], quote=False))
                 i += 1
+        self.placed = self.placed and not piece
         return "".join(out)
 
 
