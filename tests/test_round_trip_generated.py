@@ -17,8 +17,7 @@ from test_round_trip import docx_of, field, run_xml
 from service.api.http import build_app
 
 
-# derandomized (the same examples each run, ``ROUND_TRIP_RANDOM=1``: new ones): random runs still find
-# placement misses (see docs/documents.md, "Round trips"); these fixed ones pass
+# derandomized (the same examples each run; ``ROUND_TRIP_RANDOM=1``: new ones, as a search for misses)
 def examples(n: int) -> settings:
     """``n`` examples (``ROUND_TRIP_EXAMPLES`` overrides)."""
     return settings(max_examples=int(os.environ.get("ROUND_TRIP_EXAMPLES", n)), deadline=None,
@@ -78,7 +77,7 @@ md_block = st.one_of(
     st.just("```\nCODE\n```"))
 
 
-@examples(6)
+@examples(25)
 @given(st.lists(md_block, min_size=1, max_size=4))
 def test_markdown(blocks):
     check("\n\n".join(blocks) + "\n", "a.md")
