@@ -2,9 +2,11 @@
 text boxes, headers, footers, footnotes and endnotes is one ``RichText`` unit: its runs (``w:r``,
 formatting in ``w:rPr``: bold, italic, colour, ...) and hyperlinks (``w:hyperlink``) are carried to the
 translated words; paragraph properties (styles: headings, list numbering) are never touched, so the
-structure stays. Runs that are not plain text (images, fields, footnote marks, tabs and breaks) stay
-as they are, at their place; so does anything else inside a paragraph (bookmarks, comments, tracked
-changes, content controls), its text untranslated.
+structure stays. Runs that are not plain text (images, field characters, footnote marks, tabs and
+breaks) stay as they are, at their place; so does anything else inside a paragraph or a hyperlink
+(simple fields, bookmarks, proofing marks, comments, tracked changes, content controls), its text
+untranslated. A complex field (``w:fldChar`` begin .. end, its ``w:instrText`` code and its result,
+over paragraphs too) is kept whole: its result is what the field says until Word updates it.
 """
 from __future__ import annotations
 

@@ -51,6 +51,8 @@ class HtmlText:
     of script, style, code, pre and similar elements, unfinished markup at the end, the whitespace
     around a text and character references the model cannot translate are copied byte for byte from the
     input; entities in the model's output (Multi30k's text has ``&amp;``) are decoded before escaping.
+    Text of the translation that continues the source's text is written as the source wrote it (its
+    whitespace and references: ``_Written``), so an unchanged run comes back byte for byte.
     An element not translated (``translate_state``) is copied byte for byte too: inline inside a run
     it stays in the run as one sentinel character (``Kept``), which comes back where the translator
     put it (once: ``_each_once``); otherwise it ends the run around it like any other block.
