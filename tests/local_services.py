@@ -34,15 +34,36 @@ class FunctionBackend:
         pass
 
 
+def answering(transform: Callable[[str], str], jobs: Optional[list] = None,
+              with_model: bool = False) -> Callable[[str, TranslateJob], Awaitable[TranslateResponse]]:
+    """A ``run`` that answers each text as ``transform(text)``, appending each job (``(model, job)``
+    with ``with_model``) to ``jobs`` when given."""
+    async def run(model: str, job: TranslateJob) -> TranslateResponse:
+        if jobs is not None:
+            jobs.append((model, job) if with_model else job)
+        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
+            Translation(text=transform(t), tokens=[], source_tokens=[], score=0.0, finish_reason="eos")
+            for t in job.texts])
+    return run
+
+
 def upper_cased(jobs: list, with_model: bool = False) -> Callable[[str, TranslateJob], Awaitable[TranslateResponse]]:
     """A ``run`` that answers each text upper-cased (a translation that shows), appending each job
     (``(model, job)`` with ``with_model``) to ``jobs``."""
-    async def run(model: str, job: TranslateJob) -> TranslateResponse:
-        jobs.append((model, job) if with_model else job)
-        return TranslateResponse(model=model, usage=Usage(source_tokens=1, generated_tokens=1), translations=[
-            Translation(text=t.upper(), tokens=[], source_tokens=[], score=0.0, finish_reason="eos")
-            for t in job.texts])
-    return run
+    return answering(str.upper, jobs, with_model)
+
+
+def identity(jobs: Optional[list] = None) -> Callable[[str, TranslateJob], Awaitable[TranslateResponse]]:
+    """A ``run`` that answers each text unchanged (the identity round trip)."""
+    return answering(lambda t: t, jobs)
+
+
+OPEN, CLOSE = "\u27e6", "\u27e7"      # the markers ``marked`` wraps each text in
+
+
+def marked(jobs: Optional[list] = None) -> Callable[[str, TranslateJob], Awaitable[TranslateResponse]]:
+    """A ``run`` that answers each text wrapped in OPEN .. CLOSE (what was sent, and where it went)."""
+    return answering(lambda t: OPEN + t + CLOSE, jobs)
 
 
 def local_services(cards, run, engine: Optional[dict] = None, detector: Optional[LanguageDetector] = None,

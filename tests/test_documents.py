@@ -70,7 +70,7 @@ def test_markdown_keeps_front_matter_code_and_inline_markup():
     segments, out = upper(src.encode(), "a.md")
     assert "Code bleibt" not in " ".join(segments) and "Ein Titel" not in segments
     assert out.decode() == ('---\ntitle: Ein Titel\n---\n# EIN **GROSSER** TITEL\n\nEIN HUND LÄUFT [ÜBER](http://x.de "t") '
-                            "DIE `Wiese` UND SPRINGT.\n\n- EINS\n- ZWEI *DREI*\n\n> ZITAT\n\n| A | B |\n|---|---|\n"
+                            "DIE `Wiese` UND\nSPRINGT.\n\n- EINS\n- ZWEI *DREI*\n\n> ZITAT\n\n| A | B |\n|---|---|\n"
                             "| HUND | KATZE |\n\n```\nCode bleibt\n```\n\n    eingerückt bleibt\n")
 
 

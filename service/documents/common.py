@@ -161,6 +161,7 @@ class Run:
     text: str
     style: Optional[object] = ""
     space: bool = False          # an atomic run that separates words (a tab, a line break)
+    kept: bool = False           # a text run kept as it is in the sentence (Markdown's inline code): not translated
 
 
 @dataclass
@@ -179,7 +180,8 @@ class RichText:
     own translation where the paragraph's translation holds it, else around the words at its place).
 
     In each container the style with the most characters is the plain text (``<p>`` text); every
-    other run is an inline element ``<span data-k=key>`` around its text; an atomic run is an empty
+    other run is an inline element ``<span data-k=key>`` around its text (a ``kept`` run's with
+    ``translate="no"``: in the sentence as a placeholder the translator keeps); an atomic run is an empty
     ``<span data-k=key></span>`` (kept at its place, never translated); a group is ``<a data-k=key>``.
     ``rebuild`` gives the new items: plain text as runs of the container's first plain run's key (so a
     key may occur more than once, or not at all when its text merged into another), every other key
@@ -188,6 +190,7 @@ class RichText:
     def __init__(self, items: list[Item], nodes: Optional[Nodes] = None):
         self.items = items
         self.atomic: dict[int, Run] = {}
+        self.kept: set[int] = {it.key for it in flat(items) if isinstance(it, Run) and it.kept}
         self.base: dict[int, Optional[int]] = {}      # id(container items) -> key of its plain text
         self.html = self._html(items)
         try:
@@ -202,7 +205,7 @@ class RichText:
     def _html(self, items: list[Item]) -> str:
         weight: dict[object, int] = {}
         for it in items:
-            if isinstance(it, Run) and it.style is not None:
+            if isinstance(it, Run) and it.style is not None and not it.kept:
                 weight[it.style] = weight.get(it.style, 0) + len(it.text.strip())
         base = max(weight, key=lambda s: weight[s]) if weight else None
         self.base[id(items)] = next((it.key for it in items if isinstance(it, Run) and it.style == base
@@ -220,7 +223,8 @@ class RichText:
                 core = it.text.strip()
                 lead = it.text[:len(it.text) - len(it.text.lstrip())] if core else it.text
                 trail = it.text[len(lead) + len(core):]
-                out.append(f'{escape(lead, quote=False)}<span data-k="{it.key}">{escape(core, quote=False)}</span>'
+                no = ' translate="no"' if it.kept else ""
+                out.append(f'{escape(lead, quote=False)}<span data-k="{it.key}"{no}>{escape(core, quote=False)}</span>'
                            f'{escape(trail, quote=False)}')
         return "".join(out)
 
@@ -331,10 +335,12 @@ class _Items(HTMLParser):
             return
         key = self.rich.base.get(id(source))
         if key is None:   # a container without plain text: the text joins the run before it (else after)
-            key = next((it.key for it in reversed(out) if isinstance(it, Run) and it.key not in self.rich.atomic),
-                       next((it.key for it in source if isinstance(it, Run) and it.style is not None), None))
-        if key is None:     # no run of its own at all: the paragraph's first text run
-            key = next((k for k, _ in _runs(self.rich.items)), None)
+            key = next((it.key for it in reversed(out) if isinstance(it, Run) and it.key not in self.rich.atomic
+                        and it.key not in self.rich.kept),
+                       next((it.key for it in source if isinstance(it, Run) and it.style is not None
+                             and it.key not in self.rich.kept), None))
+        if key is None:     # no run of its own at all: the paragraph's first text run (not one kept as it is)
+            key = next((k for k, _ in _runs(self.rich.items) if k not in self.rich.kept), None)
         if out and isinstance(out[-1], Run) and out[-1].key == key:
             out[-1].text += data
         else:

@@ -2,9 +2,11 @@
 text boxes, headers, footers, footnotes and endnotes is one ``RichText`` unit: its runs (``w:r``,
 formatting in ``w:rPr``: bold, italic, colour, ...) and hyperlinks (``w:hyperlink``) are carried to the
 translated words; paragraph properties (styles: headings, list numbering) are never touched, so the
-structure stays. Runs that are not plain text (images, fields, footnote marks, tabs and breaks) stay
-as they are, at their place; so does anything else inside a paragraph (bookmarks, comments, tracked
-changes, content controls), its text untranslated.
+structure stays. Runs that are not plain text (images, field characters, footnote marks, tabs and
+breaks) stay as they are, at their place; so does anything else inside a paragraph or a hyperlink
+(simple fields, bookmarks, proofing marks, comments, tracked changes, content controls), its text
+untranslated. A complex field (``w:fldChar`` begin .. end, its ``w:instrText`` code and its result,
+over paragraphs too) is kept whole: its result is what the field says until Word updates it.
 """
 from __future__ import annotations
 
@@ -36,7 +38,11 @@ class DocxDocument:
         for rel in self.doc.part.rels.values():      # parts python-docx parses as XML (others: left as they are)
             if rel.reltype in _PARTS and not rel.is_external and hasattr(rel.target_part, "element"):
                 roots.append(rel.target_part.element)
-        self._seg = Segments.of_paragraphs((p for root in roots for p in root.iter(qn("w:p"))), _paragraph)
+        self._seg = Segments()
+        for root in roots:
+            field = _Field()            # a field's runs may span paragraphs (a table of contents)
+            for p in root.iter(qn("w:p")):
+                self._seg.add_runs(*_paragraph(p, field))
         self.segments = self._seg.segments
 
     def rebuild(self, translations: list[str]) -> bytes:
@@ -44,7 +50,12 @@ class DocxDocument:
         return saved(self.doc.save)
 
 
-def _paragraph(p):
+class _Field:
+    """How deep the runs read so far are inside complex fields (``w:fldChar`` begin .. end)."""
+    depth = 0
+
+
+def _paragraph(p, field: _Field):
     """A ``w:p``'s runs, hyperlinks and other children as items, and the ``put`` that writes rebuilt
     items back in their place (``Segments.add_runs``)."""
     templates: dict[int, object] = {}      # key -> the w:r / w:hyperlink / other element it copies
@@ -55,24 +66,36 @@ def _paragraph(p):
             continue
         inline.append(child)
         if child.tag == qn("w:r"):
-            items += _run_items(child, templates)
-        elif child.tag == qn("w:hyperlink") and all(c.tag == qn("w:r") for c in child):
+            items += _run_items(child, templates, field)
+        elif child.tag == qn("w:hyperlink"):      # its runs carried; anything else in it (w:proofErr) kept
             key = len(templates)
             templates[key] = child
             group = Group(key)
-            for r in child:
-                group.items += _run_items(r, templates)
+            for c in child:
+                group.items += _run_items(c, templates, field) if c.tag == qn("w:r") else [_kept(c, templates)]
             items.append(group)
-        else:
-            key = len(templates)
-            templates[key] = child
-            items.append(Run(key, "", None))
+        else:           # a simple field (w:fldSimple), bookmark, proofing mark, ...: kept as it is
+            items.append(_kept(child, templates))
     return items, lambda rebuilt: replace_children(p, inline, lambda: _elements(rebuilt, templates))
 
 
-def _run_items(r, templates: dict) -> list[Run]:
+def _kept(el, templates: dict) -> Run:
+    """An atomic run of an element kept as it is."""
+    key = len(templates)
+    templates[key] = el
+    return Run(key, "", None)
+
+
+def _run_items(r, templates: dict, field: _Field) -> list[Run]:
     """A ``w:r`` as runs: its text pieces (one style: its rPr) and, between them, each tab, break,
-    image or field as an atomic run holding a copy of the run with only that child."""
+    image or field character as an atomic run holding a copy of the run with only that child. A run of
+    a complex field (its code, its result: from ``fldChar`` begin to end) is kept whole: the field's
+    result is what the field says until Word updates it."""
+    marks = [c.get(qn("w:fldCharType")) for c in r.iter(qn("w:fldChar"))]
+    inside = field.depth > 0 or bool(marks) or r.find(qn("w:instrText")) is not None
+    field.depth = max(0, field.depth + marks.count("begin") - marks.count("end"))
+    if inside:
+        return [_kept(r, templates)]
     rpr = r.find(qn("w:rPr"))
     style = b"" if rpr is None else etree.tostring(rpr)
     out: list[Run] = []

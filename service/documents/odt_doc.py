@@ -8,10 +8,12 @@ place, untranslated. odfpy parses XML with defusedxml (no entities, no network).
 from __future__ import annotations
 
 import io
+import re
 
 from odf.element import Element, Node, Text
 from odf.namespaces import TEXTNS
 from odf.opendocument import load as odf_load
+from odf.text import S as SpaceElement
 
 from .common import DocumentError, Group, Item, Run, Segments, build, not_valid, saved
 from .safety import open_archive
@@ -56,7 +58,30 @@ def _paragraph(p):
                 child.parentNode = None
         for node in build(rebuilt, templates, lambda tpl, text: Text(text), _group):
             p.appendChild(node)
+        _spaces(p)
     return _items(p, templates), put
+
+
+def _spaces(el) -> None:
+    """Runs of spaces in the text under ``el`` (its spans and links) as ODF writes them: one space,
+    then ``text:s`` for the others (plain, ODF shows several as one)."""
+    for child in list(el.childNodes):
+        if child.nodeType == Node.ELEMENT_NODE:
+            if child.qname in _GROUPS:
+                _spaces(child)
+            continue
+        if "  " not in child.data:
+            continue
+        pieces = []
+        for k, part in enumerate(re.split(r"( {2,})", child.data)):
+            if k % 2 == 0:
+                pieces += [Text(part)] if part else []
+            else:
+                pieces += [Text(" "), SpaceElement(c=len(part) - 1)]
+        for piece in pieces:
+            el.insertBefore(piece, child)
+        el.childNodes.remove(child)
+        child.parentNode = None
 
 
 def _paragraphs(root):

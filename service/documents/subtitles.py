@@ -1,13 +1,19 @@
 """Subtitles: SubRip (.srt, the ``srt`` library) and WebVTT (.vtt, ``webvtt-py``). Each cue's text is
-one segment, its markup (``<i>``, ``<b>``, ``<u>``, entities) kept around the translated words by the
-HTML route's ``HtmlText``; its line breaks are layout: the translation is wrapped again into as many
-lines as the cue had (at the spaces nearest equal parts, outside tags). Numbers, timings, cue
-identifiers and settings, STYLE/REGION blocks and NOTE comments stay exactly as they were. Cues and
-the HTML parts of their text are counted (MAX_PARSED_NODES): SubRip's as they are read, WebVTT's once
-webvtt-py has read the file."""
+one segment unit, translated through the HTML route's ``HtmlText`` with its markup kept verbatim in
+place (``Cue``): tags around words (``<i>``, ``<b>``, ``<font color=..>``, WebVTT's ``<c.x>``, ``<v Name>``
+... ``</v>``) go around their words' translation; tags without an end and marks between words (WebVTT's
+timestamps ``<00:00:03.500>``, an unclosed ``<v Name>``, SubRip's override blocks ``{\an8}``) and each
+line break stay at their place between the words, never sent to the model. SubRip text is literal
+(``&`` is a character); WebVTT's references are kept as written. Numbers, timings, cue identifiers and
+settings, STYLE/REGION blocks and NOTE comments stay exactly as they were: a SubRip file is edited in
+place (each cue's text replaced), a WebVTT file written back by webvtt-py. Cues and the HTML parts of
+their text are counted (MAX_PARSED_NODES): SubRip's as they are read, WebVTT's once webvtt-py has
+read the file."""
 from __future__ import annotations
 
 import io
+import re
+from html import escape, unescape
 
 import srt
 import webvtt
@@ -18,57 +24,120 @@ from service.protocol import ServiceError
 
 from .common import DocumentError, Nodes, Segments, decode_text
 
+_MARK = re.compile(r"<[^<>\n]*>|\{\\[^{}\n]*\}")     # a tag, a timestamp, an override block {\an8}
+_NAME = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9]*)")    # a tag's name (WebVTT's class after a dot: not its name)
+_BREAK = re.compile(r"[ \t]*\r?\n[ \t]*")
+_PLACED = re.compile(r'<!--c(\d+)-->|<span data-c="(\d+)">|</span>|&[^;\s<&]*;?')
+_BROKE = re.compile("[ \t]*\x00(\\d+)\x00[ \t]*")     # a line break placed, with the spaces around it
 
-def _cue(text: str, segs: Segments, done) -> None:
-    """Register a cue's text (lines joined by a space); ``done(new_text)`` gets its translation."""
-    segs.nodes.add()
-    lines = text.split("\n")
+
+class Cue:
+    """A cue's text as HTML for ``HtmlText``: each tag with an end as ``<span data-c=k>`` .. ``</span>``,
+    each other mark and each line break (with the spaces around it) as ``<!--ck-->``, text escaped
+    (SubRip's ``literal`` text) or as written; ``text(html)`` turns a rebuilt one back."""
+
+    def __init__(self, text: str, literal: bool):
+        self.literal = literal
+        self.raw: list[str] = []            # mark k as written
+        self.ends: dict[int, str] = {}      # k -> the end tag of mark k
+        self.breaks: set[int] = set()       # the marks that are line breaks
+        pieces = []                         # (kind, raw): text, tag, break
+        seps = _BREAK.findall(text)
+        for n, line in enumerate(_BREAK.split(text)):
+            if n:
+                pieces.append(("break", seps[n - 1]))
+            at = 0
+            for m in _MARK.finditer(line):
+                pieces += [("text", line[at:m.start()]), ("tag", m.group())]
+                at = m.end()
+            pieces.append(("text", line[at:]))
+        opened: list[tuple[str, int]] = []
+        closes: dict[int, int] = {}         # piece of an end tag -> piece of its start tag
+        for i, (kind, raw) in enumerate(pieces):
+            m = _NAME.match(raw) if kind == "tag" else None
+            if m and not m.group(1):
+                opened.append((m.group(2).lower(), i))
+            elif m and opened and opened[-1][0] == m.group(2).lower():
+                closes[i] = opened.pop()[1]
+        starts = set(closes.values())
+        key: dict[int, int] = {}            # piece of a start tag -> its mark
+        html = []
+        for i, (kind, raw) in enumerate(pieces):
+            if kind == "text":
+                html.append(escape(raw, quote=False) if literal else raw)
+                continue
+            if i in closes:
+                html.append("</span>")
+                self.ends[key[closes[i]]] = raw
+                continue
+            key[i] = k = len(self.raw)
+            self.raw.append(raw)
+            if i in starts:
+                html.append(f'<span data-c="{k}">')
+            elif kind == "break":
+                self.breaks.add(k)
+                html.append(f" <!--c{k}--> ")       # between words
+            else:
+                html.append(f"<!--c{k}-->")
+        self.html = "".join(html)
+
+    def text(self, html: str) -> str:
+        """A rebuilt ``html`` as cue text: its marks as written, its text unescaped (SubRip's)."""
+        opened: list[int] = []
+
+        def put(m: re.Match) -> str:
+            if m.group(1) is not None:
+                k = int(m.group(1))
+                return f"\x00{k}\x00" if k in self.breaks else self.raw[k]
+            if m.group(2) is not None:
+                opened.append(int(m.group(2)))
+                return self.raw[int(m.group(2))]
+            if m.group() == "</span>":
+                return self.ends[opened.pop()]
+            return unescape(m.group()) if self.literal else m.group()
+        out = _BROKE.sub(lambda m: self.raw[int(m.group(1))], _PLACED.sub(put, html))
+        lines = out.split("\n")
+        if len(lines) > 1 and not all(line.strip() for line in lines):    # a break at an edge: no blank line
+            out = "\n".join(line for line in lines if line.strip())
+        return out
+
+
+def _cue(text: str, segs: Segments, done, literal: bool) -> None:
+    """Register a cue's text (``Cue``); ``done(new_text)`` gets it rebuilt around its translation."""
+    cue = Cue(text, literal)
     try:
-        h = HtmlText(" ".join(line.strip() for line in lines), "file", count=segs.nodes.add)
+        h = HtmlText(cue.html, "file", count=segs.nodes.add)
     except DocumentError:       # MAX_PARSED_NODES
         raise
     except ServiceError as e:
         raise DocumentError(e.status, e.message.removeprefix("file: ")) from None
-    segs.add(h.segments, lambda tr: done(wrap(h.rebuild(tr), len(lines))))
-
-
-def wrap(text: str, n_lines: int) -> str:
-    """``text`` in ``n_lines`` lines, broken at the spaces (outside tags) nearest equal shares."""
-    if n_lines <= 1:
-        return text
-    spaces, depth = [], 0
-    for i, c in enumerate(text):
-        depth += c == "<"
-        depth -= c == ">" and depth > 0
-        if c == " " and depth == 0:
-            spaces.append(i)
-    cuts = []
-    for k in range(1, n_lines):
-        free = [i for i in spaces if i not in cuts and (not cuts or i > cuts[-1])]
-        if not free:
-            break
-        cuts.append(min(free, key=lambda i: abs(i - k * len(text) / n_lines)))
-    out = list(text)
-    for i in cuts:
-        out[i] = "\n"
-    return "".join(out)
+    segs.add(h.segments, lambda tr: done(cue.text(h.rebuild(tr))))
 
 
 class SrtDocument:
     def __init__(self, data: bytes):
-        self.cues: list[srt.Subtitle] = []
+        self.source = decode_text(data, "SubRip")
+        self._edits: list[tuple[int, int, str]] = []      # (start, end, new text) of each cue's text
         self._seg = Segments(Nodes())
         try:
-            for cue in srt.parse(decode_text(data, "SubRip"), ignore_errors=False):    # one at a time
-                self.cues.append(cue)
-                _cue(cue.content, self._seg, lambda t, cue=cue: setattr(cue, "content", t))
+            for _ in srt.parse(self.source, ignore_errors=False):     # checks the file, one cue at a time
+                self._seg.nodes.add()
         except (srt.SRTParseError, ValueError) as e:
             raise DocumentError(422, f"not a valid SubRip (.srt) file: {e}") from None
+        for m in srt.SRT_REGEX.finditer(self.source):             # the same cues, with their text's place
+            a, b = m.span(5)
+            _cue(m.group(5), self._seg, lambda t, a=a, b=b: self._edits.append((a, b, t)), literal=True)
         self.segments = self._seg.segments
 
     def rebuild(self, translations: list[str]) -> bytes:
+        self._edits.clear()
         self._seg.apply(translations)
-        return srt.compose(self.cues, reindex=False).encode("utf-8")
+        out, pos = [], 0
+        for a, b, text in sorted(self._edits):
+            out += [self.source[pos:a], text]
+            pos = b
+        out.append(self.source[pos:])
+        return "".join(out).encode("utf-8")
 
 
 class VttDocument:
@@ -79,7 +148,8 @@ class VttDocument:
             raise DocumentError(422, f"not a valid WebVTT (.vtt) file: {e}") from None
         self._seg = Segments(Nodes())
         for cue in self.vtt.captions:
-            _cue(cue.raw_text, self._seg, lambda t, cue=cue: setattr(cue, "text", t))
+            self._seg.nodes.add()
+            _cue(cue.raw_text, self._seg, lambda t, cue=cue: setattr(cue, "text", t), literal=False)
         self.segments = self._seg.segments
 
     def rebuild(self, translations: list[str]) -> bytes:

@@ -27,6 +27,7 @@ from .markup_parse import (
 )
 from .placement import WordBounds, empty_at, find, words_at
 
+_SPACE_END = re.compile(r"\s(?:<[^<>]*>)*$")     # rendered text ending in whitespace (and tags only after it)
 _LOOKAHEAD = 100           # characters of the text after an empty element read to place it (its next word)
 
 
@@ -50,6 +51,8 @@ class HtmlText:
     of script, style, code, pre and similar elements, unfinished markup at the end, the whitespace
     around a text and character references the model cannot translate are copied byte for byte from the
     input; entities in the model's output (Multi30k's text has ``&amp;``) are decoded before escaping.
+    Text of the translation that continues the source's text is written as the source wrote it (its
+    whitespace and references: ``_Written``), so an unchanged run comes back byte for byte.
     An element not translated (``translate_state``) is copied byte for byte too: inline inside a run
     it stays in the run as one sentinel character (``Kept``), which comes back where the translator
     put it (once: ``_each_once``); otherwise it ends the run around it like any other block.
@@ -112,6 +115,7 @@ class HtmlText:
             if kind == "markup":
                 out.append(unit)
             elif id(unit) in self._seg:
+                self._forms = _Written(unit, self._refs)
                 out.append(self._render(unit, tr[self._seg[id(unit)]], tr))
             else:
                 out.append(_raw(unit))
@@ -162,7 +166,7 @@ class HtmlText:
 
             def after() -> str:     # the start of the text after the current node: its first word or character
                 got, k = "", with_text[-1] if with_text else -1
-                while k >= 0 and (not got or re.fullmatch(r"\w+", got)) and len(got) < _LOOKAHEAD:
+                while k >= 0 and (not got.strip() or re.fullmatch(r"\s*\w+", got)) and len(got) < _LOOKAHEAD:
                     got += text_of(todo[k])
                     k = with_text[k - 1] if k > 0 else -1
                 return got
@@ -183,12 +187,18 @@ class HtmlText:
                         at = pos
                     else:
                         words = words or WordBounds(whole)
-                        at = empty_at(whole, pos, following, done / total, words)
-                    out += [escape(whole[pos:at], quote=False), _raw([n])]
+                        ends = isinstance(prev, str) and re.search(r"[.!?\u2026:;]\s*$", prev) is not None
+                        at = empty_at(whole, pos, following, done / total, words, ends)
+                    out.append(self._forms.written(whole[pos:at]))
+                    spaced = isinstance(prev, str) and prev[-1:].isspace() and following[:1].isspace()
+                    if spaced and 0 < at < len(whole) and whole[at].isspace() and not whole[at - 1].isspace():
+                        out.append(" ")         # spaced on both sides in the source: so here
+                    out.append(_raw([n]))
+                    self._forms.placed = True
                     pos, prev = at, n
                     continue
                 if id(n) in self._seg:
-                    span = find(low, tr[self._seg[id(n)]], pos)
+                    span = find(low, tr[self._seg[id(n)]], pos, (done - size) / total * len(whole))
                 else:       # elements not translated only (their sentinels are in ``whole``), or none
                     span = None if _has_words(n.children) else find(low, _collapse(text_of(n)), pos)
                 span = span or words_at(whole, pos, (done - size) / total, done / total)
@@ -197,12 +207,93 @@ class HtmlText:
                     push(n.children)
                     done -= size
                     continue
-                out += [escape(whole[pos:span[0]], quote=False),
-                        n.start + self._render(n.children, whole[span[0]:span[1]], tr) + n.end]
+                before = self._forms.written(whole[pos:span[0]])
+                inner = self._render(n.children, whole[span[0]:span[1]], tr)
+                out += [before, n.start + inner + n.end]
+                self._forms.placed = True
                 pos, prev = span[1], n
-            out.append(escape(whole[pos:], quote=False))
+                while _SPACE_END.search(inner) and whole[pos:pos + 1].isspace():      # its space inside it: once
+                    pos += 1
+            out.append(self._forms.written(whole[pos:]))
         out += [trail, _raw(nodes[last + 1:])]
         return "".join(out)
+
+
+class _Written:
+    """A run's text as the translator got it (whitespace collapsed, references decoded), each
+    character with its source form (a run of whitespace: all of it, as written; a reference: as
+    written), so that text a translation keeps is written as the source wrote it (``written``)."""
+
+    def __init__(self, nodes: list[Node], refs: dict[str, str]):
+        chars: list[tuple[str, str, int]] = []         # (character, its form, its node)
+        for n, node in enumerate(_texts(nodes)):
+            if node.raw is node or isinstance(node, Kept):      # no references: as written
+                chars += [(c, c, n) for c in node]
+                continue
+            for piece in re.findall(REF.pattern + r"|[\s\S]", node.raw):
+                text = refs.get(piece) or unescape(piece)
+                chars += [(text[0], piece, n)] + [(c, "", n) for c in text[1:]]
+        text: list[str] = []
+        self.forms: list[str] = []
+        self.placed = False                 # an element was written since the last text
+        runs: dict[int, list[list]] = {}    # a collapsed space -> [node, its whitespace] of each node in it
+        first = -1                          # the node of the whitespace being collapsed: its own is its form
+        for c, form, n in chars:            # as ``_collapse``: whitespace runs one space, none at the ends
+            if not c.isspace():
+                text.append(c)
+                self.forms.append(form)
+            elif text and text[-1] == " ":
+                self.forms[-1] += form if n == first else ""
+                run = runs[len(text) - 1]
+                if run[-1][0] == n:
+                    run[-1][1] += form
+                else:
+                    run.append([n, form])
+            elif text:
+                text.append(" ")
+                self.forms.append(form)
+                first = n
+                runs[len(text) - 1] = [[n, form]]
+        # after an element placed inside such a space, the space is written as its last node's
+        self.last = {k: run[-1][1] for k, run in runs.items() if len(run) > 1}
+        if text and text[-1] == " ":
+            text.pop()
+            self.forms.pop()
+        self.text, self.pos = "".join(text), 0
+
+    def written(self, piece: str) -> str:
+        """``piece`` (of a translation) escaped, each character that continues the source's text
+        (from where the last one did) written as the source wrote it."""
+        out, i = [], 0
+        while i < len(piece):
+            if i:
+                self.placed = False
+            j = self.pos
+            while self.text[j:j + 1] == " " and piece[i] != " ":
+                j += 1
+            if j > self.pos and self.text.startswith(piece[i], j):
+                self.pos = j       # a space written inside an element, not here
+            k = 1           # the characters of the source form at pos (a reference may decode to more)
+            while self.pos + k < len(self.forms) and self.forms[self.pos + k] == "":
+                k += 1
+            if self.text.startswith(piece[i:i + k], self.pos) and len(piece) - i >= k and self.forms[self.pos:self.pos + 1] != [""]:
+                out.append(self.last.get(self.pos, self.forms[self.pos]) if i == 0 and self.placed
+                           else self.forms[self.pos])
+                self.pos, i = self.pos + k, i + k
+            else:
+                out.append(escape(piece[i], quote=False))
+                i += 1
+        self.placed = self.placed and not piece
+        return "".join(out)
+
+
+def _texts(nodes: list[Node]):
+    """The text nodes under ``nodes``, in order."""
+    for n in nodes:
+        if isinstance(n, str):
+            yield n
+        else:
+            yield from _texts(n.children)
 
 
 def _void_unclosed(parts: list[Part], options: TagOptions = HTML) -> list[Part]:

@@ -25,35 +25,82 @@ def nearest(points: list[int], lo: int, target: float, default: int) -> int:
     return min(near, key=lambda i: abs(i - target), default=default)
 
 
-def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds) -> int:
+def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds, sentence_end: bool = False) -> int:
     """Where an element without text goes in ``whole`` (at or after ``pos``): before the word that
-    follows it in the source (``after``, the start of its text) where that word is there, else at the
-    word start (glued to the next word) or word end (else) nearest to ``frac`` of its length
-    (``words``: whole's word bounds)."""
-    word = re.match(r"\w+", after)
+    follows it in the source (``after``, the start of its text) where that word is there (of its
+    occurrences, the nearest to ``frac`` of whole's length; with space between them in the source,
+    before that space), else, when it follows the end of a
+    sentence in the source (``sentence_end``), after the sentence end nearest to that place, else at
+    the word start (glued to the next word) or word end (else) nearest to it (``words``: whole's word
+    bounds)."""
+    target = frac * len(whole)
+    word = re.match(r"\s*(\w+|\S)", after)          # its next word, or a mark (punctuation, a placeholder)
     if word:
-        m = re.compile(rf"\b{re.escape(word.group())}\b", re.I).search(whole, pos)
-        if m:
-            return m.start()
+        anchor = rf"\b{re.escape(word.group(1))}\b" if re.match(r"\w", word.group(1)) else re.escape(word.group(1))
+        hits = [m.start() for m in re.finditer(anchor, whole[pos:], re.I)]
+        if hits:
+            at = pos + min(hits, key=lambda i: abs(pos + i - target))
+            while word.start(1) and at > pos and whole[at - 1].isspace():     # space between: after the word before
+                at -= 1
+            return at
+    if sentence_end:
+        ends = [m.end() for m in re.finditer(r"[.!?\u2026:;]+(?=\s|$)", whole) if m.end() >= pos]
+        if ends:
+            return min(ends, key=lambda i: abs(i - target))
     glued = bool(after[:1].strip())
-    return nearest(words.starts if glued else words.ends, pos if glued else max(pos, 1), frac * len(whole), pos)
+    return nearest(words.starts if glued else words.ends, pos if glued else max(pos, 1), target, pos)
 
 
-def find(low: str, tr: str, pos: int) -> Optional[tuple[int, int]]:
+def find(low: str, tr: str, pos: int, target: Optional[float] = None) -> Optional[tuple[int, int]]:
     """Where an element's own translation ``tr`` is in ``low`` (its parent's translation, lower case)
     at or after ``pos``: the whole of it (without final punctuation: "Dog." -> "Dog"), else from the
-    first to the last of its words (3+ letters) found there within 40 characters; None if neither."""
+    first to the last of its words (3+ letters) found there within 40 characters; None if neither.
+    Of several places, the one nearest to ``target`` (the offset where the element's text would be
+    in proportion; None: the first)."""
+    def nearest_at(pattern: str) -> Optional[re.Match]:
+        best = None
+        for m in re.finditer(pattern, low[pos:]):
+            if target is None:
+                return m
+            if best is not None and abs(pos + m.start() - target) >= abs(pos + best.start() - target):
+                break           # offsets only grow from here
+            best = m
+        return best
     for cand in dict.fromkeys([tr, tr.rstrip(".!?")]):
-        at = low.find(cand.lower(), pos) if cand else -1
-        if at >= 0:
-            return at, at + len(cand)
+        m = nearest_at(re.escape(cand.lower())) if cand else None
+        if m:
+            return pos + m.start(), pos + m.end()
     hits = [m for w in dict.fromkeys(re.findall(r"\w{3,}", tr.lower()))
-            for m in [re.search(rf"\b{re.escape(w)}\b", low[pos:])] if m]
+            for m in [nearest_at(rf"\b{re.escape(w)}\b")] if m]
     if not hits:
         return None
     first = min(m.start() for m in hits)
     last = max(m.end() for m in hits if m.start() - first <= 40)
-    return pos + first, pos + last
+    return _widened(low, tr.lower(), pos + first, pos + last, pos)
+
+
+def _widened(low: str, tr: str, start: int, end: int, pos: int) -> tuple[int, int]:
+    """``start``..``end`` (found by ``tr``'s long words) widened over the words of ``tr`` before and
+    after them that stand right there (short words: "im Garten"), and over the punctuation ``tr`` ends
+    with that follows."""
+    words = re.findall(r"\w+", tr)
+    inside = re.findall(r"\w+", low[start:end])
+    if inside and inside[0] in words:
+        for w in reversed(words[:words.index(inside[0])]):
+            m = re.search(rf"\b{re.escape(w)}\s+$", low[pos:start])
+            if not m:
+                break
+            start = pos + m.start()
+    if inside and inside[-1] in words:
+        for w in words[len(words) - words[::-1].index(inside[-1]):]:
+            m = re.match(rf"\s+{re.escape(w)}\b", low[end:])
+            if not m:
+                break
+            end += m.end()
+    tail = re.search(r"[.!?,;:]+(?=\W*$)", tr)
+    if tail and low.startswith(tail.group(), end):
+        end += len(tail.group())
+    return start, end
 
 
 def words_at(whole: str, pos: int, a: float, b: float) -> Optional[tuple[int, int]]:

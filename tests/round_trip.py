@@ -1,0 +1,201 @@
+"""``round_trip``: a document through the document route's translation (``routes.translated``, the
+pipeline, a test double of the translator from ``local_services``) and the checks the round-trip
+tests share: text formats byte for byte, office formats as the same XML once normalised (runs of one
+formatting merged, ``xml:space`` dropped: what python-docx, python-pptx and odfpy may write either way;
+whitespace at a run's edge moved to the next run, or the run before: where it goes is the placement's
+choice, as it cannot follow words; whitespace next to a tab or break dropped: it stands for it)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import zipfile
+from collections import Counter
+
+import pytest
+from local_services import CLOSE, OPEN, identity, local_services, marked
+from lxml import etree
+
+from model.config import ModelConfig
+from service import documents
+from service.api import documents as routes
+from service.translator import ModelCard
+
+CARD = ModelCard("de-en", "", "de", "en", ModelConfig.from_name("tiny", vocab_size=500, max_len=64))
+OFFICE = ("docx", "pptx", "odt")
+# translatable words of generated documents: lower-case, 3+ letters, none inside another
+WORDS = ["hund", "katze", "baum", "wiese", "vogel", "sonne", "regen", "brot", "milch", "fenster", "garten", "stuhl"]
+
+
+COUNTS: Counter = Counter()     # (round trip, extension) -> documents checked in this process
+
+
+@pytest.fixture(scope="module", autouse=True)
+def counts():
+    """With ``ROUND_TRIP_COUNTS=1``, the documents each module checked, per format (pytest -s)."""
+    yield
+    if os.environ.get("ROUND_TRIP_COUNTS"):
+        print("\nround trips (documents):", ", ".join(f"{ext} {COUNTS['identity', ext]} identity / "
+                                                    f"{COUNTS['marking', ext]} marking"
+                                                    for ext in sorted({e for _, e in COUNTS})))
+        COUNTS.clear()
+
+
+def translated(data: bytes, name: str, run) -> bytes:
+    """``data`` (a file called ``name``) translated by ``run`` as the document routes translate."""
+    svc = local_services([CARD], run)
+    return asyncio.run(routes.translated(svc, documents.load(data, name), CARD.id, None))[0]
+
+
+def identical(data: bytes, name: str) -> None:
+    """Asserts the identity round trip: the same bytes (text formats) or the same normalised XML."""
+    COUNTS["identity", name.rsplit(".", 1)[-1]] += 1
+    out = translated(data, name, identity())
+    if name.rsplit(".", 1)[-1] in OFFICE:
+        assert normalised(out) == normalised(data)
+    else:
+        assert out.decode() == data.decode()
+
+
+def marked_once(data: bytes, name: str, kept: list[str], words: list[str] = WORDS) -> list[str]:
+    """Asserts the marking round trip: no job's text holds any of ``kept`` (markup, codes, timestamps,
+    placeholders), the output less its markers is the identity output, and each of ``words`` in the
+    output's text is inside markers, as often as in the input. Returns the segments sent."""
+    COUNTS["marking", name.rsplit(".", 1)[-1]] += 1
+    jobs: list = []
+    out = translated(data, name, marked(jobs))
+    sent = [t for job in jobs for t in job.texts]
+    for piece in kept:
+        assert not any(piece in t for t in sent), (piece, sent)
+    office = name.rsplit(".", 1)[-1] in OFFICE
+    text_in, text_out = (xml_text(data), xml_text(out)) if office else (data.decode(), out.decode())
+    if office:
+        assert normalised(out, unmark=True) == normalised(data)
+    else:
+        assert text_out.replace(OPEN, "").replace(CLOSE, "") == text_in
+    for word in words:
+        found = [m.start() for m in re.finditer(rf"\b{word}\b", text_out)]
+        assert len(found) == len(re.findall(rf"\b{word}\b", text_in)), (word, text_out)
+        assert all(text_out.count(OPEN, 0, at) > text_out.count(CLOSE, 0, at) for at in found), (word, text_out)
+    return sent
+
+
+def xml_text(data: bytes) -> str:
+    """The text of every XML member of an archive (its text nodes, in order, a line each)."""
+    zf = zipfile.ZipFile(io.BytesIO(data))
+    return "\n".join("\n".join(etree.fromstring(zf.read(n)).itertext()) for n in sorted(zf.namelist())
+                      if n.endswith(".xml"))
+
+
+_W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+_A = "http://schemas.openxmlformats.org/drawingml/2006/main"
+_TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
+_MANIFEST = "urn:oasis:names:tc:opendocument:xmlns:manifest:1.0"
+_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
+
+
+def normalised(data: bytes, unmark: bool = False) -> dict[str, bytes]:
+    """Each XML member of an office archive as canonical XML once normalised: adjacent text runs of
+    one formatting merged (``w:r``/``a:r`` holding only text; odt's adjacent text and ``text:s``),
+    ``xml:space`` dropped; ``unmark``: the markers of ``marked`` taken out of the text first."""
+    zf = zipfile.ZipFile(io.BytesIO(data))
+    out = {}
+    for name in sorted(zf.namelist()):
+        if not name.endswith(".xml"):
+            continue
+        root = etree.fromstring(zf.read(name))
+        for entry in root.findall("{*}file-entry"):      # odfpy's manifest names the package itself
+            if entry.get(f"{{{_MANIFEST}}}full-path") == "/":
+                root.remove(entry)
+        for el in root.iter():
+            if unmark and el.text:
+                el.text = el.text.replace(OPEN, "").replace(CLOSE, "")
+            if unmark and el.tail:
+                el.tail = el.tail.replace(OPEN, "").replace(CLOSE, "")
+            el.attrib.pop(_SPACE, None)
+        for ns in (_W, _A):
+            _merge_runs(root, ns, "t", "rPr")
+            _shift_spaces(root, ns)
+            _merge_runs(root, ns, "t", "rPr")
+        _merge_odf(root)
+        out[name] = etree.tostring(root, method="c14n", exclusive=True)
+    return out
+
+
+def _merge_runs(root, ns: str, t: str, props: str) -> None:
+    def text_only(r) -> bool:
+        return all(c.tag in (f"{{{ns}}}{t}", f"{{{ns}}}{props}") for c in r) and r.find(f"{{{ns}}}{t}") is not None
+    for r in list(root.iter(f"{{{ns}}}r")):
+        if not text_only(r):
+            continue
+        ts = r.findall(f"{{{ns}}}{t}")
+        ts[0].text = "".join(x.text or "" for x in ts)
+        for x in ts[1:]:
+            r.remove(x)
+        prev = r.getprevious()
+        if prev is not None and prev.tag == r.tag and text_only(prev) and not (prev.tail or "").strip():
+            p1, p2 = prev.find(f"{{{ns}}}{props}"), r.find(f"{{{ns}}}{props}")
+            same = (p1 is None and p2 is None) or (p1 is not None and p2 is not None and
+                                                   etree.tostring(p1, method="c14n") == etree.tostring(p2, method="c14n"))
+            if same:
+                prev.find(f"{{{ns}}}{t}").text += ts[0].text
+                r.getparent().remove(r)
+        if r.getparent() is not None and not ts[0].text:
+            r.getparent().remove(r)
+
+
+def _shift_spaces(root, ns: str) -> None:
+    """The whitespace at the end of a text run moved to the start of the next text run (where a
+    run's edge whitespace goes is the translator's choice: it cannot follow the words)."""
+    def text_only(r) -> bool:
+        return r is not None and r.tag == f"{{{ns}}}r" and [c.tag for c in r if c.tag != f"{{{ns}}}rPr"] == [f"{{{ns}}}t"]
+    for r in list(root.iter(f"{{{ns}}}r")):
+        nxt = r.getnext()
+        if text_only(r) and text_only(nxt):
+            t, t2 = r.find(f"{{{ns}}}t"), nxt.find(f"{{{ns}}}t")
+            core = (t.text or "").rstrip()
+            t2.text, t.text = (t.text or "")[len(core):] + (t2.text or ""), core
+            if not core:
+                r.getparent().remove(r)
+    breaks = {f"{{{ns}}}{b}" for b in ("tab", "br", "cr")}
+    for r in list(root.iter(f"{{{ns}}}r", f"{{{ns}}}br")):    # whitespace next to a tab or break: it stands for it
+        if r.tag in breaks or any(c.tag in breaks for c in r):
+            for other, strip in ((r.getprevious(), str.rstrip), (r.getnext(), str.lstrip)):
+                if text_only(other):
+                    other.find(f"{{{ns}}}t").text = strip(other.find(f"{{{ns}}}t").text or "")
+    for r in list(root.iter(f"{{{ns}}}r")):           # a run of whitespace only: the run before's
+        prev = r.getprevious()
+        if text_only(r) and text_only(prev) and not (r.find(f"{{{ns}}}t").text or "").strip():
+            prev.find(f"{{{ns}}}t").text = (prev.find(f"{{{ns}}}t").text or "") + r.find(f"{{{ns}}}t").text
+            r.getparent().remove(r)
+
+
+def _merge_odf(root) -> None:
+    for s in list(root.iter(f"{{{_TEXT}}}s")):        # text:s c=N as N spaces
+        n = int(s.get(f"{{{_TEXT}}}c", "1"))
+        _put_text(s, " " * n + (s.tail or ""))
+    for span in list(root.iter(f"{{{_TEXT}}}span", f"{{{_TEXT}}}a")):   # adjacent spans of one style: one
+        prev = span.getprevious()
+        if (prev is not None and prev.tag == span.tag and dict(prev.attrib) == dict(span.attrib)
+                and not (prev.tail or "").strip() and len(prev) == 0 and len(span) == 0):
+            prev.text = (prev.text or "") + (prev.tail or "") + (span.text or "")
+            prev.tail = span.tail
+            span.getparent().remove(span)
+    for el in root.iter():                            # whitespace next to a tab or line break: it stands for it
+        if el.tag in (f"{{{_TEXT}}}tab", f"{{{_TEXT}}}line-break"):
+            el.tail = (el.tail or "").lstrip() or None
+            prev, parent = el.getprevious(), el.getparent()
+            if prev is not None:
+                prev.tail = (prev.tail or "").rstrip() or None
+            else:
+                parent.text = (parent.text or "").rstrip() or None
+
+
+def _put_text(el, text: str) -> None:
+    parent, prev = el.getparent(), el.getprevious()
+    if prev is None:
+        parent.text = (parent.text or "") + text
+    else:
+        prev.tail = (prev.tail or "") + text
+    parent.remove(el)

@@ -1,0 +1,206 @@
+"""Round trips of every document format on fixed files (generated ones: test_round_trip_generated.py):
+with the identity translator a file comes back as it was (text formats byte for byte, office formats
+as the same normalised XML); with the marking translator each translatable word comes back once,
+inside a marker, and no markup, field code, tag, timestamp or placeholder is ever sent. Then each
+kind of loss issue #48 named, with a translator that changes the words (upper case or a small
+dictionary), so that a kept piece shows it was not translated."""
+from __future__ import annotations
+
+import io
+
+import docx
+import pptx
+import pytest
+from docx.oxml import parse_xml
+from fastapi.testclient import TestClient
+from local_services import answering, local_services
+from lxml import etree
+from round_trip import CARD, counts, identical, marked_once, translated  # noqa: F401 - counts: a fixture
+from test_documents import PNG, SRT, VTT, make_docx, make_odt
+
+from service.api.http import build_app
+
+W = ('xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" '
+     'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships"')
+
+
+def run_xml(text: str, bold: bool = False) -> str:
+    return f'<w:r>{"<w:rPr><w:b/></w:rPr>" if bold else ""}<w:t xml:space="preserve">{text}</w:t></w:r>'
+
+
+def field(code: str, result: str) -> str:
+    """A complex field: begin, its code, separate, its result, end."""
+    return ('<w:r><w:fldChar w:fldCharType="begin"/></w:r>'
+            f'<w:r><w:instrText xml:space="preserve"> {code} </w:instrText></w:r>'
+            f'<w:r><w:fldChar w:fldCharType="separate"/></w:r>{run_xml(result)}'
+            '<w:r><w:fldChar w:fldCharType="end"/></w:r>')
+
+
+def docx_of(*paragraphs: str) -> bytes:
+    """A docx whose body is these ``w:p`` contents (XML), in order."""
+    d = docx.Document()
+    body = d.element.body
+    for xml in paragraphs:
+        body.insert(len(body) - 1, parse_xml(f"<w:p {W}>{xml}</w:p>"))
+    out = io.BytesIO()
+    d.save(out)
+    return out.getvalue()
+
+
+def pptx_fixture() -> bytes:
+    prs = pptx.Presentation()
+    s = prs.slides.add_slide(prs.slide_layouts[1])
+    s.shapes.title.text = "Ein Titel"
+    p = s.placeholders[1].text_frame.paragraphs[0]
+    for text, bold in (("Ein Hund ", False), ("im Garten", True), (" bellt.", False)):
+        r = p.add_run()
+        r.text, r.font.bold = text, bold
+    p._p.append(etree.fromstring('<a:br xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main"/>'))
+    r = p.add_run()
+    r.text = "Zwei Katzen."
+    s.notes_slide.notes_text_frame.text = "Eine Notiz."
+    buf = io.BytesIO()
+    prs.save(buf)
+    return buf.getvalue()
+
+
+MD = ('---\ntitle: Ein Titel\n---\n# Ein **großer** Titel\n\nEin Hund läuft [über](http://x.de "ein \\"t\\"") die '
+      "`Wiese` und\nspringt &amp; bellt\\.  \nZwei Katzen.\\\nDrei Vögel.<br>Vier Kühe.\n\n- Eins\n- Zwei *drei*\n\n"
+      "> Ein Zitat\n> über zwei Zeilen.\n\n| A | B |\n|---|---|\n| Hund | snake_case |\n\n"
+      "![ein Bild](b.png 'T') und <http://x.de> hier.\n\n```\nCode bleibt\n```\n")
+HTML = ('<!DOCTYPE html>\n<html><head><title>Ein Titel</title></head>\n<body>\n  <p>Ein <b>roter</b>\n    Hut &amp; '
+        'ein&nbsp;<a href="/x">Link</a>.</p>\n  <p>Seite <span translate="no">CODE</span> hier.<br>Zwei.</p>\n'
+        '  <pre>bleibt</pre>\n</body></html>\n')
+TXT = "  Ein Hund läuft.\nEr springt.\n\n\nZwei Katzen.  \n"
+SRT_TAGS = ("1\n00:00:01,000 --> 00:00:02,500\n{\\an8}Ein <i>Hund</i> läuft\nüber die Wiese & den Weg.\n\n"
+            "2\n00:01:03,040 --> 00:01:04,999\n<font color=\"#ff0000\">Zwei</font> Männer.\n")
+VTT_TAGS = ("WEBVTT\n\n00:00:01.000 --> 00:00:05.000 align:start position:10%\n<v Anna>Ein <00:00:03.500>Hund "
+            "<c.loud>bellt</c> laut.</v>\n\n00:00:06.000 --> 00:00:07.000\n<v.first Bob>Zwei Katzen &amp; ein Hund.\n")
+DOCX_FIELDS = docx_of(run_xml("Seite ") + field("PAGE", "3") + run_xml(" von ") + field("NUMPAGES", "9"),
+                      run_xml("Siehe ") + field('REF Abb1 \\h', "Abbildung 1") + run_xml(" oben."),
+                      run_xml("Besuchen Sie ") + field('HYPERLINK "http://x.de"', "die Seite") + run_xml(" heute."),
+                      run_xml("Heute ist ") + '<w:fldSimple w:instr=" DATE "><w:r><w:t>1.1.2026</w:t></w:r></w:fldSimple>'
+                      + run_xml(" ein Tag."),
+                      run_xml("Besuchen Sie ") + '<w:hyperlink r:id="rId9"><w:proofErr w:type="spellStart"/>'
+                      + run_xml("Wikipdia") + '<w:proofErr w:type="spellEnd"/></w:hyperlink>' + run_xml(" heute."))
+FIXTURES = {"a.txt": TXT.encode(), "a.html": HTML.encode(), "a.md": MD.encode(), "a.srt": SRT.encode(),
+            "tags.srt": SRT_TAGS.encode(), "a.vtt": VTT.encode(), "tags.vtt": VTT_TAGS.encode(),
+            "a.docx": make_docx(), "fields.docx": DOCX_FIELDS, "a.pptx": pptx_fixture(), "a.odt": make_odt()}
+# what must never be sent to the translator, per fixture
+KEPT = {"a.html": ["CODE", "bleibt", "<"], "a.md": ["Code bleibt", "http", "b.png", "\\"],
+        "tags.srt": ["{", "<", "an8"], "tags.vtt": ["<", "00:00", "Anna", "Bob", "loud"], "a.vtt": ["<", "align"],
+        "fields.docx": ["PAGE", "NUMPAGES", "REF", "HYPERLINK", "DATE", "1.1.2026", "Abbildung", "die Seite", " 3",
+                        " 9"]}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_identity_round_trip_of_each_fixture(name):
+    identical(FIXTURES[name], name)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_marking_round_trip_of_each_fixture(name):
+    words = {"fields.docx": ["Seite", "von", "Siehe", "oben", "Besuchen", "heute", "Wikipdia", "ein", "Tag"],
+             "tags.vtt": ["Hund", "bellt", "laut", "Zwei", "Katzen"], "tags.srt": ["Hund", "Wiese", "Weg", "Zwei"],
+             "a.md": ["Hund", "springt", "bellt", "Katzen", "Vögel", "Kühe", "Zitat", "Zeilen", "snake_case"],
+             }.get(name, ["Hund", "Titel", "Katzen", "Frau"])
+    marked_once(FIXTURES[name], name, KEPT.get(name, []), [w for w in words if w.encode() in FIXTURES[name]])
+
+
+def test_xml_through_deepl_tag_handling_comes_back_whole():
+    xml = ('<doc><title>Ein Titel</title><par>Drücken Sie <x id="1">Weiter</x>, um <ph/> fortzufahren.</par>'
+           '<par>Ein\n  Hund &amp; <keep>CODE</keep> bellt.</par><!-- Notiz --></doc>')
+    seen: list = []
+    for run, want in ((answering(lambda t: t), xml), (answering(lambda t: f"[{t}]", seen), None)):
+        client = TestClient(build_app(local_services([CARD], run)))
+        r = client.post("/v2/translate", json={"text": [xml], "source_lang": "DE", "target_lang": "EN-GB",
+                                               "tag_handling": "xml", "ignore_tags": ["keep"]})
+        assert r.status_code == 200, r.text
+        out = r.json()["translations"][0]["text"]
+        if want is not None:
+            assert out == want
+    assert out.replace("[", "").replace("]", "") == xml
+    texts = [t for job in seen for t in job.texts]
+    assert not any(k in t for t in texts for k in ("<", "CODE", "Notiz", "id="))
+
+
+# ---- the kinds issue #48 named, each with a translator that changes the words -------------------------
+DICT = {"Ein Hund.": "A dog.", "Zwei Katzen.": "Two cats.", "Ein Hund. Zwei Katzen.": "A dog. Two cats.",
+        "Ein Link hier.": "A link here.", "Link": "link"}
+
+
+def dictionary(t: str) -> str:
+    return DICT.get(t, t.upper())
+
+
+@pytest.mark.parametrize("brk", ["  \n", "\\\n", "<br>", "<br/>\n"])
+def test_markdown_hard_break_between_sentences_stays_between_them(brk):
+    out = translated(f"Ein Hund.{brk}Zwei Katzen.\n".encode(), "a.md", answering(dictionary)).decode()
+    assert out == f"A dog.{brk}Two cats.\n"
+
+
+def test_markdown_link_title_with_escaped_quotes_stays_escaped():
+    out = translated(b'Ein [Link](http://x.de "ein \\"t\\" x") hier.\n', "a.md", answering(dictionary)).decode()
+    assert out == 'A [link](http://x.de "ein \\"t\\" x") here.\n'
+
+
+def test_subrip_override_tags_stay_verbatim_in_place_and_are_not_sent():
+    jobs: list = []
+    src = "1\n00:00:01,000 --> 00:00:02,000\n{\\an8}{\\i1}Ein Hund{\\i0} läuft.\n\n"
+    out = translated(src.encode(), "a.srt", answering(str.upper, jobs)).decode()
+    assert out == "1\n00:00:01,000 --> 00:00:02,000\n{\\an8}{\\i1}EIN HUND{\\i0} LÄUFT.\n\n"
+    assert [t for j in jobs for t in j.texts] == ["Ein Hund läuft."]
+
+
+def test_webvtt_timestamp_voice_and_class_tags_stay_verbatim_never_escaped():
+    jobs: list = []
+    src = "WEBVTT\n\n00:00:01.000 --> 00:00:05.000\n<v Anna>Ein <00:00:03.500>Hund <c.x>läuft</c>.</v>\n"
+    out = translated(src.encode(), "a.vtt", answering(str.upper, jobs)).decode()
+    assert out == "WEBVTT\n\n00:00:01.000 --> 00:00:05.000\n<v Anna>EIN <00:00:03.500>HUND <c.x>LÄUFT</c>.</v>\n"
+    assert "&lt;" not in out and not any("<" in t or "Anna" in t for j in jobs for t in j.texts)
+
+
+def test_docx_fields_stay_whole_and_the_words_around_them_are_translated():
+    out = docx.Document(io.BytesIO(translated(DOCX_FIELDS, "a.docx", answering(str.upper))))
+    xml = [etree.tostring(p._p).decode() for p in out.paragraphs]
+    texts = ["".join(t.text or "" for t in p._p.iter("{*}t")) for p in out.paragraphs]
+    assert texts == ["SEITE 3 VON 9", "SIEHE Abbildung 1 OBEN.", "BESUCHEN SIE die Seite HEUTE.",
+                     "HEUTE IST 1.1.2026 EIN TAG.", "BESUCHEN SIE WIKIPDIA HEUTE."]
+    assert all(c in xml[0] for c in (" PAGE ", " NUMPAGES ")) and 'w:instr=" DATE "' in xml[3]
+    assert xml[4].count("proofErr") == 2 and 'r:id="rId9"' in xml[4]
+
+
+def test_docx_field_result_spanning_paragraphs_is_left_as_the_field_says():
+    data = docx_of(run_xml("Inhalt ") + '<w:r><w:fldChar w:fldCharType="begin"/></w:r><w:r><w:instrText> TOC '
+                   '</w:instrText></w:r><w:r><w:fldChar w:fldCharType="separate"/></w:r>' + run_xml("Kapitel eins"),
+                   run_xml("Kapitel zwei") + '<w:r><w:fldChar w:fldCharType="end"/></w:r>', run_xml("Ein Hund."))
+    out = docx.Document(io.BytesIO(translated(data, "a.docx", answering(str.upper))))
+    assert [p.text for p in out.paragraphs] == ["INHALT Kapitel eins", "Kapitel zwei", "EIN HUND."]
+
+
+def test_an_image_between_words_keeps_the_space_on_both_sides():
+    d = docx.Document()
+    p = d.add_paragraph("Ein Bild ")
+    p.add_run().add_picture(io.BytesIO(PNG))
+    p.add_run(" hier.")
+    buf = io.BytesIO()
+    d.save(buf)
+    out = docx.Document(io.BytesIO(translated(buf.getvalue(), "a.docx", answering(str.upper))))
+    assert [r.text for r in out.paragraphs[0].runs] == ["EIN BILD ", "", " HIER."]
+
+
+def test_odt_runs_of_spaces_a_translation_keeps_are_written_as_odf_shows_them():
+    from odf.opendocument import OpenDocumentText
+    from odf.opendocument import load as odf_load
+    from odf.text import P, S
+    doc = OpenDocumentText()
+    p = P(text="Ein")
+    p.addElement(S(c=3))
+    p.addText("Hund.")
+    doc.text.addElement(p)
+    buf = io.BytesIO()
+    doc.write(buf)
+    out = odf_load(io.BytesIO(translated(buf.getvalue(), "a.odt", answering(lambda t: t))))
+    para = out.text.getElementsByType(P)[0]
+    assert [(n.qname[1], n.attributes.get((n.qname[0], "c"))) if n.nodeType == 1 else str(n)
+            for n in para.childNodes] == ["Ein ", ("s", "2"), "Hund."]      # 3 spaces, as ODF writes them
