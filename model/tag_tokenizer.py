@@ -7,8 +7,8 @@ configuration's ``decoder_start_token_id`` (pad) and nothing is forced.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from .tokenizer import clean_up_tokenization
 

@@ -17,18 +17,18 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+from test_multilingual_parity import SOURCE
+from tiny_model import one_thread  # noqa: F401 (autouse fixture)
+from tiny_t5 import make_t5_dir
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from model import translate  # noqa: E402
-from model.checkpoint import load_metadata  # noqa: E402
-from model.convert import main as convert  # noqa: E402
-from model.inference import settings  # noqa: E402
-from model.inference.generate import generate  # noqa: E402
-from model.load import load_model  # noqa: E402
-from model.tokenizer import encode_source  # noqa: E402
-from test_multilingual_parity import SOURCE  # noqa: E402
-from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
-from tiny_t5 import make_t5_dir  # noqa: E402
+from model import translate
+from model.checkpoint import load_metadata
+from model.convert import main as convert
+from model.inference import settings
+from model.inference.generate import generate
+from model.load import load_model
+from model.tokenizer import encode_source
 
 TYPES = ("t5", "mt5")
 LONG = 30

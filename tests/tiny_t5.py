@@ -12,7 +12,6 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 from safetensors.torch import save_file
-
 from tiny_multilingual import DE, EN, FR
 
 TAGS = ["<2de>", "<2fr>", "<2en>"]
@@ -40,7 +39,12 @@ def make_t5_dir(directory: Path, model_type: str = "t5", seed: int = 0, eos_boos
     the source; ``eos_boost`` points the decoder's output towards EOS so outputs end at mixed lengths.
     The generation config bans pad, as this project's search never generates it (transformers would).
     ``config`` overrides config.json fields."""
-    from transformers import MT5Config, MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration
+    from transformers import (
+        MT5Config,
+        MT5ForConditionalGeneration,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(d)

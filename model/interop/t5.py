@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -25,7 +24,14 @@ from ..checkpoint import save_checkpoint, unique_state_dict
 from ..config import ModelConfig
 from ..tag_tokenizer import TagTokenizer
 from ..transformer import Transformer
-from .marian import MarianImportError, _read_json, generation_rules, read_generation, read_marian_weights, source_dtype
+from .marian import (
+    MarianImportError,
+    _read_json,
+    generation_rules,
+    read_generation,
+    read_marian_weights,
+    source_dtype,
+)
 
 T5_TYPES = {"t5": "T5 / MADLAD-400", "mt5": "mT5"}                  # model_type -> family name
 FEED_FORWARD = {"relu": ("relu", False), "gated-gelu": ("gelu_new", True)}   # feed_forward_proj -> (act, gated)
@@ -178,7 +184,7 @@ def load_t5(directory: str | Path) -> tuple[Transformer, TagTokenizer, dict]:
     return model.eval(), tok, {k: v for k, v in meta.items() if v is not None}
 
 
-def convert_t5(directory: str | Path, out: str | Path, dtype: Optional[str] = None) -> Path:
+def convert_t5(directory: str | Path, out: str | Path, dtype: str | None = None) -> Path:
     """Write a T5 / mT5 / MADLAD-400 directory as our checkpoint: config.json, model.safetensors in
     ``dtype`` (default: the source weights' own), tokenizer.json and tokenizer_config.json, metadata.json.
     Raises T5ImportError; nothing is written then."""
