@@ -133,3 +133,17 @@ def test_refusals(dirs, tmp_path, capsys):
         (d / file).write_text(json.dumps(json.loads((d / file).read_text()) | change))
         _refused(["--from-transformers", str(d), "--out", str(tmp_path / f"out-{name}")], capsys, file, needle)
         assert not (tmp_path / f"out-{name}").exists()
+
+
+def test_to_ct2_and_export_refusals(dirs, tmp_path, capsys):
+    """``--to-ct2`` of the published directory runs CTranslate2's own T5 converter; our imported
+    checkpoint is refused by name for --to-ct2 and --to-marian (no export back), nothing written."""
+    pytest.importorskip("ctranslate2")
+    assert convert(["--to-ct2", str(dirs["t5"]), "--out", str(tmp_path / "ct2")]) == 0
+    assert (tmp_path / "ct2" / "model.bin").exists()
+    ckpt = tmp_path / "ckpt"
+    assert convert(["--from-transformers", str(dirs["t5"]), "--out", str(ckpt)]) == 0
+    capsys.readouterr()                          # (the converter's progress lines)
+    _refused(["--to-ct2", str(ckpt), "--out", str(tmp_path / "x")], capsys, "T5 checkpoint")
+    _refused(["--to-marian", str(ckpt), "--out", str(tmp_path / "y")], capsys, "norm: RMSNorm (T5)")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
