@@ -106,6 +106,9 @@ def model_card(name: str, checkpoint: str | Path, source_lang: Optional[str] = N
                          config, meta, _test_bleu(meta), target_languages=tuple(meta["target_languages"]),
                          source_languages=tuple(meta["source_languages"]),
                          aliases=dict(meta["multilingual"]["languages"]))
+    if "t5" in meta:                # MADLAD-400: the target's <2xx> tag starts the source (source_prefix)
+        return ModelCard(name, str(d), source_lang or "mul", target_lang or "mul", config, meta, _test_bleu(meta),
+                         target_languages=tuple(meta["target_languages"]))
     codes = target_language_codes(json.loads((d / "vocab.json").read_text(encoding="utf-8"))) \
         if (d / "vocab.json").exists() else ()
     src = source_lang or meta.get("source_lang")

@@ -1,0 +1,76 @@
+"""Serving an imported T5 / MADLAD-400 model: the translator (continuous-batching engine, paged KV
+cache, CPU) puts the request's target as the ``<2xx>`` tag at the start of each source, and its text
+equals transformers' ``generate`` + ``batch_decode`` on ``"<2xx> " + text``, greedy and beam 4, with
+French and English jobs in the engine at once; a target the model lacks is a 422 naming target_lang."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+
+from model.convert import main as convert  # noqa: E402
+from service.engine import GenerationOptions  # noqa: E402
+from service.protocol import InvalidRequest, TranslateJob  # noqa: E402
+from service.translator import Translator, model_card  # noqa: E402
+from service.translator.config import TextConfig, TranslatorSettings  # noqa: E402
+from test_multilingual_parity import SOURCE  # noqa: E402
+from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
+from tiny_t5 import make_t5_dir  # noqa: E402
+
+N = 24          # max_new_tokens, as transformers counts them
+PLAIN = TranslatorSettings(text=TextConfig(protect_spans=False, truecase=False))   # the model sees the text as sent
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("t5svc")
+    d = make_t5_dir(root / "t5", "t5", seed=0)
+    assert convert(["--from-transformers", str(d), "--out", str(root / "ckpt")]) == 0
+    card = model_card("madlad", root / "ckpt")
+    loop = asyncio.new_event_loop()
+    t = Translator(card, device="cpu", settings=PLAIN)
+    loop.run_until_complete(t.reconfigure({"linear_dtype": "float32", "max_num_seqs": 64}))
+    yield d, card, loop, t
+    loop.run_until_complete(t.stop())
+    loop.close()
+
+
+def hf_text(d, texts, target: str, beam: int) -> list[str]:
+    hf, tok = AutoModelForSeq2SeqLM.from_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
+    enc = tok([f"<2{target}> {s}" for s in texts], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ids = hf.generate(**enc, num_beams=beam, max_new_tokens=N)
+    return tok.batch_decode(ids, skip_special_tokens=True)
+
+
+def job(texts, target: str, beam: int) -> TranslateJob:
+    return TranslateJob(list(texts), GenerationOptions(beam_size=beam, length_penalty=1.0, max_new_tokens=N),
+                        target_lang=target)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translator_equals_transformers_two_targets_at_once(served, beam):
+    d, card, loop, t = served
+    assert card.targets == ("de", "en", "fr")
+    want = {tgt: hf_text(d, SOURCE, tgt, beam) for tgt in ("fr", "en")}
+    assert want["fr"] != want["en"]
+
+    async def both():
+        return await asyncio.gather(*(t.translate(job(SOURCE, tgt, beam)) for tgt in ("fr", "en")))
+
+    fr, en = loop.run_until_complete(both())
+    assert [x.text for x in fr.translations] == want["fr"]
+    assert [x.text for x in en.translations] == want["en"]
+    alone = loop.run_until_complete(t.translate(job(SOURCE[3:4], "fr", beam)))
+    assert [x.text for x in alone.translations] == want["fr"][3:4]
+
+
+def test_unknown_target_is_a_422(served):
+    _, _, loop, t = served
+    with pytest.raises(InvalidRequest) as e:
+        loop.run_until_complete(t.translate(job(SOURCE[:1], "xx", 1)))
+    assert e.value.status == 422 and e.value.field == "target_lang" and "fr" in e.value.message, e.value.message
