@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
 from .lang_tokenizer import checkpoint_tokenizer
+from .tag_tokenizer import checkpoint_tag_tokenizer
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
@@ -109,7 +110,6 @@ def _load_ours(d: Path, device, dtype: torch.dtype) -> tuple[Transformer, Union[
         model = Transformer(cfg).to(device=device, dtype=dtype)
         load_weights(model, d / "model.safetensors")
         if "t5" in meta:
-            from .interop.t5 import checkpoint_tag_tokenizer    # (interop imports this module)
             return model, checkpoint_tag_tokenizer(d, cfg, meta)
         return model, checkpoint_tokenizer(d, cfg, meta)
     marian_tok = not (d / "tokenizer.model").exists() and (d / "vocab.json").exists()

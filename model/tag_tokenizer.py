@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .tokenizer import clean_up_tokenization
 
-__all__ = ["TAG", "TagTokenizer"]
+__all__ = ["TAG", "TagTokenizer", "checkpoint_tag_tokenizer"]
 
 TAG = re.compile(r"<2([A-Za-z]{2,3}(?:[_-][A-Za-z0-9]+)*)>")    # <2de>, <2zh_Latn>: the language tags
 
@@ -69,3 +69,13 @@ class TagTokenizer:
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.tk.id_to_token(int(i)) or "<unk>" for i in ids]
+
+
+def checkpoint_tag_tokenizer(d: Path, cfg, meta: dict) -> TagTokenizer:
+    """The tokenizer of one of our checkpoints written by ``interop.t5.convert_t5`` (its metadata's
+    ``t5`` record; ``cfg`` its ModelConfig). Raises FileNotFoundError for a missing tokenizer.json."""
+    if not (d / "tokenizer.json").exists():
+        raise FileNotFoundError(f"checkpoint {d} has no tokenizer.json")
+    specials = {"pad": cfg.pad_id, "unk": cfg.unk_id, "eos": cfg.eos_id, "bos": cfg.bos_id}
+    rec = meta["t5"]
+    return TagTokenizer(d, specials, rec["special_ids"], rec["clean_up_tokenization_spaces"])

@@ -199,11 +199,3 @@ def convert_t5(directory: str | Path, out: str | Path, dtype: str | None = None)
     meta = {**meta, "dtype": dtype} | ({"notes": notes} if notes else {})
     return save_checkpoint(out, model, [d / "tokenizer.json", d / "tokenizer_config.json"], meta, dtype)
 
-
-def checkpoint_tag_tokenizer(d: Path, cfg: ModelConfig, meta: dict) -> TagTokenizer:
-    """The tokenizer of one of our checkpoints written by ``convert_t5``. Raises FileNotFoundError."""
-    rec = meta["t5"]
-    if not (d / "tokenizer.json").exists():
-        raise FileNotFoundError(f"checkpoint {d} has no tokenizer.json")
-    specials = {"pad": cfg.pad_id, "unk": cfg.unk_id, "eos": cfg.eos_id, "bos": cfg.bos_id}
-    return TagTokenizer(d, specials, rec["special_ids"], rec["clean_up_tokenization_spaces"])
