@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
+from conftest import build_tiny_checkpoint  # noqa: E402
+from local_services import local_services  # noqa: E402
 from model.convert import main as convert  # noqa: E402
+from service.api.http import build_app  # noqa: E402
+from service.pipeline import LanguageGraph  # noqa: E402
+from service.replica import mapped_errors  # noqa: E402
 from service.engine import GenerationOptions  # noqa: E402
 from service.protocol import InvalidRequest, TranslateJob  # noqa: E402
 from service.translator import Translator, model_card  # noqa: E402
@@ -34,7 +40,8 @@ def served(tmp_path_factory):
     loop = asyncio.new_event_loop()
     t = Translator(card, device="cpu", settings=PLAIN)
     loop.run_until_complete(t.reconfigure({"linear_dtype": "float32", "max_num_seqs": 64}))
-    yield d, card, loop, t
+    bilingual = model_card("de-en", build_tiny_checkpoint(root / "de-en", "de", "en", max_len=64))
+    yield d, card, loop, t, bilingual
     loop.run_until_complete(t.stop())
     loop.close()
 
@@ -54,7 +61,7 @@ def job(texts, target: str, beam: int) -> TranslateJob:
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_translator_equals_transformers_two_targets_at_once(served, beam):
-    d, card, loop, t = served
+    d, card, loop, t, _ = served
     assert card.targets == ("de", "en", "fr")
     want = {tgt: hf_text(d, SOURCE, tgt, beam) for tgt in ("fr", "en")}
     assert want["fr"] != want["en"]
@@ -70,7 +77,32 @@ def test_translator_equals_transformers_two_targets_at_once(served, beam):
 
 
 def test_unknown_target_is_a_422(served):
-    _, _, loop, t = served
+    _, _, loop, t, _ = served
     with pytest.raises(InvalidRequest) as e:
         loop.run_until_complete(t.translate(job(SOURCE[:1], "xx", 1)))
     assert e.value.status == 422 and e.value.field == "target_lang" and "fr" in e.value.message, e.value.message
+
+
+def test_graph_and_http(served):
+    """Beside a bilingual de->en model: the graph serves every other pair of the model's languages
+    by it (de->en stays the bilingual model's); /v1/translate de->fr gives transformers' text;
+    /languages lists the pairs; an unknown target is a 4xx naming target_lang."""
+    d, card, loop, t, bilingual = served
+    graph = LanguageGraph([bilingual, card], "en")
+    assert graph.resolve(None, "de", "en").id == "de-en"
+    assert {graph.resolve(None, s, g).id for s, g in (("de", "fr"), ("en", "fr"), ("fr", "de"))} == {"madlad"}
+
+    async def run(model, job):
+        with mapped_errors(model):
+            return await t.translate(job)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(local_services([bilingual, card], run))),
+                               base_url="http://t")
+    body = {"text": SOURCE[:4], "source_lang": "de", "target_lang": "fr", "beam_size": 1, "max_new_tokens": N}
+    r = loop.run_until_complete(client.post("/v1/translate", json=body))
+    assert r.status_code == 200 and r.json()["model"] == "madlad", r.text
+    assert [x["text"] for x in r.json()["translations"]] == hf_text(d, SOURCE[:4], "fr", 1)
+    libre = {x["code"]: x["targets"] for x in loop.run_until_complete(client.get("/languages")).json()}
+    assert set(libre["de"]) == {"en", "fr"} and set(libre["fr"]) == {"de", "en"}
+    r = loop.run_until_complete(client.post("/v1/translate", json={**body, "model": "madlad", "target_lang": "xx"}))
+    assert 400 <= r.status_code < 500 and r.json()["error"]["field"] == "target_lang", r.text
+    loop.run_until_complete(client.aclose())
