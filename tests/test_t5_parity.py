@@ -37,7 +37,7 @@ LONG = 30
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("t5")
-    return {t: make_t5_dir(root / t, t, seed=i) for i, t in enumerate(TYPES)}
+    return {t: make_t5_dir(root / t, t, seed=i, shards=1 + i) for i, t in enumerate(TYPES)}   # mt5: 2 shards
 
 
 @functools.lru_cache(maxsize=4)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_model import make_model, one_thread, rand_source, uncached_greedy  # noqa: F401 (autouse fixture)
 
 from model.attention import relative_position_bucket
 from model.inference.attention_plan import AttentionPlan
@@ -17,7 +18,6 @@ from model.inference.paged_cache import PagedKVCache
 from model.inference.prefill import prefill
 from model.inference.step import Variant, choose_variant, decode_step
 from model.transformer import padding_mask
-from tiny_model import make_model, one_thread, rand_source, uncached_greedy  # noqa: F401 (autouse fixture)
 
 T5_FLAGS = dict(norm="rmsnorm", d_kv=16, scale_attention=False, relative_buckets=8, relative_max_distance=12,
                 gated_ffn=True, activation="gelu_new", linear_bias=False, positional="none", scale_embedding=False,

@@ -11,21 +11,21 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+from conftest import build_tiny_checkpoint
+from local_services import local_services
+from test_multilingual_parity import SOURCE
+from tiny_model import one_thread  # noqa: F401 (autouse fixture)
+from tiny_t5 import make_t5_dir
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from conftest import build_tiny_checkpoint  # noqa: E402
-from local_services import local_services  # noqa: E402
-from model.convert import main as convert  # noqa: E402
-from service.api.http import build_app  # noqa: E402
-from service.pipeline import LanguageGraph  # noqa: E402
-from service.replica import mapped_errors  # noqa: E402
-from service.engine import GenerationOptions  # noqa: E402
-from service.protocol import InvalidRequest, TranslateJob  # noqa: E402
-from service.translator import Translator, model_card  # noqa: E402
-from service.translator.config import TextConfig, TranslatorSettings  # noqa: E402
-from test_multilingual_parity import SOURCE  # noqa: E402
-from tiny_model import one_thread  # noqa: F401,E402 (autouse fixture)
-from tiny_t5 import make_t5_dir  # noqa: E402
+from model.convert import main as convert
+from service.api.http import build_app
+from service.engine import GenerationOptions
+from service.pipeline import LanguageGraph
+from service.protocol import InvalidRequest, TranslateJob
+from service.replica import mapped_errors
+from service.translator import Translator, model_card
+from service.translator.config import TextConfig, TranslatorSettings
 
 N = 24          # max_new_tokens, as transformers counts them
 PLAIN = TranslatorSettings(text=TextConfig(protect_spans=False, truecase=False))   # the model sees the text as sent

@@ -32,13 +32,14 @@ def _tokenizer(d: Path):
 
 
 def make_t5_dir(directory: Path, model_type: str = "t5", seed: int = 0, eos_boost: float = 0.5,
-                generation: dict | None = None, **config) -> Path:
+                generation: dict | None = None, shards: int = 1, **config) -> Path:
     """Write a tiny random ``model_type`` ("t5": T5ForConditionalGeneration as MADLAD-400 publishes
     it; "mt5") model to directory: d_model 32, 4 heads of d_kv 16 (n_heads·d_kv = 64 != d_model),
     d_ff 64, 2+2 layers, untied. Weights are drawn wider than transformers' init so outputs depend on
     the source; ``eos_boost`` points the decoder's output towards EOS so outputs end at mixed lengths.
     The generation config bans pad, as this project's search never generates it (transformers would).
-    ``config`` overrides config.json fields."""
+    ``shards`` > 1: the weights in that many files with model.safetensors.index.json (as the larger
+    published models). ``config`` overrides config.json fields."""
     from transformers import (
         MT5Config,
         MT5ForConditionalGeneration,
@@ -77,8 +78,18 @@ def make_t5_dir(directory: Path, model_type: str = "t5", seed: int = 0, eos_boos
     (d / "config.json").write_text(json.dumps(hf, indent=2))
     for f in d.glob("*.safetensors"):
         f.unlink()
-    save_file({k: v.contiguous().clone() for k, v in state.items()}, str(d / "model.safetensors"),
-              metadata={"format": "pt"})
+    state = {k: v.contiguous().clone() for k, v in state.items()}
+    if shards == 1:
+        save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        names = sorted(state)
+        weight_map = {}
+        for i in range(shards):
+            file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            part = {k: state[k] for k in names[i::shards]}
+            save_file(part, str(d / file), metadata={"format": "pt"})
+            weight_map |= dict.fromkeys(part, file)
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     gen = {"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0, "bad_words_ids": [[0]],
            "renormalize_logits": True} | (generation or {})
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2))

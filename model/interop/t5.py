@@ -7,7 +7,8 @@ gated-GELU (``gated-gelu``, tanh GELU) or ReLU feed-forward layer without biases
 ``lm_head`` of its own (``tie_word_embeddings: false``; tied: the decoder output × d_model^-0.5 for
 ``t5``, as transformers does).
 
-A directory is config.json, model.safetensors or pytorch_model.bin, generation_config.json (else
+A directory is config.json, model.safetensors (or its shards and model.safetensors.index.json) or
+pytorch_model.bin, generation_config.json (else
 config.json's generation fields, as for MarianMT: ``marian.generation_rules``), tokenizer.json and
 tokenizer_config.json (``T5Tokenizer``), whose vocabulary holds the ``<2xx>`` target-language tags
 (``model/tag_tokenizer.py``). Anything else this project cannot reproduce raises ``T5ImportError``
@@ -118,6 +119,28 @@ def t5_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> 
     return out
 
 
+def read_t5_weights(d: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """(state dict, file name) of ``model.safetensors.index.json``'s shards (the larger published
+    models, MADLAD-400 among them), else as ``marian.read_marian_weights``. Raises T5ImportError
+    naming a missing or unreadable shard."""
+    index = d / "model.safetensors.index.json"
+    if not index.exists():
+        return read_marian_weights(d)
+    from safetensors.torch import load_file
+    shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+    if not shards:
+        raise T5ImportError(f"{index}: no weight_map")
+    state: dict[str, torch.Tensor] = {}
+    for name in shards:
+        if not (d / name).exists():
+            raise T5ImportError(f"{d / name}: missing (named by {index.name})")
+        try:
+            state.update(load_file(str(d / name)))
+        except Exception as e:  # noqa: BLE001 - any unreadable shard is one clear error
+            raise T5ImportError(f"{d / name}: cannot read weights ({type(e).__name__}: {e})") from None
+    return state, index.name
+
+
 def _tokenizer(d: Path, cfg: ModelConfig) -> tuple[TagTokenizer, list[int], dict]:
     """(tokenizer, its special ids, tokenizer_config.json) of a T5 directory."""
     tok_cfg = _read_json(d / "tokenizer_config.json")
@@ -159,7 +182,7 @@ def load_t5(directory: str | Path) -> tuple[Transformer, TagTokenizer, dict]:
                             f"{tok.vocab_size} entries")
     rules = generation_rules(gen, gen_file, cfg)
     cfg.forced_eos, cfg.early_stopping = rules["forced_eos"], rules["early_stopping"]
-    weights, wname = read_marian_weights(d)
+    weights, wname = read_t5_weights(d)
     if not cfg.separate_output and "lm_head.weight" in weights and not torch.equal(
             weights["lm_head.weight"], weights.get("shared.weight", weights["lm_head.weight"])):
         raise T5ImportError(f"{d / 'config.json'}: tie_word_embeddings is true but {wname} has an lm_head.weight of "
