@@ -22,6 +22,7 @@ from model.convert import main as convert
 from service.api.http import build_app
 from service.engine import GenerationOptions
 from service.pipeline import LanguageGraph
+from service.pool import weights_bytes
 from service.protocol import InvalidRequest, TranslateJob
 from service.replica import mapped_errors
 from service.translator import Translator, model_card
@@ -85,12 +86,13 @@ def test_unknown_target_is_a_422(served):
 
 def test_graph_and_http(served):
     """Beside a bilingual de->en model: the graph serves every other pair of the model's languages
-    by it (de->en stays the bilingual model's); /v1/translate de->fr gives transformers' text;
+    by it (de->en stays the bilingual model's); the pool sizes it before loading; /v1/translate de->fr gives transformers' text;
     /languages lists the pairs; an unknown target is a 4xx naming target_lang."""
     d, card, loop, t, bilingual = served
     graph = LanguageGraph([bilingual, card], "en")
     assert graph.resolve(None, "de", "en").id == "de-en"
     assert {graph.resolve(None, s, g).id for s, g in (("de", "fr"), ("en", "fr"), ("fr", "de"))} == {"madlad"}
+    assert weights_bytes(card.checkpoint) == 4 * t.model.num_parameters()     # the pool's size before a load
 
     async def run(model, job):
         with mapped_errors(model):
