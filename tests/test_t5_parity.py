@@ -82,6 +82,21 @@ def test_cli_import_translates_as_transformers(dirs, kind, tmp_path, monkeypatch
     assert len({len(t) for t in texts}) >= 10
 
 
+def test_tied_relu_t5(tmp_path, monkeypatch):
+    """The original T5 layout (tied output: the decoder output × d_model^-0.5 before the shared
+    embedding; ReLU feed-forward) translates as transformers, greedy and beam 4."""
+    d = make_t5_dir(tmp_path / "tied", "t5", seed=5, tied=True, ffn="relu")
+    float32_linear(monkeypatch)
+    model, tok, _ = load_model(d, pack=False)
+    assert model.cfg.scale_decoder_output and model.out_proj is None and not model.cfg.gated_ffn
+    srcs = [encode_source(tok, s, model.cfg.max_len, "fr") for s in SOURCE]
+    for beam in (1, 4):
+        want = hf_reference(d, SOURCE, ["fr"] * len(SOURCE), beam, LONG)
+        assert len(set(want)) >= 10
+        hyps = generate(model, srcs, beam_size=beam, max_new_tokens=LONG)
+        assert [tok.decode(h[0].tokens) for h in hyps] == want, beam
+
+
 @pytest.mark.parametrize("kind", TYPES)
 def test_two_targets_in_one_batch(dirs, kind, monkeypatch):
     """French and English targets alternating in ONE generate() batch (the tag is per source): each

@@ -32,14 +32,16 @@ def _tokenizer(d: Path):
 
 
 def make_t5_dir(directory: Path, model_type: str = "t5", seed: int = 0, eos_boost: float = 0.5,
-                generation: dict | None = None, shards: int = 1, **config) -> Path:
+                generation: dict | None = None, shards: int = 1, tied: bool = False, ffn: str = "gated-gelu",
+                **config) -> Path:
     """Write a tiny random ``model_type`` ("t5": T5ForConditionalGeneration as MADLAD-400 publishes
     it; "mt5") model to directory: d_model 32, 4 heads of d_kv 16 (n_heads·d_kv = 64 != d_model),
     d_ff 64, 2+2 layers, untied. Weights are drawn wider than transformers' init so outputs depend on
     the source; ``eos_boost`` points the decoder's output towards EOS so outputs end at mixed lengths.
     The generation config bans pad, as this project's search never generates it (transformers would).
     ``shards`` > 1: the weights in that many files with model.safetensors.index.json (as the larger
-    published models). ``config`` overrides config.json fields."""
+    published models). ``tied``: no lm_head of its own (original T5: the decoder output × d_model^-0.5
+    before the shared embedding); ``ffn``: feed_forward_proj. ``config`` overrides config.json fields."""
     from transformers import (
         MT5Config,
         MT5ForConditionalGeneration,
@@ -54,7 +56,7 @@ def make_t5_dir(directory: Path, model_type: str = "t5", seed: int = 0, eos_boos
                  else (MT5ForConditionalGeneration, MT5Config))
     cfg = ccls(vocab_size=len(tok), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.0,
-               feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0,
+               feed_forward_proj=ffn, tie_word_embeddings=tied, decoder_start_token_id=0,
                pad_token_id=0, eos_token_id=1)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
@@ -70,11 +72,15 @@ def make_t5_dir(directory: Path, model_type: str = "t5", seed: int = 0, eos_boos
         state["shared.weight"] = state["shared.weight"] / state["shared.weight"].norm(dim=1, keepdim=True)
         lm = torch.randn(len(tok), 32) * 32 ** -0.5
         lm[1] += eos_boost * state["decoder.final_layer_norm.weight"]   # EOS likelier
-        state["lm_head.weight"] = lm
+        if tied:
+            state["shared.weight"][1] = lm[1] * 4
+            state.pop("lm_head.weight", None)
+        else:
+            state["lm_head.weight"] = lm
     state["encoder.embed_tokens.weight"] = state["decoder.embed_tokens.weight"] = state["shared.weight"]
     model.save_pretrained(d)                 # config.json as transformers writes it, then MADLAD's fields
     hf = json.loads((d / "config.json").read_text())
-    hf.update({"tie_word_embeddings": False, "architectures": [cls.__name__]}, **config)
+    hf.update({"tie_word_embeddings": tied, "architectures": [cls.__name__]}, **config)
     (d / "config.json").write_text(json.dumps(hf, indent=2))
     for f in d.glob("*.safetensors"):
         f.unlink()
