@@ -152,6 +152,8 @@ def _tokenizer(d: Path, cfg: ModelConfig) -> tuple[TagTokenizer, list[int], dict
         raise T5ImportError(f"{d / 'tokenizer.json'}: missing (a T5 tokenizer is read from tokenizer.json)")
     tok = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
     special_ids = [t["id"] for t in tok.get("added_tokens", []) if t.get("special")]
+    if isinstance((tok.get("model") or {}).get("unk_id"), int):     # the Unigram model's <unk> (T5: 2)
+        cfg.unk_id = tok["model"]["unk_id"]
     specials = {"pad": cfg.pad_id, "unk": cfg.unk_id, "eos": cfg.eos_id, "bos": cfg.bos_id}
     try:
         t = TagTokenizer(d, specials, special_ids, tok_cfg.get("clean_up_tokenization_spaces") is True)
