@@ -148,6 +148,11 @@ def test_refusals(dirs, tmp_path, capsys):
         (d / file).write_text(json.dumps(json.loads((d / file).read_text()) | change))
         _refused(["--from-transformers", str(d), "--out", str(tmp_path / f"out-{name}")], capsys, file, needle)
         assert not (tmp_path / f"out-{name}").exists()
+    d = tmp_path / "spiece"
+    shutil.copytree(dirs["t5"], d)
+    (d / "tokenizer.json").rename(d / "spiece.model")      # (its content does not matter here)
+    _refused(["--from-transformers", str(d), "--out", str(tmp_path / "out-spiece")], capsys,
+             "tokenizer.json: missing", "save_pretrained")
 
 
 def test_to_ct2_and_export_refusals(dirs, tmp_path, capsys):

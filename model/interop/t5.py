@@ -149,7 +149,9 @@ def _tokenizer(d: Path, cfg: ModelConfig) -> tuple[TagTokenizer, list[int], dict
         raise T5ImportError(f"{d / 'tokenizer_config.json'}: tokenizer_class {cls!r} is not supported (choose from "
                             f"{', '.join(T5_TOKENIZERS)})")
     if not (d / "tokenizer.json").exists():
-        raise T5ImportError(f"{d / 'tokenizer.json'}: missing (a T5 tokenizer is read from tokenizer.json)")
+        hint = (" (spiece.model alone: write it once with transformers, AutoTokenizer.from_pretrained(DIR)"
+                ".save_pretrained(DIR))") if (d / "spiece.model").exists() else ""
+        raise T5ImportError(f"{d / 'tokenizer.json'}: missing (a T5 tokenizer is read from tokenizer.json){hint}")
     tok = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
     special_ids = [t["id"] for t in tok.get("added_tokens", []) if t.get("special")]
     if isinstance((tok.get("model") or {}).get("unk_id"), int):     # the Unigram model's <unk> (T5: 2)
