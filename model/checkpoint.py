@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
 from .lang_tokenizer import checkpoint_tokenizer
+from .tag_tokenizer import checkpoint_tag_tokenizer
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
@@ -94,20 +95,22 @@ def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str | to
     """
     model, tok = _load_ours(Path(directory), device, dtype)
     if tok.vocab_size != model.cfg.target_vocab_size and not (
-            getattr(tok, "lang_ids", None) and tok.vocab_size < model.cfg.target_vocab_size):   # NLLB: spare rows
+            (getattr(tok, "lang_ids", None) or getattr(tok, "tags", None)) and tok.vocab_size < model.cfg.target_vocab_size):   # NLLB: spare rows
         raise ValueError(f"tokenizer has {tok.vocab_size} pieces, config says {model.cfg.target_vocab_size}")
     return model.eval(), tok, load_metadata(directory)
 
 
 def _load_ours(d: Path, device, dtype: torch.dtype) -> tuple[Transformer, Union[Tokenizer, VocabTokenizer]]:
     """Model and tokenizer of one of our checkpoint directories. Raises FileNotFoundError."""
-    if "multilingual" in (meta := load_metadata(d)):       # NLLB-200, M2M100, mBART-50 (interop/multilingual.py)
+    if "multilingual" in (meta := load_metadata(d)) or "t5" in meta:   # NLLB-200, M2M100, mBART-50, MADLAD-400
         for name in ("config.json", "model.safetensors"):
             if not (d / name).exists():
                 raise FileNotFoundError(f"checkpoint {d} has no {name}")
         cfg = ModelConfig.from_dict(json.loads((d / "config.json").read_text()))
         model = Transformer(cfg).to(device=device, dtype=dtype)
         load_weights(model, d / "model.safetensors")
+        if "t5" in meta:
+            return model, checkpoint_tag_tokenizer(d, cfg, meta)
         return model, checkpoint_tokenizer(d, cfg, meta)
     marian_tok = not (d / "tokenizer.model").exists() and (d / "vocab.json").exists()
     tok_files = ("source.spm", "target.spm", "vocab.json") if marian_tok else ("tokenizer.model",)

@@ -6,14 +6,17 @@ import json
 from dataclasses import dataclass
 
 
-ACTIVATIONS = ("relu", "gelu", "swish", "silu")   # swish = silu = x·sigmoid(x); gelu is the exact (erf) GELU
+ACTIVATIONS = ("relu", "gelu", "swish", "silu", "gelu_new")   # swish = silu = x·sigmoid(x); gelu is the exact
+                                    # (erf) GELU; gelu_new its tanh approximation (T5's gated-gelu)
+NORMS = ("layernorm", "rmsnorm")
 
 
 @dataclass
 class ModelConfig:
     vocab_size: int = 8000          # joint source/target SentencePiece vocabulary (shared embeddings)
     d_model: int = 512              # width of every residual stream (paper: d_model)
-    n_heads: int = 8                # attention heads; d_k = d_v = d_model / n_heads
+    n_heads: int = 8                # attention heads; d_k = d_v = d_model / n_heads unless d_kv is set
+    d_kv: int = 0                   # head width d_k = d_v when n_heads·d_kv need not be d_model (T5); 0: d_model / n_heads
     d_ff: int = 2048                # inner width of the position-wise feed-forward network
     n_encoder_layers: int = 6       # N for the encoder stack
     n_decoder_layers: int = 6       # N for the decoder stack
@@ -22,7 +25,7 @@ class ModelConfig:
     activation: str = "relu"        # FFN non-linearity: "relu" (paper), "gelu" or "swish" (= SiLU, most OPUS-MT)
     norm_first: bool = False        # False = post-LN, LayerNorm(x + Sublayer(x)) as in the paper;
                                     # True = pre-LN, x + Sublayer(LayerNorm(x)), a LayerNorm closing each stack
-    positional: str = "sinusoidal"  # "sinusoidal" (paper section 3.5) or "learned"
+    positional: str = "sinusoidal"  # "sinusoidal" (paper section 3.5), "learned" or "none" (T5: relative_buckets)
     sinusoid_layout: str = "interleaved"  # sin/cos alternate (paper); "split": sines then cosines (Marian);
                                     # "fairseq": sines then cosines at 10000^(-i/(d/2-1)), pad_id's row zero (M2M100, NLLB)
     position_offset: int = 0        # table row of position 0 (fairseq sinusoid: pad_id + 1; mBART's learned: 2)
@@ -37,6 +40,15 @@ class ModelConfig:
     separate_output: bool = False   # pre-softmax weights a matrix of their own even so (untied: tie_word_embeddings off)
     final_logits_bias: bool = False  # a bias [vocab_size] added to the logits (Marian's final_logits_bias)
     layer_norm_eps: float = 1e-5    # epsilon of every LayerNorm
+    # The T5 family (T5, mT5, MADLAD-400) on the same network; the defaults are the paper's:
+    norm: str = "layernorm"         # "rmsnorm": x / RMS(x) · weight, no bias, no centring (T5LayerNorm)
+    scale_attention: bool = True    # attention logits × 1/√d_k (eq. 1); False: unscaled (T5)
+    relative_buckets: int = 0       # > 0: learned per-head biases on the attention logits of this many
+                                    # relative-position buckets (T5), one table per stack (encoder: bidirectional)
+    relative_max_distance: int = 128  # distances beyond this share the last bucket (T5's relative_attention_max_distance)
+    gated_ffn: bool = False         # FFN(x) = (act(x W1) ⊙ x W3) W2 (T5's gated-gelu)
+    linear_bias: bool = True        # biases in attention and FFN linear layers (T5: none)
+    scale_decoder_output: bool = False  # tied output: decoder states × d_model^-0.5 before it (T5 tied)
     pad_id: int = 0                 # padding token id (never attended to)
     unk_id: int = 1                 # unknown-piece id
     bos_id: int = 2                 # first decoder input, never generated (Marian: decoder_start_token_id = pad)
@@ -47,12 +59,19 @@ class ModelConfig:
                                     # False / "never": transformers' rules (MarianMT's default: False)
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if self.d_kv < 0:
+            raise ValueError(f"d_kv must be >= 0, got {self.d_kv}")
+        if not self.d_kv and self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.positional not in ("sinusoidal", "learned"):
-            raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        if self.positional not in ("sinusoidal", "learned", "none"):
+            raise ValueError(f"positional must be 'sinusoidal', 'learned' or 'none', got {self.positional!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.relative_buckets < 0 or (self.relative_buckets and self.relative_max_distance < 2):
+            raise ValueError(f"relative_buckets must be >= 0 and relative_max_distance >= 2, got "
+                             f"{self.relative_buckets}, {self.relative_max_distance}")
         if self.tgt_vocab_size and self.share_embeddings and self.tgt_vocab_size != self.vocab_size:
             raise ValueError(f"tgt_vocab_size ({self.tgt_vocab_size}) differs from vocab_size ({self.vocab_size}): "
                              "separate vocabularies need share_embeddings=False")
@@ -70,7 +89,16 @@ class ModelConfig:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_kv or self.d_model // self.n_heads
+
+    @property
+    def compiled_ok(self) -> bool:
+        """Whether the compiled CPU kernels and the fused / CUDA dense steps (``model/inference/``) apply:
+        False with any T5 flag (they implement the paper's and Marian's layers only); those models
+        then run the eager step (``step.choose_variant``)."""
+        return (self.norm == "layernorm" and self.scale_attention and not self.relative_buckets
+                and not self.gated_ffn and self.linear_bias and not self.scale_decoder_output
+                and self.d_head * self.n_heads == self.d_model and self.activation != "gelu_new")
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":

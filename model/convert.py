@@ -7,8 +7,8 @@
 
 The formats are read and written by ``model/interop/`` (``marian.py``, ``marian_export.py``,
 ``ct2.py``, ``multilingual.py``). --from-transformers picks the importer by config.json's ``model_type``:
-``marian`` (as --from-marian), ``m2m100`` (NLLB-200, M2M100) or ``mbart`` (mBART-50); another type is
-refused. A bad directory prints one line naming the file or field and exits with status 2, writing nothing.
+``marian`` (as --from-marian), ``m2m100`` (NLLB-200, M2M100), ``mbart`` (mBART-50) or ``t5`` / ``mt5``
+(MADLAD-400, ``interop/t5.py``); another type is refused. A bad directory prints one line naming the file or field and exits with status 2, writing nothing.
 --from-marian stores the source's weight dtype unless --dtype says otherwise, applies the model's
 ``generation_config.json`` (or refuses a setting it does not implement, naming it) and prints a
 ``note:`` line (stderr) for each way the import may translate differently from transformers: a
@@ -25,6 +25,7 @@ from .checkpoint import load_metadata
 from .interop.ct2 import convert_to_ct2
 from .interop.marian import MarianImportError, convert_marian
 from .interop.multilingual import FAMILIES, convert_multilingual, model_type
+from .interop.t5 import T5_TYPES, convert_t5
 from .interop.marian_export import export_marian
 
 
@@ -38,8 +39,10 @@ def convert_transformers(directory: str, out: str, dtype: Optional[str]) -> Path
         return convert_marian(directory, out, dtype)
     if kind in FAMILIES:
         return convert_multilingual(directory, out, dtype)
+    if kind in T5_TYPES:
+        return convert_t5(directory, out, dtype)
     raise MarianImportError(f"{Path(directory) / 'config.json'}: model_type {kind!r} is not supported (choose from "
-                            f"marian, {', '.join(FAMILIES)})")
+                            f"marian, {', '.join(FAMILIES)}, {', '.join(T5_TYPES)})")
 
 
 def main(argv=None) -> int:
@@ -48,7 +51,8 @@ def main(argv=None) -> int:
     way = ap.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-marian", metavar="DIR", help="import a local MarianMT (OPUS-MT) directory")
     way.add_argument("--from-transformers", metavar="DIR", help="import a local transformers directory by its "
-                     "config.json model_type: marian (as --from-marian), m2m100 (NLLB-200, M2M100), mbart (mBART-50)")
+                     "config.json model_type: marian (as --from-marian), m2m100 (NLLB-200, M2M100), mbart (mBART-50), "
+                     "t5 / mt5 (MADLAD-400)")
     way.add_argument("--to-marian", metavar="CHECKPOINT_DIR", help="export our checkpoint as a MarianMT directory")
     way.add_argument("--to-ct2", metavar="DIR", help="convert our checkpoint, or a MarianMT export of one, to "
                      "CTranslate2 (model/interop/ct2.py; needs the ctranslate2 package)")

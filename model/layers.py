@@ -61,10 +61,10 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab_size, d_model, padding_idx=pad_id) if tok is None else tok
         self.scale = math.sqrt(d_model) if scale_embedding else 1.0
-        self.learned = positional == "learned"
+        self.learned, self.none = positional == "learned", positional == "none"
         if self.learned:
             self.pos = nn.Embedding(max_len + offset, d_model)
-        else:
+        elif not self.none:
             self.register_buffer("pe", sinusoidal_table(max_len + offset, d_model, layout, pad_id), persistent=False)
         self.norm = nn.LayerNorm(d_model, eps=eps) if layernorm else None
         self.drop = nn.Dropout(dropout)
@@ -78,6 +78,9 @@ class Embeddings(nn.Module):
             positions = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
         elif positions.numel() and not _capturing(positions) and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} exceeds max_len {self.max_len}")
+        if self.none:   # no positional encoding (T5: relative position biases in attention)
+            x = self.tok(tokens) * self.scale
+            return self.drop(x if self.norm is None else self.norm(x))
         if self.offset:
             positions = positions + self.offset
         pos = self.pos(positions) if self.learned else self.pe[positions]
@@ -85,30 +88,56 @@ class Embeddings(nn.Module):
         return self.drop(x if self.norm is None else self.norm(x))
 
 
+def gelu_new(x: Tensor) -> Tensor:
+    """GELU's tanh approximation, written as transformers' ``NewGELUActivation`` (T5's gelu_new)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 class FeedForward(nn.Module):
     """FFN(x) = act(x W1 + b1) W2 + b2, act = ReLU in the paper (section 3.3), or GELU, or swish
-    (SiLU, x·sigmoid(x), in most OPUS-MT models)."""
+    (SiLU, x·sigmoid(x), in most OPUS-MT models). ``gated``: (act(x W1) ⊙ x W3) W2 (T5's gated-gelu);
+    ``bias`` False: no biases (T5)."""
 
-    ACT = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "silu": F.silu}
+    ACT = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "silu": F.silu, "gelu_new": gelu_new}
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
+                 gated: bool = False, bias: bool = True):
         super().__init__()
-        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.w1, self.w2 = nn.Linear(d_model, d_ff, bias=bias), nn.Linear(d_ff, d_model, bias=bias)
+        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if gated else None
         self.act = self.ACT[activation]
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.act(self.w1(x))
+        if self.w3 is not None:
+            h = h * self.w3(x)
         return self.w2(self.drop(h) if self.training else h)    # (eval: no dropout call per step)
+
+
+def make_norm(cfg) -> nn.Module:
+    """The configuration's normalisation over d_model: LayerNorm, or RMSNorm without bias (T5LayerNorm)."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+
+
+def _attention(cfg) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.d_kv, cfg.linear_bias,
+                              None if cfg.scale_attention else 1.0)
+
+
+def _ffn(cfg) -> FeedForward:
+    return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, gated=cfg.gated_ffn, bias=cfg.linear_bias)
 
 
 class Residual(nn.Module):
     """A sub-layer connection: post-LN LayerNorm(x + Dropout(Sublayer(x))) as in the paper
     (section 5.4), or pre-LN x + Dropout(Sublayer(LayerNorm(x)))."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float, norm: Optional[nn.Module] = None):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = nn.LayerNorm(d_model, eps=eps) if norm is None else norm
         self.drop = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -125,16 +154,18 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
-        self.res1 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
-        self.res2 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
+        self.self_attn = _attention(cfg)
+        self.ffn = _ffn(cfg)
+        self.res1 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps, make_norm(cfg))
+        self.res2 = Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps, make_norm(cfg))
 
     def forward(self, x: Tensor, src_mask: Optional[Tensor], need_weights: bool = False,
-                attend: Optional[CacheAttend] = None) -> tuple[Tensor, Optional[Tensor]]:
+                attend: Optional[CacheAttend] = None, bias: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
         """x [B, S, d_model], src_mask [B, 1, 1, S] -> ([B, S, d_model], weights [B, H, S, S] or None).
-        ``attend`` (e.g. a packed batch, ``model.inference.prefill.encode_packed``) replaces the padded attention."""
-        y, w = self.self_attn(self.res1.pre(x), mask=src_mask, cache_attend=attend, need_weights=need_weights)
+        ``attend`` (e.g. a packed batch, ``model.inference.prefill.encode_packed``) replaces the padded attention;
+        ``bias`` [1, H, S, S]: relative position biases added to the logits (T5)."""
+        y, w = self.self_attn(self.res1.pre(x), mask=src_mask, cache_attend=attend, need_weights=need_weights,
+                              bias=bias)
         x = self.res1.post(x, y)
         x = self.res2.post(x, self.ffn(self.res2.pre(x)))
         return x, w
@@ -145,25 +176,27 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
-        self.res = nn.ModuleList(Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
+        self.self_attn = _attention(cfg)
+        self.cross_attn = _attention(cfg)
+        self.ffn = _ffn(cfg)
+        self.res = nn.ModuleList(Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps, make_norm(cfg))
                                  for _ in range(3))
 
     def forward(
         self, x: Tensor, tgt_mask: Optional[Tensor], cross_kv: Optional[tuple[Tensor, Tensor]],
         src_mask: Optional[Tensor], cache_attend: Optional[tuple[CacheAttend, CacheAttend]] = None,
-        need_weights: bool = False,
+        need_weights: bool = False, bias: Optional[Tensor] = None,
     ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
         """x [B, T, d_model]; tgt_mask bool broadcastable to [B, 1, T, T_k] (causal); cross_kv:
         encoder-memory keys/values [B, H, S, Dh]; src_mask [B, 1, 1, S]. An incremental decoding step
-        passes ``cache_attend`` (self, cross) instead, and the masks and cross_kv are unused.
+        passes ``cache_attend`` (self, cross) instead, and the masks and cross_kv are unused. ``bias``
+        [B or 1, H, T, T_k]: relative position biases added to the self-attention logits (T5).
         Returns (x [B, T, d_model], self weights [B, H, T, T_k] or None, cross weights [B, H, T, S] or None).
         """
         r1, r2, r3 = self.res
         attend_self, attend_cross = cache_attend if cache_attend is not None else (None, None)
-        y, w_self = self.self_attn(r1.pre(x), mask=tgt_mask, cache_attend=attend_self, need_weights=need_weights)
+        y, w_self = self.self_attn(r1.pre(x), mask=tgt_mask, cache_attend=attend_self, need_weights=need_weights,
+                                   bias=bias)
         x = r1.post(x, y)
         y, w_cross = self.cross_attn(r2.pre(x), mask=src_mask, kv=cross_kv, cache_attend=attend_cross,
                                      need_weights=need_weights)

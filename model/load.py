@@ -12,7 +12,8 @@ import torch
 from .checkpoint import DEFAULT_CHECKPOINT, SHIPPED_CHECKPOINTS, load_checkpoint
 from .inference.linear import pack_for_inference
 from .interop.marian import is_marian_dir, load_marian
-from .interop.multilingual import is_multilingual_dir, load_multilingual
+from .interop.multilingual import is_multilingual_dir, load_multilingual, model_type
+from .interop.t5 import T5_TYPES, load_t5
 from .tokenizer import Tokenizer, VocabTokenizer
 from .transformer import Transformer
 
@@ -30,7 +31,10 @@ def load_model(directory: str | Path = DEFAULT_CHECKPOINT, device: str | torch.d
     ``MarianImportError`` for MarianMT directories) when its files disagree or ``linear_dtype`` is unknown.
     """
     d = Path(directory)
-    if is_multilingual_dir(d):
+    if model_type(d) in T5_TYPES:
+        model, tok, meta = load_t5(d)
+        model = model.to(device=device, dtype=dtype)
+    elif is_multilingual_dir(d):
         model, tok, meta = load_multilingual(d)
         model = model.to(device=device, dtype=dtype)
     elif is_marian_dir(d):

@@ -159,8 +159,10 @@ def clean_up_tokenization(text: str) -> str:
 
 def encode_source(tok: Tokenizer, text: str, max_len: int, target_lang: Optional[str] = None) -> list[int]:
     """Piece ids of text plus EOS, truncated to max_len ids in all. ``target_lang`` (multilingual
-    MarianMT models): the source starts with the token ``>>target_lang<<``; see ``check_target_lang``."""
-    ids = tok.encode(text if target_lang is None else f">>{target_lang}<< {text}")[: max_len - 1]
+    MarianMT models): the source starts with the token ``>>target_lang<<`` (the tokenizer's ``tag_format``:
+    MADLAD-400's ``<2target_lang>``); see ``check_target_lang``."""
+    tag = getattr(tok, "tag_format", ">>{}<<")
+    ids = tok.encode(text if target_lang is None else f"{tag.format(target_lang)} {text}")[: max_len - 1]
     return ids + [tok.eos_id]
 
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import CacheAttend
+from .attention import CacheAttend, RelativePositionBias
 from .config import ModelConfig
-from .layers import DecoderLayer, Embeddings, EncoderLayer
+from .layers import DecoderLayer, Embeddings, EncoderLayer, make_norm
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -46,8 +46,12 @@ class Transformer(nn.Module):
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN stacks end with a LayerNorm; post-LN layers already end normalised.
-        self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.enc_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
+        self.dec_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
+        # T5: relative position biases of each stack, computed once per forward and added in every layer
+        rel = (cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
+        self.enc_rel = RelativePositionBias(*rel, bidirectional=True) if cfg.relative_buckets else None
+        self.dec_rel = RelativePositionBias(*rel, bidirectional=False) if cfg.relative_buckets else None
         tied = (cfg.share_embeddings or cfg.tie_target_output) and not cfg.separate_output
         self.out_proj = None if tied else nn.Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
         # [vocab_size] added to the logits (Marian's final_logits_bias); None: no bias (the paper)
@@ -75,8 +79,10 @@ class Transformer(nn.Module):
         """
         x = self.src_embed(src)
         weights = [] if need_weights else None
+        S = src.size(1)
+        bias = None if self.enc_rel is None else self.enc_rel(torch.arange(S, device=src.device)[None], S)
         for layer in self.encoder:
-            x, w = layer(x, src_mask, need_weights)
+            x, w = layer(x, src_mask, need_weights, bias=bias)
             if need_weights:
                 weights.append(w)
         return self.enc_norm(x), weights
@@ -114,18 +120,31 @@ class Transformer(nn.Module):
             tgt_mask = causal_mask(tgt.size(1), tgt.device)
         x = self.tgt_embed(tgt, positions)
         weights = {"self": [], "cross": []} if need_weights else None
+        bias = self.self_bias(tgt, positions, cache_attend is not None)
         for i, layer in enumerate(self.decoder):
             if cache_attend is not None:
                 x, w_self, w_cross = layer(x, tgt_mask=None, cross_kv=None, src_mask=None, cache_attend=cache_attend[i],
-                                           need_weights=need_weights)
+                                           need_weights=need_weights, bias=bias)
             else:
                 x, w_self, w_cross = layer(x, tgt_mask=tgt_mask, cross_kv=cross_kv[i], src_mask=src_mask,
-                                           need_weights=need_weights)
+                                           need_weights=need_weights, bias=bias)
             if need_weights:
                 weights["self"].append(w_self)
                 weights["cross"].append(w_cross)
         x = self.dec_norm(x)
+        if self.cfg.scale_decoder_output:    # T5 with a tied output layer
+            x = x * self.cfg.d_model ** -0.5
         return (self.logits(x) if project else x), weights
+
+    def self_bias(self, tgt: Tensor, positions: Optional[Tensor], cached: bool) -> Optional[Tensor]:
+        """The decoder's relative position biases (T5; None otherwise): [1, H, T, T] over its own T
+        inputs, or, for a cached step (``cached``), [B, H, T, P + 1] over each row's keys at positions
+        0..P (P the largest of ``positions``; a row's keys past its own position are masked)."""
+        if self.dec_rel is None:
+            return None
+        if positions is None:
+            positions = torch.arange(tgt.size(1), device=tgt.device)[None]
+        return self.dec_rel(positions, int(positions.max()) + 1 if cached else tgt.size(1))
 
     def logits(self, x: Tensor) -> Tensor:
         """Output projection [..., d_model] -> [..., vocab_size]; with shared embeddings the target

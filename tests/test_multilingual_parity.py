@@ -173,7 +173,7 @@ def test_refusals(dirs, tmp_path, capsys):
     file and field, nothing written."""
     import shutil
     cases = {
-        "t5": ("config.json", lambda c: c | {"model_type": "t5"}, "model_type 't5'"),
+        "bart": ("config.json", lambda c: c | {"model_type": "bart"}, "model_type 'bart'"),
         "vocab": ("config.json", lambda c: c | {"vocab_size": 20}, "vocab_size 20"),
         "weights": ("config.json", lambda c: c | {"vocab_size": c["vocab_size"] + 3}, "model.safetensors"),
         "lang": ("generation_config.json", lambda c: c | {"forced_bos_token_id": 5}, "forced_bos_token_id 5"),

@@ -129,14 +129,20 @@ class AttentionPlan:
             self._pad_index = self.row_of_key * self.max_len + self._pos
         return self._pad_index
 
-    def attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+    def attend(self, K: Tensor, V: Tensor, q: Tensor, need_weights: bool, bias: Optional[Tensor] = None,
+               scale: Optional[float] = None) -> tuple[Tensor, Optional[Tensor]]:
         """Attention of the plan's R rows over their keys in one layer's buffers K, V [N_slots, stride, H, Dh]
-        (or a paged pool viewed so): q [R, Q, H, Dh] -> (out [R, Q, H, Dh], weights [R, H, Q, T] or None)."""
+        (or a paged pool viewed so): q [R, Q, H, Dh] -> (out [R, Q, H, Dh], weights [R, H, Q, T] or None).
+        ``bias`` [R, H, Q, T] added to the logits and ``scale`` their factor (T5; default 1/√Dh): eager
+        paths only, the compiled kernel raises ValueError naming them."""
         R, Q, H, Dh = q.shape
         if not self.packed:
             k, v = read_positions(K, self.rows, self.max_len), read_positions(V, self.rows, self.max_len)
-            out, w = scaled_dot_product_attention(q.transpose(1, 2), k, v, self.mask, 0.0, need_weights)
+            out, w = scaled_dot_product_attention(q.transpose(1, 2), k, v, self.mask, 0.0, need_weights, bias, scale)
             return out.transpose(1, 2), w
+        if self.kernel and (bias is not None or scale is not None):
+            raise ValueError("the compiled decode attention takes no relative position bias or unscaled logits "
+                             "(T5): run the model with cpu_kernels off")
         if self.kernel and not (torch.is_grad_enabled() and q.requires_grad):
             out, w = kernels.packed_decode_attention(q, K.view(-1, H, Dh), V.view(-1, H, Dh), self.key_index,
                                                      self.starts, self.max_len, need_weights)
@@ -144,9 +150,12 @@ class AttentionPlan:
         T = self.max_len
         k = K.view(-1, H, Dh).index_select(0, self.key_index)[:, None]                 # [NK, 1, H, Dh]
         v = V.view(-1, H, Dh).index_select(0, self.key_index)[:, None]
-        qs = (q * Dh ** -0.5).index_select(0, self.row_of_key)                         # [NK, Q, H, Dh]
+        qs = (q * (Dh ** -0.5 if scale is None else scale)).index_select(0, self.row_of_key)  # [NK, Q, H, Dh]
         scores = q.new_full((R * T, Q, H), float("-inf"))
-        scores.index_copy_(0, self.pad_index, (k * qs).sum(-1))                        # [R*T, Q, H]
+        dots = (k * qs).sum(-1)                                                        # [NK, Q, H]
+        if bias is not None:   # each key's bias: [R, H, Q, T] -> [R*T, Q, H] rows at pad_index
+            dots = dots + bias.permute(0, 3, 2, 1).reshape(R * T, Q, H).index_select(0, self.pad_index)
+        scores.index_copy_(0, self.pad_index, dots)                                    # [R*T, Q, H]
         w = torch.softmax(scores.view(R, T, Q, H), dim=1)                              # eq. 1, per row over its keys
         wk = w.view(R * T, Q, H).index_select(0, self.pad_index)[..., None]            # [NK, Q, H, 1]
         out = q.new_zeros(R, Q, H, Dh).index_add_(0, self.row_of_key, wk * v)          # [R, Q, H, Dh]
@@ -172,7 +181,9 @@ class CacheAttention:
         self.self_attention = write_at is not None    # MultiHeadAttention projects new K/V only then
 
     def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
-                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+                 need_weights: bool = False, bias: Optional[Tensor] = None,
+                 scale: Optional[float] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """``bias`` [N, H, 1, T_k] (self-attention; T5's relative positions) and ``scale``: see ``AttentionPlan.attend``."""
         c, layer = self.cache, self.layer
         if self.self_attention:
             K, V = c.self_k[layer], c.self_v[layer]                    # [N_slots, T_max, H, Dh]
@@ -181,12 +192,14 @@ class CacheAttention:
         else:
             K, V = c.cross_k[layer], c.cross_v[layer]
         if self.share is None:
-            out, w = self.plan.attend(K, V, q.transpose(1, 2), need_weights)   # [N, 1, H, Dh]
+            out, w = self.plan.attend(K, V, q.transpose(1, 2), need_weights, bias, scale)   # [N, 1, H, Dh]
             return out.transpose(1, 2), w
+        if bias is not None:
+            raise ValueError("a shared-source (cross-attention) plan takes no position bias")
         U, k, flat = self.share
         N, H, _, Dh = q.shape
         qg = q.new_zeros(U * k, H, Dh).index_copy_(0, flat, q[:, :, 0])       # rows -> [source, hypothesis]
-        out, w = self.plan.attend(K, V, qg.view(U, k, H, Dh), need_weights)   # [U, k, H, Dh]
+        out, w = self.plan.attend(K, V, qg.view(U, k, H, Dh), need_weights, None, scale)   # [U, k, H, Dh]
         out = out.reshape(U * k, H, Dh).index_select(0, flat)[:, :, None]
         if w is not None:
             w = w.transpose(1, 2).reshape(U * k, H, -1).index_select(0, flat)[:, :, None]

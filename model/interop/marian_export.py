@@ -52,7 +52,13 @@ class MarianExportError(ValueError):
 
 def check_exportable(cfg: ModelConfig) -> None:
     """Raise MarianExportError naming the first ModelConfig field Marian has no equivalent for."""
-    bad = [("positional", cfg.positional != "sinusoidal", "learned positions (Marian's are sinusoidal)"),
+    bad = [("norm", cfg.norm != "layernorm", "RMSNorm (T5)"),
+           ("relative_buckets", cfg.relative_buckets > 0, "relative position buckets (T5)"),
+           ("gated_ffn", cfg.gated_ffn, "a gated feed-forward layer (T5)"),
+           ("d_kv", cfg.d_head * cfg.n_heads != cfg.d_model, "heads of width d_kv (T5)"),
+           ("scale_attention", not cfg.scale_attention, "unscaled attention logits (T5)"),
+           ("linear_bias", not cfg.linear_bias, "linear layers without biases (T5)"),
+           ("positional", cfg.positional != "sinusoidal", "learned positions (Marian's are sinusoidal)"),
            ("norm_first", cfg.norm_first, "pre-LN (transformers' MarianMTModel is post-LN)"),
            ("share_embeddings", not (cfg.share_embeddings or cfg.tie_target_output),
             "an output layer untied from the target embedding"),

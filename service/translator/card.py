@@ -11,7 +11,8 @@ An imported NLLB-200, M2M100 or mBART-50 checkpoint (metadata.json's ``multiling
 ``model/interop/multilingual.py``) lists every language it reads as ``source_languages`` and every
 one it writes as ``target_languages``, in service codes; ``aliases`` maps the family's own codes
 (``deu_Latn``, ``__de__``, ``de_DE``) to them. Its ``source_lang`` / ``target_lang`` are labels
-(``mul``, or its generation config's fixed target)."""
+(``mul``, or its generation config's fixed target). An imported T5 / MADLAD-400 checkpoint (``t5``
+record) serves every pair of its ``<2xx>`` languages the same way (its source needs no language token)."""
 from __future__ import annotations
 
 import json
@@ -106,6 +107,10 @@ def model_card(name: str, checkpoint: str | Path, source_lang: Optional[str] = N
                          config, meta, _test_bleu(meta), target_languages=tuple(meta["target_languages"]),
                          source_languages=tuple(meta["source_languages"]),
                          aliases=dict(meta["multilingual"]["languages"]))
+    if "t5" in meta:                # MADLAD-400: any pair of its languages; the target's <2xx> tag starts the source
+        return ModelCard(name, str(d), source_lang or "mul", target_lang or "mul", config, meta, _test_bleu(meta),
+                         target_languages=tuple(meta["target_languages"]),
+                         source_languages=tuple(meta["source_languages"]))
     codes = target_language_codes(json.loads((d / "vocab.json").read_text(encoding="utf-8"))) \
         if (d / "vocab.json").exists() else ()
     src = source_lang or meta.get("source_lang")

@@ -25,7 +25,7 @@ def source_prefix(tok, model: str, target_lang: Optional[str]) -> list[int]:
         check_target_lang(tok, target_lang)
     except ValueError as e:
         raise InvalidRequest(f"target_lang: model {model!r}: {e}", "target_lang") from None
-    return tok.encode(f">>{target_lang}<<")
+    return tok.encode(getattr(tok, "tag_format", ">>{}<<").format(target_lang))   # MADLAD-400: <2xx>
 
 
 def prefix_ids(tok, model: str, prefix: Optional[str]) -> tuple[int, ...]:
