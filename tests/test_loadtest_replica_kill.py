@@ -25,7 +25,8 @@ def test_only_processes_below_the_service_are_found():
     try:
         assert child.pid in descendants(os.getpid())
         assert child.pid not in descendants(child.pid)
-        assert ingress_replicas(os.getpid()) == []        # no ray::ServeReplica:*:Gateway below this test
+        assert ingress_replicas(child.pid) == []        # no ray::ServeReplica:*:Gateway below the child
+        assert set(ingress_replicas(os.getpid())) <= set(descendants(os.getpid()))   # (a shared service's, if any)
     finally:
         child.kill()
         child.wait()
