@@ -52,7 +52,8 @@ def test_plain_text_blocks_are_segments_and_whitespace_stays():
     segments, out = upper(src.encode(), "a.txt")
     assert segments == ["Ein Hund läuft.\nEr springt.", "Zwei Katzen."]
     assert out.decode() == "  EIN HUND LÄUFT.\nER SPRINGT.\n\n\nZWEI KATZEN.  \n"
-    assert refused("Ein Hund".encode("utf-16"), "a.txt").status == 415      # NUL bytes: not UTF-8 text
+    assert refused("Ein Hund".encode("utf-16"), "a.txt").status == 422      # text, not UTF-8 (its BOM names it)
+    assert refused(b"Ein\x00Hund", "a.txt").status == 415                  # NUL bytes without a BOM: binary
     assert refused(b"caf\xe9", "a.txt").status == 422
 
 

@@ -90,3 +90,13 @@ def test_a_file_name_over_the_limit_is_a_400_naming_the_field_and_the_download_h
     assert r.status_code == 200 and len(r.headers["content-disposition"]) < 4096, r.text
     header = file_response(b"x", "%" * 5000 + ".txt", "text/plain").headers["content-disposition"]
     assert len(header) < 4096 and header.endswith(".txt")      # a stored long name: cut, its extension kept
+
+
+@pytest.mark.parametrize("encoding, named", [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+def test_a_text_file_in_utf16_or_utf32_is_a_422_naming_its_encoding_not_binary(encoding, named):
+    from service.documents import load
+    from service.documents.common import DocumentError
+    data = ("\ufeff" if encoding == "utf-16-be" else "").encode(encoding) + "Ein Hund.\n".encode(encoding)
+    with pytest.raises(DocumentError) as e:
+        load(data, "brief.txt")
+    assert e.value.status == 422 and f"the text is {named}" in e.value.message and "UTF-8" in e.value.message

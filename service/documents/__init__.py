@@ -77,6 +77,9 @@ def load(data: bytes, filename: str) -> Document:
         raise DocumentError(413, f"{len(data)} bytes; at most {MAX_DOCUMENT_BYTES} (MAX_DOCUMENT_BYTES)")
     if not data.strip():
         raise DocumentError(422, "the file is empty")
+    if not fmt.binary and (data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[:4] == b"\x00\x00\xfe\xff"):
+        raise DocumentError(422, f"the text is UTF-{32 if data[:4].count(0) == 2 else 16} (its byte-order mark says "
+                                 "so); save it as UTF-8")      # text, not binary: its NULs are half its characters
     if not fmt.binary and (data.startswith(_BINARY_MAGIC) or b"\x00" in data[:8192]):
         raise DocumentError(415, f"the content is binary, not {fmt.name} as the extension .{ext} says")
     module, func = fmt.loader.split(":")
