@@ -64,3 +64,10 @@ def test_a_suggestion_for_a_pivoted_pair_names_the_legs_that_take_it(client):
     assert r.status_code == 400 and "(de->en, en->fr)" in r.json()["error"] and "en-fr" in r.json()["error"], r.text
     for q, s, source, target in (("Hallo", "Hello there", "de", "en"), ("Hello there", "Salut", "en", "fr")):
         assert client.post("/suggest", data={"q": q, "s": s, "source": source, "target": target}).json() == {"success": True}
+
+
+def test_a_content_type_without_a_media_type_is_named_as_sent(client):
+    for path, read in (("/v1/translate", lambda j: j["error"]["message"]), ("/translate", lambda j: j["error"]),
+                       ("/v2/translate", lambda j: j["message"]), ("/v1/documents", lambda j: j["error"]["message"])):
+        r = client.post(path, content=b'{"text": "Hallo"}', headers={"Content-Type": ";;;==="})
+        assert r.status_code in (400, 415) and "';;;==='" in read(r.json()), (path, r.text)

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.protocol import ServiceError, short_name
+from service.protocol import ServiceError, short_name, shown
 
 LIBRE_PATHS = ("/translate", "/languages", "/detect", "/translate_file", "/suggest",
                "/frontend/settings")    # routes that answer in LibreTranslate's error shape
@@ -106,12 +106,19 @@ def _is_libre(request: Request) -> bool:
     return route_path(request.scope) in LIBRE_PATHS
 
 
+def sent_type(request: Request, absent: str = "none") -> str:
+    """The Content-Type a request sent, for messages: its media type, else the header as sent
+    (``;;;===`` has none), else ``absent``."""
+    raw = request.headers.get("content-type", "")
+    return raw.split(";")[0].strip().lower() or (shown(raw) if raw.strip() else absent)
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if request.method == "POST" and ctype != "application/json" and not ctype.endswith("+json"):
         # FastAPI did not parse the body at all: say so instead of "body: must be an object"
         return error_response(ServiceError(415, f"Content-Type: {request.url.path} takes a JSON body "
-                                                f"(application/json), got {ctype or 'none'}", "Content-Type"))
+                                                f"(application/json), got {sent_type(request)}", "Content-Type"))
     details = []
     errors = exc.errors()
     for err in errors[:MAX_DETAILS]:

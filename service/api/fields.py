@@ -10,6 +10,7 @@ from fastapi import Request
 
 from service.protocol import ServiceError, shown
 
+from .errors import sent_type
 from .middleware.body import (
     FORM,
     JSON,
@@ -49,8 +50,9 @@ async def read_fields(request: Request, repeatable: tuple[str, ...] = ("q",), st
         return _merged(query, body, status)
     if media not in FORM_TYPES:
         if raw:
-            raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is {media or 'missing'}; "
-                                    f"send application/json, {' or '.join(FORM_TYPES)}", "Content-Type")
+            raise ServiceError(415, f"Invalid request: the body was not read: its Content-Type is "
+                                    f"{sent_type(request, 'missing')}; send application/json, "
+                                    f"{' or '.join(FORM_TYPES)}", "Content-Type")
         return FormFields(query)
     if media == MULTIPART:
         check_multipart(request.headers.get("content-type", ""), raw, status)

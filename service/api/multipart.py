@@ -19,6 +19,7 @@ from fastapi import Request
 
 from service.protocol import MAX_DOCUMENT_BYTES, MAX_FILENAME_CHARS, ServiceError, shown
 
+from .errors import sent_type
 from .fields import check_multipart
 from .middleware.body import parse_content_type
 
@@ -88,7 +89,7 @@ async def read_upload(request: Request, allowed: tuple[str, ...]) -> Upload:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "multipart/form-data":
         raise ServiceError(415, f"Content-Type: a document is sent as multipart/form-data with a 'file' field, "
-                                f"got {ctype or 'none'}", "Content-Type")
+                                f"got {sent_type(request)}", "Content-Type")
     raw = await request.body()
     check_multipart(request.headers.get("content-type", ""), raw, 400)   # truncated: not an empty form
     named = named_files(raw, parse_content_type(request.headers["content-type"])[1]["boundary"])
