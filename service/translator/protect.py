@@ -49,6 +49,9 @@ from .truecase import Truecaser, recase_sentence
 # (``Protector.placeholder``). The first ones were chosen by measurement, see docs/text.md.
 PLACEHOLDERS = {"number": ("5", "3", "4", "6", "9", "2"),
                 "other": ("Seattle", "Miami", "Atlanta", "Hawaii", "Vegas", "Texas", "London", "Berlin")}
+# a zero-width space marks a word break (Unicode's ZWSP; Thai, Khmer and pasted text use it between
+# words): the model reads a space there; other format and control characters are left out
+SEPARATORS = re.compile("\u200b")
 _FINAL = ".!?…:;\"'»”’)]"       # what ends a sentence before a trailing span
 
 
@@ -171,11 +174,12 @@ class Protector:
     def _model_text(self, text: str) -> str:
         """Text (no spans in it) as the model gets it: composed (NFC), without control and format
         characters (whitespace kept; a soft hyphen inside a word leaves the word whole, "Hu\u00adnd"
-        -> "Hund") and without combining marks the vocabulary lacks even after composition ("u" + three
-        U+0308 -> "ü"): the model cannot translate them (they would be byte pieces, and garble the sentence)."""
-        return "".join(c for c in unicodedata.normalize("NFC", text)
-                       if c.isspace() or not (is_glue(c) or (unicodedata.category(c) in ("Mn", "Me")
-                                                             and not self.known(c))))
+        -> "Hund"; a separator, ``SEPARATORS``, is a space: "Ein\u200bHund" -> "Ein Hund") and without
+        combining marks the vocabulary lacks even after composition ("u" + three U+0308 -> "ü"): the
+        model cannot translate them (they would be byte pieces, and garble the sentence)."""
+        text = SEPARATORS.sub(" ", unicodedata.normalize("NFC", text))
+        return "".join(c for c in text if c.isspace() or not (is_glue(c) or (unicodedata.category(c) in ("Mn", "Me")
+                                                                             and not self.known(c))))
 
     def case(self, p: Protected) -> Protected:
         """``p`` recased for the model (``truecase.recase_sentence``); as it is with truecasing off."""
