@@ -34,7 +34,7 @@ from ..checkpoint import WEIGHT_DTYPES, save_checkpoint, unique_state_dict
 from ..config import ACTIVATIONS, ModelConfig
 from ..tokenizer import VocabTokenizer
 from ..transformer import Transformer
-from .marian_layout import attention_blocks, layer_map, permute_residual, split_order
+from .marian_layout import permute_residual, split_order, stack_layers
 
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 SPECIALS = {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"}   # VocabTokenizer argument -> default piece
@@ -278,13 +278,7 @@ def marian_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig, where: str,
         out["src_embed.tok.weight"] = first((enc, "model.shared.weight"))[source_order]
         out["tgt_embed.tok.weight"] = first((dec, "lm_head.weight"))
     for kind, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
-        for i in range(n):
-            for ours, theirs in layer_map(kind, i).items():
-                out[ours] = get(theirs)
-            for ours, theirs in attention_blocks(kind):
-                for p in ("weight", "bias"):
-                    k, v = (get(f"model.{kind}.layers.{i}.{theirs}.{x}_proj.{p}") for x in "kv")
-                    out[f"{kind}.{i}.{ours}.w_kv.{p}"] = torch.cat([k, v])
+        out.update(stack_layers(kind, n, get))
     return out
 
 

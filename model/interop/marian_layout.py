@@ -66,3 +66,18 @@ def layer_map(kind: str, i: int) -> dict[str, str]:
         for p in ("weight", "bias"):
             out[f"{dst}ffn.{ours}.{p}"] = f"{src}{theirs}.{p}"
     return out
+
+
+def stack_layers(kind: str, n: int, get) -> dict[str, torch.Tensor]:
+    """Our parameters of ``n`` layers of stack ``kind`` from a BART-style transformers state dict
+    (MarianMT, M2M100, MBart): ``get(name)`` returns a tensor (raising for a missing one); k and v
+    projections concatenated into ``w_kv``."""
+    out = {}
+    for i in range(n):
+        for ours, theirs in layer_map(kind, i).items():
+            out[ours] = get(theirs)
+        for ours, theirs in attention_blocks(kind):
+            for p in ("weight", "bias"):
+                k, v = (get(f"model.{kind}.layers.{i}.{theirs}.{x}_proj.{p}") for x in "kv")
+                out[f"{kind}.{i}.{ours}.w_kv.{p}"] = torch.cat([k, v])
+    return out

@@ -30,7 +30,7 @@ from ..config import ACTIVATIONS, ModelConfig
 from ..lang_tokenizer import LangTokenizer
 from ..transformer import Transformer
 from .marian import MarianImportError, _read_json, generation_rules, read_generation, read_marian_weights, source_dtype
-from .marian_layout import attention_blocks, layer_map
+from .marian_layout import stack_layers
 
 FAMILIES = {"m2m_100": "NLLB-200 / M2M100", "m2m100": "NLLB-200 / M2M100", "mbart": "mBART-50"}   # model_type
 TOKENIZERS = {"NllbTokenizer": "nllb", "NllbTokenizerFast": "nllb", "M2M100Tokenizer": "m2m100",
@@ -124,13 +124,7 @@ def multilingual_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig, where
                 out[f"{embed}.norm.{p}"] = get(f"model.{kind}.layernorm_embedding.{p}")
         if cfg.positional == "learned":
             out[f"{embed}.pos.weight"] = get(f"model.{kind}.embed_positions.weight")
-        for i in range(n):
-            for ours, theirs in layer_map(kind, i).items():
-                out[ours] = get(theirs)
-            for ours, theirs in attention_blocks(kind):
-                for p in ("weight", "bias"):
-                    k, v = (get(f"model.{kind}.layers.{i}.{theirs}.{x}_proj.{p}") for x in "kv")
-                    out[f"{kind}.{i}.{ours}.w_kv.{p}"] = torch.cat([k, v])
+        out.update(stack_layers(kind, n, get))
     return out
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import uuid
 import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
@@ -20,28 +19,7 @@ from .middleware.body import MAX_BODY_BYTES
 if TYPE_CHECKING:
     from service.pipeline import LanguageGraph
 
-URL_TTL_S = 3600                  # seconds an upload or download URL stays valid
-JOB_TTL_S = 24 * 3600             # seconds a job is kept
-MAX_MEMORIES = 100                # imported translation memories per API key (all of them, keys off)
-MAX_LIST_PAGE = 25                # translation memories per page of GET /v3/translation_memories (DeepL's)
-MAX_SEGMENT_PAGE = 100            # segments per page (DeepL's 1-100, default 50)
-NOT_FOUND = "translation_memory_not_found"      # the error type that stays a 404 (errors.deepl_error_response)
-NAMESPACE = uuid.UUID("5b0f5c9e-6f1e-4a8b-9d41-2f6c1d7e3a10")   # ids of the keys' own memories (uuid5)
-TMX_TYPES = ("application/xml", "text/xml", formats.TMX)
-UPLOAD_TYPES = (*TMX_TYPES, formats.TSV)
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS tm (id TEXT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL,
-       source_lang TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS tm_target (id TEXT NOT NULL, target_lang TEXT NOT NULL, model TEXT NOT NULL,
-       PRIMARY KEY (id, target_lang))""",
-    """CREATE TABLE IF NOT EXISTS tm_job (id TEXT PRIMARY KEY, owner TEXT NOT NULL, token TEXT NOT NULL,
-       operation TEXT NOT NULL, status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
-       expires REAL NOT NULL, tm_id TEXT, display_name TEXT, content_type TEXT, content_length INTEGER,
-       source_lang TEXT, target_lang TEXT, error TEXT, skipped INTEGER)""",
-)
-
-from .deepl_memories import Memory, served_key, short
+from .deepl_memories import TMX_TYPES, UPLOAD_TYPES, Memory, served_key, short
 
 
 def _integral(v):
