@@ -5,7 +5,6 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-
 ACTIVATIONS = ("relu", "gelu", "swish", "silu", "gelu_new")   # swish = silu = x·sigmoid(x); gelu is the exact
                                     # (erf) GELU; gelu_new its tanh approximation (T5's gated-gelu)
 NORMS = ("layernorm", "rmsnorm")
@@ -90,15 +89,6 @@ class ModelConfig:
     @property
     def d_head(self) -> int:
         return self.d_kv or self.d_model // self.n_heads
-
-    @property
-    def compiled_ok(self) -> bool:
-        """Whether the compiled CPU kernels and the fused / CUDA dense steps (``model/inference/``) apply:
-        False with any T5 flag (they implement the paper's and Marian's layers only); those models
-        then run the eager step (``step.choose_variant``)."""
-        return (self.norm == "layernorm" and self.scale_attention and not self.relative_buckets
-                and not self.gated_ffn and self.linear_bias and not self.scale_decoder_output
-                and self.d_head * self.n_heads == self.d_model and self.activation != "gelu_new")
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":

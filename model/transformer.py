@@ -96,7 +96,7 @@ class Transformer(nn.Module):
         self, tgt: Tensor, cross_kv: Optional[Sequence[tuple[Tensor, Tensor]]], src_mask: Optional[Tensor],
         tgt_mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
         cache_attend: Optional[Sequence[tuple[CacheAttend, CacheAttend]]] = None, need_weights: bool = False,
-        project: bool = True,
+        project: bool = True, rel_bias: Optional[Tensor] = None,
     ) -> tuple[Tensor, Optional[dict[str, list[Tensor]]]]:
         """Decoder stack and output projection.
 
@@ -113,6 +113,8 @@ class Transformer(nn.Module):
             need_weights: also return {"self": [B, H, T, T_k] per layer, "cross": [B, H, T, S] per layer}.
             project: apply the output projection (``logits``); False returns the decoder's final
                 states [B, T, d_model] instead, for callers that project them their own way.
+            rel_bias: the self-attention's relative position biases (T5) where the caller has them
+                (a CUDA graph's step, over its fixed key capacity); default ``self_bias``.
         Returns:
             (logits [B, T, vocab_size] or states [B, T, d_model], weights or None)
         """
@@ -120,7 +122,7 @@ class Transformer(nn.Module):
             tgt_mask = causal_mask(tgt.size(1), tgt.device)
         x = self.tgt_embed(tgt, positions)
         weights = {"self": [], "cross": []} if need_weights else None
-        bias = self.self_bias(tgt, positions, cache_attend is not None)
+        bias = rel_bias if rel_bias is not None else self.self_bias(tgt, positions, cache_attend is not None)
         for i, layer in enumerate(self.decoder):
             if cache_attend is not None:
                 x, w_self, w_cross = layer(x, tgt_mask=None, cross_kv=None, src_mask=None, cache_attend=cache_attend[i],

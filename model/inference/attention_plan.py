@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor
 
+from ..attention import RelativePositionBias, relative_position_bucket, scaled_dot_product_attention
 from . import kernels
-from ..attention import scaled_dot_product_attention
 
 if TYPE_CHECKING:
     from .kv_cache import KVCache
@@ -21,6 +21,25 @@ def packed_positions(lengths: Tensor) -> tuple[Tensor, Tensor]:
     seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
     first = torch.cumsum(lengths, 0) - lengths
     return seq, torch.arange(seq.numel(), device=lengths.device) - first.index_select(0, seq)
+
+
+def relative_bias_rows(rel: RelativePositionBias, positions: Tensor, T: int) -> tuple[Tensor, Tensor]:
+    """T5's relative position biases in the compiled kernel's form (``kernels.packed_decode_attention``)
+    for rows whose queries are at ``positions`` [R] and whose keys are positions 0..T-1 (or fewer):
+    (table [2T - 1, H], the bias of each relative position -(T-1)..T-1 (key - query); start [R]
+    = T - 1 - position, where row r's key 0 reads). The values of ``rel(positions, T)``, computed
+    once per distance instead of once per (row, key)."""
+    relative = torch.arange(1 - T, T, device=positions.device)
+    table = rel.table(relative_position_bucket(relative, rel.bidirectional, rel.num_buckets, rel.max_distance))
+    return table, (T - 1) - positions
+
+
+def dense_bias_rows(bias: Tensor) -> tuple[Tensor, Tensor]:
+    """A bias [R, H, 1, T] (one query per row, ``Transformer.self_bias``) in the compiled kernel's
+    form: (table [R·T, H], start [R] = r·T)."""
+    R, H, _, T = bias.shape
+    table = bias[:, :, 0].transpose(1, 2).contiguous().view(R * T, H)                  # [R·T, H]
+    return table, torch.arange(R, device=bias.device) * T
 
 
 def contiguous_rows(slots: Tensor) -> Tensor | slice:
@@ -133,19 +152,22 @@ class AttentionPlan:
                scale: Optional[float] = None) -> tuple[Tensor, Optional[Tensor]]:
         """Attention of the plan's R rows over their keys in one layer's buffers K, V [N_slots, stride, H, Dh]
         (or a paged pool viewed so): q [R, Q, H, Dh] -> (out [R, Q, H, Dh], weights [R, H, Q, T] or None).
-        ``bias`` [R, H, Q, T] added to the logits and ``scale`` their factor (T5; default 1/√Dh): eager
-        paths only, the compiled kernel raises ValueError naming them."""
+        ``bias`` [R, H, Q, T] added to the logits and ``scale`` their factor (T5; default 1/√Dh); the
+        compiled kernel takes a bias of one query per row (Q = 1, self-attention) and raises ValueError
+        for more."""
         R, Q, H, Dh = q.shape
         if not self.packed:
             k, v = read_positions(K, self.rows, self.max_len), read_positions(V, self.rows, self.max_len)
             out, w = scaled_dot_product_attention(q.transpose(1, 2), k, v, self.mask, 0.0, need_weights, bias, scale)
             return out.transpose(1, 2), w
-        if self.kernel and (bias is not None or scale is not None):
-            raise ValueError("the compiled decode attention takes no relative position bias or unscaled logits "
-                             "(T5): run the model with cpu_kernels off")
         if self.kernel and not (torch.is_grad_enabled() and q.requires_grad):
+            if bias is not None and Q != 1:
+                raise ValueError(f"the compiled decode attention takes a relative position bias for one query "
+                                 f"per row, got {Q}")
+            table, start = dense_bias_rows(bias) if bias is not None else (None, None)
             out, w = kernels.packed_decode_attention(q, K.view(-1, H, Dh), V.view(-1, H, Dh), self.key_index,
-                                                     self.starts, self.max_len, need_weights)
+                                                     self.starts, self.max_len, need_weights, scale=scale,
+                                                     bias=table, bias_start=start)
             return out, (w.transpose(1, 2) if w is not None else None)
         T = self.max_len
         k = K.view(-1, H, Dh).index_select(0, self.key_index)[:, None]                 # [NK, 1, H, Dh]

@@ -6,7 +6,8 @@ The step is split in two: ``plan_dense`` does the host-side bookkeeping (each ro
 assigned block, the beam ``home`` table, the key indices, the capacity check) and ``dense_forward`` is pure device work on
 tensors whose shapes depend only on (rows, key capacity), so it can be captured in a CUDA graph and
 replayed (``cuda_graphs.py``). It computes the same attention over the same keys as
-the packed path of ``decode_step`` (``tests/test_dense_step.py`` compares them).
+the packed path of ``decode_step`` (``tests/test_dense_step.py`` compares them), T5's relative position
+biases and attention scale included (the biases over the key capacity, from the rows' positions on the device).
 """
 from __future__ import annotations
 
@@ -113,8 +114,9 @@ def pad_rows(inputs: DenseInputs, rows: int) -> DenseInputs:
 class GatherAttention:
     """The ``cache_attend`` hook of one layer for ``dense_forward``: writes this step's K/V at
     ``write_at`` [R] (self-attention only), gathers the keys ``index`` [R, T] from the block pool and
-    attends with ``F.scaled_dot_product_attention`` under ``mask`` [R, T]. Returns (out [R, H, 1, Dh],
-    None): no weights (the packed path gives them)."""
+    attends with ``F.scaled_dot_product_attention`` under ``mask`` [R, T], with ``bias`` [R, H, 1, T]
+    added to the logits and their ``scale`` where given (T5). Returns (out [R, H, 1, Dh], None): no
+    weights (the packed path gives them)."""
 
     def __init__(self, cache: PagedKVCache, layer: int, write_at: Optional[Tensor], index: Tensor, mask: Tensor):
         self.cache, self.layer, self.write_at, self.index = cache, layer, write_at, index
@@ -122,7 +124,8 @@ class GatherAttention:
         self.self_attention = write_at is not None
 
     def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
-                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+                 need_weights: bool = False, bias: Optional[Tensor] = None,
+                 scale: Optional[float] = None) -> tuple[Tensor, Optional[Tensor]]:
         if need_weights:
             raise ValueError("GatherAttention returns no weights; use decode_step's packed path for them")
         R, H, _, Dh = q.shape
@@ -134,7 +137,8 @@ class GatherAttention:
         flat = self.index.reshape(-1)
         k = K.index_select(0, flat).view(R, -1, H, Dh).transpose(1, 2)         # [R, H, T, Dh]
         v = V.index_select(0, flat).view(R, -1, H, Dh).transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask), None
+        mask = self.mask if bias is None else torch.where(self.mask, bias, float("-inf"))   # [R, H, 1, T]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale), None
 
 
 def dense_forward(model, cache: PagedKVCache, x: DenseInputs) -> Tensor:
@@ -143,8 +147,10 @@ def dense_forward(model, cache: PagedKVCache, x: DenseInputs) -> Tensor:
     hooks = [(GatherAttention(cache, i, write_at=x.write_at, index=x.self_index, mask=x.self_mask),
               GatherAttention(cache, i, write_at=None, index=x.cross_index, mask=x.cross_mask))
              for i in range(cache.num_layers)]
+    # T5: relative biases over the key capacity, from positions on the device (no host read)
+    bias = None if model.dec_rel is None else model.dec_rel(x.positions[:, None], x.self_index.size(1))
     logits, _ = model.decode(x.tokens[:, None], cross_kv=None, src_mask=None, positions=x.positions[:, None],
-                             cache_attend=hooks)
+                             cache_attend=hooks, rel_bias=bias)
     return step_log_probs(model, logits[:, -1])
 
 

@@ -19,6 +19,10 @@ runs it where the model qualifies, and returns None (the eager step runs) otherw
   valid for its weight; bfloat16 and unpacked models take the module path;
 - the compiled layer step built (``kernels.decoder_step_op``).
 
+The T5 family's flags (``ModelConfig``: RMSNorm, d_kv, unscaled attention, relative position biases,
+the gated-GELU FFN, no biases) run in the same calls: each step's decoder biases are one table per
+step from the rows' positions (``attention_plan.relative_bias_rows``), the encoder's one per prefill.
+
 ``prefill.encode_packed`` (prefill's encoder, packed sentences) likewise runs each encoder layer in
 one call (``encode_packed`` here) when ``fused_step`` is on, under the same conditions.
 
@@ -35,12 +39,12 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels
-from .attention_plan import CacheAttention
+from .attention_plan import CacheAttention, relative_bias_rows
 from .linear import PackedWeight, output_logits
 
 __all__ = ["decode_logits", "encode_packed", "layer_params"]
 
-_ACTIVATION = {"relu": 0, "gelu": 1, "swish": 2, "silu": 2}
+_ACTIVATION = {"relu": 0, "gelu": 1, "swish": 2, "silu": 2, "gelu_new": 3}
 _EMPTY = torch.empty(0)
 
 
@@ -61,16 +65,18 @@ def _linear_params(m) -> Optional[list[Tensor]]:
 
 def _linears(layer) -> tuple:
     """A decoder or encoder layer's linear layers, in the order of ``csrc/decoder_step.cpp``: self W_Q,
-    W_KV, W_O, (decoder only: cross W_Q, W_O), FFN W1, W2."""
+    W_KV, W_O, (decoder only: cross W_Q, W_O), FFN W1, W2 (gated FFN: then W3)."""
     a = layer.self_attn
     cross = (layer.cross_attn.w_q, layer.cross_attn.w_o) if hasattr(layer, "cross_attn") else ()
-    return (a.w_q, a.w_kv, a.w_o, *cross, layer.ffn.w1, layer.ffn.w2)
+    gate = () if layer.ffn.w3 is None else (layer.ffn.w3,)
+    return (a.w_q, a.w_kv, a.w_o, *cross, layer.ffn.w1, layer.ffn.w2, *gate)
 
 
 def layer_params(layer) -> Optional[list[Tensor]]:
-    """The tensors of one ``DecoderLayer`` (48) or ``EncoderLayer`` (34) for ``decoder_layer_step`` /
-    ``encoder_layer_step``: its linear layers (``_linears``), six tensors each, then its layer norms'
-    weight and bias. None when a linear layer is not prepacked int8 or float32 (``_linear_params``)."""
+    """The tensors of one ``DecoderLayer`` (48; gated 54) or ``EncoderLayer`` (34; gated 40) for
+    ``decoder_layer_step`` / ``encoder_layer_step``: its linear layers (``_linears``), six tensors each,
+    then its norms' weight and bias (empty for RMSNorm). None when a linear layer is not prepacked
+    int8 or float32 (``_linear_params``)."""
     out: list[Tensor] = []
     for m in _linears(layer):
         p = _linear_params(m)
@@ -78,7 +84,8 @@ def layer_params(layer) -> Optional[list[Tensor]]:
             return None
         out += p
     for r in (layer.res if hasattr(layer, "res") else (layer.res1, layer.res2)):
-        out += [r.norm.weight.detach(), r.norm.bias.detach()]
+        bias = getattr(r.norm, "bias", None)       # RMSNorm has none
+        out += [r.norm.weight.detach(), _EMPTY if bias is None else bias.detach()]
     return out
 
 
@@ -115,6 +122,14 @@ def _int8_rows() -> int:
     return 0 if kernels.int8_linear_kernel() is None else 1 << 62
 
 
+def _kind(model) -> tuple:
+    """The layer kind arguments of the compiled steps (``LayerKind`` in ``csrc/decoder_step.cpp``):
+    (d_head, RMSNorm, gated FFN, the attention logits' scale), as the modules compute them."""
+    cfg, attn = model.cfg, model.decoder[0].self_attn if len(model.decoder) else model.encoder[0].self_attn
+    scale = attn.d_head ** -0.5 if attn.scale is None else attn.scale
+    return cfg.d_head, cfg.norm == "rmsnorm", cfg.gated_ffn, scale
+
+
 def encode_packed(model, x: Tensor, attend) -> Optional[Tensor]:
     """The encoder layers of ``prefill.encode_packed`` with each layer in one compiled call: x [NT,
     d_model] embedded tokens of a packed batch, ``attend`` its ``PackedSelfAttention`` -> [NT, d_model]
@@ -130,9 +145,10 @@ def encode_packed(model, x: Tensor, attend) -> Optional[Tensor]:
     cfg = model.cfg
     act, rows = _ACTIVATION[cfg.activation], _int8_rows()
     x = x.contiguous()
+    kind = _kind(model)
     for p in params:
         x = step(x, p, attend.key_index, attend.starts, attend.max_len, cfg.n_heads, rows, cfg.norm_first, act,
-                 cfg.layer_norm_eps)
+                 cfg.layer_norm_eps, attend.bias_table, attend.bias_start, *kind)
     return x
 
 
@@ -168,6 +184,10 @@ def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tens
     act = _ACTIVATION[cfg.activation]
     rows = _int8_rows()
     x = model.tgt_embed(tokens[:, None], positions[:, None])[:, 0]          # [N, d_model]
+    kind = _kind(model)
+    table = start = None
+    if model.dec_rel is not None:      # T5: the step's relative biases, one table for every layer
+        table, start = relative_bias_rows(model.dec_rel, positions, hooks[0][0].plan.max_len)
     cross: Optional[list[Tensor]] = [] if cross_weights else None
     for i, (hs, hc) in enumerate(hooks):
         c, layer = hs.cache, hs.layer
@@ -177,8 +197,11 @@ def decode_logits(model, hooks: Sequence[tuple], tokens: Tensor, positions: Tens
                    c.cross_k[layer], c.cross_v[layer], pc.key_index, pc.starts, pc.max_len,
                    None if share is None else share[2], 0 if share is None else share[0],
                    0 if share is None else share[1], cfg.n_heads, rows, cfg.norm_first, act, cfg.layer_norm_eps,
-                   cross_weights)
+                   cross_weights, table, start, *kind)
         x = out[0]
         if cross is not None:
             cross.append(out[1])
-    return output_logits(model, model.dec_norm(x)), cross
+    x = model.dec_norm(x)
+    if cfg.scale_decoder_output:          # as Transformer.decode (T5 with a tied output layer)
+        x = x * cfg.d_model ** -0.5
+    return output_logits(model, x), cross

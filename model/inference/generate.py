@@ -84,7 +84,7 @@ def generate(model: Transformer, sources: Sequence[Sequence[int]], beam_size: in
             # attention reads keys through an index anyway; eager attention would have to gather them,
             # which costs more than the copies at the small batches offline decoding often runs.
             p = next(model.parameters())
-            cpu_kernels = settings.current().cpu_kernels and cfg.compiled_ok
+            cpu_kernels = settings.current().cpu_kernels
             indirect = beam_size > 1 and cpu_kernels and kernels.applies(p.device, p.dtype)
             cache = KVCache.for_model(model, len(todo) * beam_size, max(budgets) + 1, max(len(s) for s in sources),
                                       indirect=indirect, cpu_kernels=cpu_kernels)

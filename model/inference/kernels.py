@@ -125,18 +125,25 @@ def _build_lock(build_dir: Optional[Path]) -> Iterator[None]:
 
 def _self_check(fn: Callable) -> None:
     """The kernel must match eager attention on small ragged cases, or it is not used: float64 (the
-    generic loop) and float32 with eight heads of 8 (the eight-heads-at-a-time loop, on AVX2)."""
+    generic loop) and float32 with eight heads of 8 (the eight-heads-at-a-time loop, on AVX2), each
+    without and with a relative position bias table (T5) and another scale."""
     g = torch.Generator().manual_seed(0)
-    for H, D, dtype, tol in ((2, 4, torch.float64, 1e-8), (8, 8, torch.float32, 1e-5)):
+    for H, D, dtype, tol, biased in ((2, 4, torch.float64, 1e-8, False), (8, 8, torch.float32, 1e-5, False),
+                                     (2, 4, torch.float64, 1e-8, True), (8, 8, torch.float32, 1e-5, True)):
         lengths = [3, 1, 5]
         k, v = torch.randn(12, H, D, generator=g, dtype=dtype), torch.randn(12, H, D, generator=g, dtype=dtype)
         q = torch.randn(len(lengths), 2, H, D, generator=g, dtype=dtype)
         key_index = torch.tensor([7, 2, 11, 0, 4, 5, 6, 1, 9])
         starts = torch.tensor([0, 3, 4, 9])
-        out, w = fn(q, k, v, key_index, starts, max(lengths), D ** -0.5, True)
+        scale = 1.0 if biased else D ** -0.5
+        bias = torch.randn(7, H, generator=g, dtype=dtype) if biased else None
+        bias_start = torch.tensor([2, 0, 1]) if biased else None
+        out, w = fn(q, k, v, key_index, starts, max(lengths), scale, True, False, bias, bias_start)
         for r, n in enumerate(lengths):
             idx = key_index[starts[r]: starts[r + 1]]
-            scores = torch.einsum("ahd,nhd->ahn", q[r].double(), k[idx].double()) * D ** -0.5
+            scores = torch.einsum("ahd,nhd->ahn", q[r].double(), k[idx].double()) * scale
+            if biased:
+                scores = scores + bias[bias_start[r]: bias_start[r] + n].double().t()
             ref_w = torch.softmax(scores, dim=-1)
             ref = torch.einsum("ahn,nhd->ahd", ref_w, v[idx].double())
             if not (torch.allclose(out[r].double(), ref, rtol=tol, atol=tol)
@@ -378,9 +385,11 @@ def applies(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def packed_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_index: Tensor, starts: Tensor,
-                            max_len: int, need_weights: bool = False, generic: bool = False
-                            ) -> tuple[Tensor, Optional[Tensor]]:
-    """softmax(q K^T / sqrt(d_k)) V (paper eq. 1), each row over its own keys, with the compiled kernel.
+                            max_len: int, need_weights: bool = False, generic: bool = False,
+                            scale: Optional[float] = None, bias: Optional[Tensor] = None,
+                            bias_start: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+    """softmax(q K^T / sqrt(d_k)) V (paper eq. 1), each row over its own keys, with the compiled kernel;
+    softmax(q K^T · scale + bias) V with ``scale`` / ``bias`` (T5).
 
     Args:
         q: [R, Q, H, Dh] queries (Q queries per row, e.g. the hypotheses of a beam against one source).
@@ -391,6 +400,10 @@ def packed_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_index: Tensor, 
         generic: use the kernel's generic loop even for float32 heads with H and Dh multiples of 8
             (which otherwise take eight heads at a time, with FMA and a vectorized exp: the same values
             to float rounding); for tests and ``python -m service.bench.attention``.
+        scale: the logits' factor (default 1/sqrt(Dh); T5: 1.0).
+        bias: [NB, H] rows of biases (q's dtype) with ``bias_start`` [R] int64: row r's n-th key adds
+            bias[bias_start[r] + n] to its logits, every query of the row alike (relative positions:
+            ``attention_plan.relative_bias_rows``).
     Returns (out [R, Q, H, Dh], weights [R, Q, H, max_len] zero past each row's keys, or None).
     Raises RuntimeError when the kernel is unavailable (check ``decode_attention()`` first), or on
     inconsistent shapes, dtypes or indices (never reads outside k/v).
@@ -398,5 +411,6 @@ def packed_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_index: Tensor, 
     fn = decode_attention()
     if fn is None:
         raise RuntimeError("compiled decode attention is unavailable")
-    res = fn(q.contiguous(), k, v, key_index, starts, int(max_len), q.size(-1) ** -0.5, need_weights, generic)
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    res = fn(q.contiguous(), k, v, key_index, starts, int(max_len), scale, need_weights, generic, bias, bias_start)
     return res[0], (res[1] if need_weights else None)

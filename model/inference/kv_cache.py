@@ -66,10 +66,8 @@ class KVCache:
     def for_model(cls, model, num_slots: int, max_tgt_len: Optional[int] = None,
                   max_src_len: Optional[int] = None, indirect: bool = False,
                   cpu_kernels: Optional[bool] = None) -> "KVCache":
-        """A cache shaped for ``model`` (a ``Transformer``), on its device and in its dtype; compiled
-        kernels off where the model's flags need the eager step (``ModelConfig.compiled_ok``)."""
+        """A cache shaped for ``model`` (a ``Transformer``), on its device and in its dtype."""
         cfg = model.cfg
-        cpu_kernels = False if not cfg.compiled_ok else cpu_kernels
         p = next(model.parameters())
         return cls(cfg.n_decoder_layers, cfg.n_heads, cfg.d_head, num_slots, max_tgt_len or cfg.max_len,
                    max_src_len or cfg.max_len, dtype=p.dtype, device=p.device, indirect=indirect,

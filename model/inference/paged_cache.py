@@ -77,10 +77,8 @@ class PagedKVCache(KVCache):
                   num_blocks: Optional[int] = None, block_size: int = 16,
                   cpu_kernels: Optional[bool] = None) -> "PagedKVCache":
         """A paged cache shaped for ``model`` (a ``Transformer``), on its device and in its dtype;
-        ``num_blocks`` defaults to ``default_num_blocks``; compiled kernels off where the model's flags
-        need the eager step (``ModelConfig.compiled_ok``)."""
+        ``num_blocks`` defaults to ``default_num_blocks``."""
         cfg = model.cfg
-        cpu_kernels = False if not cfg.compiled_ok else cpu_kernels
         p = next(model.parameters())
         T, S = max_tgt_len or cfg.max_len, max_src_len or cfg.max_len
         if num_blocks is None:

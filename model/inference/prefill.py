@@ -13,10 +13,11 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..attention import RelativePositionBias
 from ..transformer import Transformer, padding_mask
 from . import kernels, settings
+from .attention_plan import packed_positions, relative_bias_rows
 from .fused_step import encode_packed as fused_encode_packed
-from .attention_plan import packed_positions
 from .kv_cache import KVCache
 from .step import StepOutput, decode_step
 
@@ -30,12 +31,14 @@ class PackedSelfAttention:
     sequence b attends over the tokens of b only (unmasked, as in the encoder). Passed to
     ``MultiHeadAttention`` as its ``cache_attend`` hook: called with q, k_new, v_new [NT, H, 1, Dh],
     returns (out [NT, H, 1, Dh], None). Needs ``model.inference.kernels.decode_attention()``; inference only
-    (no gradient); weights are not available (use the padded path for them).
+    (no gradient); weights are not available (use the padded path for them). ``rel``: the encoder's
+    relative position biases (T5), computed here once for every layer (``bias_table`` [2S - 1, H],
+    ``bias_start`` [NT], ``attention_plan.relative_bias_rows``); None without.
     """
 
     self_attention = True   # MultiHeadAttention projects this batch's keys/values
 
-    def __init__(self, lengths: Tensor):
+    def __init__(self, lengths: Tensor, rel: Optional[RelativePositionBias] = None):
         seq, pos = packed_positions(lengths)                    # [NT] sequence of each token, position in it
         per_token = lengths.index_select(0, seq)                # [NT] keys of each token: its sequence's tokens
         query, within = packed_positions(per_token)             # [sum L^2] the query of each key, key position
@@ -44,16 +47,23 @@ class PackedSelfAttention:
         self.starts = torch.zeros(seq.numel() + 1, dtype=torch.long, device=seq.device)
         torch.cumsum(per_token, 0, out=self.starts[1:])
         self.max_len = int(lengths.max())
+        self.bias_table, self.bias_start = (None, None) if rel is None else relative_bias_rows(rel, pos, self.max_len)
 
     def __call__(self, q: Tensor, k_new: Optional[Tensor], v_new: Optional[Tensor],
-                 need_weights: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+                 need_weights: bool = False, bias: Optional[Tensor] = None,
+                 scale: Optional[float] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """``scale``: the logits' factor (default 1/√Dh); ``bias`` must be None (the relative biases are
+        the constructor's ``rel``). Raises ValueError for weights or a bias."""
         if need_weights:
             raise ValueError("PackedSelfAttention returns no weights; use the padded path for them")
+        if bias is not None:
+            raise ValueError("PackedSelfAttention takes its relative position biases from its constructor (rel)")
         if torch.is_grad_enabled() and q.requires_grad:
             raise RuntimeError("PackedSelfAttention is for inference: the compiled kernel has no gradient")
         out, _ = kernels.packed_decode_attention(q.transpose(1, 2), k_new[:, :, 0].contiguous(),
                                                  v_new[:, :, 0].contiguous(), self.key_index, self.starts,
-                                                 self.max_len)                            # [NT, 1, H, Dh]
+                                                 self.max_len, scale=scale, bias=self.bias_table,
+                                                 bias_start=self.bias_start)              # [NT, 1, H, Dh]
         return out.transpose(1, 2), None
 
 
@@ -64,7 +74,7 @@ def encode_packed(model: Transformer, tokens: Tensor, lengths: Tensor, *, fused:
     kernel (``kernels``) and returns no attention weights. ``fused``: each layer in one compiled call
     where that applies (``fused_step.py``; default: the process's ``fused_step``)."""
     _, positions = packed_positions(lengths)
-    attend = PackedSelfAttention(lengths)
+    attend = PackedSelfAttention(lengths, model.enc_rel)
     x = model.src_embed(tokens[:, None], positions[:, None])     # [NT, 1, d_model]
     if settings.or_default("fused_step", fused):
         out = fused_encode_packed(model, x[:, 0], attend)        # None where the model does not qualify

@@ -84,7 +84,7 @@ class Variant(enum.Enum):
 
 
 def choose_variant(*, device: str, paged: bool, kernels: bool, fused_step: bool, graphs: bool,
-                   need_weights: bool, self_weights: bool, need_logits: bool, compiled_ok: bool = True) -> Variant:
+                   need_weights: bool, self_weights: bool, need_logits: bool) -> Variant:
     """The variant of one decode step, the only place it is chosen.
 
     Args:
@@ -95,11 +95,9 @@ def choose_variant(*, device: str, paged: bool, kernels: bool, fused_step: bool,
         need_weights / self_weights: attention rows asked for (cross, and decoder self-attention's).
         need_logits: logits asked for instead of log-probabilities (repetition controls act on them).
     GRAPH and DENSE give log-probabilities and no attention rows; FUSED gives cross-attention rows
-    but not self-attention's; EAGER gives everything. ``compiled_ok`` False (a T5 model's flags,
-    ``ModelConfig.compiled_ok``): EAGER always.
+    but not self-attention's; EAGER gives everything. Every variant runs every ``ModelConfig`` (the
+    T5 family's flags included), so the model plays no part in the choice.
     """
-    if not compiled_ok:
-        return Variant.EAGER
     if device == "cuda" and paged and not (need_weights or need_logits):
         return Variant.GRAPH if graphs else Variant.DENSE
     if device == "cpu" and kernels and fused_step and not (need_weights and self_weights):
@@ -138,7 +136,7 @@ def decode_step(model: Transformer, cache: KVCache, slots: Tensor, tokens: Tenso
     variant = choose_variant(device=slots.device.type, paged=isinstance(cache, PagedKVCache),
                              kernels=cache.kernel_ok(), fused_step=settings.or_default("fused_step", fused_step),
                              graphs=graphs is not None, need_weights=need_weights, self_weights=self_weights,
-                             need_logits=need_logits, compiled_ok=model.cfg.compiled_ok)
+                             need_logits=need_logits)
     if variant is Variant.GRAPH:
         log_probs = graphs.step(slots, tokens, positions, max_target=max_target, max_source=max_source)
         if log_probs is not None:

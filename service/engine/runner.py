@@ -74,9 +74,8 @@ class ModelRunner:
         self.cache.kernel_ok()  # build/load the compiled decode attention now, not at the first request
         self.fused_step: bool = settings.or_default("fused_step", fused_step)
         # On CUDA, decode steps replay captured graphs where they fit (model/inference/cuda_graphs.py).
-        # (none for a model whose flags need the eager step: T5, ``ModelConfig.compiled_ok``)
         self.graphs = DecodeGraphs(model, self.cache, num_slots) if (
-            cuda_graphs and self.device.type == "cuda" and model.cfg.compiled_ok) else None
+            cuda_graphs and self.device.type == "cuda") else None
         self.seqs: dict[int, _Sequence] = {}
         self._emitted: dict[int, int] = {}   # preempted streaming requests: tokens already reported
         # The fixed cost of one prefill call, in source tokens: prefill groups trade padding for calls.

@@ -5,7 +5,8 @@
 // of all heads). Rows of different lengths cost their own keys, not the longest row's: this replaces
 // a padded batch (or a gather + elementwise products in eager PyTorch, which materialise every
 // gathered key several times) by one pass over each key. Each row is computed by itself, in a fixed
-// order, so its result does not depend on which other rows share the call.
+// order, so its result does not depend on which other rows share the call. An optional bias table
+// (T5's relative position biases) adds bias[bias_start[r] + n, h] to the logit of row r's n-th key.
 //
 // Built on first use by model/inference/kernels.py (torch.utils.cpp_extension); eager PyTorch is the fallback.
 #include <torch/extension.h>
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -74,7 +76,7 @@ inline void axpy(scalar_t* o, scalar_t w, const scalar_t* v, int64_t D) {
 template <typename scalar_t>
 void attend_rows(const scalar_t* Q, const scalar_t* K, const scalar_t* V, const int64_t* key_index,
                  const int64_t* starts, scalar_t* out, scalar_t* weights, int64_t R, int64_t NQ,
-                 int64_t H, int64_t D, int64_t T, scalar_t scale) {
+                 int64_t H, int64_t D, int64_t T, scalar_t scale, const scalar_t* bias, const int64_t* bias_start) {
   const int64_t HD = H * D, AH = NQ * H;
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
     std::vector<scalar_t> scores, row_max(AH), row_inv_sum(AH);  // scores: [L, NQ, H]
@@ -86,15 +88,17 @@ void attend_rows(const scalar_t* Q, const scalar_t* K, const scalar_t* V, const 
       if (L <= 0) continue;
       scores.resize(L * AH);
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<scalar_t>::infinity());
-      // scores[n, a, h] = <q[a, h], k_n[h]> * scale, one read of each key
+      // scores[n, a, h] = <q[a, h], k_n[h]> * scale (+ bias[bias_start[r] + n, h]), one read of each key
+      const scalar_t* b = bias == nullptr ? nullptr : bias + bias_start[r] * H;
       for (int64_t n = 0; n < L; ++n) {
         const scalar_t* k = K + key_index[first + n] * HD;
         scalar_t* s = scores.data() + n * AH;
         for (int64_t a = 0; a < NQ; ++a) {
           for (int64_t h = 0; h < H; ++h) {
-            const scalar_t acc = dot(q + a * HD + h * D, k + h * D, D);
-            s[a * H + h] = acc * scale;
-            row_max[a * H + h] = std::max(row_max[a * H + h], acc * scale);
+            scalar_t x = dot(q + a * HD + h * D, k + h * D, D) * scale;
+            if (b != nullptr) x += b[n * H + h];
+            s[a * H + h] = x;
+            row_max[a * H + h] = std::max(row_max[a * H + h], x);
           }
         }
       }
@@ -141,7 +145,7 @@ inline __m256 lane_sums8(const __m256* a) {
 // 1.5-1.6x faster than the generic loop at H = 8, D = 32 (python -m service.bench.attention).
 void attend_rows_h8(const float* Q, const float* K, const float* V, const int64_t* key_index,
                     const int64_t* starts, float* out, float* weights, int64_t R, int64_t NQ, int64_t H,
-                    int64_t D, int64_t T, float scale) {
+                    int64_t D, int64_t T, float scale, const float* bias, const int64_t* bias_start) {
   const int64_t HD = H * D, AH = NQ * H;
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
     std::vector<float> scores, row_max(AH), row_inv_sum(AH);  // scores: [L, NQ, H]
@@ -170,7 +174,8 @@ void attend_rows_h8(const float* Q, const float* K, const float* V, const int64_
         continue;
       }
       scores.resize(L * AH);
-      // scores[n, a, h] = <q[a, h], k_n[h]> * scale, eight heads at a time
+      const float* b = bias == nullptr ? nullptr : bias + bias_start[r] * H;
+      // scores[n, a, h] = <q[a, h], k_n[h]> * scale (+ bias[bias_start[r] + n, h]), eight heads at a time
       for (int64_t n = 0; n < L; ++n) {
         const float* k = K + key_index[first + n] * HD;
         float* s = scores.data() + n * AH;
@@ -185,7 +190,8 @@ void attend_rows_h8(const float* Q, const float* K, const float* V, const int64_
               for (int64_t c = 8; c < D; c += 8) x = _mm256_fmadd_ps(_mm256_loadu_ps(qh + c), _mm256_loadu_ps(kh + c), x);
               acc[j] = x;
             }
-            const __m256 sc = _mm256_mul_ps(lane_sums8(acc), scale_v);
+            __m256 sc = _mm256_mul_ps(lane_sums8(acc), scale_v);
+            if (b != nullptr) sc = _mm256_add_ps(sc, _mm256_loadu_ps(b + n * H + h0));
             _mm256_storeu_ps(s + a * H + h0, sc);
             float* m = row_max.data() + a * H + h0;
             _mm256_storeu_ps(m, n == 0 ? sc : _mm256_max_ps(_mm256_loadu_ps(m), sc));
@@ -252,11 +258,14 @@ void attend_rows_h8(const float* Q, const float* K, const float* V, const int64_
 // starts [R + 1] (row r owns key_index[starts[r]:starts[r+1]]); max_len >= every row's key count.
 // Returns {out [R, NQ, H, D]} or, with need_weights, {out, weights [R, NQ, H, max_len]} (zero past
 // each row's own length). generic: the generic loop even where attend_rows_h8 applies (tests and
-// python -m service.bench.attention compare the two).
+// python -m service.bench.attention compare the two). bias [NB, H] (q's dtype) with bias_start [R]
+// (int64), or neither: row r's n-th key gets bias[bias_start[r] + n] added to its logits (T5).
 std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& v, const torch::Tensor& key_index,
                                                    const torch::Tensor& starts, int64_t max_len,
-                                                   double scale, bool need_weights, bool generic) {
+                                                   double scale, bool need_weights, bool generic,
+                                                   const std::optional<torch::Tensor>& bias,
+                                                   const std::optional<torch::Tensor>& bias_start) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous(), "q must be a contiguous [R, Q, H, D] tensor");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(), "k and v must be contiguous, same shape");
@@ -278,13 +287,27 @@ std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const
   for (int64_t n = 0; n < key_index.numel(); ++n) {
     TORCH_CHECK(ki[n] >= 0 && ki[n] < n_rows, "key_index[", n, "] = ", ki[n], " is outside 0..", n_rows - 1);
   }
+  TORCH_CHECK(bias.has_value() == bias_start.has_value(), "bias and bias_start come together");
+  const int64_t* bs = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 2 && bias->size(1) == H && bias->is_contiguous() && bias->device().is_cpu() &&
+                    bias->scalar_type() == q.scalar_type(), "bias must be a contiguous [*, H] CPU tensor of q's dtype");
+    TORCH_CHECK(bias_start->scalar_type() == torch::kLong && bias_start->is_contiguous() &&
+                    bias_start->numel() == R, "bias_start must be [R] contiguous int64");
+    bs = bias_start->data_ptr<int64_t>();
+    for (int64_t r = 0; r < R; ++r) {
+      TORCH_CHECK(bs[r] >= 0 && bs[r] + (st[r + 1] - st[r]) <= bias->size(0), "row ", r, "'s bias rows ", bs[r],
+                  "..", bs[r] + st[r + 1] - st[r] - 1, " are outside 0..", bias->size(0) - 1);
+    }
+  }
   auto out = torch::empty_like(q);
   torch::Tensor w;
   if (need_weights) w = torch::zeros({R, NQ, H, max_len}, q.options());
 #if defined(__AVX2__) && defined(__FMA__)
   if (!generic && q.scalar_type() == torch::kFloat32 && H % 8 == 0 && D % 8 == 0) {
     attend_rows_h8(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), ki, st, out.data_ptr<float>(),
-                   need_weights ? w.data_ptr<float>() : nullptr, R, NQ, H, D, max_len, static_cast<float>(scale));
+                   need_weights ? w.data_ptr<float>() : nullptr, R, NQ, H, D, max_len, static_cast<float>(scale),
+                   bs == nullptr ? nullptr : bias->data_ptr<float>(), bs);
     if (need_weights) return {out, w};
     return {out};
   }
@@ -293,7 +316,7 @@ std::vector<torch::Tensor> packed_decode_attention(const torch::Tensor& q, const
     attend_rows<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                           key_index.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
                           need_weights ? w.data_ptr<scalar_t>() : nullptr, R, NQ, H, D, max_len,
-                          static_cast<scalar_t>(scale));
+                          static_cast<scalar_t>(scale), bs == nullptr ? nullptr : bias->data_ptr<scalar_t>(), bs);
   });
   if (need_weights) return {out, w};
   return {out};
@@ -345,7 +368,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_decode_attention", &mt::packed_decode_attention, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "Decode-step attention, each row over its own cached keys (see decode_attention.cpp)",
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("key_index"), pybind11::arg("starts"),
-        pybind11::arg("max_len"), pybind11::arg("scale"), pybind11::arg("need_weights"), pybind11::arg("generic") = false);
+        pybind11::arg("max_len"), pybind11::arg("scale"), pybind11::arg("need_weights"), pybind11::arg("generic") = false,
+        pybind11::arg("bias") = pybind11::none(), pybind11::arg("bias_start") = pybind11::none());
   m.def("paged_key_index", &mt::paged_key_index,
         "A paged cache's key rows and row starts for one decode step (see decode_attention.cpp)");
   register_int8_linear(m);
