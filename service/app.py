@@ -51,8 +51,7 @@ logger = logging.getLogger("ray.serve")
 
 # Serve's own access log repeats, for every HTTP request and again for every handle call to a
 # translator, what the gateway's access log writes (service/api/middleware/access_log.py: request id, status,
-# latency, tokens). Off: about 3% more single-sentence requests/s at 32 clients (docs/performance.md
-# "Serving path"). Pass as ``serve.run(..., logging_config=LOGGING_CONFIG)``; the deploy/ configs say the same.
+# latency, tokens), and costs CPU per request on the serving path. Pass as ``serve.run(..., logging_config=LOGGING_CONFIG)``; the deploy/ configs say the same.
 LOGGING_CONFIG = {"enable_access_log": False}
 
 
