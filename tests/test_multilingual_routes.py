@@ -228,3 +228,40 @@ def test_memory_import_and_export_per_target_language(served, model):
     assert call(served, model, "DELETE", "/v1/memory", params=en).json()["deleted"] == 1
     r = call(served, model, "GET", "/v1/memory", params={**q, "target_lang": "xx"})
     assert r.status_code == 422 and r.json()["error"]["field"] == "target_lang", r.text
+
+
+def test_protected_spans_and_keep_terms_come_back_verbatim(tmp_path):
+    """An NLLB model whose vocabulary has placeholder words (one piece each: "Berlin", "5", from
+    ``extra_lines``; the default tiny vocabularies have no name of one piece, so protection is off on
+    them): a URL and a ``keep`` term are kept out of its input (the placeholder among
+    ``source_tokens``) and come back verbatim, on /v1/translate and on LibreTranslate's /translate."""
+    d = make_dir(tmp_path / "hf", "nllb", extra_lines=("Berlin 5",) * 40)
+    assert convert(["--from-transformers", str(d), "--out", str(tmp_path / "nllb")]) == 0
+    loop = asyncio.new_event_loop()
+    t = Translator(model_card("nllb", tmp_path / "nllb"), device="cpu", settings=TranslatorSettings(
+        text=TextConfig(truecase=False)))
+    loop.run_until_complete(t.reconfigure({"linear_dtype": "float32"}))
+
+    async def run(model, job):
+        with mapped_errors(model):
+            return await t.translate(job)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(local_services([t.card], run))),
+                               base_url="http://t")
+    try:
+        url = "https://example.com/a?b=1"
+        text = f"Zwei Hunde spielen bei {url} im Schnee."
+        body = {"text": text, "source_lang": "de", "target_lang": "fr", "keep": ["Hunde"]}
+        r = loop.run_until_complete(client.post("/v1/translate", json=body))
+        assert r.status_code == 200, r.text
+        tr = r.json()["translations"][0]
+        assert tr["text"].count(url) == 1 and tr["text"].count("Hunde") == 1, tr["text"]
+        assert "▁Berlin" in tr["source_tokens"] and "▁H" not in tr["source_tokens"], tr["source_tokens"]
+        r = loop.run_until_complete(client.post("/v1/translate", json={**body, "keep": []}))
+        assert "▁H" in r.json()["translations"][0]["source_tokens"]          # without keep, the model reads Hunde
+        r = loop.run_until_complete(client.post("/translate", json={"q": text, "source": "de", "target": "fr",
+                                                                    "keep": ["Hunde"]}))
+        assert r.status_code == 200 and url in r.json()["translatedText"] and "Hunde" in r.json()["translatedText"]
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(t.stop())
+        loop.close()
