@@ -4,7 +4,8 @@ each served alone by translators in this process. Stored glossaries on LibreTran
 and DeepL's /v2/translate (the glossary's pair checked against the request's, not against ``mul``);
 the OpenAPI rule of a stored glossary's pair; txt, HTML and docx documents on /v1/documents,
 /translate_file and /v2/document (their text equals the same segments through /v1/translate); the
-translation memory's import and export (keyed by model and target language)."""
+translation memory's import and export (keyed by model and target language); a URL and a ``keep``
+term verbatim from a model whose vocabulary has placeholder words."""
 from __future__ import annotations
 
 import asyncio

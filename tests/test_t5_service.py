@@ -1,7 +1,9 @@
 """Serving an imported T5 / MADLAD-400 model: the translator (continuous-batching engine, paged KV
 cache, CPU) puts the request's target as the ``<2xx>`` tag at the start of each source, and its text
 equals transformers' ``generate`` + ``batch_decode`` on ``"<2xx> " + text``, greedy and beam 4, with
-French and English jobs in the engine at once; a target the model lacks is a 422 naming target_lang."""
+French and English jobs in the engine at once; a target the model lacks is a 422 naming target_lang.
+Over HTTP: source_lang auto, inline and stored glossaries (/v1/translate, LibreTranslate, DeepL) and
+target_prefix (transformers' ``decoder_input_ids``; a ``<2xx>`` tag in it is the source's)."""
 from __future__ import annotations
 
 import asyncio
