@@ -224,7 +224,7 @@ def test_libretranslate_glossary_fields():
     store.store.create("", GlossaryCreate(name="bikes", entries=[{"source": "Fahrrad", "target": "bike"}],
                                     source_lang="de"))
     request = types.SimpleNamespace(scope={})
-    card = types.SimpleNamespace(source_lang="de")
+    card = types.SimpleNamespace(source_lang="de", lang_tokens=False)
     for fields, want in (({"glossary": '[{"source": "Hund", "target": "dog"}]'}, (("Hund", "dog"),)),   # a form's string
                          ({"glossary": [{"source": "Hund", "target": "dog"}]}, (("Hund", "dog"),)),
                          ({"glossary_id": "bikes"}, (("Fahrrad", "bike"),))):

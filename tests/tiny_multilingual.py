@@ -40,11 +40,11 @@ def _lines() -> list[str]:
     return (DE + FR + EN) * 3
 
 
-def _nllb_tokenizer(d: Path):
+def _nllb_tokenizer(d: Path, extra: tuple[str, ...] = ()):
     from tokenizers import SentencePieceBPETokenizer
     from transformers import NllbTokenizer
     bpe = SentencePieceBPETokenizer()
-    bpe.train_from_iterator(_lines(), vocab_size=150, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+    bpe.train_from_iterator(_lines() + list(extra), vocab_size=150, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
                             show_progress=False)
     model = json.loads(bpe._tokenizer.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
@@ -84,14 +84,15 @@ def _mbart50_tokenizer(d: Path):
     return MBart50Tokenizer(vocab=vocab, src_lang="de_DE")
 
 
-def make_dir(directory: Path, family: str, seed: int = 0, eos_boost: float = 0.5, generation: dict | None = None
-             ) -> Path:
+def make_dir(directory: Path, family: str, seed: int = 0, eos_boost: float = 0.5, generation: dict | None = None,
+             extra_lines: tuple[str, ...] = ()) -> Path:
     """Write a tiny random model of ``family`` ("nllb", "m2m100", "mbart50", "mbart50-spm": mBART-50 with
     sentencepiece.bpe.model and no tokenizer.json; d_model 32, 2+2 layers,
     4 heads) to directory with its tokenizer files and generation config (``published_generation``
     with ``generation`` over it). Weights are drawn wider than transformers' init, so outputs depend
     on the source; ``eos_boost`` makes EOS likelier (the decoder's final LayerNorm bias points at
-    its embedding), so outputs end at mixed lengths."""
+    its embedding), so outputs end at mixed lengths. ``extra_lines``: more text the NLLB tokenizer is
+    trained on (a word repeated there becomes one piece)."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration, MBartConfig, MBartForConditionalGeneration
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,7 @@ def make_dir(directory: Path, family: str, seed: int = 0, eos_boost: float = 0.5
     scratch.mkdir()
     extra = []
     if family == "nllb":
-        tok = _nllb_tokenizer(scratch)
+        tok = _nllb_tokenizer(scratch, extra_lines)
     elif family == "m2m100":
         tok, extra = _m2m100_tokenizer(scratch)
     elif family == "mbart50-spm":   # mBART-50 as published without tokenizer.json: its SentencePiece model alone

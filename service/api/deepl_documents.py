@@ -194,18 +194,18 @@ async def upload(svc: "Services", request: Request) -> Response:
         doc = await routes.parsed(up, svc)
         source = deepl_language(up.fields.get("source_lang")) or "auto"
         ids, field = deepl_glossaries.ids_of(up.fields)
-        model, target = await routes.plan(svc, doc, None, source, target, "source_lang")
+        model, target, source = await routes.plan(svc, doc, None, source, target, "source_lang")
         glossary: tuple = ()
-        card = svc.graph.resolve(model, None, target)       # the pair the document goes to (detected or given)
+        card = svc.graph.cards.get(model) or svc.graph.pivots[model].card    # the pair the document goes to
+        pair = (source, target) if card.lang_tokens else (card.source_lang, card.target_lang)
         if ids:     # 404 for an unknown glossary, 409 for one without that pair (GlossaryClient.resolve_all)
-            glossary = await svc.glossaries.resolve_all(glossaries.scope_of(request), ids, card.source_lang,
-                                                        card.target_lang, field=field)
+            glossary = await svc.glossaries.resolve_all(glossaries.scope_of(request), ids, *pair, field=field)
         tm_id = up.fields.get("translation_memory_id")
         threshold = deepl_memories.int_param(up.fields.get("translation_memory_threshold"),
                                              "translation_memory_threshold", None, 0, 100)
         memory = deepl_memories.job_fields(     # as /v2/translate's: 404 unknown, 400 another pair
             svc.memory, svc.memory_scope(request), svc.graph, tm_id, threshold if tm_id else None,
-            card.source_lang, card.target_lang)
+            *pair)
         record.update(total=len(doc.segments), started=time.time())
         await asyncio.to_thread(svc.doc_store.put_job, job_id, record)
     except BaseException as e:          # the place goes back: the job's record is removed
@@ -218,7 +218,7 @@ async def upload(svc: "Services", request: Request) -> Response:
             return message(e)
         raise
     task = asyncio.ensure_future(_run(svc, job_id, record, doc, model, target, up.filename, glossary,
-                                      functools.partial(svc.add_usage, caller_of(request).scope), memory))
+                                      functools.partial(svc.add_usage, caller_of(request).scope), memory, source))
     _jobs.running[job_id] = task
     task.add_done_callback(lambda _: _jobs.running.pop(job_id, None))
     task.add_done_callback(functools.partial(_never_ran, svc, record, doc))
@@ -237,7 +237,7 @@ def _never_ran(svc: "Services", record: dict, doc, task: asyncio.Task) -> None:
 
 async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, target: Optional[str], filename: str,
                glossary: tuple = (), bill: Callable[[int], None] = lambda chars: None,
-               memory: Optional[dict] = None) -> None:
+               memory: Optional[dict] = None, source: Optional[str] = None) -> None:
     store = svc.doc_store
     last = [0.0]
 
@@ -251,7 +251,7 @@ async def _run(svc: "Services", job_id: str, record: dict, doc, model: str, targ
     try:
         record["status"] = "translating"
         await asyncio.to_thread(store.put_job, job_id, record)
-        data, chars = await routes.translated(svc, doc, model, target, progress, glossary, memory)
+        data, chars = await routes.translated(svc, doc, model, target, progress, glossary, memory, source)
         if await asyncio.to_thread(store.get_job, job_id) is None:
             raise Cancelled(job_id)
         media = documents.FORMATS[documents.extension(filename)].media_type

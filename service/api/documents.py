@@ -274,9 +274,11 @@ def truthy(value: Optional[str], field: str) -> bool:
 
 # ---- the routes' bodies (the Gateway's methods call these with itself) --------------------------------
 async def plan(svc: "Services", doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
-               source_field: str) -> tuple[str, Optional[str]]:
-    """(model id, target language) for a document, ``source`` "auto" detected from its text (None:
-    the model's). Raises ServiceError 404/422 (the gateway's ``resolve``), the document released."""
+               source_field: str) -> tuple[str, Optional[str], Optional[str]]:
+    """(model id, target language, source language) for a document, ``source`` "auto" detected from
+    its text (None: the model's); the source is the served code an NLLB-200 / M2M100 / mBART-50 / T5
+    model reads (None for other models). Raises ServiceError 404/422 (the gateway's ``resolve``), the
+    document released."""
     try:
         return await _plan(svc, doc, model, source, target, source_field)
     except BaseException:
@@ -286,7 +288,7 @@ async def plan(svc: "Services", doc: Document, model: Optional[str], source: Opt
 
 
 async def _plan(svc: "Services", doc: Document, model: Optional[str], source: Optional[str], target: Optional[str],
-                source_field: str) -> tuple[str, Optional[str]]:
+                source_field: str) -> tuple[str, Optional[str], Optional[str]]:
     if autodetect.is_auto(source):
         source = await detected_source(svc.detector, doc, source_field)
         try:
@@ -296,17 +298,21 @@ async def _plan(svc: "Services", doc: Document, model: Optional[str], source: Op
                                source_field, type=autodetect.NOT_SERVED if e.status == 404 else None) from None
     else:
         card = svc.graph.resolve(model, source, target)
-    return card.id, match_language(target, set(card.targets)) if target else None
+    source = svc.graph.code(source, svc.graph.sources) if card.lang_tokens else None
+    return card.id, match_language(target, set(card.targets)) if target else None, source
 
 
 async def translated(svc: "Services", doc: Document, model: str, target: Optional[str],
                      progress: Optional[Callable[[int, int], None]] = None,
-                     glossary: tuple = (), memory: Optional[dict] = None) -> tuple[bytes, int]:
+                     glossary: tuple = (), memory: Optional[dict] = None,
+                     source: Optional[str] = None) -> tuple[bytes, int]:
     """The translated file's bytes and the characters translated; ``glossary``: (source, target) terms
     every segment's translation keeps (a stored glossary's entries, DeepL's ``glossary_id``); ``memory``:
-    the jobs' ``memory_scope`` and ``memory_threshold`` (DeepL's ``translation_memory_id``). The
-    document is released at the end (``documents.release``), translated or not."""
+    the jobs' ``memory_scope`` and ``memory_threshold`` (DeepL's ``translation_memory_id``); ``source``:
+    the source language of a model that reads one (``plan``). The document is released at the end
+    (``documents.release``), translated or not."""
     async def run(m: str, job: TranslateJob) -> TranslateResponse:
+        job = svc.graph.bind(svc.graph.cards.get(m), job, source)
         if glossary:
             job = dataclasses.replace(job, glossary=tuple(glossary), stored_glossary=True)
         if memory:
@@ -343,17 +349,17 @@ async def native(svc: "Services", request: Request) -> Response:
     up = await read_upload(request, ("source_lang", "target_lang", "model", "stream", "filename"))
     stream = truthy(up.fields.get("stream"), "stream")
     doc = await parsed(up, svc)
-    model, target = await plan(svc, doc, up.fields.get("model"), up.fields.get("source_lang"),
-                               up.fields.get("target_lang"), "source_lang")
+    model, target, source = await plan(svc, doc, up.fields.get("model"), up.fields.get("source_lang"),
+                                       up.fields.get("target_lang"), "source_lang")
     request.state.model = model
     media = documents.FORMATS[documents.extension(up.filename)].media_type
     if not stream:
-        data, _ = await translated(svc, doc, model, target)
+        data, _ = await translated(svc, doc, model, target, source=source)
         return file_response(data, up.filename, media)
     owner = caller_of(request).owner
 
     async def work(progress) -> dict:
-        data, _ = await translated(svc, doc, model, target, progress)
+        data, _ = await translated(svc, doc, model, target, progress, source=source)
         rec = await asyncio.to_thread(svc.doc_store.put, data, up.filename, media, owner)
         return {"url": stored_url(request, rec.name, svc.doc_settings), "filename": up.filename, "bytes": rec.size}
     decision = request.scope.get("state", {}).get("guard_decision")      # counted like any stream (or 429)
@@ -380,9 +386,9 @@ async def libre(svc: "Services", request: Request) -> Response:
                 raise ServiceError(400, f"Invalid request: {'empty' if name in up.fields else 'missing'} {name} "
                                         "parameter", name)
         doc = await parsed(up, svc)
-        model, target = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
+        model, target, source = await plan(svc, doc, None, up.fields["source"], up.fields["target"], "source")
         request.state.model = model
-        data, _ = await translated(svc, doc, model, target)
+        data, _ = await translated(svc, doc, model, target, source=source)
         owner = caller_of(request).owner
         media = documents.FORMATS[documents.extension(up.filename)].media_type
         rec = await asyncio.to_thread(svc.doc_store.put, data, up.filename, media, owner)

@@ -252,9 +252,9 @@ async def read_glossary(req: LibreRequest, f: Fields, request: Request,
     if name is not None:        # its entries first, then the request's own (both apply, as on /v1/translate)
         if not isinstance(name, str) or not name or store is None:
             raise ServiceError(400, "Invalid request: glossary_id must be a stored glossary's name", "glossary_id")
-        card = req.card
-        stored = tuple(await store.resolve(glossaries.scope_of(request), name, card.source_lang if card else None,
-                                           req.target))
+        card = req.card     # an NLLB-200 / M2M100 / mBART-50 / T5 model: the request's pair, not its "mul"
+        source = (req.source if card.lang_tokens else card.source_lang) if card else None
+        stored = tuple(await store.resolve(glossaries.scope_of(request), name, source, req.target))
         req.glossary, req.stored_glossary = stored, True
     if entries is None:
         return

@@ -95,14 +95,23 @@ def native_rules(svc) -> dict:
 
 def glossary_rules(pairs: list[tuple[str, str]], groups: list[tuple] = ()) -> dict:
     """The anyOf of GlossaryCreate's schema that ``glossaries.check_served`` enforces: a branch per
-    pair, and one per group (sources, targets) of a model that serves every pair of them."""
-    null, groups = {"type": "null"}, [({"enum": list(a)}, {"enum": list(b)}) for a, b in groups]
-    sources = sorted({s for s, _ in pairs} | {s for a, _ in groups for s in a["enum"]})
-    targets = sorted({t for _, t in pairs} | {t for _, b in groups for t in b["enum"]})
+    pair, and one per group (sources, targets) of a model that serves every pair of two different
+    languages of them (a language into itself is not one: ``not`` names each)."""
+    null = {"type": "null"}
+    sources = sorted({s for s, _ in pairs} | {s for a, _ in groups for s in a})
+    targets = sorted({t for _, t in pairs} | {t for _, b in groups for t in b})
+
+    def group(a, b) -> dict:
+        same = sorted(set(a) & set(b))
+        branch = {"properties": {"source_lang": {"enum": list(a)}, "target_lang": {"enum": list(b)}}}
+        if same:
+            branch["not"] = {"anyOf": [{"required": ["source_lang", "target_lang"], "properties": {
+                "source_lang": {"const": x}, "target_lang": {"const": x}}} for x in same]}
+        return branch
     return {"anyOf": [{"properties": {"source_lang": null, "target_lang": {"enum": targets}}},
                       {"properties": {"source_lang": {"enum": sources}, "target_lang": null}},
                       *({"properties": {"source_lang": {"const": s}, "target_lang": {"const": t}}} for s, t in pairs),
-                      *({"properties": {"source_lang": a, "target_lang": b}} for a, b in groups)]}
+                      *(group(a, b) for a, b in groups)]}
 
 
 def _family(svc) -> tuple[list[str], list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from model.tag_tokenizer import TAG
 from model.tokenizer import check_target_lang, encode_target
 from service.engine import GenerationOptions
 from service.protocol import InvalidRequest, TranslateJob
@@ -28,11 +29,20 @@ def source_prefix(tok, model: str, target_lang: Optional[str]) -> list[int]:
     return tok.encode(getattr(tok, "tag_format", ">>{}<<").format(target_lang))   # MADLAD-400: <2xx>
 
 
-def prefix_ids(tok, model: str, prefix: Optional[str]) -> tuple[int, ...]:
+def prefix_ids(tok, model: str, prefix: Optional[str], target_lang: Optional[str] = None) -> tuple[int, ...]:
     """``target_prefix``'s target ids (``model.tokenizer.encode_target``); () for None. Any length:
     max_new_tokens counts the tokens after it, and a prefix that fills the model's target window
-    is the sentence's answer (finish_reason "length"; ``service.engine.validation``).
-    Raises InvalidRequest when it has no tokens or pieces the target vocabulary lacks (<unk>)."""
+    is the sentence's answer (finish_reason "length"; ``service.engine.validation``). A T5 model's
+    (``<2xx>`` tags) leading tag of ``target_lang`` is dropped: the tag is the source's.
+    Raises InvalidRequest when it has no tokens, pieces the target vocabulary lacks (<unk>), or
+    (T5) a language tag after that."""
+    if prefix is not None and getattr(tok, "tags", None):
+        lead = tok.tag_format.format(target_lang)
+        if prefix.lstrip().startswith(lead):
+            prefix = prefix.lstrip()[len(lead):].lstrip() or None
+        if prefix is not None and any(m.group(1) in tok.tags for m in TAG.finditer(prefix)):
+            raise InvalidRequest(f"target_prefix: holds a language tag; model {model!r} reads target_lang's tag "
+                                 f"({lead}) in the source: leave it out", "target_prefix")
     if prefix is None:
         return ()
     ids = encode_target(tok, prefix)

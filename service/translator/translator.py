@@ -34,12 +34,20 @@ import torch
 
 from model.inference.linear import linear_dtype
 from model.load import load_model
-from service.protocol import (MAX_JOB_GLOSSARY_ENTRIES, MAX_SENTENCES, RETRY_AFTER_S, StreamItem, StreamStart, TooLarge,
-                              TranslateJob, TranslateResponse, Unavailable)
-from service.engine import (Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads,
-                            tune_process)
+from service.engine import Engine, EngineConfig, GenerationOptions, TranslationResult, torch_threads, tune_process
 from service.engine.process import prepare_model
 from service.metrics import EngineMetrics
+from service.protocol import (
+    MAX_JOB_GLOSSARY_ENTRIES,
+    MAX_SENTENCES,
+    RETRY_AFTER_S,
+    StreamItem,
+    StreamStart,
+    TooLarge,
+    TranslateJob,
+    TranslateResponse,
+    Unavailable,
+)
 
 from .card import ModelCard
 from .config import TranslatorSettings
@@ -316,7 +324,8 @@ class Translator:
         if glossary is not None:
             protected = [None if p is None else glossary.put_back(p) for p in protected]
         langs = LangTokens(self.tok, self.name, job) if has_lang_tokens(self.tok) else None
-        prefix = prefix_ids(self.tok, self.name, langs.prefix_text(job.target_prefix) if langs else job.target_prefix)
+        prefix = prefix_ids(self.tok, self.name, langs.prefix_text(job.target_prefix) if langs else job.target_prefix,
+                            job.target_lang)
         if langs:
             langs.check_prefix_ids(prefix)
         options = sentence_options(job, pieces, protected, glossary=glossary, prefix=prefix)

@@ -11,7 +11,6 @@ from fastapi.responses import Response
 from service.protocol import ServiceError, shown
 from service.replica import mapped_errors
 from service.translator import ModelCard
-from service.translator.card import match_language
 from service.translator.memory import memory_model
 
 from .. import glossaries, memory
@@ -62,10 +61,11 @@ async def delete_glossary(name: str, request: Request, svc: Services = Depends(s
     return Response(status_code=204)
 
 # ---- translation memory (memory.py) ----
-def _memory_target(request: Request, svc: Services) -> tuple[ModelCard, str, str]:
-    """(card, the store's model key, the memory scope) of a /v1/memory request (query: model, or
-    source_lang and target_lang, as /v1/translate picks it; none: the default model). Raises
-    ServiceError 403 (memory off), 404, 422."""
+def _memory_target(request: Request, svc: Services) -> tuple[ModelCard, str, str, str, str]:
+    """(card, the store's model key, the memory scope, source and target language) of a /v1/memory
+    request (query: model, or source_lang and target_lang, as /v1/translate picks it; none: the
+    default model; an NLLB-200 / M2M100 / mBART-50 / T5 model: the pair named, its memory keyed by
+    the target). Raises ServiceError 403 (memory off), 404, 422."""
     if svc.memory is None:
         raise ServiceError(403, "memory: the translation memory is off on this server (suggestions: false)")
     q = request.query_params
@@ -75,8 +75,9 @@ def _memory_target(request: Request, svc: Services) -> tuple[ModelCard, str, str
         raise ServiceError(422, f"query parameter {shown(unknown[0])}: /v1/memory takes model, source_lang, "
                                 "target_lang (and format on GET, source on DELETE)", unknown[0])
     card = svc.graph.resolve(q.get("model"), q.get("source_lang"), q.get("target_lang"))
-    target = match_language(q.get("target_lang"), svc.graph.targets) if card.target_languages else None
-    return card, memory_model(card.id, target), svc.memory_scope(request) or ""
+    target = svc.graph.code(q.get("target_lang"), svc.graph.targets) if card.target_languages else None
+    source = svc.graph.code(q.get("source_lang"), svc.graph.sources) if card.lang_tokens else card.source_lang
+    return card, memory_model(card.id, target), svc.memory_scope(request) or "", source, target or card.target_lang
 
 
 @router.put("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS, openapi_extra={
@@ -87,10 +88,9 @@ def _memory_target(request: Request, svc: Services) -> tuple[ModelCard, str, str
 async def memory_put(request: Request, svc: Services = Depends(services)):
     """Import entries (TSV, TMX or JSON) into the memory of a model (and the caller's key): each
     source's stored translation is used for it on every route from the next request on."""
-    card, key, scope = _memory_target(request, svc)
+    card, key, scope, source, target = _memory_target(request, svc)
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    target = key.split(">>")[1] if ">>" in key else card.target_lang
-    pairs = memory.read_import(await request.body(), media, card.source_lang, target)
+    pairs = memory.read_import(await request.body(), media, source, target)
     with mapped_errors("memory"):     # a file that cannot be written: 503 naming it
         memory.check_entries(pairs, svc.memory.count(key, scope))
         return memory.MemoryAnswer(model=card.id, stored=svc.memory.put(key, scope, pairs, origin="import"))
@@ -100,18 +100,17 @@ async def memory_put(request: Request, svc: Services = Depends(services)):
                                                     memory.TSV: {}, memory.TMX: {}}}, **NATIVE_ERRORS})
 async def memory_get(request: Request, svc: Services = Depends(services)):
     """Export the memory of a model (and the caller's key): ``format`` json (default), tsv or tmx."""
-    card, key, scope = _memory_target(request, svc)
-    target = key.split(">>")[1] if ">>" in key else card.target_lang
+    card, key, scope, source, target = _memory_target(request, svc)
     with mapped_errors("memory"):
         body, media = memory.export(svc.memory, key, scope, request.query_params.get("format", "json"),
-                                    card.source_lang, target)
+                                    source, target)
     return Response(body, media_type=media)
 
 
 @router.delete("/v1/memory", response_model=memory.MemoryAnswer, response_model_exclude_none=True, responses=NATIVE_ERRORS)
 async def memory_delete(request: Request, svc: Services = Depends(services)):
     """Delete the memory of a model (and the caller's key), or with ``source`` that one entry."""
-    card, key, scope = _memory_target(request, svc)
+    card, key, scope, _, _ = _memory_target(request, svc)
     source = request.query_params.get("source")
     with mapped_errors("memory"):
         return memory.MemoryAnswer(model=card.id, deleted=svc.memory.delete(key, scope, None if source is None
