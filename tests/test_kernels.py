@@ -215,14 +215,19 @@ def test_compiled_kernels_release_the_gil():
         n = min(1 << 18, max(2 * n, int(n * 0.06 / max(one_call, 1e-4)) // 1024 * 1024))
     if one_call < 0.05:
         pytest.skip("no call long enough to tell")
-    worker = threading.Thread(target=kernel, args=(x, w, offset, scale, None, n))
-    worker.start()
-    last, gap = time.perf_counter(), 0.0
-    while worker.is_alive():
-        now = time.perf_counter()
-        gap, last = max(gap, now - last), now
-    worker.join()
-    assert gap < 0.5 * one_call, (gap, one_call)
+    gaps = []
+    for _ in range(3):   # a kernel holding the GIL pauses this thread every time; a busy machine's scheduler only sometimes
+        worker = threading.Thread(target=kernel, args=(x, w, offset, scale, None, n))
+        worker.start()
+        last, gap = time.perf_counter(), 0.0
+        while worker.is_alive():
+            now = time.perf_counter()
+            gap, last = max(gap, now - last), now
+        worker.join()
+        gaps.append(gap)
+        if gap < 0.5 * one_call:
+            break
+    assert min(gaps) < 0.5 * one_call, (gaps, one_call)
 
 
 def test_log_softmax_topk_is_log_softmax_then_topk_without_the_banned_token():
