@@ -95,11 +95,20 @@ def _paragraphs(root):
 
 
 def _items(el, templates: dict) -> list[Item]:
+    """An element's children as items. Spaces that indent a line (``text:s`` right after a tab or
+    line break, with the plain spaces between) are kept as they are, with the break."""
     out: list[Item] = []
+    indent = False          # right after a tab or line break, only spaces since
     for child in el.childNodes:
         key = len(templates)
         templates[key] = child
-        if child.nodeType == Node.TEXT_NODE:
+        text = child.nodeType == Node.TEXT_NODE
+        spacing = (text and not child.data.strip(" ")) or (not text and child.qname == (TEXTNS, "s"))
+        if indent and spacing:
+            out.append(Run(key, "", None))
+            continue
+        indent = not text and child.qname in _SPACES
+        if text:
             out.append(Run(key, child.data, TEXT))
         elif child.qname in _GROUPS:
             out.append(Group(key, _items(child, templates)))

@@ -5,8 +5,8 @@ place (``Cue``): tags around words (``<i>``, ``<b>``, ``<font color=..>``, WebVT
 timestamps ``<00:00:03.500>``, an unclosed ``<v Name>``, SubRip's override blocks ``{\an8}``) and each
 line break stay at their place between the words, never sent to the model. SubRip text is literal
 (``&`` is a character); WebVTT's references are kept as written. Numbers, timings, cue identifiers and
-settings, STYLE/REGION blocks and NOTE comments stay exactly as they were: a SubRip file is edited in
-place (each cue's text replaced), a WebVTT file written back by webvtt-py. Cues and the HTML parts of
+settings, STYLE/REGION blocks and NOTE comments stay exactly as they were: both are edited in place
+(each cue's text replaced where the file has it). Cues and the HTML parts of
 their text are counted (MAX_PARSED_NODES): SubRip's as they are read, WebVTT's once webvtt-py has
 read the file."""
 from __future__ import annotations
@@ -132,29 +132,70 @@ class SrtDocument:
     def rebuild(self, translations: list[str]) -> bytes:
         self._edits.clear()
         self._seg.apply(translations)
-        out, pos = [], 0
-        for a, b, text in sorted(self._edits):
-            out += [self.source[pos:a], text]
-            pos = b
-        out.append(self.source[pos:])
-        return "".join(out).encode("utf-8")
+        return _edited(self.source, self._edits).encode("utf-8")
 
 
 class VttDocument:
+    """Checked and read by webvtt-py, edited in place: each cue's text replaced where the file has
+    it (``_cue_texts``), the rest byte for byte; a file whose cues cannot be found as webvtt-py read
+    them is written back by webvtt-py."""
+
     def __init__(self, data: bytes):
+        self.source = decode_text(data, "WebVTT")
         try:
-            self.vtt = webvtt.from_buffer(io.StringIO(decode_text(data, "WebVTT")))
+            self.vtt = webvtt.from_buffer(io.StringIO(self.source))
         except (MalformedFileError, MalformedCaptionError, ValueError) as e:
             raise DocumentError(422, f"not a valid WebVTT (.vtt) file: {e}") from None
+        self._edits: list[tuple[int, int, str]] = []
         self._seg = Segments(Nodes())
-        for cue in self.vtt.captions:
+        places = _cue_texts(self.source)
+        if [self.source[a:b].replace("\r\n", "\n") for a, b in places] != [c.raw_text for c in self.vtt.captions]:
+            places = None
+        self.in_place = places is not None
+        for k, cue in enumerate(self.vtt.captions):
             self._seg.nodes.add()
-            _cue(cue.raw_text, self._seg, lambda t, cue=cue: setattr(cue, "text", t), literal=False)
+            if places is None:
+                _cue(cue.raw_text, self._seg, lambda t, cue=cue: setattr(cue, "text", t), literal=False)
+            else:
+                a, b = places[k]
+                _cue(self.source[a:b], self._seg, lambda t, a=a, b=b: self._edits.append((a, b, t)), literal=False)
         self.segments = self._seg.segments
 
     def rebuild(self, translations: list[str]) -> bytes:
+        self._edits.clear()
         self._seg.apply(translations)
-        return self.vtt.content.encode("utf-8")
+        if not self.in_place:
+            return self.vtt.content.encode("utf-8")
+        return _edited(self.source, self._edits).encode("utf-8")
+
+
+def _cue_texts(source: str) -> list[tuple[int, int]]:
+    """(start, end) of each cue's text in a WebVTT file: the lines after a timing line (one with
+    ``-->``) up to an empty line, the next timing line or the end, without the last line break."""
+    out, at, start, last = [], 0, None, 0
+    for line in source.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        if start is not None and (not body.strip() or "-->" in body):
+            out.append((start, max(start, last)))
+            start = None
+        if start is None and "-->" in body:
+            start = last = at + len(line)
+        elif start is not None:
+            last = at + len(body)
+        at += len(line)
+    if start is not None:
+        out.append((start, max(start, last)))
+    return out
+
+
+def _edited(source: str, edits: list[tuple[int, int, str]]) -> str:
+    """``source`` with each (start, end) replaced by its text."""
+    out, pos = [], 0
+    for a, b, text in sorted(edits):
+        out += [source[pos:a], text]
+        pos = b
+    out.append(source[pos:])
+    return "".join(out)
 
 
 def load_srt(data: bytes) -> SrtDocument:
