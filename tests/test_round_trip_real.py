@@ -47,3 +47,16 @@ def test_identity_round_trip_of_each_real_file(path):
 def test_marking_round_trip_of_each_real_file(path):
     sent = marked_once(path.read_bytes(), path.name, KEPT.get(path.parent.name, []), [])
     assert all(t.strip() for t in sent)
+
+
+def test_the_fidelity_measure_counts_words_inside_and_outside_markers(tmp_path, capsys):
+    c = fidelity.counted("Ein \u27e6Hund läuft\u27e7 42 x-y \u27e6\u27e7.")
+    assert (c.words, c.inside, c.outside) == (5, 2, ["Ein", "x", "y"])
+    (tmp_path / "srt").mkdir()
+    (tmp_path / "srt" / "a.srt").write_text("1\n00:00:01,000 --> 00:00:02,000\n<i>Ein Hund</i> läuft.\n")
+    (tmp_path / "md").mkdir()
+    (tmp_path / "md" / "a.md").write_text("# Titel\n\nEin `Code` hier.\n\n```\nnicht übersetzt\n```\n")
+    assert fidelity.main(["--dir", str(tmp_path)]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
+    # md: "Titel", "Ein", "hier" in markers; the code (inline and block) is not markdown-it's inline text
+    assert rows == {"md": ["1", "3", "3", "100.0%"], "srt": ["1", "3", "3", "100.0%"], "all": ["2", "6", "6", "100.0%"]}
