@@ -7,12 +7,15 @@ choice, as it cannot follow words; whitespace next to a tab or break dropped: it
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
 import os
 import re
 import zipfile
 from collections import Counter
 
+import docx
+import pptx
 import pytest
 from local_services import CLOSE, OPEN, identity, local_services, marked
 from lxml import etree
@@ -84,14 +87,23 @@ def marked_once(data: bytes, name: str, kept: list[str], words: list[str] = WORD
 
 
 def written(data: bytes, name: str) -> bytes:
-    """An office file as its library writes it unchanged: odfpy rewrites an .odt's package (ODF 1.2,
-    its generator, the header and footer styles moved to styles.xml and renamed, the manifest's
-    order), so an .odt not written by odfpy is compared with odfpy's own save; docx and pptx as they are."""
-    if not name.endswith(".odt"):
-        return data
-    from odf.opendocument import load
+    """An office file as its library writes it unchanged, what a translated file is compared with:
+    odfpy rewrites an .odt's package (ODF 1.2, its generator, the header and footer styles moved to
+    styles.xml and renamed, the manifest's order), python-pptx adds an empty slide list, ..."""
     buf = io.BytesIO()
-    load(io.BytesIO(data)).write(buf)
+    if name.endswith(".docx"):
+        docx.Document(io.BytesIO(data)).save(buf)
+    elif name.endswith(".pptx"):
+        prs = pptx.Presentation(io.BytesIO(data))
+        prs.slides          # (reading the slides adds an empty list where there is none, as the rebuild does)
+        prs.save(buf)
+    else:
+        from odf.opendocument import load
+        doc = load(io.BytesIO(data))
+        for node in list(doc.meta.childNodes):      # odfpy's save takes each for an element
+            if node.nodeType != node.ELEMENT_NODE:
+                doc.meta.childNodes.remove(node)
+        doc.write(buf)
     return buf.getvalue()
 
 
@@ -153,6 +165,7 @@ def normalised(data: bytes, unmark: bool = False) -> dict[str, bytes]:
                 el.tail = el.tail.replace(OPEN, "").replace(CLOSE, "")
             el.attrib.pop(_SPACE, None)
         for ns in (_W, _A):
+            _split_runs(root, ns)
             _merge_runs(root, ns, "t", "rPr")
             _shift_spaces(root, ns)
             _merge_runs(root, ns, "t", "rPr")
@@ -183,6 +196,22 @@ def _drop_layout(root, odf: bool) -> None:
         parent = el.getparent()
         if parent is not None and parent not in inside and el.tail is not None and not el.tail.strip():
             el.tail = None
+
+
+def _split_runs(root, ns: str) -> None:
+    """Each run with more than one child besides its properties split into runs of one child each
+    (``<w:r><w:tab/><w:t>x</w:t></w:r>`` is ``<w:r><w:tab/></w:r><w:r><w:t>x</w:t></w:r>``)."""
+    for r in list(root.iter(f"{{{ns}}}r")):
+        props = r.find(f"{{{ns}}}rPr")
+        content = [c for c in r if c is not props]
+        at = r
+        for c in content[1:]:
+            new = etree.Element(r.tag, dict(r.attrib))
+            if props is not None:
+                new.append(copy.deepcopy(props))
+            new.append(c)
+            at.addnext(new)
+            at = new
 
 
 def _merge_runs(root, ns: str, t: str, props: str) -> None:

@@ -287,3 +287,24 @@ def test_odt_line_indented_after_a_break_keeps_its_spaces():
     para = out.text.getElementsByType(P)[0]
     assert [(n.qname[1], n.attributes.get((n.qname[0], "c"))) if n.nodeType == 1 else str(n)
             for n in para.childNodes] == ["EIN HUND,", ("line-break", None), " ", ("s", "7"), "DER BELLT."]
+
+
+def test_a_subrip_cue_without_its_timing_line_keeps_the_blank_line_before_it():
+    src = "1\n00:00:01,000 --> 00:00:02,000\nEin Hund.\n\n2\nZwei Katzen.\n\n3\n00:00:03,000 --> 00:00:04,000\nDrei.\n"
+    identical(src.encode(), "a.srt")
+    assert translated(src.encode(), "a.srt", answering(str.upper)).decode() == src.replace(
+        "Ein Hund.\n\n2\nZwei Katzen.", "EIN HUND.\n\n2\nZWEI KATZEN.").replace("Drei.", "DREI.")
+
+
+def test_a_webvtt_cue_with_a_malformed_timing_is_kept_as_it_is():
+    src = ("WEBVTT\n\n00:00:01.000 --> 00:00:02.000\nEin Hund.\n\n00:00:03.000 --> 00:00:0x.000\nZwei Katzen.\n\n"
+           "00:00:05.000 --> 00:00:06.000\nDrei.\n")
+    identical(src.encode(), "a.vtt")
+    assert translated(src.encode(), "a.vtt", answering(str.upper)).decode() == src.replace(
+        "Ein Hund.", "EIN HUND.").replace("Drei.", "DREI.")       # webvtt-py skips the second cue: it stays
+
+
+def test_a_bookmark_inside_a_word_stays_inside_it():
+    data = docx_of(run_xml("Ein Para") + '<w:bookmarkStart w:id="0" w:name="_GoBack"/><w:bookmarkEnd w:id="0"/>'
+                   + run_xml("graph hier."))
+    identical(data, "a.docx")

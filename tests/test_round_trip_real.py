@@ -16,13 +16,10 @@ FILES = fidelity.files(fidelity.REAL)
 KEPT = {"srt": ["-->", "<i>", "<font"], "vtt": ["-->", "WEBVTT", "::cue", "<c", "<00:", "align:"],
         "html": ["<!--", "</", "<p>", "<script"], "md": ["```", "<br"]}
 REFUSED = {"nasty.odt": "declares a DTD or entities"}     # odfpy's test of an external entity: refused by design
-KNOWN = {"htb-ltr-ltr.html": "a word cut by a tag ('XXX<span>XX<div>...') whose element holds a block: its "
-                             "text moves into the element"}
 
 
 def cases():
-    return [pytest.param(p, id=f"{p.parent.name}/{p.name}", marks=pytest.mark.xfail(reason=KNOWN[p.name], strict=True))
-            if p.name in KNOWN else pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in FILES]
+    return [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in FILES]
 
 
 def test_the_real_files_are_there():

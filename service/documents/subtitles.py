@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import re
 from html import escape, unescape
+from typing import Optional
 
 import srt
 import webvtt
@@ -38,6 +39,8 @@ class Cue:
 
     def __init__(self, text: str, literal: bool):
         self.literal = literal
+        # a blank line in it: a SubRip cue without its timing line is read as part of the one before
+        self.blank = re.search(r"\n[ \t]*\r?\n", text) is not None
         self.raw: list[str] = []            # mark k as written
         self.ends: dict[int, str] = {}      # k -> the end tag of mark k
         self.breaks: set[int] = set()       # the marks that are line breaks
@@ -98,7 +101,11 @@ class Cue:
         out = _BROKE.sub(lambda m: self.raw[int(m.group(1))], _PLACED.sub(put, html))
         lines = out.split("\n")
         if len(lines) > 1 and not all(line.strip() for line in lines):    # a break at an edge: no blank line
-            out = "\n".join(line for line in lines if line.strip())
+            while lines and not lines[0].strip():
+                lines.pop(0)
+            while lines and not lines[-1].strip():
+                lines.pop()
+            out = "\n".join(lines if self.blank else [line for line in lines if line.strip()])
         return out
 
 
@@ -148,9 +155,7 @@ class VttDocument:
             raise DocumentError(422, f"not a valid WebVTT (.vtt) file: {e}") from None
         self._edits: list[tuple[int, int, str]] = []
         self._seg = Segments(Nodes())
-        places = _cue_texts(self.source)
-        if [self.source[a:b].replace("\r\n", "\n") for a, b in places] != [c.raw_text for c in self.vtt.captions]:
-            places = None
+        places = _matched(self.source, _cue_texts(self.source), [c.raw_text for c in self.vtt.captions])
         self.in_place = places is not None
         for k, cue in enumerate(self.vtt.captions):
             self._seg.nodes.add()
@@ -186,6 +191,16 @@ def _cue_texts(source: str) -> list[tuple[int, int]]:
     if start is not None:
         out.append((start, max(start, last)))
     return out
+
+
+def _matched(source: str, places: list[tuple[int, int]], texts: list[str]) -> Optional[list[tuple[int, int]]]:
+    """Of ``places``, those of webvtt-py's cues, in order (a cue it skipped, as one with a malformed
+    timing, stays as it is); None when its cues are not all found."""
+    out: list[tuple[int, int]] = []
+    for a, b in places:
+        if len(out) < len(texts) and source[a:b].replace("\r\n", "\n") == texts[len(out)]:
+            out.append((a, b))
+    return out if len(out) == len(texts) else None
 
 
 def _edited(source: str, edits: list[tuple[int, int, str]]) -> str:

@@ -37,12 +37,14 @@ def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds, s
     before that space), else, when it follows the end of a
     sentence in the source (``sentence_end``), after the sentence end nearest to that place, else at
     the word start (glued to the next word) or word end (else) nearest to it (``words``: whole's word
-    bounds)."""
+    bounds). A word it was glued into ("Para<x/>graph") is looked for inside a word too."""
     target = frac * len(whole)
     word = re.match(r"\s*(\w+|\S)", after)          # its next word, or a mark (punctuation, a placeholder)
     if word:
         anchor = rf"\b{re.escape(word.group(1))}\b" if re.match(r"\w", word.group(1)) else re.escape(word.group(1))
         hits = [m.start() for m in re.finditer(anchor, whole[pos:], re.I)]
+        if not hits and not word.start(1) and re.match(r"\w", word.group(1)):    # inside a word ("Para|graph")
+            hits = [m.start() for m in re.finditer(rf"(?<=\w){re.escape(word.group(1))}\b", whole[pos:], re.I)]
         if hits:
             at = pos + min(hits, key=lambda i: abs(pos + i - target))
             while word.start(1) and at > pos and whole[at - 1].isspace():     # space between: after the word before
