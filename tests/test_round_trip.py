@@ -308,3 +308,9 @@ def test_a_bookmark_inside_a_word_stays_inside_it():
     data = docx_of(run_xml("Ein Para") + '<w:bookmarkStart w:id="0" w:name="_GoBack"/><w:bookmarkEnd w:id="0"/>'
                    + run_xml("graph hier."))
     identical(data, "a.docx")
+
+
+def test_a_comment_before_a_quoted_word_stays_before_that_word():
+    data = (b'<p>The key words "MUST", "MUST NOT", <!--"REQUIRED",--> <!--"SHALL", "SHALL NOT",--> "SHOULD", "SHOULD\n'
+            b'  NOT", <!--"RECOMMENDED", "NOT RECOMMENDED",--> "MAY", and "OPTIONAL" in the normative parts.</p>')
+    assert translated(data, "a.html", answering(lambda t: t)) == data       # from the HTML standard's source

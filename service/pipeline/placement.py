@@ -42,7 +42,9 @@ def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds, s
     word = re.match(r"\s*(\w+|\S)", after)          # its next word, or a mark (punctuation, a placeholder)
     if word:
         anchor = rf"\b{re.escape(word.group(1))}\b" if re.match(r"\w", word.group(1)) else re.escape(word.group(1))
-        hits = [m.start() for m in re.finditer(anchor, whole[pos:], re.I)]
+        marked = re.match(r"\s*([^\w\s]+\w+)", after)      # a mark and its word ('"MAY"'): the pair, first
+        hits = [m.start() for m in re.finditer(rf"{re.escape(marked.group(1))}\b", whole[pos:], re.I)] if marked else []
+        hits = hits or [m.start() for m in re.finditer(anchor, whole[pos:], re.I)]
         if not hits and not word.start(1) and re.match(r"\w", word.group(1)):    # inside a word ("Para|graph")
             hits = [m.start() for m in re.finditer(rf"(?<=\w){re.escape(word.group(1))}\b", whole[pos:], re.I)]
         if hits:
