@@ -5,8 +5,11 @@ file comes back as it was, and its library reads the same text from it) and with
 come back translated (``service.bench.fidelity``)."""
 from __future__ import annotations
 
+import re
+
 import pytest
-from round_trip import identical, marked_once
+from local_services import CLOSE, OPEN, identity, marked
+from round_trip import identical, marked_once, translated
 
 from service import documents
 from service.bench import fidelity
@@ -57,3 +60,18 @@ def test_the_fidelity_measure_counts_words_inside_and_outside_markers(tmp_path, 
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
     # md: "Titel", "Ein", "hier" in markers; the code (inline and block) is not markdown-it's inline text
     assert rows == {"md": ["1", "3", "3", "100.0%"], "srt": ["1", "3", "3", "100.0%"], "all": ["2", "6", "6", "100.0%"]}
+
+
+def test_the_commonmark_spec_examples_come_back_whole():
+    """Each Markdown example of the CommonMark spec (markdown-it-py's fixture file) through both round
+    trips as a file of its own."""
+    parts = re.split(r"^\.\n", (fidelity.REAL / "commonmark" / "commonmark_spec.md").read_text(), flags=re.M)
+    examples = [parts[k + 1] for k in range(0, len(parts) - 2, 3) if parts[k + 1].strip()]
+    assert len(examples) == 652
+    missed = []
+    for md in examples:
+        same = translated(md.encode(), "a.md", identity()).decode() == md
+        marked_out = translated(md.encode(), "a.md", marked()).decode()
+        if not same or marked_out.replace(OPEN, "").replace(CLOSE, "") != md:
+            missed.append(md)
+    assert missed == ["``` ```\naaa\n"]         # a code span of a space opening a paragraph: a space is added
