@@ -9,7 +9,7 @@ import re
 
 import pytest
 from local_services import CLOSE, OPEN, identity, marked
-from round_trip import identical, marked_once, translated
+from round_trip import counts, identical, marked_once, translated  # noqa: F401 - counts: a fixture
 
 from service import documents
 from service.bench import fidelity
