@@ -13,7 +13,7 @@ structure and formatting kept (docs/documents.md). No HTTP here (the routes: ser
     safety.py        archive and XML checks before any parser runs
 
 ``load(data, filename)`` picks the format by the file name's extension and checks that the content
-matches it (415 otherwise); every refusal is a ``DocumentError`` (a ``ServiceError`` 4xx naming the limit).
+matches it (415 otherwise; a text file's UTF-8 byte-order mark is written back); every refusal is a ``DocumentError`` (a ``ServiceError`` 4xx naming the limit).
 ``release(doc)`` ends a document once rebuilt or given up: what its file was parsed into takes tens of
 times the file's (unpacked) bytes, and glibc keeps freed memory mapped, so after a large one the
 memory is collected and handed back to the system (``release_memory``) for the process to return to
@@ -52,6 +52,7 @@ FORMATS = {
     "odt": Format("OpenDocument text", "application/vnd.oasis.opendocument.text", "odt_doc:load", True),
 }
 EXTENSIONS = tuple("." + e for e in FORMATS)
+BOM = b"\xef\xbb\xbf"     # UTF-8's byte-order mark: a text file that starts with it is written back with it
 _BINARY_MAGIC = (b"PK\x03\x04", b"%PDF", b"\xd0\xcf\x11\xe0", b"\x7fELF", b"\x89PNG", b"\xff\xd8\xff", b"GIF8")
 
 
@@ -90,6 +91,9 @@ def load(data: bytes, filename: str) -> Document:
         if len(data) >= RELEASE_MIN_BYTES // 4:
             release_memory()
         raise
+    if not fmt.binary and data.startswith(BOM):       # the text formats read past it; the file keeps it
+        rebuild = doc.rebuild
+        doc.rebuild = lambda translations: BOM + rebuild(translations)
     doc.parsed_bytes = max(getattr(doc, "parsed_bytes", 0), len(data))   # an archive's: its members unpacked
     doc.extension = ext     # its format, as the documents metric names it
     return doc

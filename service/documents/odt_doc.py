@@ -41,6 +41,9 @@ class OdtDocument:
 
     def rebuild(self, translations: list[str]) -> bytes:
         self._seg.apply(translations)
+        for node in list(self.doc.meta.childNodes):    # odfpy's save reads each as an element (its generator)
+            if node.nodeType != Node.ELEMENT_NODE:
+                self.doc.meta.childNodes.remove(node)
         return saved(self.doc.write)
 
 
@@ -51,15 +54,29 @@ def _paragraph(p):
 
     def put(rebuilt: list[Item]) -> None:
         for child in list(p.childNodes):
-            if child.nodeType == Node.ELEMENT_NODE:
-                p.removeChild(child)
-            else:               # odfpy's removeChild takes elements only
-                p.childNodes.remove(child)
-                child.parentNode = None
+            _detach(child)
         for node in build(rebuilt, templates, lambda tpl, text: Text(text), _group):
+            _detach(node)
             p.appendChild(node)
         _spaces(p)
     return _items(p, templates), put
+
+
+def _detach(node) -> None:
+    """``node`` out of its parent, if it has one. odfpy's ``removeChild`` takes elements only, and
+    raises after taking one out when the document's caches lack it (an element of a frame's paragraph
+    that its parent paragraph's rebuild put back); the node is out then all the same."""
+    parent = node.parentNode
+    if parent is None:
+        return
+    if node.nodeType != Node.ELEMENT_NODE:
+        parent.childNodes.remove(node)
+    else:
+        try:
+            parent.removeChild(node)
+        except ValueError:
+            pass
+    node.parentNode = None
 
 
 def _spaces(el) -> None:
@@ -95,11 +112,20 @@ def _paragraphs(root):
 
 
 def _items(el, templates: dict) -> list[Item]:
+    """An element's children as items. Spaces that indent a line (``text:s`` right after a tab or
+    line break, with the plain spaces between) are kept as they are, with the break."""
     out: list[Item] = []
+    indent = False          # right after a tab or line break, only spaces since
     for child in el.childNodes:
         key = len(templates)
         templates[key] = child
-        if child.nodeType == Node.TEXT_NODE:
+        text = child.nodeType == Node.TEXT_NODE
+        spacing = (text and not child.data.strip(" ")) or (not text and child.qname == (TEXTNS, "s"))
+        if indent and spacing:
+            out.append(Run(key, "", None))
+            continue
+        indent = not text and child.qname in _SPACES
+        if text:
             out.append(Run(key, child.data, TEXT))
         elif child.qname in _GROUPS:
             out.append(Group(key, _items(child, templates)))
@@ -114,6 +140,7 @@ def _group(tpl, nodes: list):
     """A copy of a span or link element without its children, holding ``nodes``."""
     el = Element(qname=tpl.qname, qattributes=dict(tpl.attributes), check_grammar=False)
     for node in nodes:
+        _detach(node)
         el.appendChild(node)
     return el
 

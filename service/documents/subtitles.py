@@ -5,8 +5,8 @@ place (``Cue``): tags around words (``<i>``, ``<b>``, ``<font color=..>``, WebVT
 timestamps ``<00:00:03.500>``, an unclosed ``<v Name>``, SubRip's override blocks ``{\an8}``) and each
 line break stay at their place between the words, never sent to the model. SubRip text is literal
 (``&`` is a character); WebVTT's references are kept as written. Numbers, timings, cue identifiers and
-settings, STYLE/REGION blocks and NOTE comments stay exactly as they were: a SubRip file is edited in
-place (each cue's text replaced), a WebVTT file written back by webvtt-py. Cues and the HTML parts of
+settings, STYLE/REGION blocks and NOTE comments stay exactly as they were: both are edited in place
+(each cue's text replaced where the file has it). Cues and the HTML parts of
 their text are counted (MAX_PARSED_NODES): SubRip's as they are read, WebVTT's once webvtt-py has
 read the file."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import re
 from html import escape, unescape
+from typing import Optional
 
 import srt
 import webvtt
@@ -38,6 +39,8 @@ class Cue:
 
     def __init__(self, text: str, literal: bool):
         self.literal = literal
+        # a blank line in it: a SubRip cue without its timing line is read as part of the one before
+        self.blank = re.search(r"\n[ \t]*\r?\n", text) is not None
         self.raw: list[str] = []            # mark k as written
         self.ends: dict[int, str] = {}      # k -> the end tag of mark k
         self.breaks: set[int] = set()       # the marks that are line breaks
@@ -98,7 +101,11 @@ class Cue:
         out = _BROKE.sub(lambda m: self.raw[int(m.group(1))], _PLACED.sub(put, html))
         lines = out.split("\n")
         if len(lines) > 1 and not all(line.strip() for line in lines):    # a break at an edge: no blank line
-            out = "\n".join(line for line in lines if line.strip())
+            while lines and not lines[0].strip():
+                lines.pop(0)
+            while lines and not lines[-1].strip():
+                lines.pop()
+            out = "\n".join(lines if self.blank else [line for line in lines if line.strip()])
         return out
 
 
@@ -132,29 +139,78 @@ class SrtDocument:
     def rebuild(self, translations: list[str]) -> bytes:
         self._edits.clear()
         self._seg.apply(translations)
-        out, pos = [], 0
-        for a, b, text in sorted(self._edits):
-            out += [self.source[pos:a], text]
-            pos = b
-        out.append(self.source[pos:])
-        return "".join(out).encode("utf-8")
+        return _edited(self.source, self._edits).encode("utf-8")
 
 
 class VttDocument:
+    """Checked and read by webvtt-py, edited in place: each cue's text replaced where the file has
+    it (``_cue_texts``), the rest byte for byte; a file whose cues cannot be found as webvtt-py read
+    them is written back by webvtt-py."""
+
     def __init__(self, data: bytes):
+        self.source = decode_text(data, "WebVTT")
         try:
-            self.vtt = webvtt.from_buffer(io.StringIO(decode_text(data, "WebVTT")))
+            self.vtt = webvtt.from_buffer(io.StringIO(self.source))
         except (MalformedFileError, MalformedCaptionError, ValueError) as e:
             raise DocumentError(422, f"not a valid WebVTT (.vtt) file: {e}") from None
+        self._edits: list[tuple[int, int, str]] = []
         self._seg = Segments(Nodes())
-        for cue in self.vtt.captions:
+        places = _matched(self.source, _cue_texts(self.source), [c.raw_text for c in self.vtt.captions])
+        self.in_place = places is not None
+        for k, cue in enumerate(self.vtt.captions):
             self._seg.nodes.add()
-            _cue(cue.raw_text, self._seg, lambda t, cue=cue: setattr(cue, "text", t), literal=False)
+            if places is None:
+                _cue(cue.raw_text, self._seg, lambda t, cue=cue: setattr(cue, "text", t), literal=False)
+            else:
+                a, b = places[k]
+                _cue(self.source[a:b], self._seg, lambda t, a=a, b=b: self._edits.append((a, b, t)), literal=False)
         self.segments = self._seg.segments
 
     def rebuild(self, translations: list[str]) -> bytes:
+        self._edits.clear()
         self._seg.apply(translations)
-        return self.vtt.content.encode("utf-8")
+        if not self.in_place:
+            return self.vtt.content.encode("utf-8")
+        return _edited(self.source, self._edits).encode("utf-8")
+
+
+def _cue_texts(source: str) -> list[tuple[int, int]]:
+    """(start, end) of each cue's text in a WebVTT file: the lines after a timing line (one with
+    ``-->``) up to an empty line, the next timing line or the end, without the last line break."""
+    out, at, start, last = [], 0, None, 0
+    for line in source.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        if start is not None and (not body.strip() or "-->" in body):
+            out.append((start, max(start, last)))
+            start = None
+        if start is None and "-->" in body:
+            start = last = at + len(line)
+        elif start is not None:
+            last = at + len(body)
+        at += len(line)
+    if start is not None:
+        out.append((start, max(start, last)))
+    return out
+
+
+def _matched(source: str, places: list[tuple[int, int]], texts: list[str]) -> Optional[list[tuple[int, int]]]:
+    """Of ``places``, those of webvtt-py's cues, in order (a cue it skipped, as one with a malformed
+    timing, stays as it is); None when its cues are not all found."""
+    out: list[tuple[int, int]] = []
+    for a, b in places:
+        if len(out) < len(texts) and source[a:b].replace("\r\n", "\n") == texts[len(out)]:
+            out.append((a, b))
+    return out if len(out) == len(texts) else None
+
+
+def _edited(source: str, edits: list[tuple[int, int, str]]) -> str:
+    """``source`` with each (start, end) replaced by its text."""
+    out, pos = [], 0
+    for a, b, text in sorted(edits):
+        out += [source[pos:a], text]
+        pos = b
+    out.append(source[pos:])
+    return "".join(out)
 
 
 def load_srt(data: bytes) -> SrtDocument:

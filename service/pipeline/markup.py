@@ -28,6 +28,8 @@ from .markup_parse import (
 from .placement import WordBounds, empty_at, find, words_at
 
 _SPACE_END = re.compile(r"\s(?:<[^<>]*>)*$")     # rendered text ending in whitespace (and tags only after it)
+_SPACE_START = re.compile(r"(?:<[^<>]*>)*\s")      # rendered text starting with whitespace (after tags only)
+_ENTITY = re.compile(r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);?")     # what ``unescape`` may decode
 _LOOKAHEAD = 100           # characters of the text after an empty element read to place it (its next word)
 
 
@@ -104,7 +106,7 @@ class HtmlText:
         """The fragment with ``translations`` (one per segment, in order) in place of its text."""
         if len(translations) != len(self.segments):
             raise ValueError(f"expected {len(self.segments)} translations, got {len(translations)}")
-        tr = [unescape(self._sentinels(t)).strip() for t in translations]
+        tr = [_decoded(self._sentinels(t), sent).strip() for t, sent in zip(translations, self.segments)]
         if self._kept_raw:      # a run's translation has each of its elements not translated once
             for _, unit in self.units:
                 if id(unit) in self._seg:
@@ -209,6 +211,9 @@ class HtmlText:
                     continue
                 before = self._forms.written(whole[pos:span[0]])
                 inner = self._render(n.children, whole[span[0]:span[1]], tr)
+                if (_SPACE_START.match(inner) and before[-1:].isspace()       # its space inside it: once,
+                        and not (isinstance(prev, str) and prev[-1:].isspace())):    # unless both had one
+                    before = before.rstrip()
                 out += [before, n.start + inner + n.end]
                 self._forms.placed = True
                 pos, prev = span[1], n
@@ -407,6 +412,13 @@ def _each_once(source: str, text: str, marks: list[str]) -> str:
         text = (mark + " " + text if cut == 0 else text + " " + mark if cut == len(text)
                 else text[:cut] + " " + mark + text[cut:])
     return text
+
+
+def _decoded(translation: str, sent: str) -> str:
+    """A translation with the entities the model wrote decoded (Multi30k's text has ``&amp;``), but not
+    one its segment holds as text: the source's ``&amp;#98765432;`` was sent as ``&#98765432;`` and
+    comes back as that text."""
+    return _ENTITY.sub(lambda m: m.group() if m.group() in sent else unescape(m.group()), translation)
 
 
 def _raw(nodes: list[Node]) -> str:

@@ -20,6 +20,8 @@ MAX_INLINE_DEPTH = 100     # inline elements inside one another around a sentenc
 _INLINE_TAGS = frozenset("a abbr b bdi bdo cite data dfn em i mark q s small span strong sub sup time u".split())
 # Elements whose text is not prose: kept as it is.
 _VERBATIM_TAGS = frozenset("script style noscript template textarea pre code kbd samp var".split())
+# Elements that hold text only (no blocks): an end tag of another kind closes them (HTML's parser does).
+_PHRASING = _INLINE_TAGS | frozenset("code kbd samp var".split())
 # Elements without content (no end tag): nothing inherits their translate state.
 _VOID_TAGS = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 # HTML's implied end tags, in short: these start tags close an open p; each of _SIBLINGS' keys closes
@@ -247,6 +249,9 @@ class _Parts(HTMLParser):
         name = self._name(tag)
         self._outline("end", name)
         k = self.open.last(name)
+        if k < 0 and not self.options.xml and name not in _PHRASING and self.open.items and all(
+                n in _PHRASING for n, _ in self.open.items):
+            self.open.cut(0)    # the end of an element opened before them ends them too ("<td><code>x</td>")
         if k < 0:
             self.events.append(("end" if self._current() == "yes" else "markup", "", name, self._at()))
             return

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import bisect
 import re
+import unicodedata
 from typing import Optional
+
+_OPEN = "\"'([{" + "".join(chr(c) for c in range(0xA0, 0x3100) if unicodedata.category(chr(c)) in ("Ps", "Pi"))
+_CLOSE = "\"')]}" + "".join(chr(c) for c in range(0xA0, 0x3100) if unicodedata.category(chr(c)) in ("Pe", "Pf"))
+_WRAP = re.compile(f"^[{re.escape(_OPEN)}]+|[{re.escape(_CLOSE)}]+$")     # quotes and brackets around a text
 
 
 class WordBounds:
@@ -32,12 +37,16 @@ def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds, s
     before that space), else, when it follows the end of a
     sentence in the source (``sentence_end``), after the sentence end nearest to that place, else at
     the word start (glued to the next word) or word end (else) nearest to it (``words``: whole's word
-    bounds)."""
+    bounds). A word it was glued into ("Para<x/>graph") is looked for inside a word too."""
     target = frac * len(whole)
     word = re.match(r"\s*(\w+|\S)", after)          # its next word, or a mark (punctuation, a placeholder)
     if word:
         anchor = rf"\b{re.escape(word.group(1))}\b" if re.match(r"\w", word.group(1)) else re.escape(word.group(1))
-        hits = [m.start() for m in re.finditer(anchor, whole[pos:], re.I)]
+        marked = re.match(r"\s*([^\w\s]+\w+)", after)      # a mark and its word ('"MAY"'): the pair, first
+        hits = [m.start() for m in re.finditer(rf"{re.escape(marked.group(1))}\b", whole[pos:], re.I)] if marked else []
+        hits = hits or [m.start() for m in re.finditer(anchor, whole[pos:], re.I)]
+        if not hits and not word.start(1) and re.match(r"\w", word.group(1)):    # inside a word ("Para|graph")
+            hits = [m.start() for m in re.finditer(rf"(?<=\w){re.escape(word.group(1))}\b", whole[pos:], re.I)]
         if hits:
             at = pos + min(hits, key=lambda i: abs(pos + i - target))
             while word.start(1) and at > pos and whole[at - 1].isspace():     # space between: after the word before
@@ -53,30 +62,44 @@ def empty_at(whole: str, pos: int, after: str, frac: float, words: WordBounds, s
 
 def find(low: str, tr: str, pos: int, target: Optional[float] = None) -> Optional[tuple[int, int]]:
     """Where an element's own translation ``tr`` is in ``low`` (its parent's translation, lower case)
-    at or after ``pos``: the whole of it (without final punctuation: "Dog." -> "Dog"), else from the
+    at or after ``pos``: the whole of it (without final punctuation: "Dog." -> "Dog", or without the
+    marks around its words: '"Dog"' -> "Dog"), else from the
     first to the last of its words (3+ letters) found there within 40 characters; None if neither.
     Of several places, the one nearest to ``target`` (the offset where the element's text would be
     in proportion; None: the first)."""
-    def nearest_at(pattern: str) -> Optional[re.Match]:
+    def nearest_at(pattern: str) -> Optional[tuple[int, int]]:
         best = None
-        for m in re.finditer(pattern, low[pos:]):
+        for m in re.finditer(f"(?=({pattern}))", low[pos:]):      # overlapping: "xx" in "xxxxx" at 0, 1, 2, 3
             if target is None:
-                return m
-            if best is not None and abs(pos + m.start() - target) >= abs(pos + best.start() - target):
+                return m.span(1)
+            if best is not None and abs(pos + m.start() - target) >= abs(pos + best[0] - target):
                 break           # offsets only grow from here
-            best = m
+            best = m.span(1)
         return best
-    for cand in dict.fromkeys([tr, tr.rstrip(".!?")]):
+    bare = _WRAP.sub("", tr)                          # without quotes or brackets around it ('"."' -> ".")
+    core = re.sub(r"^[\W_]+|[\W_]+$", "", tr)       # without any marks around its words ("[markdown-it]")
+    for cand in dict.fromkeys([tr, tr.rstrip(".!?"), bare, core]):
         m = nearest_at(re.escape(cand.lower())) if cand else None
         if m:
-            return pos + m.start(), pos + m.end()
+            return _edges(low, tr.lower(), tr.lower().find(cand.lower()), pos + m[0], pos + m[1], pos)
     hits = [m for w in dict.fromkeys(re.findall(r"\w{3,}", tr.lower()))
             for m in [nearest_at(rf"\b{re.escape(w)}\b")] if m]
     if not hits:
         return None
-    first = min(m.start() for m in hits)
-    last = max(m.end() for m in hits if m.start() - first <= 40)
+    first = min(m[0] for m in hits)
+    last = max(m[1] for m in hits if m[0] - first <= 40)
     return _widened(low, tr.lower(), pos + first, pos + last, pos)
+
+
+def _edges(low: str, tr: str, at: int, start: int, end: int, pos: int) -> tuple[int, int]:
+    """``start``..``end`` (found as ``tr[at:]``'s core) widened over as much of what ``tr`` has before
+    and after the core as ``low`` has there too ("See also" + ":" of "See also:")."""
+    head, tail = tr[:at], tr[at + end - start:]
+    while tail and not low.startswith(tail, end):
+        tail = tail[:-1]
+    while head and not low.endswith(head, pos, start):
+        head = head[1:]
+    return start - len(head), end + len(tail)
 
 
 def _widened(low: str, tr: str, start: int, end: int, pos: int) -> tuple[int, int]:

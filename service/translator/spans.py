@@ -43,7 +43,7 @@ _NUMBER = r"(?<![\w.,])[+-]?\d+(?:[.,:/'-]\d+)*(?:%|[A-Za-z]{1,3}\b)?"
 # snake_case, camelCase (a lowercase letter then a capital), paths, dotted calls.
 _CODE = (r"\b(?:\w*[A-Za-z0-9]_\w+|[a-z]+[A-Z]\w*)\b(?:\(\))?|(?<!\w)(?:~|\.{1,2})?/[\w.-]+(?:/[\w.-]*)+"
          r"|\b[A-Za-z]:\\[\w\\.-]+|\b\w+(?:\.\w+)+\(\)")
-_ENTITY = r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]{1,31});"    # "&nbsp;", "&#0;", "&unknown;"
+_ENTITY = r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]{0,31});"    # "&nbsp;", "&#0;", "&unknown;", "&x;"
 
 # A unit glued to a number's symbol ("25°C", "30 °F", "5 €/kg"): letters after the symbol.
 _UNIT = re.compile(r"/?[^\W\d_]{1,3}(?!\w)")
