@@ -125,12 +125,12 @@ def span_row(tally: Tally, a: float, b: float, retries: list[tuple[float, float]
 
 
 def windows(tally: Tally, done: list[dict], window_s: float, retries: list[tuple[float, float]]) -> list[dict]:
-    """Rows: per event (``done``: its ``name``, ``t_s`` and, for a redeploy, ``running_s``) before and after, then
-    the whole run."""
-    rows = []
+    """Rows: per event (``done``: its ``name``, ``t_s`` and, for a redeploy, ``running_s``) before and after (until
+    the load's last answer at most), then the whole run."""
+    rows, last = [], max((e for *_, e in tally.records), default=0.0)    # the load's last answer
     for ev in done:
         t = ev["t_s"]
-        end = max(t + window_s, ev.get("running_s") or 0)
+        end = min(max(t + window_s, ev.get("running_s") or 0), last)
         rows.append({"event": ev["name"], "span": "before", **span_row(tally, max(0, t - window_s), t, retries)})
         rows.append({"event": ev["name"], "span": "after", **span_row(tally, t, end, retries)})
     rows.append({"event": "whole run", "span": "", **span_row(tally, 0, float("inf"), retries)})
@@ -244,7 +244,11 @@ def run(args) -> dict:
                     return {"killed": None}
                 os.kill(pids[0], 9)
                 return {"killed": pids[0]}
-            return kill if ev.kind == "kill" else redeployer.apply
+            def redeploy():
+                before = set(replicas(proc.pid, "*"))
+                out = redeployer.apply()
+                return {**out, "replaced": len(before - set(replicas(proc.pid, "*")))}
+            return kill if ev.kind == "kill" else redeploy
 
         samples: list[tuple[float, float]] = []
 

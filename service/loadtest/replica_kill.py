@@ -132,7 +132,7 @@ def descendants(pid: int) -> list[int]:
 
 def replicas(service_pid: int, deployment: str = "Gateway") -> list[int]:
     """Live ``ray::ServeReplica:*:<deployment>`` processes below ``service_pid`` (a ``deployment``
-    ending in ``*`` matches its prefix: ``Translator-*``)."""
+    ending in ``*`` matches its prefix: ``Translator-*``; ``*``: every replica)."""
     pids = []
     for p in descendants(service_pid):
         try:
