@@ -7,12 +7,15 @@ import json
 import os
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from service.loadtest.chaos import (
     Event,
+    Redeployer,
     counter_at,
     cumulative,
     exporter_port,
@@ -152,3 +155,21 @@ def test_retries_add_up_across_haproxy_reloads():
     raw = [(0.0, 5.0), (1.0, 7.0), (2.0, 2.0), (3.0, 2.0), (4.0, 6.0)]     # a reload between 1 and 2 s
     assert cumulative(raw) == [(0.0, 0.0), (1.0, 2.0), (2.0, 4.0), (3.0, 4.0), (4.0, 8.0)]
     assert cumulative([]) == []
+
+
+def test_the_redeploy_driver_is_read_with_a_deadline_and_nothing_left_in_a_buffer():
+    driver = ("import sys, time\n"
+              "sys.stdin.readline(); print('applied 1.5\\nrunning 4.0', flush=True)\n"   # both lines at once
+              "sys.stdin.readline(); print('applied 9.0', flush=True); time.sleep(30)\n")
+    r = Redeployer.__new__(Redeployer)
+    r.proc = subprocess.Popen([sys.executable, "-c", driver], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    try:
+        first = r.apply(timeout_s=20)
+        assert first["running_after_s"] - first["applied_after_s"] == 2.5
+        t0 = time.monotonic()
+        second = r.apply(timeout_s=1.0)                # applied, never running
+        assert second["running_after_s"] is None and "applied_after_s" in second
+        assert 0.9 < time.monotonic() - t0 < 10
+    finally:
+        r.proc.kill()
+        r.proc.wait()

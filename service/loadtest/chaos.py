@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 import time
@@ -180,20 +181,31 @@ class Redeployer:
         cmd += ["--cpus", str(cpus)] if cpus else []
         cmd += ["--change", change] if change else []
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "wb"),
-                                     text=True, start_new_session=True)
-        if self.proc.stdout.readline().strip() != "ready":
+                                     bufsize=0, start_new_session=True)
+        if self.line(time.monotonic() + 600) != "ready":
             raise RuntimeError(f"python -m service.loadtest.redeploy did not start (exit {self.proc.poll()}; see {log})")
 
-    def apply(self) -> dict:
-        """Seconds from the call to ``applied`` and to ``running``."""
-        t0 = time.monotonic()
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        out = {}
-        while len(out) < 2:
-            line = self.proc.stdout.readline()
-            if not line:
+    def line(self, deadline: float) -> Optional[str]:
+        """The driver's next line, None at ``deadline`` (read a byte at a time: nothing waits in a buffer)."""
+        fd, buf = self.proc.stdout.fileno(), b""
+        while not buf.endswith(b"\n"):
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            byte = os.read(fd, 1)
+            if not byte:
                 raise RuntimeError(f"the redeploy driver ended (exit {self.proc.wait()})")
+            buf += byte
+        return buf.decode().strip()
+
+    def apply(self, timeout_s: float = 300.0) -> dict:
+        """Seconds from the call to ``applied`` and to ``running`` (None: not running within ``timeout_s``)."""
+        t0 = time.monotonic()
+        self.proc.stdin.write(b"go\n")
+        out = {"running_after_s": None}
+        while out["running_after_s"] is None:
+            line = self.line(t0 + timeout_s)
+            if line is None:
+                return out
             word, t = line.split()
             out[f"{word}_after_s"] = round(float(t) - t0, 2)
         return out
@@ -264,7 +276,7 @@ def run(args) -> dict:
         for ev, d in zip(events, done):
             d.update(d.pop("result", None) or {}, name=f"{ev.kind}{':' + ev.target if ev.target else ''}@{ev.at_s:g}")
             d["t_s"] = round(d["at_s"] + d.get("applied_after_s", 0), 2)
-            if "running_after_s" in d:
+            if d.get("running_after_s") is not None:
                 d["running_s"] = round(d["at_s"] + d["running_after_s"], 2)
         rows = windows(tally, done, args.window, cumulative(samples))
         return {"layout": args.layout, "clients": args.clients, "streams": args.streams, "duration_s": args.duration,
