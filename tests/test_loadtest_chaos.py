@@ -119,13 +119,15 @@ def test_a_kill_and_a_redeploy_under_load_lose_nothing(tmp_path):
     out = tmp_path / "chaos.json"
     # plain requests only: a stream under way on the killed replica is cut (docs/deploy.md#replica-loss)
     assert main(["--config", str(cfg), "--events", "kill@5,redeploy@10", "-c", "8", "--streams", "0",
-                 "-d", "20", "--port", str(free_port()), "--log", str(tmp_path / "service.log"),
+                 "-d", "35", "--port", str(free_port()), "--log", str(tmp_path / "service.log"),
                  "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     kill, redeploy = result["events"]
     assert kill["killed"] > 0 and kill["t_s"] >= 5
     assert 0 <= redeploy["applied_after_s"] < redeploy["running_after_s"] and redeploy["t_s"] >= 10
-    assert redeploy["replaced"] >= 2                  # num_cpus changed: Serve replaced every ingress replica
+    # num_cpus changed: Serve replaced every replica that ran when the redeploy began (the killed one's
+    # replacement may still have been starting then)
+    assert redeploy["replaced"] >= 1 and redeploy["kept"] == 0
     print(markdown(result["rows"]))
     whole = result["rows"][-1]
     assert whole["event"] == "whole run" and whole["sent"] >= 50

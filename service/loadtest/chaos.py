@@ -259,7 +259,8 @@ def run(args) -> dict:
             def redeploy():
                 before = set(replicas(proc.pid, "*"))
                 out = redeployer.apply()
-                return {**out, "replaced": len(before - set(replicas(proc.pid, "*")))}
+                after = set(replicas(proc.pid, "*"))
+                return {**out, "replaced": len(before - after), "kept": len(before & after)}
             return kill if ev.kind == "kill" else redeploy
 
         samples: list[tuple[float, float]] = []
