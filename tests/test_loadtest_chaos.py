@@ -133,6 +133,7 @@ def test_a_kill_and_a_redeploy_under_load_lose_nothing(tmp_path):
     assert whole["event"] == "whole run" and whole["sent"] >= 50
     assert whole["lost"] == 0 and whole["failed"] == 0 and whole["answered"] == whole["sent"], result
     assert whole["retried"] is not None and whole["retried"] >= 0
+    assert result["stream"]["sent"] == 0 and result["plain"]["sent"] == whole["sent"]
     assert [r["span"] for r in result["rows"]] == ["before", "after", "before", "after", ""]
     assert Path(tmp_path / "service.log").read_text().count("service ready on") == 1
 

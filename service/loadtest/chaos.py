@@ -281,7 +281,8 @@ def run(args) -> dict:
                 d["running_s"] = round(d["at_s"] + d["running_after_s"], 2)
         rows = windows(tally, done, args.window, cumulative(samples))
         return {"layout": args.layout, "clients": args.clients, "streams": args.streams, "duration_s": args.duration,
-                "events": done, "rows": rows, "causes": dict(tally.causes.most_common(10))}
+                "events": done, "rows": rows, "plain": tally.row("plain"), "stream": tally.row("stream"),
+                "causes": dict(tally.causes.most_common(10))}
     finally:
         if redeployer:
             redeployer.close()
@@ -316,6 +317,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for ev in out["events"]:
         print(" ".join(f"{k}={v}" for k, v in ev.items()))
     print(markdown(out["rows"]))
+    for kind in ("plain", "stream"):
+        print(kind, " ".join(f"{k}={v}" for k, v in out[kind].items()))
     for cause, n in out["causes"].items():
         print(f"  {n} x {cause}")
     if args.json:
