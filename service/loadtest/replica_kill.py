@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Awaitable, Callable, Optional
 
 import httpx
 
@@ -40,13 +40,16 @@ SENTENCES = ["Ein Mann fährt mit dem Fahrrad die Straße entlang.", "Zwei Hunde
 
 @dataclass
 class Tally:
-    """Outcomes by kind (plain, stream): sent, answered, failed, lost; and the causes seen."""
+    """Outcomes by kind (plain, stream): sent, answered, failed, lost; the causes seen; and each request's
+    (kind, outcome, start, end) in seconds from the load's start (``closed_loop``'s clock)."""
     counts: Counter = field(default_factory=Counter)
     causes: Counter = field(default_factory=Counter)
+    records: list[tuple[str, str, float, float]] = field(default_factory=list)
 
-    def add(self, kind: str, outcome: str, cause: str = "") -> None:
+    def add(self, kind: str, outcome: str, cause: str = "", start: float = 0.0, end: float = 0.0) -> None:
         self.counts[(kind, "sent")] += 1
         self.counts[(kind, outcome)] += 1
+        self.records.append((kind, outcome, start, end))
         if cause:
             self.causes[f"{kind} {outcome}: {cause[:120]}"] += 1
 
@@ -76,35 +79,37 @@ async def one(client: httpx.AsyncClient, body: dict, stream: bool) -> tuple[str,
         return "lost", f"{type(e).__name__} {e}"
 
 
-async def closed_loop(url: str, clients: int, streams: int, duration_s: float, kill_at_s: Optional[float],
-                      kill, timeout_s: float = 60.0) -> tuple[Tally, dict]:
-    """``clients`` users for ``duration_s`` seconds; ``kill()`` (in a thread) at ``kill_at_s``. Returns
-    the tally and what ``kill`` returned (with the second it ran)."""
-    tally, event = Tally(), {}
+async def closed_loop(url: str, clients: int, streams: int, duration_s: float,
+                      actions: list[tuple[float, Callable[[], object]]] = (), timeout_s: float = 60.0,
+                      side: Optional[Callable[[float], Awaitable[None]]] = None) -> tuple[Tally, list[dict]]:
+    """``clients`` users for ``duration_s`` seconds, each sending its next request when its previous one
+    ended (the first ``streams`` with ``stream: true``); each ``(at_s, fn)`` of ``actions`` runs ``fn()``
+    in a thread at ``at_s`` seconds; ``side(start)``, if given, runs beside them (``start``: the load's
+    ``time.monotonic()``). Returns the tally and per action ``{"at_s": when it ran, "result": fn()}``."""
+    tally, done = Tally(), [{} for _ in actions]
     end = time.monotonic() + duration_s
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
 
-    async def user(k: int, client: httpx.AsyncClient):
+    async def user(k: int, client: httpx.AsyncClient, start: float):
         i = k
         while time.monotonic() < end:
             body = {"text": SENTENCES[i % len(SENTENCES)], "beam_size": 1, "max_new_tokens": 48}
             kind = "stream" if k < streams else "plain"
+            t0 = time.monotonic()
             outcome, cause = await one(client, body, kind == "stream")
-            tally.add(kind, outcome, cause)
-            if outcome == "lost":
-                event.setdefault("lost_at_s", []).append(round(duration_s - (end - time.monotonic()), 2))
+            tally.add(kind, outcome, cause, round(t0 - start, 4), round(time.monotonic() - start, 4))
             i += clients
 
-    async def killer(start: float):
-        await asyncio.sleep(kill_at_s)
-        event["at_s"] = round(time.monotonic() - start, 2)
-        event["killed"] = await asyncio.to_thread(kill)
+    async def act(n: int, at_s: float, fn, start: float):
+        await asyncio.sleep(max(0.0, start + at_s - time.monotonic()))
+        done[n]["at_s"] = round(time.monotonic() - start, 2)
+        done[n]["result"] = await asyncio.to_thread(fn)
 
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, trust_env=False) as client:
         start = time.monotonic()
-        side = [asyncio.create_task(killer(start))] if kill_at_s is not None else []
-        await asyncio.gather(*(user(k, client) for k in range(clients)), *side)
-    return tally, event
+        tasks = [act(n, at, fn, start) for n, (at, fn) in enumerate(actions)] + ([side(start)] if side else [])
+        await asyncio.gather(*(user(k, client, start) for k in range(clients)), *tasks)
+    return tally, done
 
 
 def descendants(pid: int) -> list[int]:
@@ -125,8 +130,9 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def ingress_replicas(service_pid: int) -> list[int]:
-    """Live ``ray::ServeReplica:*:Gateway`` processes below ``service_pid``."""
+def replicas(service_pid: int, deployment: str = "Gateway") -> list[int]:
+    """Live ``ray::ServeReplica:*:<deployment>`` processes below ``service_pid`` (a ``deployment``
+    ending in ``*`` matches its prefix: ``Translator-*``; ``*``: every replica)."""
     pids = []
     for p in descendants(service_pid):
         try:
@@ -134,9 +140,16 @@ def ingress_replicas(service_pid: int) -> list[int]:
             state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if title.startswith("ray::ServeReplica:") and title.endswith(":Gateway") and state != "Z":
+        name = title.rsplit(":", 1)[-1]
+        match = name.startswith(deployment[:-1]) if deployment.endswith("*") else name == deployment
+        if title.startswith("ray::ServeReplica:") and match and state != "Z":
             pids.append(p)
     return sorted(pids)
+
+
+def ingress_replicas(service_pid: int) -> list[int]:
+    """Live ``ray::ServeReplica:*:Gateway`` processes below ``service_pid``."""
+    return replicas(service_pid, "Gateway")
 
 
 def haproxy_config(service_pid: int) -> Optional[Path]:
@@ -168,9 +181,10 @@ def haproxy_retry_lines(service_pid: int) -> list[str]:
     return []
 
 
-def start_service(port: int, log: Path, extra: list[str]) -> subprocess.Popen:
+def start_service(port: int, log: Path, extra: list[str], env: Optional[dict] = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *extra]
-    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -229,7 +243,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return None
             os.kill(pids[0], signal.SIGKILL)
             return pids[0]
-        tally, event = asyncio.run(closed_loop(url, args.clients, args.streams, args.duration, args.kill_at, kill))
+        tally, [event] = asyncio.run(closed_loop(url, args.clients, args.streams, args.duration,
+                                                 [(args.kill_at, kill)]))
+        event["killed"] = event.pop("result", None)
+        event["lost_at_s"] = [round(e, 2) for _, outcome, _, e in tally.records if outcome == "lost"]
         cfg = haproxy_config(proc.pid)
         if args.keep_haproxy_logs and cfg is not None:
             import shutil
