@@ -1,0 +1,215 @@
+"""Where each millisecond of a request goes: the request path profiled at one client and at saturation.
+
+    python -m service.bench.request_path                                  # 1 and 128 clients, 15 s each
+    python -m service.bench.request_path --clients 1,128 --duration 15 --port 8047 --json out.json
+
+It starts ``python -m service`` on 127.0.0.1 (the default layout: ingress replicas holding the
+translators, behind HAProxy), waits for ``/readyz``, and for each client count N runs the project's
+load generator (``python -m service.loadtest -c N --beam-size 1 --texts 1``, one sentence per request,
+greedy) twice: once plain (requests/s, p50 latency), once while ``py-spy record --format raw``
+samples every thread of each ingress replica (``ray::ServeReplica:*:Gateway``; ``--idle`` off, so a
+sample is a thread on CPU). The stacks are folded into stages (``service.bench.stages``) and printed
+per stage: share of the sampled CPU and CPU ms per request (samples x interval / requests answered
+while sampled), beside the CPU per request of each process from ``/proc`` (HAProxy, the replicas,
+Ray's own) and the median ``latency_ms`` of the replicas' access-log lines (time inside the replica).
+Then the service is stopped and the engine alone runs the same loads in one process
+(``python -m service.loadtest --engine CHECKPOINT --threads T``): HTTP / engine requests/s and the
+p50 HTTP adds are printed side by side, measured in one sitting.
+
+Figures, not a test: only shares and ratios from one run mean anything on a shared machine. Only
+127.0.0.1 is contacted; every run is bounded by ``--duration``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from model.checkpoint import DEFAULT_CHECKPOINT
+from service.bench.stages import fold
+from service.bench.trees import _cpu_ms_per_request, _cpu_s, _processes
+from service.loadtest.replica_kill import ingress_replicas, start_service, stop_service, wait_ready
+from service.loadtest.serve_app import free_port
+
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))
+LOAD_ARGS = ["--beam-size", "1", "--texts", "1", "--seed", "1", "--timeout", "60", "-q"]
+_LATENCY = re.compile(r"\baccess\b.*?\bpath=/v1/translate\b.*?\blatency_ms=([0-9.]+)")
+
+
+def loadtest(target: list[str], clients: int, duration: float, warmup: int, out: Path) -> dict:
+    """One ``python -m service.loadtest`` run; its summary."""
+    cmd = [sys.executable, "-m", "service.loadtest", *target, "-c", str(clients), "-d", str(duration),
+           "--warmup", str(warmup), *LOAD_ARGS, "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 600)
+    if done.returncode != 0:
+        raise RuntimeError(f"load test {' '.join(cmd[3:])} failed: {done.stderr.strip()[-800:]}")
+    return json.loads(out.read_text())["summary"]
+
+
+def replica_logs(pids: list[int]) -> list[Path]:
+    """The Serve log files (``replica_*.log``) the replica processes hold open."""
+    out = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    target = Path(os.readlink(fd))
+                except OSError:
+                    continue
+                if target.name.startswith("replica_") and target.suffix == ".log":
+                    out.add(target)
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def access_latencies(logs: list[Path], offsets: dict[Path, int]) -> list[float]:
+    """``latency_ms`` of the ``/v1/translate`` access lines written after ``offsets``."""
+    ms = []
+    for log in logs:
+        with open(log, "rb") as f:
+            f.seek(offsets.get(log, 0))
+            for line in f.read().decode(errors="replace").splitlines():
+                m = _LATENCY.search(line)
+                if m:
+                    ms.append(float(m.group(1)))
+    return ms
+
+
+def profiled_run(service_pid: int, url: str, clients: int, duration: float, rate: int, native: bool,
+                 work: Path) -> dict:
+    """A load run while py-spy samples each ingress replica; stages, CPU by process, access-log latency."""
+    replicas = ingress_replicas(service_pid)
+    if not replicas:
+        raise RuntimeError("no ingress replica process (ray::ServeReplica:*:Gateway) under the service")
+    logs = replica_logs(replicas)
+    offsets = {log: log.stat().st_size for log in logs}
+    spies = []
+    for pid in replicas:
+        cmd = [PY_SPY, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--nonblocking",
+               "--full-filenames", "--output", str(work / f"spy-{clients}-{pid}.txt")]
+        spies.append(subprocess.Popen(cmd + (["--native"] if native else []), stdout=subprocess.DEVNULL,
+                                      stderr=open(work / f"spy-{clients}-{pid}.log", "w"), start_new_session=True))
+    time.sleep(2)                                                # py-spy attaches
+    before = _cpu_s(_processes(service_pid))
+    summary = loadtest(["--url", url], clients, duration, 0, work / f"http-prof-{clients}.json")
+    cpu = _cpu_ms_per_request(service_pid, before, summary["ok"])
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)                           # py-spy writes its file on Ctrl-C
+    stages = fold([])
+    for spy, pid in zip(spies, replicas):
+        try:
+            spy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(spy.pid, signal.SIGKILL)
+            spy.wait()
+        raw = work / f"spy-{clients}-{pid}.txt"
+        if raw.exists():
+            stages.update(fold(raw.read_text(errors="replace").splitlines()))
+    if not stages:
+        raise RuntimeError(f"py-spy wrote no samples (see {work}/spy-{clients}-*.log)")
+    latencies = access_latencies(logs, offsets)
+    return {"summary": summary, "samples": dict(stages), "rate_hz": rate, "cpu_ms_per_request": cpu,
+            "access_latency_ms_p50": statistics.median(latencies) if latencies else None,
+            "access_lines": len(latencies)}
+
+
+def stage_table(prof: dict) -> list[tuple[str, float, float]]:
+    """(stage, share of samples, sampled CPU ms per request), largest first."""
+    samples, n = prof["samples"], sum(prof["samples"].values())
+    ok = max(prof["summary"]["ok"], 1)
+    return [(stage, count / n, count * 1000 / prof["rate_hz"] / ok)
+            for stage, count in sorted(samples.items(), key=lambda kv: -kv[1])]
+
+
+def report(results: dict) -> str:
+    lines = []
+    for c, r in results["clients"].items():
+        prof, http, eng = r["profiled"], r["http"], r["engine"]
+        table = stage_table(prof)
+        lines += [f"\n## {c} client(s): ingress replicas, py-spy {prof['rate_hz']} Hz, "
+                  f"{prof['summary']['ok']} requests answered while sampled ({prof['summary']['requests_per_s']:.1f} req/s)",
+                  "", "| stage | share of sampled CPU | CPU ms / request |", "|---|---:|---:|"]
+        lines += [f"| {stage} | {share:.1%} | {ms:.3f} |" for stage, share, ms in table]
+        lines.append(f"| **sampled, all stages** | 100% | **{sum(ms for *_, ms in table):.3f}** |")
+        cpu = prof["cpu_ms_per_request"]
+        lines.append("\nCPU ms per request from /proc (same run): " +
+                     ", ".join(f"{k} {v:.3f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
+        p50 = (http["latency_s"]["p50"] or 0) * 1000
+        e50 = (eng["latency_s"]["p50"] or 0) * 1000
+        acc = prof["access_latency_ms_p50"]
+        lines.append(f"Unprofiled: HTTP {http['requests_per_s']:.1f} req/s, p50 {p50:.2f} ms; engine alone "
+                     f"{eng['requests_per_s']:.1f} sentences/s, p50 {e50:.2f} ms; ratio HTTP/engine "
+                     f"**{http['requests_per_s'] / max(eng['requests_per_s'], 1e-9):.2f}**, added p50 "
+                     f"**{p50 - e50:+.2f} ms**")
+        if acc is not None:
+            lines.append(f"Access log (profiled run, {prof['access_lines']} lines): replica latency_ms p50 "
+                         f"{acc:.2f} against the client's p50 {prof['summary']['latency_s']['p50'] * 1000:.2f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m service.bench.request_path", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--clients", default="1,128", help="comma-separated client counts (default 1,128)")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds per load run (default 15)")
+    ap.add_argument("--port", type=int, default=8047, help="the service's HTTP port (default 8047)")
+    ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second per thread (default 200)")
+    ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too; slower sampling)")
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="the model served and run alone")
+    ap.add_argument("--engine-threads", type=int, default=1, help="torch threads of the engine alone (default 1)")
+    ap.add_argument("--service-args", default="", help="extra python -m service arguments")
+    ap.add_argument("--json", metavar="FILE", help="write every figure and stage count as JSON")
+    args = ap.parse_args(argv)
+    try:
+        clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    except ValueError:
+        ap.error("--clients takes comma-separated integers")
+    if not clients or min(clients) < 1 or args.duration <= 0 or args.rate < 1:
+        ap.error("--clients needs positive counts, --duration and --rate positive values")
+    if not Path(PY_SPY).exists():
+        ap.error(f"py-spy not found at {PY_SPY} (pip install py-spy)")
+
+    work = Path(tempfile.mkdtemp(prefix="mt-request-path-"))
+    url = f"http://127.0.0.1:{args.port}"
+    extra = ["--checkpoint", args.checkpoint, "--metrics-export-port", str(free_port()), *args.service_args.split()]
+    print(f"starting python -m service on {url} (log {work}/service.log); load {os.getloadavg()[0]:.1f}", flush=True)
+    proc = start_service(args.port, work / "service.log", extra)
+    results: dict = {"clients": {}, "command": sys.argv, "load_average": []}
+    try:
+        wait_ready(url, proc, 900)
+        time.sleep(3)
+        loadtest(["--url", url], 4, 5, 4, work / "warm.json")           # compiled paths, connections
+        for c in clients:
+            http = loadtest(["--url", url], c, args.duration, 2, work / f"http-{c}.json")
+            prof = profiled_run(proc.pid, url, c, args.duration, args.rate, args.native, work)
+            results["clients"][c] = {"http": http, "profiled": prof}
+            results["load_average"].append(os.getloadavg()[0])
+            print(f"{c} client(s): HTTP {http['requests_per_s']:.1f} req/s, p50 "
+                  f"{http['latency_s']['p50'] * 1000:.2f} ms; profiled {sum(prof['samples'].values())} samples",
+                  flush=True)
+    finally:
+        stop_service(proc)
+    engine_target = ["--engine", args.checkpoint, "--threads", str(args.engine_threads)]
+    for c in clients:
+        eng = loadtest(engine_target, c, args.duration, 3, work / f"engine-{c}.json")
+        results["clients"][c]["engine"] = eng
+        results["load_average"].append(os.getloadavg()[0])
+    print(report(results))
+    print(f"\nload average during the runs: {', '.join(f'{x:.1f}' for x in results['load_average'])}; files: {work}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Fold sampled Python stacks (py-spy's ``--format raw``) into the stages of the request path.
+
+A raw line is ``frame;frame;...;frame COUNT``, root first, each frame ``function (path:line)``.
+A stack's stage is that of the frame nearest its leaf that names one (``RULES``, first match per
+frame): a millisecond spent in ``re`` or ``asyncio`` called by the splitter is the splitter's.
+Frames of the event loop, threads and small stdlib helpers (``GENERIC``) name a stage only when no
+other frame does. A stack under a response-encoding function (``ENCODING_FUNCS``) is encoding
+wherever its leaf is (FastAPI serializes its answer with pydantic, which would otherwise read as
+validation).
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Optional
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+PARSING = "body parsing and validation"
+ENCODING = "response encoding"
+# (module path prefix, function name or None, stage), checked in order for each frame
+RULES: list[tuple[str, Optional[str], str]] = [
+    ("service/api/middleware/body.py", None, PARSING),
+    ("service/api/schemas.py", None, PARSING),
+    ("service/api/libre_schemas.py", None, PARSING),
+    ("pydantic/", None, PARSING), ("pydantic_core/", None, PARSING),
+    ("fastapi/dependencies/", None, PARSING), ("starlette/requests.py", None, PARSING),
+    ("json/decoder.py", None, PARSING), ("json/__init__.py", "loads", PARSING),
+    ("json/encoder.py", None, ENCODING), ("json/__init__.py", "dumps", ENCODING),
+    ("orjson", None, ENCODING), ("starlette/responses.py", None, ENCODING),
+    ("fastapi/encoders.py", None, ENCODING),
+    ("logging/", None, "logging"),
+    ("prometheus_client/", None, "metrics"), ("service/metrics.py", None, "metrics"),
+    ("ray/util/metrics.py", None, "metrics"),
+    ("service/api/middleware/", None, "middleware"), ("starlette/middleware/", None, "middleware"),
+    ("fastapi/middleware/", None, "middleware"),
+    ("service/api/", None, "routes and API glue (service/api)"),
+    ("starlette/", None, "framework routing (starlette, fastapi)"),
+    ("fastapi/", None, "framework routing (starlette, fastapi)"),
+    ("uvicorn/", None, "ASGI server (uvicorn, h11, httptools)"),
+    ("h11/", None, "ASGI server (uvicorn, h11, httptools)"),
+    ("httptools/", None, "ASGI server (uvicorn, h11, httptools)"),
+    ("service/translator/text.py", None, "text: sentence splitting"),
+    ("service/translator/protect.py", None, "text: protected spans"),
+    ("service/translator/spans.py", None, "text: protected spans"),
+    ("service/translator/placement.py", None, "text: protected spans"),
+    ("service/translator/truecase.py", None, "text: casing"),
+    ("service/translator/memory.py", None, "text: memory lookup"),
+    ("service/translator/fuzzy.py", None, "text: memory lookup"),
+    ("service/translator/langid.py", None, "language detection"),
+    ("service/pipeline/autodetect.py", None, "language detection"),
+    ("model/tokenizer.py", None, "tokenizing (SentencePiece)"), ("sentencepiece/", None, "tokenizing (SentencePiece)"),
+    ("service/translator/", None, "translator: sources, options, assembly"),
+    ("service/pipeline/", None, "pipeline (service/pipeline)"),
+    ("service/engine/runner.py", None, "engine: model step"), ("model/", None, "engine: model step"),
+    ("torch/", None, "engine: model step"),
+    ("service/engine/", None, "engine: step loop, scheduler"),
+    ("ray/serve/", None, "Ray Serve"),
+    ("ray/", None, "Ray core, gRPC"), ("grpc/", None, "Ray core, gRPC"), ("google/protobuf", None, "Ray core, gRPC"),
+]
+GENERIC = ("asyncio/", "uvloop/", "anyio/", "concurrent/", "threading.py", "selectors.py", "contextlib.py",
+           "contextvars", "functools.py", "typing.py", "weakref.py", "queue.py", "socket.py", "ssl.py")
+EVENT_LOOP = "event loop, threads"
+OTHER = "other"
+ENCODING_FUNCS = {"serialize_response", "jsonable_encoder", "render"}
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
+
+
+def module_path(path: str) -> str:
+    """``/repo/service/api/x.py`` -> ``service/api/x.py``; ``.../site-packages/h11/_c.py`` ->
+    ``h11/_c.py``; ``/usr/lib/python3.11/json/encoder.py`` -> ``json/encoder.py``."""
+    path = path.replace("\\", "/")
+    if path.startswith(ROOT + "/"):
+        return path[len(ROOT) + 1:]
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    m = re.search(r"/lib/python3\.\d+/(.*)$", path)
+    if m:
+        return m.group(1)
+    for top in ("/service/", "/model/"):   # another checkout of this project (a worktree)
+        if top in path:
+            return top[1:] + path.rsplit(top, 1)[1]
+    return path
+
+
+def parse_frame(frame: str) -> tuple[str, str]:
+    """``render (/x/starlette/responses.py:42)`` -> (``render``, ``starlette/responses.py``)."""
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip(), ""
+    return m.group("func"), module_path(m.group("path"))
+
+
+def frame_stage(func: str, mod: str) -> Optional[str]:
+    for prefix, name, stage in RULES:
+        if mod.startswith(prefix) and (name is None or func == name):
+            return stage
+    return None
+
+
+def stack_stage(frames: list[tuple[str, str]]) -> str:
+    """The stage of one stack (root first)."""
+    for func, mod in frames:
+        if func in ENCODING_FUNCS and (mod.startswith(("fastapi/", "starlette/")) or func != "render"):
+            return ENCODING
+    for func, mod in reversed(frames):
+        stage = frame_stage(func, mod)
+        if stage:
+            return stage
+    if any(mod.startswith(GENERIC) for _, mod in frames):
+        return EVENT_LOOP
+    return OTHER
+
+
+def fold(lines: Iterable[str]) -> Counter:
+    """Samples per stage of py-spy raw lines."""
+    out: Counter = Counter()
+    for line in lines:
+        line = line.rstrip("\n")
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [parse_frame(f) for f in stack.split(";") if f and not f.startswith(("thread (", "process "))]
+        out[stack_stage(frames)] += int(count)
+    return out

@@ -1,0 +1,58 @@
+"""service.bench.stages: py-spy raw stacks folded into the request path's stages (the
+``python -m service.bench.request_path`` profile)."""
+from __future__ import annotations
+
+from service.bench.stages import ENCODING, EVENT_LOOP, OTHER, PARSING, ROOT, fold, module_path, stack_stage
+
+SITE = "/opt/venv/lib/python3.11/site-packages"
+STD = "/usr/lib/python3.11"
+
+
+def stack(*frames: str, count: int = 1) -> str:
+    return ";".join(frames) + f" {count}"
+
+
+LOOP = f"_run_once ({STD}/asyncio/base_events.py:1900)"
+UVICORN = f"run_asgi ({SITE}/uvicorn/protocols/http/httptools_impl.py:401)"
+
+
+def test_module_paths_of_the_project_site_packages_and_stdlib():
+    assert module_path(f"{ROOT}/service/api/gateway.py") == "service/api/gateway.py"
+    assert module_path(f"{SITE}/h11/_connection.py") == "h11/_connection.py"
+    assert module_path(f"{STD}/json/encoder.py") == "json/encoder.py"
+    assert module_path("/elsewhere/wt/service/pipeline/pipeline.py") == "service/pipeline/pipeline.py"
+
+
+def test_the_frame_nearest_the_leaf_that_names_a_stage_wins():
+    lines = [
+        # re called by the splitter, under the pipeline: splitting
+        stack(LOOP, UVICORN, "run (/r/service/pipeline/pipeline.py:10)",
+              f"split ({ROOT}/service/translator/text.py:40)", f"sub ({STD}/re/__init__.py:185)", count=7),
+        # asyncio called by the pipeline: the pipeline's
+        stack(LOOP, f"run ({ROOT}/service/pipeline/pipeline.py:10)", f"gather ({STD}/asyncio/tasks.py:700)", count=3),
+        # pydantic under FastAPI's serialize_response: encoding, not validation
+        stack(LOOP, UVICORN, f"serialize_response ({SITE}/fastapi/routing.py:155)",
+              f"to_json ({SITE}/pydantic/main.py:300)", count=2),
+        # pydantic validating the body
+        stack(LOOP, UVICORN, f"solve_dependencies ({SITE}/fastapi/dependencies/utils.py:500)",
+              f"validate ({SITE}/pydantic/main.py:200)", count=5),
+        # the engine's worker thread
+        stack(f"_bootstrap ({STD}/threading.py:1000)", f"step ({ROOT}/service/engine/runner.py:80)",
+              f"forward ({ROOT}/model/transformer.py:50)", count=11),
+        # the event loop alone
+        stack(f"run_forever ({STD}/asyncio/base_events.py:600)", LOOP, count=4),
+        stack("<module> (<string>:1)", count=1),
+        stack(LOOP, UVICORN, f"dispatch ({ROOT}/service/api/middleware/access_log.py:100)",
+              f"info ({STD}/logging/__init__.py:1500)", count=6),
+        "not a stack line",
+    ]
+    got = fold(lines)
+    assert got == {"text: sentence splitting": 7, "pipeline (service/pipeline)": 3, ENCODING: 2, PARSING: 5,
+                   "engine: model step": 11, EVENT_LOOP: 4, OTHER: 1, "logging": 6}
+
+
+def test_json_loads_is_parsing_and_dumps_is_encoding():
+    assert stack_stage([("loads", "json/__init__.py")]) == PARSING
+    assert stack_stage([("dumps", "json/__init__.py")]) == ENCODING
+    assert stack_stage([("dispatch", "service/api/middleware/cors.py")]) == "middleware"
+    assert stack_stage([("receive", "service/api/middleware/body.py")]) == PARSING
