@@ -2,7 +2,21 @@
 ``python -m service.bench.request_path`` profile)."""
 from __future__ import annotations
 
-from service.bench.stages import ENCODING, EVENT_LOOP, OTHER, PARSING, ROOT, fold, module_path, stack_stage
+import pytest
+
+from service.bench.stages import (
+    ENCODING,
+    EVENT_LOOP,
+    NATIVE,
+    OTHER,
+    PARSING,
+    ROOT,
+    fold,
+    fold_threads,
+    module_path,
+    stack_stage,
+    weigh,
+)
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 STD = "/usr/lib/python3.11"
@@ -56,3 +70,18 @@ def test_json_loads_is_parsing_and_dumps_is_encoding():
     assert stack_stage([("dumps", "json/__init__.py")]) == ENCODING
     assert stack_stage([("dispatch", "service/api/middleware/cors.py")]) == "middleware"
     assert stack_stage([("receive", "service/api/middleware/body.py")]) == PARSING
+
+
+def test_each_threads_cpu_time_is_shared_among_the_stages_of_its_samples():
+    lines = [
+        f"thread (101): asyncio_0;{LOOP};split ({ROOT}/service/translator/text.py:40) 3",
+        f"thread (101): asyncio_0;{LOOP};{UVICORN} 1",
+        # a thread parked in C that py-spy counted as active: its /proc time bounds it
+        f"thread (102): main;main_loop ({SITE}/ray/_private/worker.py:900) 50",
+        f"thread (103): engine-runner_0;step ({ROOT}/service/engine/runner.py:80) 10",
+    ]
+    samples = fold_threads(lines)
+    assert samples[101] == {"text: sentence splitting": 3, "ASGI server (uvicorn, h11, httptools)": 1}
+    got = weigh(samples, {101: 0.4, 102: 0.01, 103: 1.0, 104: 0.2})   # 104: never sampled (a C++ thread)
+    assert got == pytest.approx({"text: sentence splitting": 0.3, "ASGI server (uvicorn, h11, httptools)": 0.1,
+                   "Ray core, gRPC": 0.01, "engine: model step": 1.0, NATIVE: 0.2})

@@ -6,15 +6,16 @@
 It starts ``python -m service`` on 127.0.0.1 (the default layout: ingress replicas holding the
 translators, behind HAProxy), waits for ``/readyz``, and for each client count N runs the project's
 load generator (``python -m service.loadtest -c N --beam-size 1 --texts 1``, one sentence per request,
-greedy) twice: once plain (requests/s, p50 latency), once while ``py-spy record --format raw``
-samples every thread of each ingress replica (``ray::ServeReplica:*:Gateway``; ``--idle`` off, so a
-sample is a thread on CPU). The stacks are folded into stages (``service.bench.stages``) and printed
-per stage: share of the sampled CPU and CPU ms per request (samples x interval / requests answered
-while sampled), beside the CPU per request of each process from ``/proc`` (HAProxy, the replicas,
-Ray's own) and the median ``latency_ms`` of the replicas' access-log lines (time inside the replica).
-Then the service is stopped and the engine alone runs the same loads in one process
-(``python -m service.loadtest --engine CHECKPOINT --threads T``): HTTP / engine requests/s and the
-p50 HTTP adds are printed side by side, measured in one sitting.
+greedy) against it, then the engine alone the same way in one process (``--engine CHECKPOINT
+--threads T``, the service idle meanwhile), then the service again while ``py-spy record --format raw
+--threads`` samples every thread of each ingress replica (``ray::ServeReplica:*:Gateway``; ``--idle``
+off). The stacks are folded into stages (``service.bench.stages``); each thread's CPU time over the
+run (``/proc/PID/task``) is shared among the stages of its samples (py-spy's idle test misses some
+waits, so sample counts alone overstate them), and threads with no Python frame are one row. Printed
+per stage: share of the replicas' CPU and CPU ms per request answered; beside it the CPU per request
+of each process of the service (HAProxy, the replicas, Ray's own) from ``/proc``, the median
+``latency_ms`` of the replicas' access-log lines (time inside the replica) against the client's p50,
+and the unprofiled HTTP / engine-alone requests/s ratio and the p50 HTTP adds, measured side by side.
 
 Figures, not a test: only shares and ratios from one run mean anything on a shared machine. Only
 127.0.0.1 is contacted; every run is bounded by ``--duration``.
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 from model.checkpoint import DEFAULT_CHECKPOINT
-from service.bench.stages import fold
+from service.bench.stages import NATIVE, fold_threads, weigh
 from service.bench.trees import _cpu_ms_per_request, _cpu_s, _processes
 from service.loadtest.replica_kill import ingress_replicas, start_service, stop_service, wait_ready
 from service.loadtest.serve_app import free_port
@@ -53,6 +54,24 @@ def loadtest(target: list[str], clients: int, duration: float, warmup: int, out:
     if done.returncode != 0:
         raise RuntimeError(f"load test {' '.join(cmd[3:])} failed: {done.stderr.strip()[-800:]}")
     return json.loads(out.read_text())["summary"]
+
+
+def thread_cpu(pids: list[int]) -> dict[int, tuple[str, float]]:
+    """tid -> (thread name, user + system CPU seconds) of every thread of ``pids``."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                head, rest = (task / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            fields = rest.split()
+            out[int(task.name)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
+    return out
 
 
 def replica_logs(pids: list[int]) -> list[Path]:
@@ -96,16 +115,18 @@ def profiled_run(service_pid: int, url: str, clients: int, duration: float, rate
     spies = []
     for pid in replicas:
         cmd = [PY_SPY, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--nonblocking",
-               "--full-filenames", "--output", str(work / f"spy-{clients}-{pid}.txt")]
+               "--full-filenames", "--threads", "--output", str(work / f"spy-{clients}-{pid}.txt")]
         spies.append(subprocess.Popen(cmd + (["--native"] if native else []), stdout=subprocess.DEVNULL,
                                       stderr=open(work / f"spy-{clients}-{pid}.log", "w"), start_new_session=True))
     time.sleep(2)                                                # py-spy attaches
-    before = _cpu_s(_processes(service_pid))
+    before, threads_before = _cpu_s(_processes(service_pid)), thread_cpu(replicas)
     summary = loadtest(["--url", url], clients, duration, 0, work / f"http-prof-{clients}.json")
     cpu = _cpu_ms_per_request(service_pid, before, summary["ok"])
+    threads = {tid: (name, t - threads_before[tid][1]) for tid, (name, t) in thread_cpu(replicas).items()
+               if tid in threads_before}
     for spy in spies:
         spy.send_signal(signal.SIGINT)                           # py-spy writes its file on Ctrl-C
-    stages = fold([])
+    samples: dict = {}
     for spy, pid in zip(spies, replicas):
         try:
             spy.wait(timeout=60)
@@ -114,21 +135,27 @@ def profiled_run(service_pid: int, url: str, clients: int, duration: float, rate
             spy.wait()
         raw = work / f"spy-{clients}-{pid}.txt"
         if raw.exists():
-            stages.update(fold(raw.read_text(errors="replace").splitlines()))
-    if not stages:
+            samples.update(fold_threads(raw.read_text(errors="replace").splitlines()))
+    if not samples:
         raise RuntimeError(f"py-spy wrote no samples (see {work}/spy-{clients}-*.log)")
     latencies = access_latencies(logs, offsets)
-    return {"summary": summary, "samples": dict(stages), "rate_hz": rate, "cpu_ms_per_request": cpu,
+    ok = max(summary["ok"], 1)
+    stage_ms = {k: v * 1000 / ok for k, v in weigh(samples, {t: s for t, (_, s) in threads.items()}).items()}
+    native: dict[str, float] = {}
+    for tid, (name, seconds) in threads.items():
+        if not sum(samples.get(tid, {}).values()):
+            native[name] = native.get(name, 0.0) + seconds * 1000 / ok
+    return {"summary": summary, "stage_cpu_ms_per_request": stage_ms, "native_threads_ms": native,
+            "samples": sum(sum(c.values()) for c in samples.values()), "rate_hz": rate, "cpu_ms_per_request": cpu,
             "access_latency_ms_p50": statistics.median(latencies) if latencies else None,
             "access_lines": len(latencies)}
 
 
 def stage_table(prof: dict) -> list[tuple[str, float, float]]:
-    """(stage, share of samples, sampled CPU ms per request), largest first."""
-    samples, n = prof["samples"], sum(prof["samples"].values())
-    ok = max(prof["summary"]["ok"], 1)
-    return [(stage, count / n, count * 1000 / prof["rate_hz"] / ok)
-            for stage, count in sorted(samples.items(), key=lambda kv: -kv[1])]
+    """(stage, share of the replicas' CPU, CPU ms per request), largest first."""
+    ms = prof["stage_cpu_ms_per_request"]
+    total = sum(ms.values()) or 1.0
+    return [(stage, v / total, v) for stage, v in sorted(ms.items(), key=lambda kv: -kv[1])]
 
 
 def report(results: dict) -> str:
@@ -136,11 +163,13 @@ def report(results: dict) -> str:
     for c, r in results["clients"].items():
         prof, http, eng = r["profiled"], r["http"], r["engine"]
         table = stage_table(prof)
-        lines += [f"\n## {c} client(s): ingress replicas, py-spy {prof['rate_hz']} Hz, "
+        lines += [f"\n## {c} client(s): ingress replicas, py-spy {prof['rate_hz']} Hz ({prof['samples']} samples), "
                   f"{prof['summary']['ok']} requests answered while sampled ({prof['summary']['requests_per_s']:.1f} req/s)",
-                  "", "| stage | share of sampled CPU | CPU ms / request |", "|---|---:|---:|"]
+                  "", "| stage | share of the replicas' CPU | CPU ms / request |", "|---|---:|---:|"]
         lines += [f"| {stage} | {share:.1%} | {ms:.3f} |" for stage, share, ms in table]
-        lines.append(f"| **sampled, all stages** | 100% | **{sum(ms for *_, ms in table):.3f}** |")
+        lines.append(f"| **replicas, all threads** | 100% | **{sum(ms for *_, ms in table):.3f}** |")
+        top = sorted(prof["native_threads_ms"].items(), key=lambda kv: -kv[1])[:5]
+        lines.append(f"\n{NATIVE}, by thread name: " + ", ".join(f"{k} {v:.3f}" for k, v in top))
         cpu = prof["cpu_ms_per_request"]
         lines.append("\nCPU ms per request from /proc (same run): " +
                      ", ".join(f"{k} {v:.3f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
@@ -184,6 +213,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     extra = ["--checkpoint", args.checkpoint, "--metrics-export-port", str(free_port()), *args.service_args.split()]
     print(f"starting python -m service on {url} (log {work}/service.log); load {os.getloadavg()[0]:.1f}", flush=True)
     proc = start_service(args.port, work / "service.log", extra)
+    engine_target = ["--engine", args.checkpoint, "--threads", str(args.engine_threads)]
     results: dict = {"clients": {}, "command": sys.argv, "load_average": []}
     try:
         wait_ready(url, proc, 900)
@@ -191,19 +221,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         loadtest(["--url", url], 4, 5, 4, work / "warm.json")           # compiled paths, connections
         for c in clients:
             http = loadtest(["--url", url], c, args.duration, 2, work / f"http-{c}.json")
+            eng = loadtest(engine_target, c, args.duration, 3, work / f"engine-{c}.json")
             prof = profiled_run(proc.pid, url, c, args.duration, args.rate, args.native, work)
-            results["clients"][c] = {"http": http, "profiled": prof}
+            results["clients"][c] = {"http": http, "engine": eng, "profiled": prof}
             results["load_average"].append(os.getloadavg()[0])
-            print(f"{c} client(s): HTTP {http['requests_per_s']:.1f} req/s, p50 "
-                  f"{http['latency_s']['p50'] * 1000:.2f} ms; profiled {sum(prof['samples'].values())} samples",
-                  flush=True)
+            print(f"{c} client(s): HTTP {http['requests_per_s']:.1f} req/s, p50 {http['latency_s']['p50'] * 1000:.2f}"
+                  f" ms; engine alone {eng['requests_per_s']:.1f}/s; profiled {prof['samples']} samples", flush=True)
     finally:
         stop_service(proc)
-    engine_target = ["--engine", args.checkpoint, "--threads", str(args.engine_threads)]
-    for c in clients:
-        eng = loadtest(engine_target, c, args.duration, 3, work / f"engine-{c}.json")
-        results["clients"][c]["engine"] = eng
-        results["load_average"].append(os.getloadavg()[0])
     print(report(results))
     print(f"\nload average during the runs: {', '.join(f'{x:.1f}' for x in results['load_average'])}; files: {work}")
     if args.json:

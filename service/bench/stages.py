@@ -115,14 +115,49 @@ def stack_stage(frames: list[tuple[str, str]]) -> str:
     return OTHER
 
 
-def fold(lines: Iterable[str]) -> Counter:
-    """Samples per stage of py-spy raw lines."""
-    out: Counter = Counter()
+_THREAD = re.compile(r"^thread \((?:0x)?(\d+)\)")
+
+
+def fold_threads(lines: Iterable[str]) -> dict[int, Counter]:
+    """Samples per stage per thread of py-spy raw lines (``--threads``: a first frame
+    ``thread (TID): name``, TID the OS thread id; 0 for lines without one)."""
+    out: dict[int, Counter] = {}
     for line in lines:
         line = line.rstrip("\n")
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = [parse_frame(f) for f in stack.split(";") if f and not f.startswith(("thread (", "process "))]
-        out[stack_stage(frames)] += int(count)
+        parts = stack.split(";")
+        m = _THREAD.match(parts[0])
+        tid = int(m.group(1)) if m else 0
+        frames = [parse_frame(f) for f in parts if f and not f.startswith(("thread (", "process "))]
+        out.setdefault(tid, Counter())[stack_stage(frames)] += int(count)
+    return out
+
+
+def fold(lines: Iterable[str]) -> Counter:
+    """Samples per stage of py-spy raw lines, all threads together."""
+    out: Counter = Counter()
+    for counts in fold_threads(lines).values():
+        out.update(counts)
+    return out
+
+
+NATIVE = "native threads (no Python frame: Ray core, gRPC, OpenMP)"
+
+
+def weigh(samples: dict[int, Counter], cpu_s: dict[int, float]) -> dict[str, float]:
+    """CPU seconds per stage: each thread's CPU time (``cpu_s``, from /proc) shared among the stages
+    of its samples; a thread that used CPU but was never sampled (no Python frame) goes to ``NATIVE``.
+    py-spy's idle test misses some waits (a thread parked in C), so its sample counts alone would
+    overstate them: the thread's real CPU time bounds what its samples get."""
+    out: dict[str, float] = {}
+    for tid, seconds in cpu_s.items():
+        counts = samples.get(tid)
+        total = sum(counts.values()) if counts else 0
+        if not total:
+            out[NATIVE] = out.get(NATIVE, 0.0) + seconds
+            continue
+        for stage, n in counts.items():
+            out[stage] = out.get(stage, 0.0) + seconds * n / total
     return out
