@@ -11,6 +11,7 @@ from service.bench.stages import (
     OTHER,
     PARSING,
     ROOT,
+    WAITING,
     fold,
     fold_threads,
     module_path,
@@ -79,9 +80,12 @@ def test_each_threads_cpu_time_is_shared_among_the_stages_of_its_samples():
         # a thread parked in C that py-spy counted as active: its /proc time bounds it
         f"thread (102): main;main_loop ({SITE}/ray/_private/worker.py:900) 50",
         f"thread (103): engine-runner_0;step ({ROOT}/service/engine/runner.py:80) 10",
+        # a runnable thread seen at its pool's queue: none of its CPU time
+        f"thread (103): engine-runner_0;_worker ({STD}/concurrent/futures/thread.py:81) 30",
     ]
     samples = fold_threads(lines)
     assert samples[101] == {"text: sentence splitting": 3, "ASGI server (uvicorn, h11, httptools)": 1}
     got = weigh(samples, {101: 0.4, 102: 0.01, 103: 1.0, 104: 0.2})   # 104: never sampled (a C++ thread)
     assert got == pytest.approx({"text: sentence splitting": 0.3, "ASGI server (uvicorn, h11, httptools)": 0.1,
-                   "Ray core, gRPC": 0.01, "engine: model step": 1.0, NATIVE: 0.2})
+                   EVENT_LOOP: 0.01, "engine: model step": 1.0, NATIVE: 0.2})
+    assert samples[102] == {WAITING: 50}

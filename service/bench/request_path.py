@@ -46,14 +46,34 @@ LOAD_ARGS = ["--beam-size", "1", "--texts", "1", "--seed", "1", "--timeout", "60
 _LATENCY = re.compile(r"\baccess\b.*?\bpath=/v1/translate\b.*?\blatency_ms=([0-9.]+)")
 
 
-def loadtest(target: list[str], clients: int, duration: float, warmup: int, out: Path) -> dict:
-    """One ``python -m service.loadtest`` run; its summary."""
+def loadtest(target: list[str], clients: int, duration: float, warmup: int, out: Path,
+             measure_cpu: bool = False) -> dict:
+    """One ``python -m service.loadtest`` run; its summary. With ``measure_cpu`` (the engine alone),
+    ``summary["cpu_ms_per_request"]``: the process's CPU over its last ``duration`` seconds (read from
+    /proc every 0.2 s; the load is what it does then) per request answered."""
     cmd = [sys.executable, "-m", "service.loadtest", *target, "-c", str(clients), "-d", str(duration),
            "--warmup", str(warmup), *LOAD_ARGS, "--json", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 600)
-    if done.returncode != 0:
-        raise RuntimeError(f"load test {' '.join(cmd[3:])} failed: {done.stderr.strip()[-800:]}")
-    return json.loads(out.read_text())["summary"]
+    err = open(out.with_suffix(".log"), "w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    series: list[tuple[float, float]] = []
+    deadline = time.monotonic() + duration + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if measure_cpu:
+            cpu = _cpu_s([proc.pid]).get(proc.pid)
+            if cpu is not None:
+                series.append((time.monotonic(), cpu))
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    if proc.wait() != 0:
+        err.seek(0)
+        raise RuntimeError(f"load test {' '.join(cmd[3:])} failed: {err.read().strip()[-800:]}")
+    summary = json.loads(out.read_text())["summary"]
+    if measure_cpu and series:
+        end_t, end_cpu = series[-1]
+        start_cpu = next((c for t, c in series if t >= end_t - summary["duration_s"]), series[0][1])
+        summary["cpu_ms_per_request"] = (end_cpu - start_cpu) * 1000 / max(summary["ok"], 1)
+    return summary
 
 
 def thread_cpu(pids: list[int]) -> dict[int, tuple[str, float]]:
@@ -180,6 +200,9 @@ def report(results: dict) -> str:
                      f"{eng['requests_per_s']:.1f} sentences/s, p50 {e50:.2f} ms; ratio HTTP/engine "
                      f"**{http['requests_per_s'] / max(eng['requests_per_s'], 1e-9):.2f}**, added p50 "
                      f"**{p50 - e50:+.2f} ms**")
+        if eng.get("cpu_ms_per_request") is not None:
+            lines.append(f"CPU ms per request: service (all processes, /proc) {cpu['total']:.3f}, engine alone "
+                         f"{eng['cpu_ms_per_request']:.3f} (ratio {cpu['total'] / max(eng['cpu_ms_per_request'], 1e-9):.2f})")
         if acc is not None:
             lines.append(f"Access log (profiled run, {prof['access_lines']} lines): replica latency_ms p50 "
                          f"{acc:.2f} against the client's p50 {prof['summary']['latency_s']['p50'] * 1000:.2f} ms")
@@ -221,7 +244,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         loadtest(["--url", url], 4, 5, 4, work / "warm.json")           # compiled paths, connections
         for c in clients:
             http = loadtest(["--url", url], c, args.duration, 2, work / f"http-{c}.json")
-            eng = loadtest(engine_target, c, args.duration, 3, work / f"engine-{c}.json")
+            eng = loadtest(engine_target, c, args.duration, 3, work / f"engine-{c}.json", measure_cpu=True)
             prof = profiled_run(proc.pid, url, c, args.duration, args.rate, args.native, work)
             results["clients"][c] = {"http": http, "engine": eng, "profiled": prof}
             results["load_average"].append(os.getloadavg()[0])

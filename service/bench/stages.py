@@ -62,6 +62,12 @@ RULES: list[tuple[str, Optional[str], str]] = [
 GENERIC = ("asyncio/", "uvloop/", "anyio/", "concurrent/", "threading.py", "selectors.py", "contextlib.py",
            "contextvars", "functools.py", "typing.py", "weakref.py", "queue.py", "socket.py", "ssl.py")
 EVENT_LOOP = "event loop, threads"
+WAITING = "waiting"
+# leaves where a thread waits in C (uvloop's loop, a pool's queue, Ray's task loop, a lock): py-spy
+# takes a thread in state R for active, and on a loaded machine a woken thread waits there for a CPU
+WAIT_LEAVES = {("Thread.run", "threading.py"), ("_worker", "concurrent/futures/thread.py"),
+               ("Worker.main_loop", "ray/_private/worker.py"), ("Condition.wait", "threading.py"),
+               ("Event.wait", "threading.py"), ("select", "selectors.py"), ("_run_once", "asyncio/base_events.py")}
 OTHER = "other"
 ENCODING_FUNCS = {"serialize_response", "jsonable_encoder", "render"}
 
@@ -103,6 +109,8 @@ def frame_stage(func: str, mod: str) -> Optional[str]:
 
 def stack_stage(frames: list[tuple[str, str]]) -> str:
     """The stage of one stack (root first)."""
+    if frames and frames[-1] in WAIT_LEAVES:
+        return WAITING
     for func, mod in frames:
         if func in ENCODING_FUNCS and (mod.startswith(("fastapi/", "starlette/")) or func != "render"):
             return ENCODING
@@ -148,16 +156,18 @@ NATIVE = "native threads (no Python frame: Ray core, gRPC, OpenMP)"
 
 def weigh(samples: dict[int, Counter], cpu_s: dict[int, float]) -> dict[str, float]:
     """CPU seconds per stage: each thread's CPU time (``cpu_s``, from /proc) shared among the stages
-    of its samples; a thread that used CPU but was never sampled (no Python frame) goes to ``NATIVE``.
-    py-spy's idle test misses some waits (a thread parked in C), so its sample counts alone would
-    overstate them: the thread's real CPU time bounds what its samples get."""
+    of its samples but ``WAITING`` ones (all of it to ``EVENT_LOOP`` when it has only those); a thread
+    that used CPU but was never sampled (no Python frame) goes to ``NATIVE``. py-spy's idle test
+    misses waits (a thread parked in C), so its sample counts alone would overstate them: the
+    thread's real CPU time bounds what its samples get."""
     out: dict[str, float] = {}
     for tid, seconds in cpu_s.items():
         counts = samples.get(tid)
-        total = sum(counts.values()) if counts else 0
-        if not total:
+        if not counts or not sum(counts.values()):
             out[NATIVE] = out.get(NATIVE, 0.0) + seconds
             continue
+        counts = Counter({k: v for k, v in counts.items() if k != WAITING}) or Counter({EVENT_LOOP: 1})
+        total = sum(counts.values())
         for stage, n in counts.items():
             out[stage] = out.get(stage, 0.0) + seconds * n / total
     return out
