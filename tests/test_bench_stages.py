@@ -78,7 +78,7 @@ def test_each_threads_cpu_time_is_shared_among_the_stages_of_its_samples():
         f"thread (101): asyncio_0;{LOOP};split ({ROOT}/service/translator/text.py:40) 3",
         f"thread (101): asyncio_0;{LOOP};{UVICORN} 1",
         # a thread parked in C that py-spy counted as active: its /proc time bounds it
-        f"thread (102): main;main_loop ({SITE}/ray/_private/worker.py:900) 50",
+        f"thread (102): main;Worker.main_loop ({SITE}/ray/_private/worker.py:900) 50",
         f"thread (103): engine-runner_0;step ({ROOT}/service/engine/runner.py:80) 10",
         # a runnable thread seen at its pool's queue: none of its CPU time
         f"thread (103): engine-runner_0;_worker ({STD}/concurrent/futures/thread.py:81) 30",

@@ -67,7 +67,7 @@ WAITING = "waiting"
 # takes a thread in state R for active, and on a loaded machine a woken thread waits there for a CPU
 WAIT_LEAVES = {("Thread.run", "threading.py"), ("_worker", "concurrent/futures/thread.py"),
                ("Worker.main_loop", "ray/_private/worker.py"), ("Condition.wait", "threading.py"),
-               ("Event.wait", "threading.py"), ("select", "selectors.py"), ("_run_once", "asyncio/base_events.py")}
+               ("Event.wait", "threading.py"), ("select", "selectors.py")}
 OTHER = "other"
 ENCODING_FUNCS = {"serialize_response", "jsonable_encoder", "render"}
 
