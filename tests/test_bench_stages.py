@@ -89,3 +89,23 @@ def test_each_threads_cpu_time_is_shared_among_the_stages_of_its_samples():
     assert got == pytest.approx({"text: sentence splitting": 0.3, "ASGI server (uvicorn, h11, httptools)": 0.1,
                    EVENT_LOOP: 0.01, "engine: model step": 1.0, NATIVE: 0.2})
     assert samples[102] == {WAITING: 50}
+
+
+def test_request_path_report_gives_shares_ratios_and_added_p50(capsys):
+    from service.bench.request_path import main, report, stage_table
+
+    prof = {"stage_cpu_ms_per_request": {"engine: model step": 3.0, PARSING: 1.0}, "native_threads_ms": {"worker.io": 0.1},
+            "samples": 100, "rate_hz": 200, "summary": {"ok": 50, "requests_per_s": 40.0, "latency_s": {"p50": 0.031}},
+            "cpu_ms_per_request": {"replica Gateway": 4.0, "haproxy": 0.2, "total": 4.2},
+            "access_latency_ms_p50": 28.0, "access_lines": 50}
+    assert stage_table(prof) == [("engine: model step", 0.75, 3.0), (PARSING, 0.25, 1.0)]
+    http = {"requests_per_s": 45.0, "latency_s": {"p50": 0.030}}
+    eng = {"requests_per_s": 50.0, "latency_s": {"p50": 0.020}, "cpu_ms_per_request": 2.1}
+    text = report({"clients": {1: {"profiled": prof, "http": http, "engine": eng}}})
+    assert "| engine: model step | 75.0% | 3.000 |" in text
+    assert "ratio HTTP/engine **0.90**, added p50 **+10.00 ms**" in text
+    assert "engine alone 2.100 (ratio 2.00)" in text
+    assert "replica latency_ms p50 28.00 against the client's p50 31.00 ms" in text
+    with pytest.raises(SystemExit):
+        main(["--clients", "one"])
+    assert "comma-separated integers" in capsys.readouterr().err
