@@ -71,6 +71,10 @@ def test_json_loads_is_parsing_and_dumps_is_encoding():
     assert stack_stage([("dumps", "json/__init__.py")]) == ENCODING
     assert stack_stage([("dispatch", "service/api/middleware/cors.py")]) == "middleware"
     assert stack_stage([("receive", "service/api/middleware/body.py")]) == PARSING
+    # --native: a C wait at the leaf is a wait, C work under a Python frame is that frame's
+    assert stack_stage([("run", "service/pipeline/pipeline.py"), ("epoll_wait", "libc.so.6")]) == WAITING
+    assert stack_stage([("run", "service/pipeline/pipeline.py"), ("PyDict_GetItem", "libpython3.11.so")]) \
+        == "pipeline (service/pipeline)"
 
 
 def test_each_threads_cpu_time_is_shared_among_the_stages_of_its_samples():

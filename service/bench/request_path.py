@@ -134,11 +134,15 @@ def profiled_run(service_pid: int, url: str, clients: int, duration: float, rate
     offsets = {log: log.stat().st_size for log in logs}
     spies = []
     for pid in replicas:
-        cmd = [PY_SPY, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--nonblocking",
-               "--full-filenames", "--threads", "--output", str(work / f"spy-{clients}-{pid}.txt")]
-        spies.append(subprocess.Popen(cmd + (["--native"] if native else []), stdout=subprocess.DEVNULL,
-                                      stderr=open(work / f"spy-{clients}-{pid}.log", "w"), start_new_session=True))
+        cmd = [PY_SPY, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--full-filenames",
+               "--threads", "--output", str(work / f"spy-{clients}-{pid}.txt")]
+        cmd += ["--native"] if native else ["--nonblocking"]     # native stacks need the target paused
+        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(work / f"spy-{clients}-{pid}.log", "w"),
+                                      start_new_session=True))
     time.sleep(2)                                                # py-spy attaches
+    for spy, pid in zip(spies, replicas):
+        if spy.poll() is not None:
+            raise RuntimeError(f"py-spy stopped: {(work / f'spy-{clients}-{pid}.log').read_text().strip()[-500:]}")
     before, threads_before = _cpu_s(_processes(service_pid)), thread_cpu(replicas)
     summary = loadtest(["--url", url], clients, duration, 0, work / f"http-prof-{clients}.json")
     cpu = _cpu_ms_per_request(service_pid, before, summary["ok"])
@@ -161,11 +165,11 @@ def profiled_run(service_pid: int, url: str, clients: int, duration: float, rate
     latencies = access_latencies(logs, offsets)
     ok = max(summary["ok"], 1)
     stage_ms = {k: v * 1000 / ok for k, v in weigh(samples, {t: s for t, (_, s) in threads.items()}).items()}
-    native: dict[str, float] = {}
+    unsampled: dict[str, float] = {}
     for tid, (name, seconds) in threads.items():
         if not sum(samples.get(tid, {}).values()):
-            native[name] = native.get(name, 0.0) + seconds * 1000 / ok
-    return {"summary": summary, "stage_cpu_ms_per_request": stage_ms, "native_threads_ms": native,
+            unsampled[name] = unsampled.get(name, 0.0) + seconds * 1000 / ok
+    return {"summary": summary, "stage_cpu_ms_per_request": stage_ms, "native_threads_ms": unsampled,
             "samples": sum(sum(c.values()) for c in samples.values()), "rate_hz": rate, "cpu_ms_per_request": cpu,
             "access_latency_ms_p50": statistics.median(latencies) if latencies else None,
             "access_lines": len(latencies)}
@@ -216,7 +220,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--duration", type=float, default=15.0, help="seconds per load run (default 15)")
     ap.add_argument("--port", type=int, default=8047, help="the service's HTTP port (default 8047)")
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second per thread (default 200)")
-    ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too; slower sampling)")
+    ap.add_argument("--native", action="store_true",
+                    help="py-spy --native (C frames too; pauses the replicas at each sample)")
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="the model served and run alone")
     ap.add_argument("--engine-threads", type=int, default=1, help="torch threads of the engine alone (default 1)")
     ap.add_argument("--service-args", default="", help="extra python -m service arguments")

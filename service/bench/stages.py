@@ -68,6 +68,10 @@ WAITING = "waiting"
 WAIT_LEAVES = {("Thread.run", "threading.py"), ("_worker", "concurrent/futures/thread.py"),
                ("Worker.main_loop", "ray/_private/worker.py"), ("Condition.wait", "threading.py"),
                ("Event.wait", "threading.py"), ("select", "selectors.py")}
+# with --native, a wait is a C call among the last frames (libc's own may show as bare addresses)
+_NATIVE_WAIT = re.compile(r"^(epoll_wait|epoll_pwait|__?poll|poll|select|pthread_cond_(timed)?wait|futex_wait|"
+                          r"__futex_abstimed_wait|nanosleep|clock_nanosleep|sem_(timed)?wait|"
+                          r"PyThread_acquire_lock|take_gil)")
 OTHER = "other"
 ENCODING_FUNCS = {"serialize_response", "jsonable_encoder", "render"}
 
@@ -109,7 +113,7 @@ def frame_stage(func: str, mod: str) -> Optional[str]:
 
 def stack_stage(frames: list[tuple[str, str]]) -> str:
     """The stage of one stack (root first)."""
-    if frames and frames[-1] in WAIT_LEAVES:
+    if frames and (frames[-1] in WAIT_LEAVES or any(_NATIVE_WAIT.search(f) for f, _ in frames[-3:])):
         return WAITING
     for func, mod in frames:
         if func in ENCODING_FUNCS and (mod.startswith(("fastapi/", "starlette/")) or func != "render"):
