@@ -97,6 +97,18 @@ def test_weights_of_fewer_levels_take_the_clip_of_least_squared_error():
     assert bool((ratio < 0.99).all())                    # and on these features a clip below absmax wins
 
 
+@pytest.mark.parametrize("levels", [127, 63])
+def test_weights_are_quantized_in_row_chunks_with_the_same_result(monkeypatch, levels):
+    """quantize_weight takes QUANTIZE_ROWS features at a time (bounded temporaries for a 256k-row
+    output projection): the same q and scales as in one pass, a chunk boundary inside the weight."""
+    w = torch.randn(1000, 300, generator=torch.Generator().manual_seed(5))
+    whole = kernels.quantize_weight(w, levels)
+    monkeypatch.setattr(kernels, "QUANTIZE_ROWS", 128)                   # 7 full chunks and a short one
+    q, scale = kernels.quantize_weight(w, levels)
+    assert q.shape == (1000, 300) and scale.shape == (1000,)
+    assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
+
+
 def test_int8_row_major_copy_only_where_int_mm_serves_many_rows(monkeypatch):
     """The row-major int8 copy exists only where torch._int_mm multiplies 2+ rows (no compiled layer);
     with one (AVX-512 VNNI or AVX2) the kernel takes every row count and the layer keeps one int8 copy

@@ -123,20 +123,25 @@ class CT2Model:
                                                  inter_threads=inter_threads, intra_threads=intra_threads)
         self.pieces = json.loads((directory / "shared_vocabulary.json").read_text(encoding="utf-8"))
         self.ids = {p: i for i, p in enumerate(self.pieces)}
+        self.suppress = [s for s in SUPPRESS if s[0] in self.ids]       # T5 vocabularies have no <s>
 
     def translate_ids(self, srcs: Sequence[Sequence[int]], beam_size: int = 1, max_new_tokens: int = 255,
                       batch_size: int = 32, with_eos: bool = False, return_scores: bool = False,
-                      min_new_tokens: int = 0) -> list[list[int]]:
+                      min_new_tokens: int = 0, target_prefix: Optional[Sequence[int]] = None) -> list[list[int]]:
         """Best hypothesis' target ids for each source (ending with EOS when it was generated and
         ``with_eos``); ``max_new_tokens`` bounds the output length; sources are translated in batches
         of ``batch_size`` sentences. ``return_scores``: CTranslate2 computes each hypothesis' score
         (its greedy search otherwise skips the log-softmax over the vocabulary: an argmax of the logits
         picks the same tokens); the ids are the same either way. ``min_new_tokens``: EOS is banned
-        before this many tokens (CTranslate2's ``min_decoding_length``)."""
+        before this many tokens (CTranslate2's ``min_decoding_length``). ``target_prefix``: target ids
+        every output starts with (a multilingual model's target-language token; counted in the
+        lengths and returned)."""
         tokens = [[self.pieces[i] for i in s] for s in srcs]
+        prefix = None if not target_prefix else [[self.pieces[i] for i in target_prefix]] * len(tokens)
         results = self.translator.translate_batch(tokens, beam_size=beam_size, max_batch_size=batch_size,
                                                   max_decoding_length=max_new_tokens, length_penalty=1.0,
-                                                  suppress_sequences=SUPPRESS, return_end_token=with_eos,
+                                                  target_prefix=prefix,
+                                                  suppress_sequences=self.suppress, return_end_token=with_eos,
                                                   return_scores=return_scores,
                                                   min_decoding_length=min_new_tokens)
         return [[self.ids[p] for p in r.hypotheses[0]] for r in results]

@@ -28,7 +28,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from model.inference.linear import linear_dtype, pack_for_inference
 
@@ -131,15 +131,18 @@ async def run_engine(model, srcs, beam: int, num_seqs: int, arrivals: Optional[l
                      fixed_len: Optional[int] = None, policy: str = "decode_first", part: str = "(c)",
                      admission: str = "fifo",
                      system: str = "continuous engine, all at once", warmup: bool = True,
-                     prefill_every: int = 4, dtype: str = "auto", engine=None) -> Run:
+                     prefill_every: int = 4, dtype: str = "auto", engine=None, prefix: Sequence[int] = ()) -> Run:
     """Submit every sentence (at once, or at the given arrival offsets in seconds) and await all;
     with warmup, first push a few batches through a throw-away engine (outside the clock). With
     ``engine`` (started on this event loop), that engine serves the sentences and stays running, as a
-    replica's does (the engine arguments and warmup are then unused)."""
+    replica's does (the engine arguments and warmup are then unused). ``prefix``: target ids forced
+    first at log-prob 0 (a multilingual model's target-language token; counted in ``fixed_len``)."""
     from service.engine import Engine, EngineConfig, GenerationOptions
-    opts = GenerationOptions(beam_size=beam, n_best=1)
+    forced = {"target_prefix": tuple(prefix), "free_prefix": len(prefix)}
+    opts = GenerationOptions(beam_size=beam, n_best=1, **forced)
     if fixed_len is not None:
-        opts = GenerationOptions(beam_size=beam, max_new_tokens=fixed_len, min_new_tokens=fixed_len)
+        n = fixed_len - len(prefix)          # the engine counts its budgets after the prefix
+        opts = GenerationOptions(beam_size=beam, max_new_tokens=n, min_new_tokens=n, **forced)
     config = EngineConfig(max_num_seqs=num_seqs, max_waiting=max(len(srcs), 1), policy=policy, admission=admission,
                           prefill_every=prefill_every, dtype=dtype)
     prof = StepProfile()

@@ -75,9 +75,12 @@ def _translator(spec: dict):
     """``translate(srcs) -> (outputs without EOS, generated tokens)`` for spec's system, loaded here."""
     system, threads, beam, eos, budgets = spec["system"], spec["threads"], spec["beam"], spec["eos"], spec["budgets"]
     fixed = spec.get("tokens")           # --tokens: exactly this many tokens per sentence
+    prefix = spec.get("prefix") or None  # a forced target-language token (multilingual families)
     if system.startswith("CTranslate2"):
         from model.interop.ct2 import CT2Model
+        before = rss_mb()
         ct2 = CT2Model(spec["ct2"], system.split()[1], inter_threads=1, intra_threads=threads)
+        loaded = rss_mb() - before
 
         def translate(srcs):
             outs = []
@@ -85,8 +88,9 @@ def _translator(spec: dict):
                 # with scores, as the engine (every result carries its score; without them CTranslate2's
                 # greedy search skips the log-softmax)
                 outs += ct2.translate_ids(batch, beam, budget, E_BATCH, with_eos=True, return_scores=True,
-                                          min_new_tokens=fixed or 0)
+                                          min_new_tokens=fixed or 0, target_prefix=prefix)
             return [o[:-1] if o[-1:] == [eos] else o for o in outs], sum(map(len, outs))
+        translate.rss_mb = loaded
         return translate
     import torch
     torch.set_num_threads(threads)
@@ -111,8 +115,10 @@ def _translator(spec: dict):
         return translate
     from model.load import load_model
     from service.engine import torch_threads, tune_process
+    before = rss_mb()
     with torch_threads(1):                 # see engine._engine_parts_worker
         model, _, _ = load_model(spec["checkpoint"], linear_dtype="int8" if system == "engine int8" else "float32")
+    loaded = rss_mb() - before
     tune_process()
 
     # One engine per worker, built and started outside the clock as CTranslate2's translator is (its
@@ -129,13 +135,20 @@ def _translator(spec: dict):
     def translate(srcs):
         ids = order if len(srcs) == len(order) else range(len(srcs))
         run = loop.run_until_complete(run_engine(model, [srcs[i] for i in ids], beam, spec["slots"], part="(f)",
-                                                 fixed_len=fixed, engine=engine))
+                                                 fixed_len=fixed, engine=engine, prefix=prefix or ()))
         outputs: list = [None] * len(srcs)
         for i, out in zip(ids, run.outputs):
             outputs[i] = out
         return outputs, run.tokens
     translate.close = lambda: loop.run_until_complete(engine.stop())     # its step loop ends before the process
+    translate.rss_mb = loaded
     return translate
+
+
+def rss_mb() -> float:
+    """This process's resident memory (VmRSS), MiB; the "loaded model" figure is its growth over a load."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def _f_worker(spec: dict, barrier, queue) -> None:
@@ -146,7 +159,7 @@ def _f_worker(spec: dict, barrier, queue) -> None:
         t_start = time.time()
         outputs, tokens = translate(spec["srcs"])
         queue.put({"ok": True, "start": t_start, "end": time.time(), "tokens": tokens, "outputs": outputs,
-                   "index": spec["index"]})
+                   "index": spec["index"], "rss_mb": getattr(translate, "rss_mb", None)})
         getattr(translate, "close", lambda: None)()
     except BaseException as e:  # noqa: BLE001 - report to the parent instead of hanging it
         queue.put({"ok": False, "error": f"{spec['system']}: {e!r}"})
@@ -172,7 +185,8 @@ def run_f_layout(common: dict, srcs: list[list[int]], system: str, layout: str, 
         for i, hyp in zip(o["index"], o["outputs"]):
             outputs[i] = hyp
     wall = max(o["end"] for o in outs) - min(o["start"] for o in outs)
-    return Run("(f)", system, beam, len(srcs), sum(o["tokens"] for o in outs), wall, [], layout, outputs=outputs)
+    return Run("(f)", system, beam, len(srcs), sum(o["tokens"] for o in outs), wall, [], layout,
+               profile={"rss_mb": [o["rss_mb"] for o in outs]}, outputs=outputs)
 
 
 # ---- other shapes: a random checkpoint -------------------------------------------------------------
@@ -210,7 +224,8 @@ def random_checkpoint(out: Path, preset: str, tokenizer_file: Path, vocab_size: 
 
 def table_rows(runs: list[Run], bleu: dict[tuple[str, str, int], float],
                rounds: Optional[dict[tuple[str, str, int], list[Run]]] = None) -> list[dict]:
-    """One row per run (its system, layout and beam size): tokens/s, sentences/s, BLEU, and the ratio
+    """One row per run (its system, layout and beam size): tokens/s, sentences/s, BLEU (None where
+    ``bleu`` has none), and the ratio
     of tokens/s to each CTranslate2 system of the same layout and beam size (None if not run). With
     ``rounds`` (every round's run of each configuration, in round order; two or more rounds), also the
     median over rounds of the ratio within each round (``round_ratio_to_...``): each round's two runs
@@ -218,8 +233,9 @@ def table_rows(runs: list[Run], bleu: dict[tuple[str, str, int], float],
     by = {(r.system, r.layout, r.beam): r for r in runs}
     rows = []
     for r in runs:
+        b = bleu.get((r.system, r.layout, r.beam))
         row = {"system": r.system, "layout": r.layout, "beam_size": r.beam, "tokens_per_s": round(r.tokens_per_s, 1),
-               "sentences_per_s": round(r.sentences_per_s, 2), "bleu": round(bleu[(r.system, r.layout, r.beam)], 2),
+               "sentences_per_s": round(r.sentences_per_s, 2), "bleu": None if b is None else round(b, 2),
                "sentences": r.sentences, "generated_tokens": r.tokens}
         for ref in REFERENCES:
             other = by.get((ref, r.layout, r.beam))
@@ -246,7 +262,7 @@ def print_rows(rows: list[dict]) -> None:
                  f"{ratio(r.get('round_ratio_to_CTranslate2_int8')):>11}") if by_round else ""
         print(f"{r['system']:20} {r['layout']:6} {beam_name(r['beam_size']):8} {r['sentences_per_s']:8.1f} "
               f"{r['tokens_per_s']:8.0f} {ratio(r['ratio_to_CTranslate2_float32']):>9} "
-              f"{ratio(r['ratio_to_CTranslate2_int8']):>9} {r['bleu']:6.2f}{extra}")
+              f"{ratio(r['ratio_to_CTranslate2_int8']):>9} {'-' if r['bleu'] is None else format(r['bleu'], '6.2f'):>6}{extra}")
     if by_round:
         print("(/CT2: ratio of the median runs; rounds/: median over rounds of the ratio within a round)")
 
@@ -298,15 +314,24 @@ def run_same_weights(args, beams: list[int], ckpt: Path) -> int:
         length = f"exactly {args.tokens} tokens per sentence" if args.tokens else "the engine's length budgets"
         print(f"\n(f) same weights, one run: {shape}; {len(srcs)} sentences, {length}; systems {', '.join(systems)}; "
               f"layouts {', '.join(layouts)}; {args.rounds} interleaved round(s), median by tokens/s")
-        rounds: dict[tuple[str, str, int], list[Run]] = {}
-        for k in range(args.rounds):
-            for beam in beams:
-                for layout in layouts:
-                    for system in systems[k % len(systems):] + systems[: k % len(systems)]:
-                        run = run_f_layout(common, srcs, system, layout, beam)
-                        rounds.setdefault((system, layout, beam), []).append(run)
-                        print(f"  round {k + 1}: {system:20} {layout} {beam_name(beam):7} {run.tokens_per_s:8.0f} tok/s",
-                              flush=True)
+        rounds = run_rounds(common, srcs, systems, layouts, beams, args.rounds)
     runs = [median_run(rounds[(s, lay, b)]) for b in beams for lay in layouts for s in systems]
     report(runs, tok.decode, refs, args.json, rounds)
     return 0
+
+
+def run_rounds(common: dict, srcs: list[list[int]], systems: list[str], layouts: list[str], beams: list[int],
+               n_rounds: int) -> dict[tuple[str, str, int], list[Run]]:
+    """``n_rounds`` interleaved rounds of every (beam, layout, system) over srcs (``run_f_layout``), the
+    systems' order rotated each round; each run printed as it ends. Returns (system, layout, beam) ->
+    its runs in round order (``median_run`` picks the reported one)."""
+    rounds: dict[tuple[str, str, int], list[Run]] = {}
+    for k in range(n_rounds):
+        for beam in beams:
+            for layout in layouts:
+                for system in systems[k % len(systems):] + systems[: k % len(systems)]:
+                    run = run_f_layout(common, srcs, system, layout, beam)
+                    rounds.setdefault((system, layout, beam), []).append(run)
+                    print(f"  round {k + 1}: {system:20} {layout} {beam_name(beam):7} {run.tokens_per_s:8.0f} tok/s",
+                          flush=True)
+    return rounds
