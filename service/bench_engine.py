@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from service.bench.engine import run_model_parts
+from service.bench.engine import beams_and_layouts, run_model_parts
 from service.bench.engine import __doc__ as bench_doc
 from service.bench.protocol import run_protocol
 from service.bench.same_weights import run_same_weights
@@ -62,12 +62,7 @@ def main(argv=None) -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or not parts <= set("abcdef"):
         ap.error(f"--parts must be a non-empty subset of a,b,c,d,e,f, got {args.parts!r}")
-    try:
-        beams = [int(b) for b in args.beams.split(",")]
-        layouts = [tuple(int(n) for n in x.split("x")) for x in args.layouts.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--beams takes integers (1,4) and --layouts PROCESSESxTHREADS (1x2,2x1), got {args.beams!r} "
-                 f"and {args.layouts!r}")
+    beams, layouts = beams_and_layouts(ap, args.beams, args.layouts)
     for name, ok in (("--beams", all(b >= 1 for b in beams)), ("--threads", args.threads >= 1),
                      ("--layouts", all(len(x) == 2 and min(x) >= 1 for x in layouts)),
                      ("--limit", args.limit is None or args.limit >= 1), ("--rounds", args.rounds >= 1),

@@ -275,6 +275,17 @@ def run_engine_parts(spec: dict) -> list[Run]:
 
 # ---- reporting ------------------------------------------------------------------------------------
 
+def beams_and_layouts(ap, beams: str, layouts: str) -> tuple[list[int], list[tuple[int, ...]]]:
+    """``--beams`` ("1,4") and ``--layouts`` ("1x2,2x1": processes x threads) as lists; a malformed one
+    is ``ap.error`` naming both (exit 2)."""
+    try:
+        return ([int(b) for b in beams.split(",")],
+                [tuple(int(n) for n in x.split("x")) for x in layouts.split(",") if x.strip()])
+    except ValueError:
+        ap.error(f"--beams takes integers (1,4) and --layouts PROCESSESxTHREADS (1x2,2x1), got {beams!r} "
+                 f"and {layouts!r}")
+
+
 def beam_name(beam: int) -> str:
     return "greedy" if beam == 1 else f"beam {beam}"
 

@@ -41,7 +41,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import in_children, median_run
+from .engine import beams_and_layouts, in_children, median_run
 from .same_weights import DATA, print_rows, run_rounds, table_rows
 
 SYSTEMS = ("engine int8", "engine", "CTranslate2 int8", "CTranslate2 float32")
@@ -309,12 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    try:
-        beams = [int(b) for b in args.beams.split(",")]
-        layouts = [tuple(int(n) for n in x.split("x")) for x in args.layouts.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--beams takes integers (1,4) and --layouts PROCESSESxTHREADS (1x2,2x1), got {args.beams!r} "
-                 f"and {args.layouts!r}")
+    beams, layouts = beams_and_layouts(ap, args.beams, args.layouts)
     systems = [x.strip() for x in args.systems.split(",") if x.strip()]
     if not systems or set(systems) - set(SYSTEMS):
         ap.error(f"--systems: choose from {', '.join(SYSTEMS)}, got {args.systems!r}")
