@@ -8,7 +8,7 @@ A random transformers model of the shape (``SHAPES``) is written in the publishe
 (NLLB-200: ``M2M100ForConditionalGeneration`` with an ``NllbTokenizer``; MADLAD-400:
 ``T5ForConditionalGeneration``, untied ``lm_head``, with a ``T5Tokenizer``), each tokenizer holding the
 full vocabulary of made-up pieces plus three language tokens; then imported with our importer
-(``model.convert.convert_transformers``, float32) and converted with CTranslate2's own converter
+(the importer ``python -m model.convert --from-transformers`` runs, float32) and converted with CTranslate2's own converter
 (``model.interop.ct2.convert_to_ct2``, int8), in a temporary directory (``--dir DIR``: there, reused
 when present). Sources: test_2016_flickr's German sentences, each word mapped to a piece by a CRC32
 of the word (a fixed tokenization into the synthetic vocabulary), in the family's template (NLLB:
@@ -128,14 +128,15 @@ def _t5_dir(d: Path, shape: Shape) -> dict:
 
 def _build_worker(spec: dict, barrier, queue) -> None:
     try:
-        from model.convert import convert_transformers
         from model.interop.ct2 import convert_to_ct2
+        from model.interop.multilingual import convert_multilingual
+        from model.interop.t5 import convert_t5
         d, shape = Path(spec["dir"]), SHAPES[spec["shape"]]
         t0 = time.time()
         (d / "hf").mkdir(parents=True, exist_ok=True)
         info = (_nllb_dir if shape.family == "nllb" else _t5_dir)(d / "hf", shape)
         t1 = time.time()
-        convert_transformers(str(d / "hf"), str(d / "ckpt"), "float32")
+        (convert_multilingual if shape.family == "nllb" else convert_t5)(str(d / "hf"), str(d / "ckpt"), "float32")
         t2 = time.time()
         convert_to_ct2(d / "hf", d / "ct2", "int8")
         info["build_s"] = {"transformers": round(t1 - t0, 1), "import": round(t2 - t1, 1),
@@ -275,7 +276,7 @@ def profile(args, d: Path, info: dict, srcs: list[list[int]]) -> dict[str, float
              "loop and idle": p["loop_s"] + p["idle_s"]}
     cfg = model.cfg
     print(f"\nprofile {args.shape} (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
-          f"vocabulary {cfg.vocab_size}, compiled step {'yes' if cfg.compiled_ok else 'no'}), engine int8, "
+          f"vocabulary {cfg.vocab_size}, norm {cfg.norm}), engine int8, "
           f"beam {beam}, {args.threads} thread(s), {len(srcs)} sentences x {args.tokens} tokens: "
           f"{run.tokens / wall:.0f} tokens/s, {wall:.1f} s; {p['steps']} steps, {p['mean_decode_rows']:.0f} rows/step")
     for name, s in parts.items():
