@@ -111,6 +111,7 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster      # stops the shared service: runs after every test that uses it (conftest)
 def test_a_kill_and_a_redeploy_under_load_lose_nothing(no_shared_service, tmp_path):
     from conftest import build_tiny_checkpoint
     ckpt = build_tiny_checkpoint(tmp_path / "de-en", "de", "en", max_len=64)
